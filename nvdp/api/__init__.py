@@ -1,0 +1,13 @@
+"""The kubelet device-plugin API (v1beta1): the one importer of the generated protobuf code.
+
+Everything else imports `pb` (messages) and `pb_grpc` (stubs and servicers) from here.
+"""
+
+from nvdp.api.v1beta1 import api_pb2 as pb
+from nvdp.api.v1beta1 import api_pb2_grpc as pb_grpc
+
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+__all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "pb", "pb_grpc"]

@@ -1,0 +1,91 @@
+"""Device records the plugin advertises, and device-ID handling (pure).
+
+A `Device` is one unit the kubelet can hand out: a whole GPU, a MIG device, or a replica of
+either when the GPU is shared (its ID is then `<uuid>::<n>`, as in NVIDIA's plugin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from nvdp.nvml.types import MigDeviceInfo
+
+REPLICA_SEPARATOR = "::"
+
+
+@dataclass(frozen=True)
+class AnnotatedID:
+    """A device ID, possibly annotated with a replica number: `GPU-abc::3`."""
+
+    uuid: str
+    replica: int | None = None
+
+    @classmethod
+    def parse(cls, device_id: str) -> AnnotatedID:
+        uuid, sep, rest = device_id.partition(REPLICA_SEPARATOR)
+        if not sep:
+            return cls(device_id)
+        if not rest.isdigit():
+            return cls(device_id)
+        return cls(uuid, int(rest))
+
+    def __str__(self) -> str:
+        if self.replica is None:
+            return self.uuid
+        return f"{self.uuid}{REPLICA_SEPARATOR}{self.replica}"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable device of a resource."""
+
+    id: str  # what the kubelet sees: the uuid, or uuid::n for a replica
+    uuid: str  # the GPU or MIG uuid a container gets
+    index: str  # "3" for GPU 3, "3:1" for MIG device 1 of GPU 3 (NVIDIA's index format)
+    gpu_uuid: str  # the physical GPU (the uuid itself for a whole GPU)
+    gpu_index: int
+    numa_node: int | None
+    paths: tuple[str, ...]  # host device nodes the container needs, e.g. ("/dev/nvidia3",)
+    memory_bytes: int
+    mig: MigDeviceInfo | None = None
+    replica: int | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig is not None
+
+
+class DeviceSet(Mapping[str, Device]):
+    """Devices of one resource keyed by ID, in advertisement order."""
+
+    def __init__(self, devices: Iterable[Device]) -> None:
+        self._by_id: dict[str, Device] = {}
+        for device in devices:
+            if device.id in self._by_id:
+                raise ValueError(f"duplicate device id {device.id}")
+            self._by_id[device.id] = device
+
+    def __getitem__(self, device_id: str) -> Device:
+        return self._by_id[device_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def unknown(self, ids: Iterable[str]) -> list[str]:
+        """The IDs in `ids` that are not in this set, in order."""
+        return [i for i in ids if i not in self._by_id]
+
+    def by_gpu(self) -> dict[str, list[Device]]:
+        """Devices grouped by physical GPU uuid."""
+        groups: dict[str, list[Device]] = {}
+        for device in self._by_id.values():
+            groups.setdefault(device.gpu_uuid, []).append(device)
+        return groups
+
+    def with_uuid(self, uuid: str) -> list[Device]:
+        """Every device (replicas included) whose underlying GPU or MIG uuid is `uuid`."""
+        return [d for d in self._by_id.values() if d.uuid == uuid]

@@ -1,0 +1,151 @@
+"""The NVML facade: the small typed interface the rest of nvdp uses.
+
+Two backends implement `Nvml`: `nvdp.nvml.real` (pynvml, the only importer of it) and
+`nvdp.nvml.sim` (a simulated node). Both report failures as `nvdp.errors.NvmlError` subclasses
+whose `code` is the NVML error name (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_GPU_IS_LOST, ...).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class PcieLevel(enum.IntEnum):
+    """nvmlGpuTopologyLevel_t: the closest common PCIe ancestor of two GPUs (smaller is closer)."""
+
+    INTERNAL = 0  # same board (multi-GPU card)
+    SINGLE = 10  # one PCIe switch
+    MULTIPLE = 20  # several PCIe switches, no host bridge
+    HOSTBRIDGE = 30  # the same host bridge
+    NODE = 40  # the same NUMA node / CPU
+    SYSTEM = 50  # across CPUs (SMP interconnect)
+
+
+class EventType(enum.IntFlag):
+    """nvmlEventType bits that the health code registers for."""
+
+    SINGLE_BIT_ECC = 0x1
+    DOUBLE_BIT_ECC = 0x2
+    PSTATE = 0x4
+    XID_CRITICAL = 0x8
+    CLOCK = 0x10
+
+
+@dataclass(frozen=True)
+class MigDeviceInfo:
+    """One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU."""
+
+    uuid: str  # MIG-xxxxxxxx-...
+    index: int  # MIG device index within the parent (nvmlDeviceGetMigDeviceHandleByIndex)
+    gi_id: int  # GPU instance id
+    ci_id: int  # compute instance id
+    profile: str  # e.g. "1g.5gb"
+    memory_bytes: int
+    parent_uuid: str
+    parent_index: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as NVML reports it."""
+
+    index: int
+    uuid: str  # GPU-xxxxxxxx-...
+    name: str  # e.g. "NVIDIA A100-SXM4-40GB"
+    minor: int  # /dev/nvidia<minor>
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+    pci_bus_id: str  # e.g. "00000000:07:00.0"
+    numa_node: int | None  # None when neither NVML nor sysfs report one
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDeviceInfo, ...] = field(default=())
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_bytes // (1024 * 1024)
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    """How two GPUs are connected: NVLink count between them and their PCIe relationship."""
+
+    nvlinks: int
+    pcie: PcieLevel
+
+
+@dataclass(frozen=True)
+class NvmlEvent:
+    """One event from an event set (nvmlEventData_t).
+
+    `gi_id`/`ci_id` are None when NVML reports no instance (0xFFFFFFFF), i.e. the event concerns
+    the whole GPU. `data` is the XID for XID_CRITICAL events.
+    """
+
+    gpu_uuid: str
+    event_type: EventType
+    data: int = 0
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one cheap health query of a GPU found (no exception means the GPU answered)."""
+
+    retired_pages_pending: bool = False  # a page retirement waits for a reset
+    row_remap_failure: bool = False  # row remapping failed: the GPU needs service
+    row_remap_pending: bool = False  # remapping waits for a reset
+
+
+class EventSet(Protocol):
+    """An NVML event set. Not thread-safe: one thread owns it."""
+
+    def register(self, gpu_uuid: str, event_types: EventType) -> EventType:
+        """Register for the given types on a GPU; returns the subset the GPU supports.
+
+        Raises NvmlNotSupported when the GPU supports none of them, GpuLostError when it is gone.
+        """
+        ...
+
+    def wait(self, timeout_ms: int) -> NvmlEvent | None:
+        """Block up to timeout_ms for one event; None on timeout. Other failures raise NvmlError."""
+        ...
+
+    def close(self) -> None:
+        """Free the set. Idempotent."""
+        ...
+
+
+class Nvml(Protocol):
+    """A node's NVML: enumeration, topology, events and probes."""
+
+    def init(self) -> None:
+        """nvmlInit. Raises NvmlLibraryNotFound / NvmlError."""
+        ...
+
+    def shutdown(self) -> None:
+        """nvmlShutdown. Idempotent."""
+        ...
+
+    def driver_version(self) -> str: ...
+
+    def cuda_driver_version(self) -> str:
+        """The CUDA version the driver supports, e.g. "12.4"."""
+        ...
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU with its MIG devices, ordered by index."""
+        ...
+
+    def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
+        """NVLink count and PCIe relationship between two GPUs."""
+        ...
+
+    def create_event_set(self) -> EventSet: ...
+
+    def probe(self, gpu_uuid: str) -> ProbeResult:
+        """One cheap query (memory info, pending retirements, row remapping); raises GpuLostError."""
+        ...

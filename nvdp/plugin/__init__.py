@@ -1,0 +1,1 @@
+"""The device-plugin daemon: gRPC servers, kubelet registration, and the supervisor."""

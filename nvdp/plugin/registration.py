@@ -1,0 +1,45 @@
+"""Registering a plugin server with the kubelet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from nvdp.api import API_VERSION, pb, pb_grpc
+from nvdp.errors import RegistrationError
+
+# The kubelet's socket file appears before it accepts connections: retry the dial every few
+# milliseconds instead of gRPC's default 1 s reconnect backoff.
+_FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 5),
+    ("grpc.min_reconnect_backoff_ms", 5),
+    ("grpc.max_reconnect_backoff_ms", 50),
+    ("grpc.enable_retries", 0),
+]
+
+
+def register(
+    kubelet_socket: Path,
+    resource_name: str,
+    endpoint: str,
+    *,
+    preferred_allocation: bool = True,
+    timeout: float = 10.0,
+) -> None:
+    """Call Registration.Register; waits up to `timeout` for the kubelet to accept connections."""
+    request = pb.RegisterRequest(
+        version=API_VERSION,
+        endpoint=endpoint,
+        resource_name=resource_name,
+        options=pb.DevicePluginOptions(get_preferred_allocation_available=preferred_allocation),
+    )
+    with grpc.insecure_channel(f"unix://{kubelet_socket}", options=_FAST_RECONNECT) as channel:
+        try:
+            pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as error:
+            code = error.code().name if hasattr(error, "code") else "UNKNOWN"
+            details = error.details() if hasattr(error, "details") else str(error)
+            raise RegistrationError(
+                f"registering {resource_name} with the kubelet at {kubelet_socket} failed: {code}: {details}"
+            ) from error

@@ -1,0 +1,75 @@
+"""Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nvdp.api import pb
+from nvdp.devices import Device
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+CDI_KIND = "nvidia.com/gpu"  # the kind `nvidia-ctk cdi generate` writes specs for
+CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"  # or "index"
+    pass_device_specs: bool = False
+    dev_root: str = "/"  # where /dev/nvidia* live on the host
+    control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+
+
+def present_control_devices(dev_root: str) -> tuple[str, ...]:
+    """The control device nodes that exist under dev_root (read once when a server starts)."""
+    return tuple(p for p in CONTROL_DEVICES if os.path.exists(host_path(dev_root, p)))
+
+
+def host_path(dev_root: str, path: str) -> str:
+    return os.path.join(dev_root, path.lstrip("/")) if dev_root not in ("", "/") else path
+
+
+def visible_ids(devices: Sequence[Device], id_strategy: str) -> list[str]:
+    """The IDs a container sees, one per underlying GPU / MIG device (replicas collapse), in order."""
+    seen: dict[str, None] = {}
+    for device in devices:
+        seen[device.index if id_strategy == "index" else device.uuid] = None
+    return list(seen)
+
+
+def container_response(
+    devices: Sequence[Device], options: ResponseOptions, request_id: str
+) -> pb.ContainerAllocateResponse:
+    """The answer for one container. `request_id` makes the CDI annotation key unique."""
+    ids = visible_ids(devices, options.device_id_strategy)
+    response = pb.ContainerAllocateResponse()
+    strategies = options.device_list_strategy
+    if "envvar" in strategies:
+        response.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+    if "volume-mounts" in strategies:
+        response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_ROOT
+        for device_id in ids:
+            response.mounts.add(container_path=f"{VOLUME_MOUNTS_ROOT}/{device_id}", host_path="/dev/null")
+    cdi_names = [f"{CDI_KIND}={device_id}" for device_id in ids]
+    if "cdi-annotations" in strategies:
+        key = f"{options.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{request_id}"
+        response.annotations[key] = ",".join(cdi_names)
+    if "cdi-cri" in strategies:
+        for name in cdi_names:
+            response.cdi_devices.add(name=name)
+    if options.pass_device_specs:
+        paths: dict[str, None] = dict.fromkeys(options.control_devices)
+        for device in devices:
+            paths.update(dict.fromkeys(device.paths))
+        for path in paths:
+            response.devices.add(
+                container_path=path, host_path=host_path(options.dev_root, path), permissions="rw"
+            )
+    return response

@@ -1,0 +1,258 @@
+"""One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
+
+This module is also the one place where nvdp errors become gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
+from nvdp.devices import Device, DeviceSet
+from nvdp.errors import NvdpError, RequestError
+from nvdp.logs import log_event
+from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.resources import Resource
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class PreferredAllocator(Protocol):
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
+
+
+class RpcObserver(Protocol):
+    """Receives one call per finished RPC (metrics hook)."""
+
+    def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None: ...
+
+
+def status_for(error: Exception) -> grpc.StatusCode:
+    """The gRPC status an error is reported with (the single mapping point)."""
+    if isinstance(error, RequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, NvdpError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def _rpc(method: Callable[..., T]) -> Callable[..., T]:
+    """Map expected errors to status codes with one warning line; bugs get INTERNAL and a traceback."""
+
+    @functools.wraps(method)
+    def wrapper(self: DevicePluginServer, request: Any, context: grpc.ServicerContext) -> T:
+        try:
+            return method(self, request, context)
+        except NvdpError as error:
+            log_event(log, logging.WARNING, "request refused", resource=self.resource_name,
+                      method=method.__name__, error=str(error))
+            context.abort(status_for(error), str(error))
+        except Exception as error:  # a bug: keep serving, tell the kubelet
+            log.exception("internal error in %s resource=%s", method.__name__, self.resource_name)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+        raise AssertionError("unreachable: context.abort raises")
+
+    return wrapper
+
+
+class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
+    """Serves one resource. Thread-safe; `set_health` may be called from any thread."""
+
+    def __init__(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        executor: ThreadPoolExecutor,
+        allocator: PreferredAllocator | None = None,
+    ) -> None:
+        self.resource = resource
+        self.socket_path = socket_path
+        self.options = options
+        self._executor = executor
+        self._allocator = allocator
+        self._cond = threading.Condition()
+        self._health: dict[str, bool] = dict.fromkeys(resource.devices, True)
+        self._version = 0
+        self._list_response = self._build_list()
+        self._stopping = False
+        self._streams = 0
+        self._server: grpc.Server | None = None
+        self._inode: int | None = None
+        self._needs_request_id = "cdi-annotations" in options.device_list_strategy
+
+    # ---- identity, used by the supervisor and the health router -------------------------------
+    @property
+    def resource_name(self) -> str:
+        return self.resource.name
+
+    @property
+    def devices(self) -> DeviceSet:
+        return self.resource.devices
+
+    @property
+    def allocator(self) -> PreferredAllocator | None:
+        return self._allocator
+
+    @property
+    def allocator_available(self) -> bool:
+        return self._allocator is not None
+
+    @property
+    def open_streams(self) -> int:
+        with self._cond:
+            return self._streams
+
+    def health(self) -> dict[str, bool]:
+        with self._cond:
+            return dict(self._health)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind the socket (replacing a stale one from a killed run) and start serving."""
+        if self._server is not None:
+            return
+        try:
+            self.socket_path.unlink()
+            log_event(log, logging.INFO, "removed stale socket", path=str(self.socket_path))
+        except FileNotFoundError:
+            pass
+        server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_DevicePluginServicer_to_server(self, server)
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError as error:
+            raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
+        server.start()
+        self._server = server
+        self._inode = os.stat(self.socket_path).st_ino
+
+    def socket_is_ours(self) -> bool:
+        """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
+        try:
+            return os.stat(self.socket_path).st_ino == self._inode
+        except FileNotFoundError:
+            return False
+
+    def stop(self, grace: float = 0.5) -> None:
+        """End ListAndWatch streams cleanly, stop the server, remove our socket. Idempotent."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait(grace + 1.0)
+        if self._inode is not None and self.socket_is_ours():
+            try:
+                self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+        self._inode = None
+
+    # ---- health -------------------------------------------------------------------------------
+    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
+        """Mark devices; one ListAndWatch update is sent when anything changed."""
+        with self._cond:
+            changed = False
+            for device_id in device_ids:
+                if device_id in self._health and self._health[device_id] != healthy:
+                    self._health[device_id] = healthy
+                    changed = True
+            if changed:
+                self._version += 1
+                self._list_response = self._build_list()
+                self._cond.notify_all()
+
+    def _build_list(self) -> pb.ListAndWatchResponse:
+        response = pb.ListAndWatchResponse()
+        for device in self.resource.devices.values():
+            item = response.devices.add(ID=device.id, health=HEALTHY if self._health[device.id] else UNHEALTHY)
+            if device.numa_node is not None:
+                item.topology.nodes.add(ID=device.numa_node)
+        return response
+
+    # ---- DevicePlugin service -----------------------------------------------------------------
+    @_rpc
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=self._allocator is not None
+        )
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Any:
+        def wake() -> None:
+            with self._cond:
+                self._cond.notify_all()
+
+        with self._cond:
+            self._streams += 1
+        context.add_callback(wake)
+        log_event(log, logging.INFO, "ListAndWatch started", resource=self.resource_name,
+                  devices=len(self.resource.devices))
+        try:
+            sent = -1
+            while True:
+                with self._cond:
+                    while sent == self._version and not self._stopping and context.is_active():
+                        self._cond.wait(timeout=30.0)
+                    if self._stopping or not context.is_active():
+                        return
+                    sent = self._version
+                    response = self._list_response
+                yield response
+        finally:
+            with self._cond:
+                self._streams -= 1
+            log_event(log, logging.INFO, "ListAndWatch ended", resource=self.resource_name)
+
+    @_rpc
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        if self._allocator is None:
+            raise RequestError(f"{self.resource_name}: GetPreferredAllocation is not available")
+        response = pb.PreferredAllocationResponse()
+        for req in request.container_requests:
+            ids = self._allocator.preferred(
+                req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size
+            )
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    @_rpc
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        devices = self.resource.devices
+        response = pb.AllocateResponse()
+        for n, req in enumerate(request.container_requests):
+            ids = list(dict.fromkeys(req.devices_ids))
+            if not ids:
+                raise RequestError(f"{self.resource_name}: container request {n} has no device IDs")
+            unknown = devices.unknown(ids)
+            if unknown:
+                raise RequestError(f"{self.resource_name}: unknown device IDs: {', '.join(unknown)}")
+            if self.resource.fail_requests_greater_than_one and len(ids) > 1:
+                raise RequestError(
+                    f"request for '{self.resource_name}: {len(ids)}' too large: "
+                    "maximum request size for shared resources is 1"
+                )
+            chosen: list[Device] = [devices[i] for i in ids]
+            request_id = uuid.uuid4().hex if self._needs_request_id else ""
+            response.container_responses.append(container_response(chosen, self.options, request_id))
+        return response
+
+    @_rpc
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()

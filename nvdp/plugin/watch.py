@@ -1,0 +1,98 @@
+"""Waiting for changes in the kubelet's device-plugin directory without polling.
+
+Linux inotify through ctypes: a kubelet restart deletes our sockets and re-creates kubelet.sock,
+and both show up here at once. Where inotify is unavailable we fall back to stat() every 100 ms.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import select
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_MOVED_FROM = 0x40
+IN_MOVED_TO = 0x80
+IN_DELETE_SELF = 0x400
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
+_FALLBACK_POLL_S = 0.1
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+class DirWatcher:
+    """`wait(timeout)` returns when something in `directory` was created, deleted or moved.
+
+    Also woken by `wake()` (from another thread, e.g. a signal handler), so the caller's loop has
+    no periodic wake-ups.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._fd: int | None = None
+        libc = _libc()
+        if libc is not None:
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _MASK) >= 0:
+                self._fd = fd
+            else:
+                err = ctypes.get_errno()
+                if fd >= 0:
+                    os.close(fd)
+                log.warning("inotify unavailable (%s); polling %s every %.1fs",
+                            errno.errorcode.get(err, err), directory, _FALLBACK_POLL_S)
+
+    @property
+    def uses_inotify(self) -> bool:
+        return self._fd is not None
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until a change, a wake() or the timeout. True when a directory change was seen."""
+        fds = [self._wake_r] + ([self._fd] if self._fd is not None else [])
+        if self._fd is None:
+            timeout = _FALLBACK_POLL_S if timeout is None else min(timeout, _FALLBACK_POLL_S)
+        ready, _, _ = select.select(fds, [], [], timeout)
+        changed = self._fd is None
+        for fd in ready:
+            try:
+                while os.read(fd, 65536):
+                    pass
+            except BlockingIOError:
+                pass
+            if fd == self._fd:
+                changed = True
+        return changed
+
+    def close(self) -> None:
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = None
+        self._wake_r = self._wake_w = -1

@@ -1,0 +1,291 @@
+"""From NVML facts and config to the resources the plugin advertises (pure).
+
+Follows NVIDIA's device-plugin rules:
+- MIG strategy `none`: every GPU (MIG-enabled or not) is matched against `resources.gpus`.
+- `single`: MIG-enabled GPUs are skipped as whole GPUs and their MIG devices are advertised
+  (default name `nvidia.com/gpu`); all MIG devices must be of one profile and the node may not mix
+  MIG-enabled and MIG-disabled GPUs.
+- `mixed`: whole GPUs as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
+Every GPU / MIG device must match a pattern; every MIG-enabled GPU must have MIG devices.
+Sharing (time-slicing, MPS) then replaces a resource's devices by replicas `<uuid>::<n>`, under the
+same name or a `rename`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nvdp.devices import AnnotatedID, Device, DeviceSet
+from nvdp.errors import ConfigError, NvdpError
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+
+DEFAULT_PREFIX = "nvidia.com/"
+MIG_STRATEGIES = ("none", "single", "mixed")
+# /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
+# `gpu<minor>/gi<g>/ci<c>/access <n>`; the driver lays them out as below when the file is absent.
+_CAPS_PER_GPU = 15 * 9
+
+
+class ResourceError(NvdpError):
+    """The node's devices cannot be mapped onto resources with this config."""
+
+
+@dataclass(frozen=True)
+class NamePattern:
+    """One `resources.gpus` / `resources.mig` entry: a glob over product / profile names."""
+
+    pattern: str
+    name: str  # fully qualified, e.g. nvidia.com/gpu
+
+    def matches(self, value: str) -> bool:
+        return fnmatch.fnmatchcase(value, self.pattern)
+
+
+@dataclass(frozen=True)
+class Replication:
+    """One `sharing.<strategy>.resources` entry."""
+
+    name: str  # the resource whose devices are shared
+    replicas: int
+    rename: str | None = None
+    devices: str | int | tuple[str, ...] = "all"  # "all", a count, or indices / uuids
+    strategy: str = "time-slicing"  # or "mps"
+    fail_requests_greater_than_one: bool = False
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource name served by one gRPC device plugin."""
+
+    name: str
+    devices: DeviceSet
+    sharing: str | None = None  # "time-slicing" | "mps" | None
+    replicas: int = 1
+    fail_requests_greater_than_one: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rpartition("/")[2]
+
+    @property
+    def socket_name(self) -> str:
+        """The plugin's socket file in the kubelet's device-plugin dir: nvidia-<name>.sock."""
+        return f"nvidia-{self.short_name}.sock"
+
+    def signature(self) -> tuple[object, ...]:
+        """What a config reload compares to decide whether the server must restart."""
+        return (
+            self.name,
+            tuple(self.devices.values()),
+            self.sharing,
+            self.replicas,
+            self.fail_requests_greater_than_one,
+        )
+
+
+def qualify(name: str) -> str:
+    """Add the default `nvidia.com/` prefix to a bare resource name."""
+    return name if "/" in name else DEFAULT_PREFIX + name
+
+
+def default_gpu_patterns() -> list[NamePattern]:
+    return [NamePattern("*", DEFAULT_PREFIX + "gpu")]
+
+
+def default_mig_patterns(strategy: str, gpus: Sequence[GpuInfo]) -> list[NamePattern]:
+    if strategy == "single":
+        return [NamePattern("*", DEFAULT_PREFIX + "gpu")]
+    if strategy == "mixed":
+        profiles = sorted({m.profile for g in gpus for m in g.mig_devices})
+        return [NamePattern(p, f"{DEFAULT_PREFIX}mig-{p}") for p in profiles]
+    return []
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """Parse /proc/driver/nvidia-caps/mig-minors into {"gpu0/gi1/ci0/access": 13, ...}."""
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            table[parts[0]] = int(parts[1])
+    return table
+
+
+def mig_cap_paths(parent_minor: int, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> list[str]:
+    gi_key = f"gpu{parent_minor}/gi{mig.gi_id}/access"
+    ci_key = f"gpu{parent_minor}/gi{mig.gi_id}/ci{mig.ci_id}/access"
+    if minors and gi_key in minors and ci_key in minors:
+        gi_minor, ci_minor = minors[gi_key], minors[ci_key]
+    else:
+        gi_minor = 3 + parent_minor * _CAPS_PER_GPU + mig.gi_id * 9
+        ci_minor = gi_minor + 1 + mig.ci_id
+    return [f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]
+
+
+def gpu_device(gpu: GpuInfo) -> Device:
+    return Device(
+        id=gpu.uuid,
+        uuid=gpu.uuid,
+        index=str(gpu.index),
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        numa_node=gpu.numa_node,
+        paths=(f"/dev/nvidia{gpu.minor}",),
+        memory_bytes=gpu.memory_bytes,
+    )
+
+
+def mig_device(gpu: GpuInfo, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> Device:
+    return Device(
+        id=mig.uuid,
+        uuid=mig.uuid,
+        index=f"{gpu.index}:{mig.index}",
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        numa_node=gpu.numa_node,
+        paths=(f"/dev/nvidia{gpu.minor}", *mig_cap_paths(gpu.minor, mig, minors)),
+        memory_bytes=mig.memory_bytes,
+        mig=mig,
+    )
+
+
+def build_resources(
+    gpus: Sequence[GpuInfo],
+    *,
+    mig_strategy: str = "none",
+    gpu_patterns: Sequence[NamePattern] = (),
+    mig_patterns: Sequence[NamePattern] = (),
+    sharing: Sequence[Replication] = (),
+    mig_minors: Mapping[str, int] | None = None,
+) -> list[Resource]:
+    """Map the node's GPUs onto resources. Raises ResourceError with every problem found."""
+    if mig_strategy not in MIG_STRATEGIES:
+        raise ConfigError(f"flags.migStrategy: invalid value {mig_strategy!r} (accepted: none, single, mixed)")
+    gpu_patterns = list(gpu_patterns) or default_gpu_patterns()
+    mig_patterns = list(mig_patterns) or default_mig_patterns(mig_strategy, gpus)
+    problems: list[str] = []
+    by_name: dict[str, list[Device]] = {}
+
+    def add(name: str, device: Device) -> None:
+        by_name.setdefault(name, []).append(device)
+
+    for gpu in gpus:
+        if gpu.mig_enabled and mig_strategy != "none":
+            continue
+        match = next((p for p in gpu_patterns if p.matches(gpu.name)), None)
+        if match is None:
+            problems.append(f"GPU {gpu.index} name {gpu.name!r} does not match any resources.gpus pattern")
+            continue
+        add(match.name, gpu_device(gpu))
+
+    if mig_strategy != "none":
+        whole = [g for g in gpus if not g.mig_enabled]
+        migs = [g for g in gpus if g.mig_enabled]
+        for gpu in migs:
+            if not gpu.mig_devices:
+                problems.append(f"GPU {gpu.index} has MIG enabled but no MIG devices configured")
+        if mig_strategy == "single":
+            if whole and migs:
+                problems.append(
+                    "mig-strategy single: all GPUs must have the same MIG mode "
+                    f"(MIG enabled on {_indices(migs)}, disabled on {_indices(whole)})"
+                )
+            profiles = sorted({m.profile for g in migs for m in g.mig_devices})
+            if len(profiles) > 1:
+                problems.append(f"mig-strategy single: more than one MIG profile on the node ({', '.join(profiles)})")
+        for gpu in migs:
+            for mig in gpu.mig_devices:
+                match = next((p for p in mig_patterns if p.matches(mig.profile)), None)
+                if match is None:
+                    problems.append(
+                        f"MIG device {gpu.index}:{mig.index} profile {mig.profile!r} "
+                        "does not match any resources.mig pattern"
+                    )
+                    continue
+                add(match.name, mig_device(gpu, mig, mig_minors))
+    if problems:
+        raise ResourceError("; ".join(problems))
+
+    resources = {name: Resource(name, DeviceSet(devs)) for name, devs in by_name.items()}
+    return _apply_sharing(resources, sharing)
+
+
+def _indices(gpus: Sequence[GpuInfo]) -> str:
+    return ",".join(str(g.index) for g in gpus)
+
+
+def _select_shared(resource: Resource, rule: Replication) -> list[Device]:
+    devices = list(resource.devices.values())
+    if rule.devices == "all":
+        return devices
+    if isinstance(rule.devices, int):
+        if rule.devices > len(devices):
+            raise ResourceError(
+                f"sharing: {rule.name}: {rule.devices} devices requested to be shared, "
+                f"but only {len(devices)} available"
+            )
+        return devices[: rule.devices]
+    chosen: list[Device] = []
+    for ref in rule.devices:
+        found = next((d for d in devices if ref in (d.uuid, d.index)), None)
+        if found is None:
+            raise ResourceError(f"sharing: {rule.name}: no device with index or UUID {ref!r}")
+        if found not in chosen:
+            chosen.append(found)
+    return chosen
+
+
+def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication]) -> list[Resource]:
+    out: dict[str, list[Device]] = {n: list(r.devices.values()) for n, r in resources.items()}
+    meta: dict[str, Replication] = {}
+    for rule in sharing:
+        source = resources.get(rule.name)
+        if source is None:
+            continue  # NVIDIA skips rules for resources this node does not have
+        shared = _select_shared(source, rule)
+        shared_ids = {d.id for d in shared}
+        out[rule.name] = [d for d in out[rule.name] if d.id not in shared_ids]
+        target = rule.rename or rule.name
+        replicas = out.setdefault(target, [])
+        for device in shared:
+            for n in range(rule.replicas):
+                rid = str(AnnotatedID(device.uuid, n))
+                replicas.append(_replica(device, rid, n))
+        meta[target] = rule
+    result: list[Resource] = []
+    for name, devices in out.items():
+        if not devices:
+            continue
+        rule_for = meta.get(name)
+        if rule_for is None:
+            result.append(Resource(name, DeviceSet(devices)))
+        else:
+            result.append(
+                Resource(
+                    name,
+                    DeviceSet(devices),
+                    sharing=rule_for.strategy,
+                    replicas=rule_for.replicas,
+                    fail_requests_greater_than_one=rule_for.fail_requests_greater_than_one,
+                )
+            )
+    result.sort(key=lambda r: r.name)
+    return result
+
+
+def _replica(device: Device, replica_id: str, n: int) -> Device:
+    return Device(
+        id=replica_id,
+        uuid=device.uuid,
+        index=device.index,
+        gpu_uuid=device.gpu_uuid,
+        gpu_index=device.gpu_index,
+        numa_node=device.numa_node,
+        paths=device.paths,
+        memory_bytes=device.memory_bytes,
+        mig=device.mig,
+        replica=n,
+    )
