@@ -1,0 +1,1 @@
+"""Benchmarks: each module runs alone with `python -m bench.<name>`."""

@@ -1,0 +1,170 @@
+"""The plugin daemon: resolved config -> NVML backend -> supervisor, health and metrics.
+
+`Daemon` is what `nvdp plugin` runs on the main thread and what `nvdp simulate` runs on a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from nvdp.allocation import Allocator, Topology
+from nvdp.config import Config
+from nvdp.health import HealthMonitor, HealthRouter, HealthSettings, XidPolicy
+from nvdp.logs import log_event
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.responses import ResponseOptions
+from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
+from nvdp.plugin.supervisor import DaemonSettings, StatusObserver, Supervisor
+from nvdp.resources import NamePattern, Replication, Resource
+
+log = logging.getLogger(__name__)
+
+
+def daemon_settings(config: Config) -> DaemonSettings:
+    """Map the resolved v1 config onto what the supervisor needs."""
+    flags = config.flags
+    plugin = flags.plugin
+    sharing: list[Replication] = []
+    replicated = config.sharing.replicated
+    if replicated is not None:
+        strategy = config.sharing.strategy
+        for entry in replicated.resources:
+            sharing.append(
+                Replication(
+                    name=entry.name,
+                    replicas=entry.replicas,
+                    rename=entry.rename,
+                    devices=entry.devices,
+                    strategy=strategy,
+                    fail_requests_greater_than_one=bool(replicated.fail_requests_greater_than_one),
+                )
+            )
+    return DaemonSettings(
+        kubelet_socket=Path(plugin.kubelet_socket),
+        mig_strategy=flags.mig_strategy,
+        fail_on_init_error=flags.fail_on_init_error,
+        driver_root=flags.nvidia_driver_root,
+        dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
+        gpu_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.gpus),
+        mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
+        sharing=tuple(sharing),
+        response=ResponseOptions(
+            device_list_strategy=plugin.device_list_strategy,
+            device_id_strategy=plugin.device_id_strategy,
+            pass_device_specs=plugin.pass_device_specs,
+            dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
+            cdi_annotation_prefix=plugin.cdi_annotation_prefix,
+        ),
+    )
+
+
+def health_settings(config: Config) -> HealthSettings:
+    h = config.health
+    return HealthSettings(
+        ignored_xids=frozenset(h.ignored_xids),
+        fatal_xids=None if h.fatal_xids is None else frozenset(h.fatal_xids),
+        recovery_quiet_period=h.recovery_quiet_period,
+        probe_interval=h.probe_interval,
+        single_bit_ecc=h.single_bit_ecc,
+    )
+
+
+class TopologyAllocators:
+    """Builds one Allocator per resource; the GPU link matrix is read from NVML once per enumeration."""
+
+    def __init__(self, nvml: Nvml) -> None:
+        self._nvml = nvml
+        self._key: tuple[str, ...] = ()
+        self._topology: Topology | None = None
+
+    def __call__(self, resource: Resource, gpus: Sequence[GpuInfo]) -> PreferredAllocator | None:
+        key = tuple(g.uuid for g in gpus)
+        if key != self._key or self._topology is None:
+            self._topology = Topology.from_nvml(self._nvml, gpus)
+            self._key = key
+        return Allocator(list(resource.devices.values()), self._topology)
+
+
+class NodeHealth:
+    """One health monitor per node feeding one router; the supervisor's HealthHooks."""
+
+    def __init__(self, nvml: Nvml, settings: HealthSettings, environ: Mapping[str, str]) -> None:
+        self._nvml = nvml
+        self._settings = settings
+        self._environ = environ
+        self.policy = XidPolicy.from_env(environ, settings)
+        node_events = None
+        if self.policy.enabled:
+            from nvdp.kube import node_events_from_env
+
+            node_events = node_events_from_env(environ)
+        self.router = HealthRouter(node_events=node_events)
+        self.monitor: HealthMonitor | None = None
+
+    def start(self, gpus: Sequence[GpuInfo]) -> None:
+        if self.monitor is None:
+            self.monitor = HealthMonitor(
+                self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
+            )
+            self.monitor.start()
+            log_event(log, logging.INFO, "health monitor started", **self.policy.describe())
+        else:
+            self.monitor.update_gpus(gpus)
+
+    def set_targets(self, servers: Sequence[DevicePluginServer]) -> None:
+        self.router.set_targets(servers)
+
+    def stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        self.router.close()
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        reload_config: Callable[[], Config],
+        environ: Mapping[str, str],
+        observer: StatusObserver | None = None,
+        nvml: Nvml | None = None,
+    ) -> None:
+        self.config = config
+        self._reload_config = reload_config
+        self._first = True
+        self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root)
+        self.health = NodeHealth(self.nvml, health_settings(config), environ)
+        self.supervisor = Supervisor(
+            self.nvml,
+            self._settings,
+            allocator_factory=TopologyAllocators(self.nvml),
+            health=self.health,
+            observer=observer,
+        )
+
+    def _settings(self) -> DaemonSettings:
+        if self._first:
+            self._first = False
+        else:
+            self.config = self._reload_config()
+            log_event(log, logging.INFO, "configuration", config=self.config.to_json())
+        return daemon_settings(self.config)
+
+    @property
+    def ready(self) -> threading.Event:
+        return self.supervisor.ready
+
+    def request_stop(self) -> None:
+        self.supervisor.request_stop()
+
+    def request_reload(self) -> None:
+        self.supervisor.request_reload()
+
+    def run(self) -> None:
+        log_event(log, logging.INFO, "starting nvdp", config=self.config.to_json())
+        self.supervisor.run()

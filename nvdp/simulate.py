@@ -1,0 +1,144 @@
+"""`nvdp simulate`: the plugin on a simulated (or real) node against the in-process kubelet.
+
+Prints what a kubelet would see: the advertised resources and devices, one preferred allocation
+and the Allocate answer for it. With --serve it keeps running and prints every health change.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+from nvdp.api import pb
+from nvdp.config import Config
+from nvdp.daemon import Daemon
+from nvdp.errors import NvdpError
+from nvdp.kubelet import Kubelet
+from nvdp.nvml.types import GpuInfo
+
+START_TIMEOUT_S = 20.0
+
+
+class Simulation:
+    def __init__(self, config: Config, environ: Mapping[str, str], reload_config: Callable[[], Config]) -> None:
+        self.config = config
+        self.plugin_dir = Path(config.flags.plugin.kubelet_socket).parent
+        self.kubelet = Kubelet(self.plugin_dir)
+        self.daemon = Daemon(config, reload_config=reload_config, environ=environ)
+        self._thread = threading.Thread(target=self._run, name="nvdp-daemon", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.daemon.run()
+        except BaseException as error:  # reported by __enter__ / demo
+            self._error = error
+            self.daemon.ready.set()
+
+    def __enter__(self) -> Simulation:
+        self.kubelet.start()
+        self._thread.start()
+        if not self.daemon.ready.wait(START_TIMEOUT_S):
+            self.__exit__(None, None, None)
+            raise NvdpError(f"the plugin did not register with the kubelet within {START_TIMEOUT_S:.0f}s")
+        if self._error is not None:
+            error = self._error
+            self.__exit__(None, None, None)
+            if isinstance(error, NvdpError):
+                raise error
+            raise NvdpError(f"the plugin failed: {error}") from error
+        for name in self.daemon.supervisor.servers:
+            self.kubelet.wait_for_devices(name, timeout=START_TIMEOUT_S)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.daemon.request_stop()
+        self._thread.join(5.0)
+        self.kubelet.stop()
+
+    # ---- output -------------------------------------------------------------------------------
+    def demo(self, out: TextIO) -> None:
+        nvml = self.daemon.nvml
+        gpus = {g.uuid: g for g in self.daemon.supervisor.gpus}
+        servers = self.daemon.supervisor.servers
+        out.write(
+            f"nvdp simulate: node {self.config.nvml}, driver {nvml.driver_version()}, "
+            f"CUDA {nvml.cuda_driver_version()}, mig-strategy {self.config.flags.mig_strategy}\n"
+            f"kubelet stand-in: {self.kubelet.socket_path}\n\n"
+        )
+        if not servers:
+            out.write("No resources advertised (no GPUs matched the configuration).\n")
+            return
+        out.write("Advertised resources\n")
+        for name, server in sorted(servers.items()):
+            out.write(f"  {name:<28} {len(server.devices):>4} devices  socket {server.socket_path.name}\n")
+        for name, server in sorted(servers.items()):
+            seen = self.kubelet.devices(name)
+            out.write(f"\n{name}\n")
+            out.write(f"  {'ID':<47} {'INDEX':<6} {'PRODUCT / PROFILE':<26} {'MEMORY':>10}  NUMA  HEALTH\n")
+            for device in server.devices.values():
+                state = seen.get(device.id)
+                product = device.mig.profile if device.mig else gpus[device.gpu_uuid].name
+                numa = ",".join(str(n) for n in state.numa_nodes) if state and state.numa_nodes else "-"
+                out.write(
+                    f"  {device.id:<47} {device.index:<6} {product:<26} "
+                    f"{device.memory_bytes / 2**30:>6.1f} GiB  {numa:<4}  {state.health if state else '?'}\n"
+                )
+        name = "nvidia.com/gpu" if "nvidia.com/gpu" in servers else sorted(servers)[0]
+        available = list(servers[name].devices)
+        size = max(1, min(4, len(available) // 2))
+        chosen = self.kubelet.preferred_allocation(name, available, [], size)
+        out.write(f"\nGetPreferredAllocation {name}: {size} of {len(available)} available\n")
+        out.write(f"  -> {', '.join(chosen)}\n")
+        out.write(f"     {self._explain(name, chosen, gpus)}\n")
+        response = self.kubelet.allocate(name, [chosen])
+        out.write(f"\nAllocate {name} (those {len(chosen)} devices) -> container answer\n")
+        _write_container(out, response.container_responses[0])
+
+    def _explain(self, name: str, ids: list[str], gpus: Mapping[str, GpuInfo]) -> str:
+        devices = [self.daemon.supervisor.servers[name].devices[i] for i in ids]
+        numa = sorted({d.numa_node for d in devices if d.numa_node is not None})
+        parts = [f"GPU index {', '.join(d.index for d in devices)}", f"NUMA node {','.join(map(str, numa))}"]
+        parents = list(dict.fromkeys(d.gpu_uuid for d in devices))
+        if len(parents) > 1 and all(p in gpus for p in parents):
+            nvlinks = [self.daemon.nvml.link(a, b).nvlinks for i, a in enumerate(parents) for b in parents[i + 1:]]
+            parts.append(f"NVLinks per pair {min(nvlinks)}-{max(nvlinks)}" if min(nvlinks) != max(nvlinks)
+                         else f"{nvlinks[0]} NVLinks between every pair")
+        return "; ".join(parts)
+
+    def serve_until(self, stop: threading.Event, out: TextIO) -> None:
+        out.write("\nServing; health changes are printed below (Ctrl-C to stop).\n")
+        out.flush()
+        last = {name: self.kubelet.devices(name) for name in self.daemon.supervisor.servers}
+        counts = {name: len(self.kubelet.updates(name)) for name in last}
+        while not stop.wait(0.2):
+            for name in list(self.daemon.supervisor.servers):
+                updates = self.kubelet.updates(name)
+                if len(updates) == counts.get(name, 0):
+                    continue
+                counts[name] = len(updates)
+                now = self.kubelet.devices(name)
+                for device_id, state in now.items():
+                    before = last.get(name, {}).get(device_id)
+                    if before is None or before.health != state.health:
+                        out.write(f"  {name} {device_id} -> {state.health}\n")
+                last[name] = now
+                out.flush()
+
+
+def _write_container(out: TextIO, response: pb.ContainerAllocateResponse) -> None:
+    for key, value in sorted(response.envs.items()):
+        out.write(f"  env        {key}={value}\n")
+    for mount in response.mounts:
+        out.write(f"  mount      {mount.host_path} -> {mount.container_path}\n")
+    for spec in response.devices:
+        out.write(f"  device     {spec.host_path} -> {spec.container_path} ({spec.permissions})\n")
+    for key, value in sorted(response.annotations.items()):
+        out.write(f"  annotation {key}={value}\n")
+    for cdi in response.cdi_devices:
+        out.write(f"  cdi        {cdi.name}\n")

@@ -1,0 +1,163 @@
+"""MIG strategies, resource naming and sharing replicas (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvdp.errors import ConfigError
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.resources import (
+    NamePattern,
+    Replication,
+    ResourceError,
+    build_resources,
+    mig_cap_paths,
+    parse_mig_minors,
+    qualify,
+)
+
+GIB = 1024**3
+
+
+def gpu(index: int, name: str = "NVIDIA A100-SXM4-40GB", migs: tuple[str, ...] | None = None) -> GpuInfo:
+    uuid = f"GPU-{index:08d}-0000-0000-0000-000000000000"
+    devices = tuple(
+        MigDeviceInfo(
+            uuid=f"MIG-{index:04d}{j:04d}-0000-0000-0000-000000000000",
+            index=j,
+            gi_id=j + 1,
+            ci_id=0,
+            profile=p,
+            memory_bytes=5 * GIB,
+            parent_uuid=uuid,
+            parent_index=index,
+        )
+        for j, p in enumerate(migs or ())
+    )
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        name=name,
+        minor=index,
+        memory_bytes=40 * GIB,
+        compute_capability=(8, 0),
+        pci_bus_id=f"00000000:{index + 7:02x}:00.0",
+        numa_node=index // 4,
+        mig_capable=True,
+        mig_enabled=migs is not None,
+        mig_devices=devices,
+    )
+
+
+def names(resources: list) -> dict[str, int]:
+    return {r.name: len(r.devices) for r in resources}
+
+
+def test_none_strategy_advertises_every_gpu_whole() -> None:
+    gpus = [gpu(0, migs=("1g.5gb",) * 7), gpu(1)]
+    resources = build_resources(gpus, mig_strategy="none")
+    assert names(resources) == {"nvidia.com/gpu": 2}
+    device = resources[0].devices[gpus[0].uuid]
+    assert device.index == "0" and device.paths == ("/dev/nvidia0",) and device.numa_node == 0
+
+
+def test_mixed_strategy_names_mig_profiles() -> None:
+    gpus = [gpu(0, migs=("1g.5gb", "1g.5gb", "2g.10gb")), gpu(1)]
+    resources = build_resources(gpus, mig_strategy="mixed")
+    assert names(resources) == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 2, "nvidia.com/mig-2g.10gb": 1}
+    mig = next(r for r in resources if r.name == "nvidia.com/mig-2g.10gb")
+    device = next(iter(mig.devices.values()))
+    assert device.index == "0:2"
+    assert device.gpu_uuid == gpus[0].uuid
+    assert device.paths[0] == "/dev/nvidia0" and device.paths[1].startswith("/dev/nvidia-caps/nvidia-cap")
+    assert mig.socket_name == "nvidia-mig-2g.10gb.sock"
+
+
+def test_single_strategy_uniform_profile() -> None:
+    gpus = [gpu(0, migs=("1g.5gb",) * 2), gpu(1, migs=("1g.5gb",) * 2)]
+    assert names(build_resources(gpus, mig_strategy="single")) == {"nvidia.com/gpu": 4}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        pytest.param(
+            [gpu(0, migs=("1g.5gb",)), gpu(1)],
+            "mig-strategy single: all GPUs must have the same MIG mode (MIG enabled on 0, disabled on 1)",
+            id="mixed-mig-mode",
+        ),
+        pytest.param(
+            [gpu(0, migs=("1g.5gb", "2g.10gb"))],
+            "mig-strategy single: more than one MIG profile on the node (1g.5gb, 2g.10gb)",
+            id="two-profiles",
+        ),
+        pytest.param(
+            [gpu(0, migs=())],
+            "GPU 0 has MIG enabled but no MIG devices configured",
+            id="empty-mig",
+        ),
+    ],
+)
+def test_single_strategy_refusals(gpus: list[GpuInfo], message: str) -> None:
+    with pytest.raises(ResourceError) as info:
+        build_resources(gpus, mig_strategy="single")
+    assert message in str(info.value)
+
+
+def test_unknown_strategy_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="accepted: none, single, mixed"):
+        build_resources([gpu(0)], mig_strategy="double")
+
+
+def test_patterns_rename_and_unmatched_gpu_is_refused() -> None:
+    gpus = [gpu(0, name="NVIDIA A100-SXM4-40GB"), gpu(1, name="Tesla T4")]
+    patterns = [NamePattern("*A100*", "nvidia.com/a100"), NamePattern("Tesla*", "nvidia.com/t4")]
+    assert names(build_resources(gpus, gpu_patterns=patterns)) == {"nvidia.com/a100": 1, "nvidia.com/t4": 1}
+    with pytest.raises(
+        ResourceError, match="GPU 1 name 'Tesla T4' does not match any resources.gpus pattern"
+    ):
+        build_resources(gpus, gpu_patterns=patterns[:1])
+
+
+def test_time_slicing_replicas_keep_name() -> None:
+    gpus = [gpu(0), gpu(1)]
+    resources = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", replicas=4)])
+    (shared,) = resources
+    assert shared.name == "nvidia.com/gpu" and shared.sharing == "time-slicing" and len(shared.devices) == 8
+    assert f"{gpus[1].uuid}::3" in shared.devices
+    assert shared.devices[f"{gpus[1].uuid}::3"].replica == 3
+
+
+def test_time_slicing_rename_and_subset_by_index() -> None:
+    gpus = [gpu(0), gpu(1), gpu(2)]
+    rule = Replication(
+        "nvidia.com/gpu", replicas=2, rename="nvidia.com/gpu.shared", devices=("1", gpus[2].uuid)
+    )
+    resources = build_resources(gpus, sharing=[rule])
+    assert names(resources) == {"nvidia.com/gpu": 1, "nvidia.com/gpu.shared": 4}
+    shared = next(r for r in resources if r.name == "nvidia.com/gpu.shared")
+    assert shared.socket_name == "nvidia-gpu.shared.sock"
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        pytest.param(5, "5 devices requested to be shared, but only 2 available", id="count"),
+        pytest.param(("7",), "no device with index or UUID '7'", id="index"),
+    ],
+)
+def test_sharing_refusals(devices: int | tuple[str, ...], message: str) -> None:
+    with pytest.raises(ResourceError, match=message):
+        build_resources([gpu(0), gpu(1)], sharing=[Replication("nvidia.com/gpu", 2, devices=devices)])
+
+
+def test_mig_minors_from_file_and_layout() -> None:
+    mig = gpu(0, migs=("1g.5gb", "1g.5gb")).mig_devices[1]
+    table = parse_mig_minors("config 1\nmonitor 2\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n")
+    assert mig_cap_paths(0, mig, table) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    assert mig_cap_paths(0, mig, None) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+
+
+def test_qualify() -> None:
+    assert qualify("gpu") == "nvidia.com/gpu"
+    assert qualify("example.com/gpu") == "example.com/gpu"

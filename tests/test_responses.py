@@ -1,0 +1,72 @@
+"""Allocate answers per device-list / device-id strategy (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvdp.devices import Device
+from nvdp.plugin.responses import ResponseOptions, container_response, present_control_devices
+
+
+def dev(i: int, replica: int | None = None, mig: bool = False) -> Device:
+    uuid = f"GPU-{i}"
+    return Device(
+        id=uuid if replica is None else f"{uuid}::{replica}",
+        uuid=uuid,
+        index=str(i),
+        gpu_uuid=uuid,
+        gpu_index=i,
+        numa_node=0,
+        paths=(f"/dev/nvidia{i}",),
+        memory_bytes=1,
+        replica=replica,
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [pytest.param("uuid", "GPU-0,GPU-3", id="uuid"), pytest.param("index", "0,3", id="index")],
+)
+def test_envvar(strategy: str, expected: str) -> None:
+    r = container_response([dev(0), dev(3)], ResponseOptions(device_id_strategy=strategy), "")
+    assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": expected}
+    assert not r.devices and not r.mounts and not r.cdi_devices
+
+
+def test_replicas_collapse_to_one_visible_device() -> None:
+    r = container_response([dev(1, 0), dev(1, 3)], ResponseOptions(), "")
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+
+
+def test_volume_mounts() -> None:
+    r = container_response([dev(0), dev(1)], ResponseOptions(device_list_strategy=("volume-mounts",)), "")
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    assert [(m.container_path, m.host_path) for m in r.mounts] == [
+        ("/var/run/nvidia-container-devices/GPU-0", "/dev/null"),
+        ("/var/run/nvidia-container-devices/GPU-1", "/dev/null"),
+    ]
+
+
+def test_cdi_annotations_and_cri() -> None:
+    options = ResponseOptions(device_list_strategy=("cdi-annotations", "cdi-cri"))
+    r = container_response([dev(0), dev(1)], options, "abc")
+    assert dict(r.annotations) == {
+        "cdi.k8s.io/nvidia-device-plugin_abc": "nvidia.com/gpu=GPU-0,nvidia.com/gpu=GPU-1"
+    }
+    assert [c.name for c in r.cdi_devices] == ["nvidia.com/gpu=GPU-0", "nvidia.com/gpu=GPU-1"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
+
+
+def test_device_specs_with_dev_root(tmp_path) -> None:
+    (tmp_path / "dev").mkdir()
+    for name in ("nvidiactl", "nvidia-uvm"):
+        (tmp_path / "dev" / name).touch()
+    controls = present_control_devices(str(tmp_path))
+    assert controls == ("/dev/nvidiactl", "/dev/nvidia-uvm")
+    options = ResponseOptions(pass_device_specs=True, dev_root=str(tmp_path), control_devices=controls)
+    r = container_response([dev(2)], options, "")
+    assert [(d.container_path, d.host_path, d.permissions) for d in r.devices] == [
+        ("/dev/nvidiactl", f"{tmp_path}/dev/nvidiactl", "rw"),
+        ("/dev/nvidia-uvm", f"{tmp_path}/dev/nvidia-uvm", "rw"),
+        ("/dev/nvidia2", f"{tmp_path}/dev/nvidia2", "rw"),
+    ]
