@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,19 +50,28 @@ def status_for(error: Exception) -> grpc.StatusCode:
 
 
 def _rpc(method: Callable[..., T]) -> Callable[..., T]:
-    """Map expected errors to status codes with one warning line; bugs get INTERNAL and a traceback."""
+    """Map expected errors to status codes with one warning line; bugs get INTERNAL and a traceback.
+    Reports every call's result and duration to the server's RpcObserver (metrics)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def wrapper(self: DevicePluginServer, request: Any, context: grpc.ServicerContext) -> T:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
         try:
             return method(self, request, context)
         except NvdpError as error:
+            code = status_for(error)
             log_event(log, logging.WARNING, "request refused", resource=self.resource_name,
-                      method=method.__name__, error=str(error))
-            context.abort(status_for(error), str(error))
+                      method=name, error=str(error))
+            context.abort(code, str(error))
         except Exception as error:  # a bug: keep serving, tell the kubelet
-            log.exception("internal error in %s resource=%s", method.__name__, self.resource_name)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+            code = grpc.StatusCode.INTERNAL
+            log.exception("internal error in %s resource=%s", name, self.resource_name)
+            context.abort(code, f"internal error: {type(error).__name__}: {error}")
+        finally:
+            if self.observer is not None:
+                self.observer.rpc_done(self.resource_name, name, code, time.perf_counter() - started)
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
@@ -77,8 +87,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         options: ResponseOptions,
         executor: ThreadPoolExecutor,
         allocator: PreferredAllocator | None = None,
+        observer: RpcObserver | None = None,
     ) -> None:
         self.resource = resource
+        self.observer = observer
         self.socket_path = socket_path
         self.options = options
         self._executor = executor

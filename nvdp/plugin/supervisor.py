@@ -22,7 +22,7 @@ from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions, present_control_devices
-from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
+from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
 from nvdp.plugin.watch import DirWatcher
 from nvdp.resources import NamePattern, Replication, Resource, build_resources, parse_mig_minors
 
@@ -60,8 +60,8 @@ class HealthHooks(Protocol):
     def stop(self) -> None: ...
 
 
-class StatusObserver(Protocol):
-    """Receives lifecycle facts (metrics, readiness)."""
+class StatusObserver(RpcObserver, Protocol):
+    """Receives lifecycle facts and every RPC's outcome (metrics, readiness)."""
 
     def registered(self, resource: str, first: bool) -> None: ...
     def servers_changed(self, servers: Mapping[str, DevicePluginServer]) -> None: ...
@@ -197,7 +197,8 @@ class Supervisor:
                 continue
             allocator = self._allocator_factory(resource, self.gpus) if self._allocator_factory else None
             server = DevicePluginServer(
-                resource, self.plugin_dir / resource.socket_name, options, self._executor, allocator
+                resource, self.plugin_dir / resource.socket_name, options, self._executor, allocator,
+                self._observer,
             )
             server.start()
             self.servers[name] = server
@@ -267,7 +268,7 @@ class Supervisor:
                 server.stop(grace=0.0)
                 server = DevicePluginServer(
                     server.resource, server.socket_path, server.options, self._executor,
-                    server.allocator,
+                    server.allocator, self._observer,
                 )
                 server.start()
                 self.servers[name] = server

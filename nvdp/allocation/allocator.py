@@ -1,0 +1,128 @@
+"""GetPreferredAllocation for one resource: validation, then the policy its devices call for.
+
+- whole GPUs: topology score, fewest NUMA nodes, least fragmentation, lowest index (`gpus`);
+- replicas (`<uuid>::<n>`): SPREAD (default) or PACK over the replicated devices (`shared`);
+- MIG devices: packed onto few parent GPUs and NUMA nodes (`shared`).
+
+Per-device-set data (order, weights, groups) is computed once in `Allocator.__init__`.
+Duplicate IDs in `available` or `must_include` are dropped silently: the kubelet means sets.
+The answer lists device IDs in device order (GPU index, MIG index, replica).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from nvdp.allocation.gpus import choose_gpus
+from nvdp.allocation.shared import ReplicaPolicy, choose_packed, choose_replicas
+from nvdp.allocation.topology import Topology, pair_score
+from nvdp.devices import Device
+from nvdp.errors import RequestError
+
+_NO_NUMA = -1
+_MAX_NAMED = 10
+
+
+def _order(device: Device) -> tuple[int, int, int]:
+    mig = device.mig.index if device.mig is not None else -1
+    replica = device.replica if device.replica is not None else -1
+    return (device.gpu_index, mig, replica)
+
+
+def _names(ids: Sequence[str]) -> str:
+    named = ", ".join(ids[:_MAX_NAMED])
+    more = len(ids) - _MAX_NAMED
+    return f"{named} (and {more} more)" if more > 0 else named
+
+
+class Allocator:
+    """Preferred allocations over one resource's devices.
+
+    `topology` gives whole-GPU links and NUMA nodes; without it (or for a GPU it lacks) the
+    devices' NUMA nodes are used and links are taken as PCIe-only (see `Topology.link`).
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        topology: Topology | None = None,
+        *,
+        replica_policy: ReplicaPolicy = ReplicaPolicy.SPREAD,
+    ) -> None:
+        ordered = sorted(devices, key=_order)
+        self._ids = [d.id for d in ordered]
+        self._position = {device_id: p for p, device_id in enumerate(self._ids)}
+        if len(self._position) != len(self._ids):
+            raise ValueError("duplicate device IDs")
+        self.replica_policy = replica_policy
+        gpu_uuids = [d.gpu_uuid for d in ordered]
+        if any(d.replica is not None for d in ordered):
+            self.kind: Literal["gpus", "replicas", "mig"] = "replicas"
+            groups: dict[str, int] = {}
+            self._groups = [groups.setdefault(d.uuid, len(groups)) for d in ordered]
+            sizes = Counter(self._groups)
+            self._group_sizes = [sizes[g] for g in range(len(groups))]
+        elif any(d.is_mig for d in ordered) or len(set(gpu_uuids)) != len(gpu_uuids):
+            self.kind = "mig"
+            parents: dict[str, int] = {}
+            self._parents = [parents.setdefault(d.gpu_uuid, len(parents)) for d in ordered]
+            self._parent_numa = [_NO_NUMA] * len(parents)
+            for d, parent in zip(ordered, self._parents, strict=True):
+                self._parent_numa[parent] = _numa(d, topology)
+        else:
+            self.kind = "gpus"
+            numa = {d.gpu_uuid: d.numa_node for d in ordered}
+            if topology is not None:
+                numa.update({u: n for u, n in topology.numa_nodes.items() if n is not None})
+            topo = Topology(numa, topology.links if topology is not None else {})
+            self._numa = [_numa(d, topo) for d in ordered]
+            self._weights = [
+                [0 if a == b else pair_score(topo.link(a, b)) for b in gpu_uuids] for a in gpu_uuids
+            ]
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """Exactly `size` IDs from `available`, with every `must_include`; raises RequestError."""
+        avail = list(dict.fromkeys(available))
+        must = list(dict.fromkeys(must_include))
+        position = self._position
+        for field, ids in (("available", avail), ("must_include", must)):
+            unknown = [i for i in ids if i not in position]
+            if unknown:
+                raise RequestError(f"unknown device IDs in {field}: {_names(unknown)}")
+        if size < 1:
+            raise RequestError(f"allocation_size must be at least 1, got {size}")
+        avail_set = set(avail)
+        missing = [i for i in must if i not in avail_set]
+        if missing:
+            raise RequestError(f"must_include devices not in available: {_names(missing)}")
+        if size > len(avail):
+            plural = "" if len(avail) == 1 else "s"
+            raise RequestError(f"allocation_size {size} exceeds the {len(avail)} available device{plural}")
+        if len(must) > size:
+            raise RequestError(f"must_include has {len(must)} devices, more than allocation_size {size}")
+
+        avail_pos = sorted(position[i] for i in avail)
+        must_pos = sorted(position[i] for i in must)
+        if self.kind == "gpus":
+            chosen = choose_gpus(self._weights, self._numa, avail_pos, must_pos, size)
+        else:
+            required = set(must_pos)
+            candidates = [p for p in avail_pos if p not in required]
+            need = size - len(must_pos)
+            if self.kind == "replicas":
+                extra = choose_replicas(
+                    self._groups, self._group_sizes, candidates, need, self.replica_policy
+                )
+            else:
+                extra = choose_packed(self._parents, self._parent_numa, candidates, must_pos, need)
+            chosen = sorted(must_pos + extra)
+        return [self._ids[p] for p in chosen]
+
+
+def _numa(device: Device, topology: Topology | None) -> int:
+    node = topology.numa_nodes.get(device.gpu_uuid) if topology is not None else None
+    if node is None:
+        node = device.numa_node
+    return _NO_NUMA if node is None else node

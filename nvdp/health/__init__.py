@@ -1,0 +1,26 @@
+"""Device health: XID policy (pure), the node's NVML monitor thread, routing to plugin servers."""
+
+from nvdp.health.monitor import HealthMonitor, exponential_backoff
+from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
+from nvdp.health.router import HealthRouter, NodeEventSink, go_duration
+from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
+from nvdp.health.xid import APPLICATION_XIDS, DEFAULT_FATAL_XIDS, Verdict, XidPolicy, xid_reason
+
+__all__ = [
+    "APPLICATION_XIDS",
+    "DEFAULT_FATAL_XIDS",
+    "HealthChange",
+    "HealthMonitor",
+    "HealthRouter",
+    "HealthSettings",
+    "HealthTarget",
+    "MonitorStatus",
+    "NodeEventClient",
+    "NodeEventRecorder",
+    "NodeEventSink",
+    "Verdict",
+    "XidPolicy",
+    "exponential_backoff",
+    "go_duration",
+    "xid_reason",
+]

@@ -1,0 +1,453 @@
+"""The node's health monitor: one thread, one NVML event set for every GPU, an active probe, recovery.
+
+The thread waits on the event set with a short timeout (an event returns the wait at once) and, every
+`probe_interval`, makes one cheap query per GPU on the same long-lived NVML session. Health changes
+go to a listener (normally `HealthRouter`) in batches, from the monitor thread.
+
+Units are GPU and MIG uuids. An event on a GPU marks the GPU's uuid; on a MIG-enabled GPU it also
+marks the MIG devices whose GPU-instance / compute-instance ids match the event (every MIG device
+when the event names no instance). A lost GPU marks all of its units.
+
+NVML failures are not device failures: a failed wait leaves every unit as it is, marks the monitor
+degraded, and the event set is closed and re-created with backoff until it arms again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
+from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
+from nvdp.health.xid import XidPolicy
+from nvdp.logs import log_event
+from nvdp.nvml.types import EventSet, EventType, GpuInfo, MigDeviceInfo, Nvml, NvmlEvent
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Sequence[HealthChange]], None]
+Backoff = Callable[[int], float]  # consecutive failure number (0, 1, ...) -> seconds to wait
+
+GPU_LOST_REASON = "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+ROW_REMAP_FAILURE_REASON = "row remapping failed (the GPU needs service)"
+RECOVERED_REASON = "no critical event in the quiet period and the probe passed"
+_MAX_BATCH = 64  # events drained from the set into one batch
+
+
+def exponential_backoff(first: float = 0.1, cap: float = 5.0) -> Backoff:
+    """0.1 s, 0.2 s, 0.4 s ... up to `cap`."""
+    return lambda attempt: min(cap, first * (2 ** min(attempt, 32)))
+
+
+@dataclass
+class _Unit:
+    uuid: str
+    gpu_uuid: str
+    healthy: bool = True
+    fatal: bool = False
+    last_event: float = 0.0
+
+
+class HealthMonitor:
+    """One per node. `start()` arms the event set and starts the thread; `stop()` joins it."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        gpus: Sequence[GpuInfo],
+        listener: Listener,
+        *,
+        settings: HealthSettings | None = None,
+        policy: XidPolicy | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wait_timeout: float = 0.2,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._nvml = nvml
+        self._listener = listener
+        self._settings = settings or HealthSettings()
+        self._policy = policy or XidPolicy.from_env(
+            os.environ if environ is None else environ, self._settings
+        )
+        self._clock = clock
+        self._wait_ms = max(1, int(wait_timeout * 1000))
+        self._backoff = backoff or exponential_backoff()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: EventSet | None = None
+        self._failures = 0
+        self._next_probe = 0.0
+        self._rearm_at = 0.0
+        self._probe_errors: dict[str, str] = {}
+        self._unsupported_logged: set[str] = set()
+        self._pending_gpus: list[GpuInfo] | None = None
+        # status, guarded by _lock
+        self._degraded_reason: str | None = None
+        self._last_error: str | None = None
+        self._rearms = 0
+        self._by_xid: Counter[int] = Counter()
+        self._by_type: Counter[str] = Counter()
+        self._units: dict[str, _Unit] = {}
+        self._set_gpus(gpus)
+
+    # ---- public ----------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> XidPolicy:
+        return self._policy
+
+    @property
+    def degraded(self) -> bool:
+        with self._lock:
+            return self._degraded_reason is not None
+
+    @property
+    def degraded_reason(self) -> str | None:
+        with self._lock:
+            return self._degraded_reason
+
+    def status(self) -> MonitorStatus:
+        with self._lock:
+            return MonitorStatus(
+                running=self._thread is not None and self._thread.is_alive(),
+                degraded=self._degraded_reason is not None,
+                reason=self._degraded_reason,
+                last_error=self._last_error,
+                rearms=self._rearms,
+                events_by_xid=dict(self._by_xid),
+                events_by_type=dict(self._by_type),
+            )
+
+    def unhealthy(self) -> dict[str, bool]:
+        """uuid -> fatal, for every unit the monitor holds Unhealthy."""
+        return {u.uuid: u.fatal for u in list(self._units.values()) if not u.healthy}
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if not self._policy.enabled:
+            log_event(log, logging.INFO, "health checks disabled", env="DP_DISABLE_HEALTHCHECKS=all")
+            return
+        log_event(
+            log,
+            logging.INFO,
+            "health monitor starting",
+            gpus=len(self._gpus),
+            probe_interval=self._settings.probe_interval,
+            recovery_quiet_period=self._settings.recovery_quiet_period,
+            **self._policy.describe(),
+        )
+        self._stop.clear()
+        self._emit(self._try_arm())
+        self._thread = threading.Thread(target=self._run, name="nvdp-health", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the thread and free the event set. Idempotent."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log_event(log, logging.WARNING, "health monitor did not stop in time", timeout=timeout)
+                return
+        self._disarm()
+
+    def update_gpus(self, gpus: Sequence[GpuInfo]) -> None:
+        """New enumeration (reload, MIG change): units still present keep their state."""
+        with self._lock:
+            self._pending_gpus = list(gpus)
+
+    # ---- thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._step()
+        except Exception:  # a bug: say so loudly, leave the devices as they are
+            log.exception("health monitor crashed")
+            with self._lock:
+                self._degraded_reason = "health monitor crashed"
+        finally:
+            self._disarm()
+
+    def _step(self) -> None:
+        with self._lock:
+            pending, self._pending_gpus = self._pending_gpus, None
+        if pending is not None:
+            self._disarm()
+            self._set_gpus(pending)
+            self._next_probe = self._rearm_at = 0.0
+        now = self._clock()
+        rearming = self._event_set is None and self._policy.events_enabled
+        if rearming and now >= self._rearm_at:
+            self._emit(self._try_arm())
+            rearming = self._event_set is None
+        if self._policy.probe and now >= self._next_probe:
+            self._emit(self._probe_all(now))
+            self._next_probe = now + self._settings.probe_interval
+        budget = self._wait_ms / 1000
+        if self._policy.probe:
+            budget = min(budget, self._next_probe - self._clock())
+        if rearming:
+            budget = min(budget, self._rearm_at - self._clock())
+        if self._event_set is None:
+            self._stop.wait(max(budget, 0.001))
+            return
+        events, error = self._collect(self._event_set, max(0, int(budget * 1000)))
+        self._emit(self._handle_events(events))
+        if error is None:
+            self._failures = 0
+            return
+        self._disarm()
+        self._failed(f"NVML event wait failed: {error}", error)
+
+    def _collect(self, event_set: EventSet, timeout_ms: int) -> tuple[list[NvmlEvent], NvmlError | None]:
+        events: list[NvmlEvent] = []
+        try:
+            event = event_set.wait(timeout_ms)
+            while event is not None:
+                events.append(event)
+                if len(events) >= _MAX_BATCH:
+                    break
+                event = event_set.wait(0)
+        except NvmlError as e:
+            return events, e
+        return events, None
+
+    # ---- arming ----------------------------------------------------------------------------
+
+    def _try_arm(self) -> list[HealthChange]:
+        if not self._policy.events_enabled:
+            return []
+        try:
+            event_set = self._nvml.create_event_set()
+        except NvmlError as e:
+            self._failed(f"cannot create the NVML event set: {e}", e)
+            return []
+        wanted = EventType.XID_CRITICAL | EventType.DOUBLE_BIT_ECC
+        if self._policy.single_bit_ecc:
+            wanted |= EventType.SINGLE_BIT_ECC
+        changes: list[HealthChange] = []
+        for gpu in self._gpus:
+            try:
+                supported = event_set.register(gpu.uuid, wanted)
+            except NvmlNotSupported:
+                self._log_unsupported(gpu, EventType(0))
+            except GpuLostError:
+                changes += self._mark(self._gpu_units(gpu.uuid), GPU_LOST_REASON, None, True)
+            except NvmlError as e:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "cannot register health events",
+                    gpu=gpu.uuid,
+                    index=gpu.index,
+                    error=str(e),
+                )
+            else:
+                if supported != wanted:
+                    self._log_unsupported(gpu, supported)
+        self._event_set = event_set
+        with self._lock:
+            was = self._degraded_reason
+            self._degraded_reason = None
+            if was is not None:
+                self._rearms += 1
+        if was is not None:
+            log_event(log, logging.INFO, "health monitor re-armed", after=was)
+        return changes
+
+    def _log_unsupported(self, gpu: GpuInfo, supported: EventType) -> None:
+        if gpu.uuid in self._unsupported_logged:
+            return
+        self._unsupported_logged.add(gpu.uuid)
+        log_event(
+            log,
+            logging.WARNING,
+            "GPU does not support all health events",
+            gpu=gpu.uuid,
+            index=gpu.index,
+            supported=str(supported.name or "none").lower(),
+        )
+
+    def _disarm(self) -> None:
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            try:
+                event_set.close()
+            except NvmlError as e:
+                log_event(log, logging.DEBUG, "closing the NVML event set failed", error=str(e))
+
+    def _failed(self, reason: str, error: NvmlError) -> None:
+        """An NVML failure of the monitor itself: degraded, next arming after a backoff."""
+        self._rearm_at = self._clock() + self._backoff(self._failures)
+        self._failures += 1
+        with self._lock:
+            first = self._degraded_reason is None
+            self._degraded_reason = reason
+            self._last_error = str(error)
+        if first:
+            log_event(
+                log,
+                logging.WARNING,
+                "health monitor degraded; device health unchanged",
+                reason=reason,
+                code=error.code,
+            )
+
+    # ---- units -----------------------------------------------------------------------------
+
+    def _set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
+        old = self._units
+        units: dict[str, _Unit] = {}
+        self._gpus = list(gpus)
+        self._gpu_by_uuid = {g.uuid: g for g in self._gpus}
+        self._mig_by_uuid: dict[str, MigDeviceInfo] = {}
+        for gpu in self._gpus:
+            units[gpu.uuid] = old.get(gpu.uuid) or _Unit(gpu.uuid, gpu.uuid)
+            for mig in gpu.mig_devices:
+                self._mig_by_uuid[mig.uuid] = mig
+                units[mig.uuid] = old.get(mig.uuid) or _Unit(mig.uuid, gpu.uuid)
+        self._units = units
+
+    def _gpu_units(self, gpu_uuid: str, migs: Sequence[MigDeviceInfo] | None = None) -> list[_Unit]:
+        gpu = self._gpu_by_uuid[gpu_uuid]
+        chosen = gpu.mig_devices if migs is None else migs
+        return [self._units[gpu.uuid]] + [self._units[m.uuid] for m in chosen]
+
+    def _attribute(self, event: NvmlEvent) -> list[_Unit]:
+        gpu = self._gpu_by_uuid.get(event.gpu_uuid)
+        if gpu is None:
+            mig = self._mig_by_uuid.get(event.gpu_uuid)
+            return [] if mig is None else self._gpu_units(mig.parent_uuid, [mig])
+        if not gpu.mig_devices or (event.gi_id is None and event.ci_id is None):
+            return self._gpu_units(gpu.uuid)
+        matched = [
+            m
+            for m in gpu.mig_devices
+            if (event.gi_id is None or m.gi_id == event.gi_id)
+            and (event.ci_id is None or m.ci_id == event.ci_id)
+        ]
+        if not matched:
+            log_event(
+                log,
+                logging.WARNING,
+                "event names no known MIG instance; marking the whole GPU",
+                gpu=gpu.uuid,
+                gi=event.gi_id,
+                ci=event.ci_id,
+            )
+            return self._gpu_units(gpu.uuid)
+        return self._gpu_units(gpu.uuid, matched)
+
+    def _mark(self, units: Sequence[_Unit], reason: str, xid: int | None, fatal: bool) -> list[HealthChange]:
+        now = self._clock()
+        changes = []
+        for unit in units:
+            unit.last_event = now
+            if unit.healthy:
+                unit.healthy, unit.fatal = False, fatal
+                changes.append(HealthChange(unit.uuid, False, reason, xid, fatal, now))
+            elif fatal:
+                unit.fatal = True
+        return changes
+
+    # ---- events and probes -----------------------------------------------------------------
+
+    def _handle_events(self, events: Sequence[NvmlEvent]) -> list[HealthChange]:
+        changes: list[HealthChange] = []
+        for event in events:
+            is_xid = bool(event.event_type & EventType.XID_CRITICAL)
+            with self._lock:
+                if is_xid:
+                    self._by_xid[event.data] += 1
+                self._by_type[_type_name(event.event_type)] += 1
+            verdict = self._policy.classify(event)
+            xid = event.data if is_xid else None
+            if not verdict.marks_unhealthy:
+                log_event(
+                    log,
+                    logging.INFO,
+                    "ignoring health event",
+                    gpu=event.gpu_uuid,
+                    xid=xid,
+                    reason=verdict.reason,
+                )
+                continue
+            units = self._attribute(event)
+            if not units:
+                log_event(
+                    log, logging.INFO, "ignoring event for an unmonitored device", gpu=event.gpu_uuid, xid=xid
+                )
+                continue
+            changes += self._mark(units, verdict.reason, xid, verdict.fatal)
+        return changes
+
+    def _probe_all(self, now: float) -> list[HealthChange]:
+        changes: list[HealthChange] = []
+        quiet = self._settings.recovery_quiet_period
+        for gpu in self._gpus:
+            try:
+                result = self._nvml.probe(gpu.uuid)
+            except GpuLostError:
+                self._probe_state(gpu, None)
+                changes += self._mark(self._gpu_units(gpu.uuid), GPU_LOST_REASON, None, True)
+                continue
+            except NvmlError as e:  # cannot tell: no marking, no recovery
+                self._probe_state(gpu, e.code)
+                continue
+            self._probe_state(gpu, None)
+            if result.row_remap_failure:
+                changes += self._mark(self._gpu_units(gpu.uuid), ROW_REMAP_FAILURE_REASON, None, True)
+                continue
+            if result.retired_pages_pending or result.row_remap_pending or quiet <= 0:
+                continue  # a pending retirement/remap is applied by a reset only: no recovery yet
+            for unit in self._gpu_units(gpu.uuid):
+                if not unit.healthy and not unit.fatal and now - unit.last_event >= quiet:
+                    unit.healthy = True
+                    changes.append(HealthChange(unit.uuid, True, RECOVERED_REASON, None, False, now))
+        return changes
+
+    def _probe_state(self, gpu: GpuInfo, code: str | None) -> None:
+        before = self._probe_errors.get(gpu.uuid)
+        if code == before:
+            return
+        if code is None:
+            del self._probe_errors[gpu.uuid]
+            log_event(log, logging.INFO, "health probe answers again", gpu=gpu.uuid, index=gpu.index)
+        else:
+            self._probe_errors[gpu.uuid] = code
+            log_event(
+                log,
+                logging.WARNING,
+                "health probe failed; no recovery until it passes",
+                gpu=gpu.uuid,
+                index=gpu.index,
+                code=code,
+            )
+
+    def _emit(self, changes: list[HealthChange]) -> None:
+        if not changes:
+            return
+        try:
+            self._listener(changes)
+        except Exception:
+            log.exception("health listener failed")
+
+
+def _type_name(event_type: EventType) -> str:
+    if event_type & EventType.XID_CRITICAL:
+        return "xid"
+    if event_type & EventType.DOUBLE_BIT_ECC:
+        return "double-bit-ecc"
+    if event_type & EventType.SINGLE_BIT_ECC:
+        return "single-bit-ecc"
+    return "other"

@@ -1,0 +1,129 @@
+"""Route the monitor's health changes to every plugin server, with one log line per transition.
+
+A change concerns a GPU or MIG uuid; every device of every target whose `Device.uuid` is that uuid
+(all replicas under sharing) follows it. Each target gets at most one `set_health` call per direction
+per batch, so the kubelet sees one ListAndWatch update. The router remembers which uuids are
+Unhealthy, so targets created on a reload start with those devices Unhealthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from nvdp.health.types import HealthChange, HealthTarget
+from nvdp.logs import format_fields, log_event
+
+log = logging.getLogger(__name__)
+
+UNHEALTHY_EVENT_REASON = "GPUUnhealthy"
+HEALTHY_EVENT_REASON = "GPUHealthy"
+
+
+class NodeEventSink(Protocol):
+    """Where Kubernetes Node events go (`NodeEventRecorder`); must never block."""
+
+    def record(self, event_type: str, reason: str, message: str) -> None: ...
+
+    def close(self, timeout: float = 1.0) -> None: ...
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go prints it, to the millisecond: 0s, 250ms, 1.5s, 5m0s, 2h0m0s."""
+    total_ms = round(seconds * 1000)
+    sign = "-" if total_ms < 0 else ""
+    total_ms = abs(total_ms)
+    if total_ms == 0:
+        return "0s"
+    if total_ms < 1000:
+        return f"{sign}{total_ms}ms"
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, millis = divmod(rest, 1000)
+    text = f"{secs}" + (f".{millis:03d}".rstrip("0") if millis else "") + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{text}"
+    if minutes:
+        return f"{sign}{minutes}m{text}"
+    return sign + text
+
+
+class HealthRouter:
+    """The monitor's listener. Thread-safe: `set_targets` runs on reloads, `handle` on the monitor."""
+
+    def __init__(
+        self, targets: Iterable[HealthTarget] = (), *, node_events: NodeEventSink | None = None
+    ) -> None:
+        self._lock = threading.Lock()
+        self._targets: list[HealthTarget] = list(targets)
+        self._unhealthy: dict[str, HealthChange] = {}
+        self._node_events = node_events
+
+    def __call__(self, changes: Sequence[HealthChange]) -> None:
+        self.handle(changes)
+
+    def unhealthy(self) -> dict[str, HealthChange]:
+        """uuid -> the change that made it Unhealthy."""
+        with self._lock:
+            return dict(self._unhealthy)
+
+    def set_targets(self, targets: Iterable[HealthTarget]) -> None:
+        """Replace the targets (config reload) and mark known-Unhealthy devices in the new ones."""
+        with self._lock:
+            self._targets = list(targets)
+            for target in self._targets:
+                ids = [d.id for uuid in self._unhealthy for d in target.devices.with_uuid(uuid)]
+                if ids:
+                    target.set_health(ids, False)
+                    log_event(
+                        log,
+                        logging.INFO,
+                        "kept devices unhealthy across reload",
+                        resource=target.resource_name,
+                        devices=len(ids),
+                    )
+
+    def handle(self, changes: Sequence[HealthChange]) -> None:
+        with self._lock:
+            updates: dict[int, dict[str, bool]] = {}  # target -> device id -> healthy (last wins)
+            for change in changes:
+                before = self._unhealthy.get(change.uuid)
+                if change.healthy == (before is None):
+                    continue  # no transition
+                if change.healthy:
+                    del self._unhealthy[change.uuid]
+                else:
+                    self._unhealthy[change.uuid] = change
+                for n, target in enumerate(self._targets):
+                    devices = target.devices.with_uuid(change.uuid)
+                    if devices:
+                        updates.setdefault(n, {}).update((d.id, change.healthy) for d in devices)
+                        self._report(target.resource_name, devices[0].index, change, before)
+            for n, health in updates.items():
+                for healthy in (False, True):
+                    ids = [i for i, h in health.items() if h is healthy]
+                    if ids:
+                        self._targets[n].set_health(ids, healthy)
+
+    def close(self) -> None:
+        if self._node_events is not None:
+            self._node_events.close()
+
+    def _report(self, resource: str, index: str, change: HealthChange, before: HealthChange | None) -> None:
+        fields: dict[str, Any] = {"resource": resource, "device": change.uuid, "index": index}
+        if change.healthy:
+            message, level, kind, reason = "device healthy", logging.INFO, "Normal", HEALTHY_EVENT_REASON
+            fields["after"] = go_duration(change.since - before.since) if before else None
+        else:
+            message, level, kind, reason = (
+                "device unhealthy",
+                logging.WARNING,
+                "Warning",
+                UNHEALTHY_EVENT_REASON,
+            )
+            fields.update(xid=change.xid, reason=change.reason, fatal=change.fatal)
+        log_event(log, level, message, **fields)
+        if self._node_events is not None:
+            self._node_events.record(kind, reason, f"{message} {format_fields(fields)}")

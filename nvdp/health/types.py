@@ -1,0 +1,73 @@
+"""Value types and seams of the health package."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nvdp.devices import DeviceSet
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """The config file's `health` section, as plain values (the supervisor maps config onto it).
+
+    `fatal_xids` None means nvdp's default fatal set; a set replaces it. Times are seconds;
+    `recovery_quiet_period` 0 disables recovery.
+    """
+
+    ignored_xids: frozenset[int] = frozenset()
+    fatal_xids: frozenset[int] | None = None
+    recovery_quiet_period: float = 300.0
+    probe_interval: float = 5.0
+    single_bit_ecc: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recovery_quiet_period < 0:
+            raise ValueError("recovery_quiet_period must be >= 0")
+        if self.probe_interval <= 0:
+            raise ValueError("probe_interval must be > 0")
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """One unit (a GPU or MIG uuid) changed health.
+
+    `since` is the monitor clock's time of this transition; `xid` is None for non-XID causes
+    (ECC events, a lost GPU, a probe finding).
+    """
+
+    uuid: str
+    healthy: bool
+    reason: str
+    xid: int | None = None
+    fatal: bool = False
+    since: float = 0.0
+
+
+@dataclass(frozen=True)
+class MonitorStatus:
+    """What the monitor itself is doing, for metrics and readiness."""
+
+    running: bool
+    degraded: bool
+    reason: str | None
+    last_error: str | None
+    rearms: int
+    events_by_xid: Mapping[int, int] = field(default_factory=dict)
+    events_by_type: Mapping[str, int] = field(default_factory=dict)
+
+
+class HealthTarget(Protocol):
+    """A plugin server: what the router needs to push health to the kubelet."""
+
+    @property
+    def resource_name(self) -> str: ...
+
+    @property
+    def devices(self) -> DeviceSet: ...
+
+    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
+        """Mark the devices and push ONE ListAndWatch update for all of them."""
+        ...

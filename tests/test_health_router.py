@@ -1,0 +1,168 @@
+"""HealthRouter: replicas follow their uuid, one set_health per target per batch, exact log lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Collection, Iterator
+
+import pytest
+
+from nvdp.devices import Device, DeviceSet
+from nvdp.health import HealthChange, HealthRouter, go_duration
+from nvdp.logs import JsonFormatter, TextFormatter
+
+GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+GPU1 = "GPU-bbbbbbbb-0000-0000-0000-000000000001"
+MIG = "MIG-cccccccc-0000-0000-0000-000000000002"
+
+
+def device(uuid: str, index: str, replica: int | None = None, gpu: str | None = None) -> Device:
+    return Device(
+        id=uuid if replica is None else f"{uuid}::{replica}",
+        uuid=uuid,
+        index=index,
+        gpu_uuid=gpu or uuid,
+        gpu_index=int(index.split(":")[0]),
+        numa_node=0,
+        paths=(f"/dev/nvidia{index.split(':')[0]}",),
+        memory_bytes=1 << 30,
+        replica=replica,
+    )
+
+
+class FakeTarget:
+    def __init__(self, resource: str, devices: list[Device]) -> None:
+        self.resource_name = resource
+        self.devices = DeviceSet(devices)
+        self.calls: list[tuple[list[str], bool]] = []
+
+    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
+        self.calls.append((sorted(device_ids), healthy))
+
+
+@pytest.fixture
+def records() -> Iterator[list[logging.LogRecord]]:
+    got: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record)
+
+    logger = logging.getLogger("nvdp.health.router")
+    handler = Keep(logging.DEBUG)
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield got
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def down(
+    uuid: str, xid: int | None = 79, reason: str = "GPU has fallen off the bus", since: float = 0.0
+) -> HealthChange:
+    return HealthChange(uuid, False, reason, xid, xid == 79, since)
+
+
+def up(uuid: str, since: float) -> HealthChange:
+    return HealthChange(uuid, True, "recovered", None, False, since)
+
+
+def test_replicas_follow_and_one_call_per_target() -> None:
+    shared = FakeTarget("nvidia.com/gpu", [device(GPU0, "0", r) for r in range(4)] + [device(GPU1, "1", 0)])
+    whole = FakeTarget("nvidia.com/gpu.whole", [device(GPU0, "0"), device(GPU1, "1")])
+    other = FakeTarget("nvidia.com/mig-1g.5gb", [device(MIG, "2:0", gpu=GPU1)])
+    router = HealthRouter([shared, whole, other])
+    router.handle([down(GPU0), down(GPU1)])
+    assert shared.calls == [(sorted([f"{GPU0}::{r}" for r in range(4)] + [f"{GPU1}::0"]), False)]
+    assert whole.calls == [([GPU0, GPU1], False)]
+    assert other.calls == []
+    router.handle([down(GPU0)])  # already unhealthy: no call
+    assert len(whole.calls) == 1
+    router.handle([up(GPU0, 1.0)])
+    assert whole.calls[-1] == ([GPU0], True)
+
+
+def test_set_targets_reapplies_unhealthy() -> None:
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])])
+    router.handle([down(GPU1)])
+    reloaded = FakeTarget(
+        "nvidia.com/gpu",
+        [device(GPU0, "0", r) for r in range(2)] + [device(GPU1, "1", 0), device(GPU1, "1", 1)],
+    )
+    router.set_targets([reloaded])
+    assert reloaded.calls == [([f"{GPU1}::0", f"{GPU1}::1"], False)]
+    router.handle([up(GPU1, 3.0)])
+    assert reloaded.calls[-1] == ([f"{GPU1}::0", f"{GPU1}::1"], True)
+    assert router.unhealthy() == {}
+
+
+def test_log_lines_text_and_json(records: list[logging.LogRecord]) -> None:
+    target = FakeTarget("nvidia.com/gpu", [device(GPU0, "3", r) for r in range(2)])
+    router = HealthRouter([target])
+    router.handle([down(GPU0, since=10.0)])
+    router.handle([up(GPU0, since=310.0)])
+    assert len(records) == 2  # one per transition per resource, not per replica
+    text = [TextFormatter().format(r).split(" ", 1)[1] for r in records]
+    assert text == [
+        f"WARNING device unhealthy resource=nvidia.com/gpu device={GPU0} index=3 xid=79 "
+        f'reason="GPU has fallen off the bus" fatal=true',
+        f"INFO    device healthy resource=nvidia.com/gpu device={GPU0} index=3 after=5m0s",
+    ]
+    as_json = [json.loads(JsonFormatter().format(r)) for r in records]
+    assert {k: v for k, v in as_json[0].items() if k != "time"} == {
+        "level": "warning",
+        "logger": "nvdp.health.router",
+        "msg": "device unhealthy",
+        "resource": "nvidia.com/gpu",
+        "device": GPU0,
+        "index": "3",
+        "xid": 79,
+        "reason": "GPU has fallen off the bus",
+        "fatal": True,
+    }
+    assert as_json[1]["after"] == "5m0s"
+
+
+def test_log_line_without_xid(records: list[logging.LogRecord]) -> None:
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0")])])
+    router.handle([HealthChange(GPU0, False, "GPU is lost (NVML_ERROR_GPU_IS_LOST)", None, True, 0.0)])
+    line = TextFormatter().format(records[0]).split(" ", 1)[1]
+    assert line == (
+        f"WARNING device unhealthy resource=nvidia.com/gpu device={GPU0} index=0 "
+        f'reason="GPU is lost (NVML_ERROR_GPU_IS_LOST)" fatal=true'
+    )
+
+
+def test_text_formatter_through_a_stream() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("nvdp.health.router")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0")])]).handle([down(GPU0)])
+    finally:
+        logger.removeHandler(handler)
+    assert stream.getvalue().rstrip().endswith('reason="GPU has fallen off the bus" fatal=true')
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (59, "59s"),
+        (300, "5m0s"),
+        (90.5, "1m30.5s"),
+        (7200, "2h0m0s"),
+        (3725.125, "1h2m5.125s"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_go_duration(seconds: float, text: str) -> None:
+    assert go_duration(seconds) == text
