@@ -49,6 +49,7 @@ def daemon_settings(config: Config) -> DaemonSettings:
         fail_on_init_error=flags.fail_on_init_error,
         driver_root=flags.nvidia_driver_root,
         dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
+        container_driver_root=plugin.container_driver_root,
         gpu_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.gpus),
         mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
         sharing=tuple(sharing),
@@ -111,7 +112,6 @@ class NodeHealth:
                 self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
             )
             self.monitor.start()
-            log_event(log, logging.INFO, "health monitor started", **self.policy.describe())
         else:
             self.monitor.update_gpus(gpus)
 

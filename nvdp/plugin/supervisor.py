@@ -29,6 +29,8 @@ from nvdp.resources import NamePattern, Replication, Resource, build_resources, 
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 2.0
+# procfs shows the host kernel's driver state inside the container too.
+MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 
@@ -41,7 +43,8 @@ class DaemonSettings:
     mig_strategy: str = "none"
     fail_on_init_error: bool = True
     driver_root: str = "/"
-    dev_root: str = "/"
+    dev_root: str = "/"  # the host's root for /dev/nvidia* (device-spec host paths)
+    container_driver_root: str = "/driver-root"  # where the chart mounts the driver root in our container
     gpu_patterns: tuple[NamePattern, ...] = ()
     mig_patterns: tuple[NamePattern, ...] = ()
     sharing: tuple[Replication, ...] = ()
@@ -162,11 +165,10 @@ class Supervisor:
     # ---- resources and servers ----------------------------------------------------------------
     def _build(self, settings: DaemonSettings) -> list[Resource]:
         self.gpus = self._nvml.gpus()
-        minors_file = Path(settings.driver_root) / "proc/driver/nvidia-caps/mig-minors"
         minors = None
         if any(g.mig_enabled for g in self.gpus):
             try:
-                minors = parse_mig_minors(minors_file.read_text())
+                minors = parse_mig_minors(MIG_MINORS_FILE.read_text())
             except OSError:
                 minors = None
         return build_resources(
@@ -178,11 +180,20 @@ class Supervisor:
             mig_minors=minors,
         )
 
+    @staticmethod
+    def _visible_dev_root(settings: DaemonSettings) -> str:
+        """Where the host's device nodes can be seen from this process: the host root itself when
+        it is "/" (or we run on the host), else the driver root mounted into the container."""
+        if settings.dev_root not in ("", "/") and not os.path.isdir(settings.dev_root):
+            if os.path.isdir(settings.container_driver_root):
+                return settings.container_driver_root
+        return settings.dev_root
+
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         resources = self._build(settings)
         wanted = {r.name: r for r in resources}
-        options = replace(settings.response, control_devices=present_control_devices(settings.dev_root))
+        options = replace(settings.response, control_devices=present_control_devices(self._visible_dev_root(settings)))
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)
@@ -260,6 +271,8 @@ class Supervisor:
                 self.ready.clear()
             for name in self._registered_at:
                 self._registered_at[name] = None
+            if not self.servers:
+                self.ready.set()
             return None
         failed = False
         for name, server in self.servers.items():
@@ -303,6 +316,7 @@ class Supervisor:
                 self._observer.registered(name, first)
         if failed:
             return min(RETRY_MAX_S, max(RETRY_MIN_S, (previous_retry or RETRY_MIN_S) * 2))
-        if self.servers:
-            self.ready.set()
+        # Ready also with nothing to serve (no GPUs, or NVML failed with fail-on-init-error=false):
+        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
+        self.ready.set()
         return None

@@ -1,0 +1,66 @@
+"""NVML for nvdp: the typed facade (`nvdp.nvml.types`) and `open_nvml` to pick a backend.
+
+Backends are imported lazily: importing this package loads neither pynvml nor the simulator.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
+from nvdp.nvml.types import (
+    EventSet,
+    EventType,
+    GpuInfo,
+    GpuLink,
+    MigDeviceInfo,
+    Nvml,
+    NvmlEvent,
+    PcieLevel,
+    ProbeResult,
+)
+
+__all__ = [
+    "EventSet",
+    "EventType",
+    "GpuInfo",
+    "GpuLink",
+    "MigDeviceInfo",
+    "Nvml",
+    "NvmlEvent",
+    "PcieLevel",
+    "ProbeResult",
+    "SIM_EVENTS_ENV",
+    "nvml_error",
+    "open_nvml",
+]
+
+SIM_EVENTS_ENV = "NVDP_SIM_EVENTS"
+
+_ERROR_CLASSES: dict[str, type[NvmlError]] = {
+    "NVML_ERROR_NOT_SUPPORTED": NvmlNotSupported,
+    "NVML_ERROR_GPU_IS_LOST": GpuLostError,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": NvmlLibraryNotFound,
+}
+
+
+def nvml_error(code: str, call: str, detail: str = "", device: str | None = None) -> NvmlError:
+    """The NvmlError (or subclass) for an NVML error name, e.g. NVML_ERROR_GPU_IS_LOST."""
+    return _ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
+
+
+def open_nvml(spec: str, driver_root: str = "/") -> Nvml:
+    """Open (not init) an NVML backend: "real", "sim:NAME" (built-in node) or "sim:/path/node.yaml".
+
+    The simulated backend follows the file named by $NVDP_SIM_EVENTS (read now) for fault injection.
+    Raises ConfigError for an unknown spec, profile or an invalid node file.
+    """
+    if spec == "real":
+        from nvdp.nvml.real import RealNvml
+
+        return RealNvml(driver_root=driver_root)
+    if spec.startswith("sim:") and spec[4:]:
+        from nvdp.nvml.sim import open_sim
+
+        return open_sim(spec[4:], events_path=os.environ.get(SIM_EVENTS_ENV) or None)
+    raise ConfigError(f"--nvml: unknown backend {spec!r}; accepted: real, sim:NAME, sim:/path/to/node.yaml")

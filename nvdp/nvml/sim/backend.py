@@ -1,0 +1,398 @@
+"""The simulated NVML backend: a node described by a profile or node file, with fault injection.
+
+It behaves like NVML where nvdp depends on it: calls before init() raise NVML_ERROR_UNINITIALIZED;
+events are registered on whole GPUs and carry GPU/compute instance ids for MIG devices; a lost GPU
+raises NVML_ERROR_GPU_IS_LOST; event sets are owned by one thread. Faults come from `inject()`,
+fed by the $NVDP_SIM_EVENTS file follower (one JSON object per line, see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from nvdp.nvml import nvml_error
+from nvdp.nvml.sim.follower import FileFollower
+from nvdp.nvml.sim.mig import MigLayoutError, place
+from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
+from nvdp.nvml.types import EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, ProbeResult
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_ECC_TYPES = EventType.SINGLE_BIT_ECC | EventType.DOUBLE_BIT_ECC
+_BASE_TYPES = EventType.XID_CRITICAL | EventType.PSTATE | EventType.CLOCK
+_ECC_EVENTS = {"single-bit-ecc": EventType.SINGLE_BIT_ECC, "double-bit-ecc": EventType.DOUBLE_BIT_ECC}
+_PROBE_EVENTS = {
+    "retired-pages-pending": {"retired_pages_pending": True},
+    "row-remap-pending": {"row_remap_pending": True},
+    "row-remap-failure": {"row_remap_failure": True},
+}
+_STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *_PROBE_EVENTS)
+_EVENT_NAMES = ("wait-error", *_ECC_EVENTS, *_STATE_EVENTS)
+_FIELDS = ("uuid", "xid", "event", "mig", "gi_id", "ci_id", "code")
+
+
+class SimEventError(ValueError):
+    """An injected event (or events-file line) the simulated node cannot apply."""
+
+
+@dataclass
+class _GpuState:
+    mig: tuple[MigDeviceInfo, ...] | None  # None: MIG disabled
+    lost: bool = False
+    probe: ProbeResult = ProbeResult()
+
+
+class SimNvml:
+    """NVML over a simulated node. Thread-safe; one optional events-file follower thread."""
+
+    def __init__(self, node: SimNode, events_path: str | None = None) -> None:
+        self.node = node
+        self.events_path = events_path
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._follower: FileFollower | None = None
+        self._sets: weakref.WeakSet[SimEventSet] = weakref.WeakSet()
+        self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
+        self._state = [_GpuState(self._mig_devices(gpu, gpu.mig)) for gpu in node.gpus]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def init(self) -> None:
+        with self._lock:
+            if self._initialized:
+                return
+            self._initialized = True
+            if self.events_path:
+                self._follower = FileFollower(self.events_path, self._on_line)
+                self._follower.start()
+        logger.info("simulated NVML initialized node=%s gpus=%d", self.node.name, len(self.node.gpus))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+            follower, self._follower = self._follower, None
+            sets = list(self._sets)
+            self._sets.clear()
+        if follower is not None:
+            follower.stop()
+        for event_set in sets:
+            event_set._invalidate()
+        logger.info("simulated NVML shut down node=%s", self.node.name)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        self._require_init("nvmlSystemGetDriverVersion")
+        return self.node.driver_version
+
+    def cuda_driver_version(self) -> str:
+        self._require_init("nvmlSystemGetCudaDriverVersion")
+        return self.node.cuda_driver_version
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU, lost ones included (their facts are known; queries about them fail)."""
+        self._require_init("nvmlDeviceGetHandleByIndex")
+        with self._lock:
+            states = [state.mig for state in self._state]
+        return [
+            GpuInfo(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                minor=gpu.minor,
+                memory_bytes=gpu.memory_mib * MIB,
+                compute_capability=gpu.compute_capability,
+                pci_bus_id=gpu.pci_bus_id,
+                numa_node=gpu.numa_node,
+                mig_capable=gpu.mig_capable,
+                mig_enabled=mig is not None,
+                mig_devices=mig or (),
+            )
+            for gpu, mig in zip(self.node.gpus, states, strict=True)
+        ]
+
+    def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
+        call = "nvmlDeviceGetTopologyCommonAncestor"
+        self._require_init(call)
+        a, b = self._gpu(uuid_a, call), self._gpu(uuid_b, call)
+        if a == b:
+            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT", call, "both devices are the same GPU", uuid_a)
+        return GpuLink(self.node.nvlinks(a, b), self.node.pcie(a, b))
+
+    def create_event_set(self) -> SimEventSet:
+        self._require_init("nvmlEventSetCreate")
+        event_set = SimEventSet(self)
+        with self._lock:
+            self._sets.add(event_set)
+        return event_set
+
+    def probe(self, gpu_uuid: str) -> ProbeResult:
+        """Memory info + pending retirements + row remapping of a GPU (a MIG uuid probes its parent)."""
+        call = "nvmlDeviceGetMemoryInfo"
+        self._require_init(call)
+        with self._lock:
+            parent = self._parent_of_mig(gpu_uuid)
+        index = self._gpu(parent.uuid if parent else gpu_uuid, call)
+        return self._state[index].probe
+
+    # -- fault injection ---------------------------------------------------------------------
+
+    def inject(self, event: Mapping[str, object] | str) -> None:
+        """Apply one event (a decoded or JSON events-file line); SimEventError when it cannot be."""
+        if isinstance(event, str):
+            try:
+                event = json.loads(event)
+            except json.JSONDecodeError as e:
+                raise SimEventError(f"not JSON: {e}") from e
+        if not isinstance(event, Mapping):
+            raise SimEventError("not a JSON object")
+        unknown = [key for key in event if key not in _FIELDS]
+        if unknown:
+            raise SimEventError(f"unknown field {unknown[0]!r} (accepted: {', '.join(_FIELDS)})")
+        kinds = [key for key in ("xid", "event", "mig") if key in event]
+        if len(kinds) != 1:
+            raise SimEventError("needs exactly one of 'xid', 'event' or 'mig'")
+        if event.get("event") == "wait-error":
+            self._fail_next_waits(event.get("code", "NVML_ERROR_UNKNOWN"))
+            return
+        if "code" in event:
+            raise SimEventError('\'code\' goes only with "event": "wait-error"')
+        with self._lock:
+            gpu, mig = self._target(event.get("uuid"))
+            if "mig" in event:
+                self._set_mig_layout(gpu, mig, event["mig"])
+            elif "xid" in event:
+                xid = event["xid"]
+                if isinstance(xid, bool) or not isinstance(xid, int) or xid < 0:
+                    raise SimEventError(f"xid: must be an integer >= 0, got {xid!r}")
+                self._deliver(gpu, mig, EventType.XID_CRITICAL, xid, event)
+            else:
+                self._apply_event(gpu, mig, event["event"], event)
+
+    def _on_line(self, line: str) -> None:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            return
+        try:
+            self.inject(text)
+        except SimEventError as e:
+            logger.warning(
+                "simulated event skipped file=%s reason=%r line=%r", self.events_path, str(e), text[:200]
+            )
+
+    def _target(self, uuid: object) -> tuple[SimGpu, MigDeviceInfo | None]:
+        if not isinstance(uuid, str):
+            raise SimEventError(f"uuid: required, a GPU or MIG uuid of this node, got {uuid!r}")
+        if uuid in self._index:
+            return self.node.gpus[self._index[uuid]], None
+        for state, gpu in zip(self._state, self.node.gpus, strict=True):
+            for mig in state.mig or ():
+                if mig.uuid == uuid:
+                    return gpu, mig
+        raise SimEventError(f"uuid: no GPU or MIG device {uuid!r} on node {self.node.name}")
+
+    def _apply_event(
+        self, gpu: SimGpu, mig: MigDeviceInfo | None, name: object, event: Mapping[str, object]
+    ) -> None:
+        if isinstance(name, str) and name in _ECC_EVENTS:
+            self._deliver(gpu, mig, _ECC_EVENTS[name], 0, event)
+            return
+        if name not in _STATE_EVENTS:
+            raise SimEventError(f"event: unknown {name!r} (accepted: {', '.join(_EVENT_NAMES)})")
+        if "gi_id" in event or "ci_id" in event:
+            raise SimEventError(f"gi_id/ci_id do not apply to {name!r}")
+        state = self._state[gpu.index]
+        if name == "gpu-lost":
+            state.lost = True
+        elif name == "gpu-restored":
+            state.lost = False
+        elif name == "clear-pending":
+            state.probe = ProbeResult()
+        else:
+            state.probe = replace(state.probe, **_PROBE_EVENTS[str(name)])
+        logger.info("simulated GPU state change gpu=%s index=%d event=%s", gpu.uuid, gpu.index, name)
+
+    def _deliver(
+        self,
+        gpu: SimGpu,
+        mig: MigDeviceInfo | None,
+        event_type: EventType,
+        data: int,
+        line: Mapping[str, object],
+    ) -> None:
+        gi_id, ci_id = (mig.gi_id, mig.ci_id) if mig else (None, None)
+        for key in ("gi_id", "ci_id"):
+            value = line.get(key)
+            if value is None:
+                continue
+            if mig is not None:
+                raise SimEventError(f"{key}: the instance comes from the MIG uuid; give the GPU uuid instead")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SimEventError(f"{key}: must be an integer >= 0, got {value!r}")
+            gi_id, ci_id = (value, ci_id) if key == "gi_id" else (gi_id, value)
+        event = NvmlEvent(gpu.uuid, event_type, data, gi_id, ci_id)
+        logger.debug(
+            "simulated event gpu=%s type=%s data=%d gi=%s ci=%s",
+            gpu.uuid,
+            event_type.name,
+            data,
+            gi_id,
+            ci_id,
+        )
+        for event_set in list(self._sets):
+            event_set._offer(event)
+
+    def _fail_next_waits(self, code: object) -> None:
+        if not isinstance(code, str) or not code.startswith("NVML_ERROR_"):
+            raise SimEventError(f"code: must be an NVML error name like 'NVML_ERROR_UNKNOWN', got {code!r}")
+        with self._lock:
+            sets = list(self._sets)
+        for event_set in sets:
+            event_set._fail_next_wait(code)
+
+    def _set_mig_layout(self, gpu: SimGpu, mig: MigDeviceInfo | None, layout: object) -> None:
+        if mig is not None:
+            raise SimEventError("mig: a MIG layout applies to a GPU uuid, not a MIG device")
+        if not gpu.mig_capable:
+            raise SimEventError(f"mig: GPU {gpu.index} ({gpu.name}) is not MIG capable")
+        if layout is not None and not (isinstance(layout, list) and all(isinstance(p, str) for p in layout)):
+            raise SimEventError(f"mig: must be null or a list of MIG profile names, got {layout!r}")
+        try:
+            devices = self._mig_devices(gpu, None if layout is None else tuple(layout))
+        except MigLayoutError as e:
+            raise SimEventError(f"mig: {e}") from e
+        self._state[gpu.index].mig = devices
+        logger.info(
+            "simulated MIG layout changed gpu=%s index=%d mig=%s",
+            gpu.uuid,
+            gpu.index,
+            "disabled" if devices is None else ",".join(d.profile for d in devices) or "enabled",
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _require_init(self, call: str) -> None:
+        if not self._initialized:
+            raise nvml_error("NVML_ERROR_UNINITIALIZED", call, "call init() first")
+
+    def _gpu(self, uuid: str, call: str) -> int:
+        """The index of a GPU uuid; NVML's errors for a MIG, unknown or lost one."""
+        index = self._index.get(uuid)
+        if index is None:
+            with self._lock:
+                is_mig = self._parent_of_mig(uuid) is not None
+            if is_mig:
+                raise nvml_error("NVML_ERROR_NOT_SUPPORTED", call, "not supported on a MIG device", uuid)
+            raise nvml_error("NVML_ERROR_NOT_FOUND", "nvmlDeviceGetHandleByUUID", "no such device", uuid)
+        if self._state[index].lost:
+            raise nvml_error("NVML_ERROR_GPU_IS_LOST", call, "", uuid)
+        return index
+
+    def _parent_of_mig(self, uuid: str) -> SimGpu | None:
+        for state, gpu in zip(self._state, self.node.gpus, strict=True):
+            if any(mig.uuid == uuid for mig in state.mig or ()):
+                return gpu
+        return None
+
+    def _supported_events(self, gpu_uuid: str) -> EventType:
+        index = self._gpu(gpu_uuid, "nvmlDeviceRegisterEvents")
+        return _BASE_TYPES | _ECC_TYPES if self.node.gpus[index].ecc else _BASE_TYPES
+
+    @staticmethod
+    def _mig_devices(gpu: SimGpu, layout: tuple[str, ...] | None) -> tuple[MigDeviceInfo, ...] | None:
+        if layout is None:
+            return None
+        return tuple(
+            MigDeviceInfo(
+                uuid=derived_uuid("MIG", f"{gpu.uuid}/{d.gi_id}/{d.ci_id}"),
+                index=n,
+                gi_id=d.gi_id,
+                ci_id=d.ci_id,
+                profile=d.profile,
+                memory_bytes=d.memory_mib * MIB,
+                parent_uuid=gpu.uuid,
+                parent_index=gpu.index,
+            )
+            for n, d in enumerate(place(layout, gpu.mig_geometry))
+        )
+
+
+class SimEventSet:
+    """An event set of the simulated node: events of the GPUs and types registered, in order."""
+
+    def __init__(self, backend: SimNvml) -> None:
+        self._backend = backend
+        self._cond = threading.Condition()
+        self._events: deque[NvmlEvent] = deque()
+        self._types: dict[str, EventType] = {}
+        self._error: str | None = None
+        self._closed = False
+        self._stale = False  # the NVML session it belonged to was shut down
+
+    def register(self, gpu_uuid: str, event_types: EventType) -> EventType:
+        call = "nvmlDeviceRegisterEvents"
+        self._check(call)
+        supported = event_types & self._backend._supported_events(gpu_uuid)
+        if not supported:
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED", call, f"event types {event_types!r}", gpu_uuid)
+        with self._cond:
+            self._types[gpu_uuid] = self._types.get(gpu_uuid, EventType(0)) | supported
+        return supported
+
+    def wait(self, timeout_ms: int) -> NvmlEvent | None:
+        call = "nvmlEventSetWait_v2"
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        with self._cond:
+            while True:
+                self._check(call)
+                if self._error is not None:
+                    code, self._error = self._error, None
+                    raise nvml_error(code, call, "injected wait error")
+                if self._events:
+                    return self._events.popleft()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._events.clear()
+            self._cond.notify_all()
+        with self._backend._lock:
+            self._backend._sets.discard(self)
+
+    def _check(self, call: str) -> None:
+        if self._closed:
+            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT", call, "the event set is closed")
+        if self._stale or not self._backend._initialized:
+            raise nvml_error("NVML_ERROR_UNINITIALIZED", call, "NVML was shut down")
+
+    def _offer(self, event: NvmlEvent) -> None:
+        with self._cond:
+            if event.event_type & self._types.get(event.gpu_uuid, EventType(0)):
+                self._events.append(event)
+                self._cond.notify_all()
+
+    def _fail_next_wait(self, code: str) -> None:
+        with self._cond:
+            self._error = code
+            self._cond.notify_all()
+
+    def _invalidate(self) -> None:
+        with self._cond:
+            self._stale = True
+            self._cond.notify_all()

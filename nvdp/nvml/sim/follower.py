@@ -1,0 +1,89 @@
+"""Follow a file like `tail -F`: hand every line appended to it to a callback, from one thread.
+
+The thread polls stat() every `interval_s` (idle cost: one syscall per poll), starts at the file's
+end, and copes with the file appearing later, being truncated, removed, or replaced (renamed over).
+A line is handed over once its newline is written. The callback's failures are logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+_MAX_READ = 1 << 20
+
+
+class FileFollower:
+    def __init__(self, path: str, on_line: Callable[[str], None], interval_s: float = 0.02) -> None:
+        self._path = path
+        self._on_line = on_line
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
+        self._offset = 0
+        self._partial = b""
+        self._last_error = ""
+
+    def start(self) -> None:
+        """Start following from the file's current end (from its start if it appears later)."""
+        if self._thread is not None:
+            return
+        try:
+            st = os.stat(self._path)
+            self._identity, self._offset = (st.st_dev, st.st_ino), st.st_size
+        except OSError:
+            self._identity, self._offset = None, 0
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="nvdp-sim-events", daemon=True)
+        self._thread.start()
+        logger.info("following simulated events file=%s", self._path)
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it. Idempotent."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.poll()
+            except Exception as e:  # the follower never dies
+                message = f"{type(e).__name__}: {e}"
+                if message != self._last_error:
+                    logger.warning("simulated events file unreadable file=%s error=%r", self._path, message)
+                self._last_error = message
+
+    def poll(self) -> None:
+        """Read what was appended since the last poll and hand over its complete lines."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._identity, self._offset, self._partial = None, 0, b""
+            return
+        identity = (st.st_dev, st.st_ino)
+        if identity != self._identity or st.st_size < self._offset:  # new file, or truncated
+            self._identity, self._offset, self._partial = identity, 0, b""
+        if st.st_size == self._offset:
+            return
+        with open(self._path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != self._identity:  # replaced between stat and open
+                self._identity, self._offset, self._partial = (st.st_dev, st.st_ino), 0, b""
+            f.seek(self._offset)
+            data = f.read(_MAX_READ)
+        self._last_error = ""
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for raw in lines:
+            try:
+                self._on_line(raw.decode("utf-8", errors="replace"))
+            except Exception:  # one bad line never stops the follower
+                logger.exception("simulated event line failed file=%s", self._path)

@@ -1,0 +1,160 @@
+"""MIG geometry of a simulated GPU: profile names, placements, instance ids and memory (pure).
+
+A MIG-capable GPU has `compute_slices` compute slices (7 on A100/H100, 4 on A30) and a power of
+two of memory slices (8, or 4 when there are 4 compute slices). A GPU instance of profile `Gg.Mgb`
+takes G compute slices and the memory slices that hold M GB; it is placed at a start aligned to its
+memory size, as the driver does. GPU instance ids follow the driver's numbering of placements (a
+binary tree over the memory slices): on an A100 7g.40gb is GI 0, 3g.20gb GI 1-2, 2g.10gb GI 3-6,
+1g.5gb GI 7-13. A profile `Cc.Gg.Mgb` is a compute instance of C slices inside a `Gg.Mgb` GPU
+instance; consecutive ones share a GPU instance (compute instance ids 0, 1, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_PROFILE = re.compile(
+    r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>[1-9]\d*)gb(?P<attr>[+-][a-z][a-z0-9.]*)?$"
+)
+
+
+class MigLayoutError(ValueError):
+    """A MIG profile name or layout that this GPU cannot have."""
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str  # as written: "1g.5gb", "1c.2g.10gb", "1g.5gb+me"
+    compute_slices: int  # C (= G for a whole GPU instance)
+    gpu_slices: int  # G
+    memory_gb: int
+
+    @property
+    def gpu_instance_profile(self) -> str:
+        """The name of the GPU instance this profile lives in ("1c.2g.10gb" -> "2g.10gb")."""
+        return self.name.split(".", 1)[1] if self.compute_slices != self.gpu_slices else self.name
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device: a compute instance in a placed GPU instance."""
+
+    profile: str
+    gi_id: int
+    ci_id: int
+    memory_mib: int
+
+
+def parse_profile(name: str) -> MigProfile:
+    """Parse a MIG profile name the way NVIDIA's tools spell them ("[Cc.]Gg.Mgb[+attr|-attr]")."""
+    m = _PROFILE.match(name)
+    if m is None:
+        raise MigLayoutError(f"{name!r} is not a MIG profile name like 1g.5gb, 1c.2g.10gb or 1g.5gb+me")
+    g = int(m["g"])
+    c = int(m["c"]) if m["c"] else g
+    if c > g:
+        raise MigLayoutError(f"{name}: a compute instance cannot be larger than its GPU instance")
+    return MigProfile(name, c, g, int(m["gb"]))
+
+
+@dataclass(frozen=True)
+class MigGeometry:
+    """The MIG geometry of one GPU model."""
+
+    total_memory_mib: int
+    compute_slices: int = 7
+    memory_mib_by_slices: Mapping[int, int] | None = None  # the driver's figures where known
+
+    @property
+    def memory_slices(self) -> int:
+        return 8 if self.compute_slices > 4 else 4
+
+    @property
+    def total_gb(self) -> int:
+        return math.ceil(self.total_memory_mib / 1024)
+
+    def slices_for(self, profile: MigProfile) -> int:
+        """Memory slices a profile takes; MigLayoutError when this GPU has no such profile."""
+        exact = profile.memory_gb * self.memory_slices / self.total_gb
+        slices = max(1, math.floor(exact + 0.5))
+        expected_gb = math.floor(slices * self.total_gb / self.memory_slices + 0.5)
+        if (
+            slices & (slices - 1)
+            or slices > self.memory_slices
+            or expected_gb != profile.memory_gb
+            or profile.gpu_slices > self.compute_slices
+            or profile.gpu_slices > slices
+        ):
+            raise MigLayoutError(
+                f"{profile.name}: no such MIG profile on a {self.total_gb} GB GPU with "
+                f"{self.compute_slices} compute slices (one memory slice holds "
+                f"{self.total_gb / self.memory_slices:g} GB)"
+            )
+        return slices
+
+    def memory_mib(self, slices: int) -> int:
+        if self.memory_mib_by_slices and slices in self.memory_mib_by_slices:
+            return self.memory_mib_by_slices[slices]
+        # The driver keeps ~2.5% of each instance for itself, in 128 MiB steps.
+        return int(self.total_memory_mib * slices / self.memory_slices * 0.975) // 128 * 128
+
+    def gi_id(self, slices: int, start: int) -> int:
+        return self.memory_slices // slices - 1 + start // slices
+
+
+@dataclass
+class _GpuInstance:
+    profile: MigProfile
+    slices: int
+    compute_instances: list[MigProfile]
+    start: int = -1
+
+
+def place(layout: Sequence[str], geometry: MigGeometry) -> tuple[MigInstance, ...]:
+    """Place the MIG devices of `layout` on a GPU; returns them in NVML's order (by GI, then CI id)."""
+    instances: list[_GpuInstance] = []
+    for name in layout:
+        profile = parse_profile(name)
+        slices = geometry.slices_for(profile)
+        last = instances[-1] if instances else None
+        if (
+            profile.compute_slices < profile.gpu_slices
+            and last is not None
+            and last.profile.gpu_instance_profile == profile.gpu_instance_profile
+            and last.compute_instances[0].compute_slices < last.profile.gpu_slices
+            and sum(ci.compute_slices for ci in last.compute_instances) + profile.compute_slices
+            <= profile.gpu_slices
+        ):
+            last.compute_instances.append(profile)
+            continue
+        instances.append(_GpuInstance(profile, slices, [profile]))
+
+    if not _fit(sorted(instances, key=lambda gi: -gi.slices), 0, geometry):
+        raise MigLayoutError(
+            f"{', '.join(layout)}: these MIG devices do not fit one GPU "
+            f"({geometry.compute_slices} compute slices, {geometry.memory_slices} memory slices)"
+        )
+    placed: list[MigInstance] = []
+    for gi in instances:
+        gi_id = geometry.gi_id(gi.slices, gi.start)
+        memory = geometry.memory_mib(gi.slices)
+        placed.extend(MigInstance(ci.name, gi_id, n, memory) for n, ci in enumerate(gi.compute_instances))
+    return tuple(sorted(placed, key=lambda d: (d.gi_id, d.ci_id)))
+
+
+def _fit(todo: list[_GpuInstance], used: int, geometry: MigGeometry) -> bool:
+    """Backtracking placement: first free aligned start for each instance, largest first."""
+    if not todo:
+        return True
+    gi, rest = todo[0], todo[1:]
+    for start in range(0, geometry.memory_slices - gi.slices + 1, gi.slices):
+        mask = ((1 << gi.slices) - 1) << start
+        if used & mask or start + gi.profile.gpu_slices > geometry.compute_slices:
+            continue
+        gi.start = start
+        if _fit(rest, used | mask, geometry):
+            return True
+    return False
