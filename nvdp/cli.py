@@ -26,13 +26,18 @@ SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.")
+    parser = argparse.ArgumentParser(
+        prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    plugin = sub.add_parser("plugin", help="run the device plugin daemon (same as nvidia-device-plugin)")
+    plugin = sub.add_parser(
+        "plugin", help="run the device plugin daemon (same as nvidia-device-plugin)", allow_abbrev=False
+    )
     _add_plugin_arguments(plugin)
     simulate = sub.add_parser(
-        "simulate", help="run the plugin on a simulated GPU node against an in-process kubelet"
+        "simulate", help="run the plugin on a simulated GPU node against an in-process kubelet",
+        allow_abbrev=False,
     )
     _add_simulate_arguments(simulate)
     args = parser.parse_args(argv)
@@ -43,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `nvidia-device-plugin`: NVIDIA's binary name, same flags."""
-    parser = argparse.ArgumentParser(prog="nvidia-device-plugin", description="NVIDIA device plugin (nvdp).")
+    parser = argparse.ArgumentParser(
+        prog="nvidia-device-plugin", description="NVIDIA device plugin (nvdp).", allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
     _add_plugin_arguments(parser)
     return run_plugin(parser.parse_args(argv), os.environ)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nvdp.allocation import Allocator, Topology
 from nvdp.config import Config
+from nvdp.errors import ConfigError
 from nvdp.health import HealthMonitor, HealthRouter, HealthSettings, XidPolicy
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
@@ -28,6 +29,8 @@ def daemon_settings(config: Config) -> DaemonSettings:
     """Map the resolved v1 config onto what the supervisor needs."""
     flags = config.flags
     plugin = flags.plugin
+    if not plugin.kubelet_socket:
+        raise ConfigError("--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path")
     sharing: list[Replication] = []
     replicated = config.sharing.replicated
     if replicated is not None:

@@ -1,0 +1,50 @@
+"""nvdp configuration: NVIDIA's v1 config file, flags and env vars, with the same precedence.
+
+- `model`: the frozen dataclasses (`Config` and its sections). A `Config` is the v1 file model
+  (`version`, `flags`, `resources`, `sharing`, `imex`, and nvdp's `health` extension) with flags and
+  env merged in, plus the settings that only come from flags / env (`config_file`, `nvml`,
+  `log_format`, `log_level`, `metrics_address`). `config.to_json()` is the start-up log line.
+- `load`: `load_file(path)`, `parse_text(text)`, `parse(mapping)` validate a file; every problem is
+  one line naming the field, all reported at once in a `ConfigError`.
+- `options`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag > env > file > default.
+- `values`: scalar checks and Go durations shared by the three.
+"""
+
+from nvdp.config.load import load_file, parse, parse_text
+from nvdp.config.model import (
+    Config,
+    Flags,
+    GfdFlags,
+    Health,
+    Imex,
+    PluginFlags,
+    ReplicatedResource,
+    ReplicatedResources,
+    Resource,
+    Resources,
+    Sharing,
+)
+from nvdp.config.options import OPTIONS, add_plugin_flags, resolve
+from nvdp.config.values import format_go_duration, parse_go_duration
+
+__all__ = [
+    "OPTIONS",
+    "Config",
+    "Flags",
+    "GfdFlags",
+    "Health",
+    "Imex",
+    "PluginFlags",
+    "ReplicatedResource",
+    "ReplicatedResources",
+    "Resource",
+    "Resources",
+    "Sharing",
+    "add_plugin_flags",
+    "format_go_duration",
+    "load_file",
+    "parse",
+    "parse_go_duration",
+    "parse_text",
+    "resolve",
+]

@@ -1,0 +1,319 @@
+"""The v1 configuration as frozen dataclasses (NVIDIA's api/config/v1, plus nvdp's extensions).
+
+Each file field carries its file key and its converter in the dataclass field metadata, so one
+table drives both parsing (`nvdp.config.load`) and the JSON dump. Fields that have a default
+in NVIDIA's plugin hold that default; `None` means "unset" where nothing is set by default
+(`mpsRoot`, `nvidiaDevRoot`, a resource's `rename`, `health.fatalXids`, the gfd section).
+`Config` also holds the settings that only come from flags / env (`nvml`, logging, metrics, the
+config file path): they have no file key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
+
+from nvdp.config import values as v
+
+VERSION = "v1"
+RESOURCE_NAME_PREFIX = "nvidia.com"
+SHARED_SUFFIX = ".shared"
+MAX_RESOURCE_NAME_LENGTH = 63
+MIG_STRATEGIES = ("none", "single", "mixed")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
+DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
+DEFAULT_METRICS_ADDRESS = ":2112"
+
+Devices = Literal["all"] | int | tuple[str, ...]
+
+
+def _key(key: str, convert: v.Converter | None = None, *, section: type | None = None,
+         items: type | None = None, dump: v.Converter | None = None, **kwargs: Any) -> Any:
+    """A dataclass field read from `key` in the file (see nvdp.config.load for the walk)."""
+    meta = {"key": key, "convert": convert, "section": section, "items": items, "dump": dump}
+    return field(metadata=meta, **kwargs)
+
+
+# ---- checks for values with NVIDIA-specific rules -----------------------------------------------
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UUID = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|[0-9a-fA-F]{32}")
+
+
+def resource_name(value: object) -> str:
+    """NVIDIA's NewResourceName: add `nvidia.com/`, at most 63 characters, a DNS subdomain after it."""
+    name = v.string(value)
+    full = name if name.startswith(RESOURCE_NAME_PREFIX + "/") else f"{RESOURCE_NAME_PREFIX}/{name}"
+    if len(full) > MAX_RESOURCE_NAME_LENGTH:
+        raise v.InvalidValue(
+            f"resource name {v.show(full)} is longer than {MAX_RESOURCE_NAME_LENGTH} characters")
+    if not _DNS_SUBDOMAIN.fullmatch(full.split("/", 1)[1]):
+        raise v.InvalidValue(
+            f"invalid resource name {v.show(name)}: after the {RESOURCE_NAME_PREFIX}/ prefix it must be a "
+            "lowercase DNS subdomain (a-z, 0-9, '-', '.'; alphanumeric at both ends)")
+    return full
+
+
+def _is_uuid(text: str) -> bool:
+    return bool(_UUID.fullmatch(text))
+
+
+def is_device_ref(text: str) -> bool:
+    """A GPU index, a MIG index "<gpu>:<mig>", a GPU UUID or a MIG UUID (either MIG UUID form)."""
+    if re.fullmatch(r"[0-9]+(:[0-9]+)?", text):
+        return True
+    if text.startswith("GPU-"):
+        return _is_uuid(text[4:])
+    if text.startswith("MIG-GPU-"):
+        parent, _, rest = text[8:].partition("/")
+        return _is_uuid(parent) and bool(re.fullmatch(r"[0-9]+/[0-9]+", rest))
+    return text.startswith("MIG-") and _is_uuid(text[4:])
+
+
+def _device_ref(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= v.INT64_MAX:
+        return str(value)
+    if isinstance(value, str) and is_device_ref(value):
+        return value
+    raise v.InvalidValue(
+        f'{v.show(value)} is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID')
+
+
+_device_list = v.list_of(_device_ref)
+
+
+def replicated_devices(value: object) -> Devices:
+    if value == "all":
+        return "all"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return v.integer(1)(value)
+    if isinstance(value, list):
+        return _device_list(value)
+    raise v.InvalidValue(f'must be "all", a number of devices or a list of devices, got {v.show(value)}')
+
+
+def _version(value: object) -> str:
+    text = v.string(value) or VERSION  # NVIDIA reads an empty version as v1
+    if text != VERSION:
+        raise v.InvalidValue(f"unsupported version {v.show(text)} (accepted: {VERSION})")
+    return text
+
+
+_channel_ids = v.list_of(v.integer(0))
+
+
+def imex_channel_ids(value: object) -> tuple[int, ...]:
+    ids = _channel_ids(value)
+    if ids not in ((), (0,)):
+        raise v.InvalidValue(f"must be [] or [0], got {list(ids)}")
+    return ids
+
+
+def nvml_spec(value: object) -> str:
+    text = v.string(value)
+    if text != "real" and not (text.startswith("sim:") and len(text) > 4):
+        raise v.InvalidValue(f'invalid value {v.show(text)} (accepted: real, sim:NAME, sim:/path/node.yaml)')
+    return text
+
+
+def listen_address(value: object) -> str:
+    text = v.string(value)
+    host, colon, port = text.rpartition(":")
+    if text and not (colon and port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise v.InvalidValue(f'invalid address {v.show(text)} (expected "[host]:port", or "" to disable)')
+    return text
+
+
+_xids = v.list_of(v.integer(0, 2**32 - 1))
+_strings = v.list_of(v.string, single=True)
+_seconds = v.duration()
+
+
+def _go(value: object) -> object:
+    return v.format_go_duration(value) if isinstance(value, float) else value
+
+
+# ---- the file model ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PluginFlags:
+    """`flags.plugin`: options of the device plugin only."""
+
+    pass_device_specs: bool = _key("passDeviceSpecs", v.boolean, default=False)
+    device_list_strategy: tuple[str, ...] = _key(
+        "deviceListStrategy", v.list_of(v.choice(*DEVICE_LIST_STRATEGIES), min_items=1, single=True),
+        default=("envvar",))
+    device_id_strategy: str = _key("deviceIDStrategy", v.choice(*DEVICE_ID_STRATEGIES), default="uuid")
+    cdi_annotation_prefix: str = _key("cdiAnnotationPrefix", v.string, default=DEFAULT_CDI_ANNOTATION_PREFIX)
+    nvidia_ctk_path: str = _key("nvidiaCTKPath", v.string, default=DEFAULT_NVIDIA_CTK_PATH)
+    container_driver_root: str = _key("containerDriverRoot", v.string, default=DEFAULT_CONTAINER_DRIVER_ROOT)
+    kubelet_socket: str = _key("kubeletSocket", v.string, default=DEFAULT_KUBELET_SOCKET)
+    cdi_feature_flags: tuple[str, ...] = _key("cdiFeatureFlags", _strings, default=())
+
+
+@dataclass(frozen=True)
+class GfdFlags:
+    """`flags.gfd`: gpu-feature-discovery options, kept as read (None: GFD's default)."""
+
+    oneshot: bool | None = _key("oneshot", v.boolean, default=None)
+    no_timestamp: bool | None = _key("noTimestamp", v.boolean, default=None)
+    # A plain number counts nanoseconds here, as in NVIDIA's Go type.
+    sleep_interval: float | None = _key("sleepInterval", v.duration(10**9), dump=_go, default=None)
+    output_file: str | None = _key("outputFile", v.string, default=None)
+    machine_type_file: str | None = _key("machineTypeFile", v.string, default=None)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """`flags`: options shared by the plugin and GFD; each one also has a flag and an env var."""
+
+    mig_strategy: str = _key("migStrategy", v.choice(*MIG_STRATEGIES), default="none")
+    fail_on_init_error: bool = _key("failOnInitError", v.boolean, default=True)
+    mps_root: str | None = _key("mpsRoot", v.string, default=None)
+    nvidia_driver_root: str = _key("nvidiaDriverRoot", v.string, default="/")
+    nvidia_dev_root: str | None = _key("nvidiaDevRoot", v.string, default=None)  # resolve: driver root
+    gdrcopy_enabled: bool = _key("gdrcopyEnabled", v.boolean, default=False)
+    gds_enabled: bool = _key("gdsEnabled", v.boolean, default=False)
+    mofed_enabled: bool = _key("mofedEnabled", v.boolean, default=False)
+    use_node_feature_api: bool | None = _key("useNodeFeatureAPI", v.boolean, default=None)  # GFD only
+    device_discovery_strategy: str = _key(
+        "deviceDiscoveryStrategy", v.choice(*DEVICE_DISCOVERY_STRATEGIES), default="auto")
+    plugin: PluginFlags = _key("plugin", section=PluginFlags, default_factory=PluginFlags)
+    gfd: GfdFlags | None = _key("gfd", section=GfdFlags, default=None)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A `resources.gpus` / `resources.mig` entry: a wildcard pattern over product / MIG profile names."""
+
+    pattern: str = _key("pattern", v.string)
+    name: str = _key("name", resource_name)  # fully qualified: nvidia.com/<name>
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpus: tuple[Resource, ...] = _key("gpus", items=Resource, default=())
+    mig: tuple[Resource, ...] = _key("mig", items=Resource, default=())
+
+
+@dataclass(frozen=True)
+class ReplicatedResource:
+    """A `sharing.<timeSlicing|mps>.resources` entry.
+
+    `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
+    strings. `rename` is already `<name>.shared` when the section has `renameByDefault`.
+    """
+
+    name: str = _key("name", resource_name)
+    replicas: int = _key("replicas", v.integer(2))
+    rename: str | None = _key("rename", resource_name, default=None)
+    devices: Devices = _key("devices", replicated_devices, default="all")
+
+    @property
+    def advertised_name(self) -> str:
+        return self.rename or self.name
+
+
+@dataclass(frozen=True)
+class ReplicatedResources:
+    """`sharing.timeSlicing` / `sharing.mps`. `fail_requests_greater_than_one` is resolved at load:
+    unset means false for time-slicing and true for MPS (NVIDIA's behaviour)."""
+
+    rename_by_default: bool = _key("renameByDefault", v.boolean, default=False)
+    fail_requests_greater_than_one: bool | None = _key("failRequestsGreaterThanOne", v.boolean, default=None)
+    resources: tuple[ReplicatedResource, ...] = _key("resources", items=ReplicatedResource, default=())
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """`sharing`: at most one of time-slicing and MPS (they are mutually exclusive)."""
+
+    time_slicing: ReplicatedResources | None = _key("timeSlicing", section=ReplicatedResources, default=None)
+    mps: ReplicatedResources | None = _key("mps", section=ReplicatedResources, default=None)
+
+    @property
+    def strategy(self) -> Literal["none", "time-slicing", "mps"]:
+        if self.mps is not None and self.mps.resources:
+            return "mps"
+        if self.time_slicing is not None and self.time_slicing.resources:
+            return "time-slicing"
+        return "none"
+
+    @property
+    def replicated(self) -> ReplicatedResources | None:
+        """The active strategy's section."""
+        return {"mps": self.mps, "time-slicing": self.time_slicing, "none": None}[self.strategy]
+
+
+@dataclass(frozen=True)
+class Imex:
+    """`imex`: IMEX channels injected into containers that get GPUs."""
+
+    channel_ids: tuple[int, ...] = _key("channelIDs", imex_channel_ids, default=())
+    required: bool = _key("required", v.boolean, default=False)
+
+
+@dataclass(frozen=True)
+class Health:
+    """`health` (nvdp's extension). `ignored_xids` add to the default application XIDs; `fatal_xids`
+    replace the health module's default fatal set (None: the defaults). Times are seconds;
+    `recovery_quiet_period` 0 disables recovery."""
+
+    ignored_xids: tuple[int, ...] = _key("ignoredXids", _xids, default=())
+    fatal_xids: tuple[int, ...] | None = _key("fatalXids", _xids, default=None)
+    recovery_quiet_period: float = _key("recoveryQuietPeriod", _seconds, dump=_go, default=300.0)
+    probe_interval: float = _key("probeInterval", v.duration(positive=True), dump=_go, default=5.0)
+    single_bit_ecc: bool = _key("singleBitEcc", v.boolean, default=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration: the v1 file model with flags and env merged in, and the
+    settings that only come from flags / env (no file key)."""
+
+    version: str = _key("version", _version, default=VERSION)
+    flags: Flags = _key("flags", section=Flags, default_factory=Flags)
+    resources: Resources = _key("resources", section=Resources, default_factory=Resources)
+    sharing: Sharing = _key("sharing", section=Sharing, default_factory=Sharing)
+    imex: Imex = _key("imex", section=Imex, default_factory=Imex)
+    health: Health = _key("health", section=Health, default_factory=Health)
+    # Flags / env only:
+    config_file: str | None = None
+    nvml: str = "real"
+    log_format: str = "text"
+    log_level: str = "info"
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file part in file form (camelCase keys, Go durations, unset values left out):
+        `nvdp.config.parse(config.to_dict())` gives back the same file settings."""
+        dumped = _dump(self)
+        assert isinstance(dumped, dict)
+        return dumped
+
+    def to_json(self) -> str:
+        """One line of JSON for the start-up log: the file part plus the flag / env-only settings."""
+        runtime = {"configFile": self.config_file, "nvml": self.nvml, "logFormat": self.log_format,
+                   "logLevel": self.log_level, "metricsAddress": self.metrics_address}
+        return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
+
+
+def _dump(value: object) -> object:
+    if is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, object] = {}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            if "key" in f.metadata and item is not None:
+                dump = f.metadata["dump"]
+                out[f.metadata["key"]] = dump(item) if dump else _dump(item)
+        return out
+    if isinstance(value, tuple):
+        return [_dump(item) for item in value]
+    return value

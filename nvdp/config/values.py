@@ -1,0 +1,203 @@
+"""Scalar value checks shared by the config file, the command line and the environment.
+
+Each converter takes a decoded YAML/JSON value and returns the typed value or raises `InvalidValue`
+with a one-line message that does not name the field (the caller prefixes the field path, or the
+`--flag / ENV` label). Text parsers (`parse_bool`, `split_list`) turn a flag or env string into the
+value a converter accepts. Durations follow Go's `time.ParseDuration` / `Duration.String`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+INT64_MAX = 2**63 - 1
+
+Converter = Callable[[object], object]
+T = TypeVar("T")
+
+
+class InvalidValue(ValueError):
+    """A value is refused. `problems` holds (path suffix, message) pairs, e.g. ("[1]", "...")."""
+
+    def __init__(self, message: str, problems: Sequence[tuple[str, str]] = ()) -> None:
+        self.problems = list(problems) or [("", message)]
+        super().__init__(message)
+
+
+def show(value: object) -> str:
+    """A value as it appears in an error message: strings quoted, containers named, long ones cut."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 80 else text[:76] + '..."'
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= 64 else "a very large number"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple | set | frozenset):
+        return "a list"
+    return f"a value of type {type(value).__name__}"
+
+
+def accepted(choices: Sequence[str]) -> str:
+    return f"(accepted: {', '.join(choices)})"
+
+
+def string(value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidValue(f"must be a string, got {show(value)}")
+    return value
+
+
+def boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidValue(f"must be true or false, got {show(value)}")
+    return value
+
+
+# Exactly what Go's strconv.ParseBool accepts (urfave/cli uses it for flags and env vars).
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag or env value. Empty means false, as with urfave/cli for a defined env var."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE or text == "":
+        return False
+    raise InvalidValue(f"invalid value {show(text)} (accepted: true, false, 1, 0)")
+
+
+def split_list(text: str) -> list[str]:
+    """A comma-separated flag or env value; blanks around items and empty items are dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def choice(*choices: str) -> Callable[[object], str]:
+    def convert(value: object) -> str:
+        text = string(value)
+        if text not in choices:
+            raise InvalidValue(f"invalid value {show(text)} {accepted(choices)}")
+        return text
+
+    return convert
+
+
+def integer(minimum: int = 0, maximum: int = INT64_MAX) -> Callable[[object], int]:
+    def convert(value: object) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= maximum:
+            return value
+        bound = f">= {minimum}" if maximum == INT64_MAX else f"from {minimum} to {maximum}"
+        raise InvalidValue(f"must be an integer {bound}, got {show(value)}")
+
+    return convert
+
+
+def list_of(item: Callable[[object], T], *, min_items: int = 0, single: bool = False
+            ) -> Callable[[object], tuple[T, ...]]:
+    """A list whose items pass `item`; every bad item is reported. `single`: a lone item is a list."""
+
+    def convert(value: object) -> tuple[T, ...]:
+        if single and not isinstance(value, list):
+            value = [value]
+        if not isinstance(value, list):
+            raise InvalidValue(f"must be a list, got {show(value)}")
+        if len(value) < min_items:
+            raise InvalidValue(f"must list at least {min_items} value{'s' if min_items > 1 else ''}")
+        out: list[T] = []
+        problems: list[tuple[str, str]] = []
+        for i, raw in enumerate(value):
+            try:
+                out.append(item(raw))
+            except InvalidValue as error:
+                problems += [(f"[{i}]{suffix}", message) for suffix, message in error.problems]
+        if problems:
+            raise InvalidValue(problems[0][1], problems)
+        return tuple(out)
+
+    return convert
+
+
+# ---- durations ---------------------------------------------------------------------------------
+
+_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9,  # nanoseconds per unit
+       "m": 60 * 10**9, "h": 3600 * 10**9}
+_GO_DURATION = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_TERM = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
+_MAX_SECONDS = INT64_MAX / 1e9  # Go durations are int64 nanoseconds
+
+
+def parse_go_duration(text: str) -> float:
+    """Go's time.ParseDuration ("1h30m", "300ms", "0"), in seconds."""
+    body = text[1:] if text[:1] in "+-" else text
+    if body == "0":
+        return 0.0
+    if not _GO_DURATION.fullmatch(body):
+        raise InvalidValue(f"invalid duration {show(text)}")
+    seconds = sum(float(number) * _NS[unit] for number, unit in _TERM.findall(body)) / 1e9
+    if seconds > _MAX_SECONDS:
+        raise InvalidValue(f"out of range, got {show(text)}")
+    return -seconds if text.startswith("-") else seconds
+
+
+def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object], float]:
+    """A Go duration string, or a plain number of 1/`per_second` seconds (1e9: nanoseconds, as Go
+    reads a JSON number); in seconds, never negative (`positive`: never 0 either)."""
+
+    def convert(value: object) -> float:
+        if isinstance(value, str):
+            seconds = parse_go_duration(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and not _is_nan(value):
+            if abs(value) > _MAX_SECONDS * per_second:  # int-float comparison is exact, never overflows
+                raise InvalidValue(f"out of range, got {show(value)}")
+            seconds = float(value) / per_second
+        else:
+            unit = "seconds" if per_second == 1 else "nanoseconds"
+            raise InvalidValue(
+                f'must be a duration such as "30s" or "5m", or a number of {unit}, got {show(value)}')
+        if seconds < 0 or (positive and seconds == 0):
+            raise InvalidValue(f"must be {'>' if positive else '>='} 0, got {show(value)}")
+        return seconds
+
+    return convert
+
+
+def _is_nan(value: float) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def format_go_duration(seconds: float) -> str:
+    """Go's Duration.String: "5m0s", "1h0m0s", "300ms", "1.5µs", "0s"."""
+    ns = round(seconds * 1e9)
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        unit, size = ("ns", 1) if ns < 1_000 else ("µs", 1_000) if ns < 1_000_000 else ("ms", 1_000_000)
+        return sign + _decimal(ns, size) + unit
+    hours, rest = divmod(ns, 3600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    text = _decimal(rest, 10**9) + "s"
+    if hours or minutes:
+        text = f"{minutes}m" + text
+    if hours:
+        text = f"{hours}h" + text
+    return sign + text
+
+
+def _decimal(value: int, size: int) -> str:
+    whole, fraction = divmod(value, size)
+    if not fraction:
+        return str(whole)
+    digits = str(fraction).rjust(len(str(size)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
