@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvdp.allocation import Allocator, Topology
 from nvdp.config import Config
 from nvdp.errors import ConfigError
-from nvdp.health import HealthMonitor, HealthRouter, HealthSettings, XidPolicy
+from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus, XidPolicy
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -21,6 +23,9 @@ from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, StatusObserver, Supervisor
 from nvdp.resources import NamePattern, Replication, Resource
+
+if TYPE_CHECKING:
+    from nvdp.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,16 @@ def daemon_settings(config: Config) -> DaemonSettings:
     plugin = flags.plugin
     if not plugin.kubelet_socket:
         raise ConfigError("--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path")
+    if config.sharing.strategy == "mps":
+        raise ConfigError(
+            "sharing.mps: MPS sharing is not supported by this version of nvdp (it runs no MPS control "
+            "daemon); use sharing.timeSlicing, or NVIDIA's plugin for MPS"
+        )
+    if flags.device_discovery_strategy == "tegra":
+        raise ConfigError(
+            "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
+            "(accepted here: auto, nvml)"
+        )
     sharing: list[Replication] = []
     replicated = config.sharing.replicated
     if replicated is not None:
@@ -62,8 +77,22 @@ def daemon_settings(config: Config) -> DaemonSettings:
             pass_device_specs=plugin.pass_device_specs,
             dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
+            extra_envs=feature_envs(config),
         ),
     )
+
+
+def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
+    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
+    the NVIDIA container toolkit acts on them."""
+    flags = config.flags
+    envs = [(name, "enabled") for name, on in (
+        ("NVIDIA_GDS", flags.gds_enabled), ("NVIDIA_MOFED", flags.mofed_enabled),
+        ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
+    ) if on]
+    if config.imex.channel_ids:
+        envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
+    return tuple(envs)
 
 
 def health_settings(config: Config) -> HealthSettings:
@@ -121,6 +150,17 @@ class NodeHealth:
     def set_targets(self, servers: Sequence[DevicePluginServer]) -> None:
         self.router.set_targets(servers)
 
+    # ---- read by metrics and /readyz (nvdp.metrics.HealthView) ----
+    @property
+    def checks_enabled(self) -> bool:
+        return self.policy.enabled
+
+    def monitor_status(self) -> MonitorStatus | None:
+        return self.monitor.status() if self.monitor is not None else None
+
+    def unhealthy(self) -> dict[str, HealthChange]:
+        return self.router.unhealthy()
+
     def stop(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
@@ -141,11 +181,23 @@ class Daemon:
         self._reload_config = reload_config
         self._first = True
         self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root)
-        self.health = NodeHealth(self.nvml, health_settings(config), environ)
+        # Metrics (and prometheus_client) only when --metrics-address is set; an explicit observer
+        # replaces the metrics observer but not the endpoint.
+        self.metrics: Metrics | None = None
+        counted = self.nvml
+        if config.metrics_address:
+            from nvdp.metrics import Metrics
+
+            self.metrics = Metrics(config.metrics_address)
+            counted = self.metrics.count_nvml_errors(self.nvml)
+            observer = observer or self.metrics
+        self.health = NodeHealth(counted, health_settings(config), environ)
+        if self.metrics is not None:
+            self.metrics.health = self.health
         self.supervisor = Supervisor(
-            self.nvml,
+            counted,
             self._settings,
-            allocator_factory=TopologyAllocators(self.nvml),
+            allocator_factory=TopologyAllocators(counted),
             health=self.health,
             observer=observer,
         )
@@ -155,7 +207,7 @@ class Daemon:
             self._first = False
         else:
             self.config = self._reload_config()
-            log_event(log, logging.INFO, "configuration", config=self.config.to_json())
+            log_event(log, logging.INFO, "configuration", config=json.loads(self.config.to_json()))
         return daemon_settings(self.config)
 
     @property
@@ -169,5 +221,11 @@ class Daemon:
         self.supervisor.request_reload()
 
     def run(self) -> None:
-        log_event(log, logging.INFO, "starting nvdp", config=self.config.to_json())
-        self.supervisor.run()
+        log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.config.to_json()))
+        if self.metrics is not None:
+            self.metrics.start()
+        try:
+            self.supervisor.run()
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()

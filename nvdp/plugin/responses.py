@@ -25,6 +25,7 @@ class ResponseOptions:
     dev_root: str = "/"  # where /dev/nvidia* live on the host
     control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
     cdi_annotation_prefix: str = "cdi.k8s.io/"
+    extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
 
 
 def present_control_devices(dev_root: str) -> tuple[str, ...]:
@@ -57,6 +58,8 @@ def container_response(
         response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_ROOT
         for device_id in ids:
             response.mounts.add(container_path=f"{VOLUME_MOUNTS_ROOT}/{device_id}", host_path="/dev/null")
+    for key, value in options.extra_envs:
+        response.envs[key] = value
     cdi_names = [f"{CDI_KIND}={device_id}" for device_id in ids]
     if "cdi-annotations" in strategies:
         key = f"{options.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{request_id}"

@@ -1,0 +1,55 @@
+"""Mapping the resolved config onto the daemon (pure), and the settings nvdp refuses."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from nvdp.config import add_plugin_flags, parse_text, resolve
+from nvdp.daemon import daemon_settings
+from nvdp.errors import ConfigError
+
+
+def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    add_plugin_flags(parser)
+    args = parser.parse_args(argv)
+    if text is None:
+        return resolve(args, {})
+    return resolve(args, {"CONFIG_FILE": "inline.yaml"}, file_loader=lambda path: parse_text(text, path))
+
+
+def test_flags_reach_the_response_options() -> None:
+    settings = daemon_settings(config_from(
+        ["--device-id-strategy", "index", "--pass-device-specs", "--gds-enabled", "--mofed-enabled",
+         "--kubelet-socket", "/k/kubelet.sock", "--nvidia-driver-root", "/run/nvidia/driver"]))
+    assert str(settings.kubelet_socket) == "/k/kubelet.sock"
+    assert settings.response.device_id_strategy == "index"
+    assert settings.response.pass_device_specs
+    assert settings.dev_root == "/run/nvidia/driver"
+    assert settings.response.extra_envs == (("NVIDIA_GDS", "enabled"), ("NVIDIA_MOFED", "enabled"))
+
+
+def test_time_slicing_rule() -> None:
+    text = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+            "    - name: gpu\n      replicas: 5\n")
+    (rule,) = daemon_settings(config_from([], text)).sharing
+    assert (rule.name, rule.replicas, rule.rename, rule.strategy) == (
+        "nvidia.com/gpu", 5, "nvidia.com/gpu.shared", "time-slicing")
+
+
+@pytest.mark.parametrize(
+    ("argv", "text", "message"),
+    [
+        pytest.param(["--mps-root", "/run/nvidia/mps"],
+                     "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n",
+                     "sharing.mps: MPS sharing is not supported by this version of nvdp", id="mps"),
+        pytest.param(["--device-discovery-strategy", "tegra"], None,
+                     "tegra is not supported by nvdp", id="tegra"),
+        pytest.param(["--kubelet-socket", ""], None, "KUBELET_SOCKET: empty", id="empty-kubelet-socket"),
+    ],
+)
+def test_refused_settings(argv: list[str], text: str | None, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        daemon_settings(config_from(argv, text))
