@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _add_plugin_arguments(plugin)
     simulate = sub.add_parser(
-        "simulate", help="run the plugin on a simulated GPU node against an in-process kubelet",
+        "simulate",
+        help="run the plugin on a simulated GPU node against an in-process kubelet",
         allow_abbrev=False,
     )
     _add_simulate_arguments(simulate)
@@ -66,11 +67,16 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     from nvdp.config import add_plugin_flags
 
     parser.add_argument(
-        "--profile", choices=SIM_PROFILES, default=None,
+        "--profile",
+        choices=SIM_PROFILES,
+        default=None,
         help="built-in simulated node (default dgx-a100); same as --nvml sim:NAME",
     )
-    parser.add_argument("--serve", action="store_true",
-                        help="keep serving after the demo until Ctrl-C (health changes are printed)")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep serving after the demo until Ctrl-C (health changes are printed)",
+    )
     add_plugin_flags(parser)
 
 

@@ -163,7 +163,9 @@ def build_resources(
 ) -> list[Resource]:
     """Map the node's GPUs onto resources. Raises ResourceError with every problem found."""
     if mig_strategy not in MIG_STRATEGIES:
-        raise ConfigError(f"flags.migStrategy: invalid value {mig_strategy!r} (accepted: none, single, mixed)")
+        raise ConfigError(
+            f"flags.migStrategy: invalid value {mig_strategy!r} (accepted: none, single, mixed)"
+        )
     gpu_patterns = list(gpu_patterns) or default_gpu_patterns()
     mig_patterns = list(mig_patterns) or default_mig_patterns(mig_strategy, gpus)
     problems: list[str] = []
@@ -195,7 +197,9 @@ def build_resources(
                 )
             profiles = sorted({m.profile for g in migs for m in g.mig_devices})
             if len(profiles) > 1:
-                problems.append(f"mig-strategy single: more than one MIG profile on the node ({', '.join(profiles)})")
+                problems.append(
+                    f"mig-strategy single: more than one MIG profile on the node ({', '.join(profiles)})"
+                )
         for gpu in migs:
             for mig in gpu.mig_devices:
                 match = next((p for p in mig_patterns if p.matches(mig.profile)), None)

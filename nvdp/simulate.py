@@ -23,7 +23,9 @@ START_TIMEOUT_S = 20.0
 
 
 class Simulation:
-    def __init__(self, config: Config, environ: Mapping[str, str], reload_config: Callable[[], Config]) -> None:
+    def __init__(
+        self, config: Config, environ: Mapping[str, str], reload_config: Callable[[], Config]
+    ) -> None:
         self.config = config
         self.plugin_dir = Path(config.flags.plugin.kubelet_socket).parent
         self.kubelet = Kubelet(self.plugin_dir)
@@ -106,9 +108,14 @@ class Simulation:
         parts = [f"GPU index {', '.join(d.index for d in devices)}", f"NUMA node {','.join(map(str, numa))}"]
         parents = list(dict.fromkeys(d.gpu_uuid for d in devices))
         if len(parents) > 1 and all(p in gpus for p in parents):
-            nvlinks = [self.daemon.nvml.link(a, b).nvlinks for i, a in enumerate(parents) for b in parents[i + 1:]]
-            parts.append(f"NVLinks per pair {min(nvlinks)}-{max(nvlinks)}" if min(nvlinks) != max(nvlinks)
-                         else f"{nvlinks[0]} NVLinks between every pair")
+            nvlinks = [
+                self.daemon.nvml.link(a, b).nvlinks for i, a in enumerate(parents) for b in parents[i + 1 :]
+            ]
+            parts.append(
+                f"NVLinks per pair {min(nvlinks)}-{max(nvlinks)}"
+                if min(nvlinks) != max(nvlinks)
+                else f"{nvlinks[0]} NVLinks between every pair"
+            )
         return "; ".join(parts)
 
     def serve_until(self, stop: threading.Event, out: TextIO) -> None:

@@ -44,8 +44,17 @@ class PluginProcess:
         self.kubelet_socket = sock_dir / "kubelet.sock"
         self.log_path = log_path or sock_dir / "plugin.log"
         self.argv = [
-            sys.executable, "-m", "nvdp.cli", "plugin", "--nvml", nvml,
-            "--kubelet-socket", str(self.kubelet_socket), "--metrics-address", "", *args,
+            sys.executable,
+            "-m",
+            "nvdp.cli",
+            "plugin",
+            "--nvml",
+            nvml,
+            "--kubelet-socket",
+            str(self.kubelet_socket),
+            "--metrics-address",
+            "",
+            *args,
         ]
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None

@@ -25,7 +25,11 @@ def test_services_and_methods_have_the_kubelets_names() -> None:
     assert services == {
         "v1beta1.Registration": ["Register"],
         "v1beta1.DevicePlugin": [
-            "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer",
+            "GetDevicePluginOptions",
+            "ListAndWatch",
+            "GetPreferredAllocation",
+            "Allocate",
+            "PreStartContainer",
         ],
     }
     assert pb.DESCRIPTOR.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"].server_streaming
@@ -39,9 +43,14 @@ def test_services_and_methods_have_the_kubelets_names() -> None:
         ("Device", {"ID": 1, "health": 2, "topology": 3}),
         ("TopologyInfo", {"nodes": 1}),
         ("NUMANode", {"ID": 1}),
-        ("ContainerPreferredAllocationRequest",
-         {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}),
-        ("ContainerAllocateResponse", {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5}),
+        (
+            "ContainerPreferredAllocationRequest",
+            {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3},
+        ),
+        (
+            "ContainerAllocateResponse",
+            {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5},
+        ),
         ("Mount", {"container_path": 1, "host_path": 2, "read_only": 3}),
         ("DeviceSpec", {"container_path": 1, "host_path": 2, "permissions": 3}),
         ("CDIDevice", {"name": 1}),

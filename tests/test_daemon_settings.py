@@ -21,9 +21,21 @@ def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # typ
 
 
 def test_flags_reach_the_response_options() -> None:
-    settings = daemon_settings(config_from(
-        ["--device-id-strategy", "index", "--pass-device-specs", "--gds-enabled", "--mofed-enabled",
-         "--kubelet-socket", "/k/kubelet.sock", "--nvidia-driver-root", "/run/nvidia/driver"]))
+    settings = daemon_settings(
+        config_from(
+            [
+                "--device-id-strategy",
+                "index",
+                "--pass-device-specs",
+                "--gds-enabled",
+                "--mofed-enabled",
+                "--kubelet-socket",
+                "/k/kubelet.sock",
+                "--nvidia-driver-root",
+                "/run/nvidia/driver",
+            ]
+        )
+    )
     assert str(settings.kubelet_socket) == "/k/kubelet.sock"
     assert settings.response.device_id_strategy == "index"
     assert settings.response.pass_device_specs
@@ -32,21 +44,31 @@ def test_flags_reach_the_response_options() -> None:
 
 
 def test_time_slicing_rule() -> None:
-    text = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
-            "    - name: gpu\n      replicas: 5\n")
+    text = (
+        "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+        "    - name: gpu\n      replicas: 5\n"
+    )
     (rule,) = daemon_settings(config_from([], text)).sharing
     assert (rule.name, rule.replicas, rule.rename, rule.strategy) == (
-        "nvidia.com/gpu", 5, "nvidia.com/gpu.shared", "time-slicing")
+        "nvidia.com/gpu",
+        5,
+        "nvidia.com/gpu.shared",
+        "time-slicing",
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "text", "message"),
     [
-        pytest.param(["--mps-root", "/run/nvidia/mps"],
-                     "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n",
-                     "sharing.mps: MPS sharing is not supported by this version of nvdp", id="mps"),
-        pytest.param(["--device-discovery-strategy", "tegra"], None,
-                     "tegra is not supported by nvdp", id="tegra"),
+        pytest.param(
+            ["--mps-root", "/run/nvidia/mps"],
+            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n",
+            "sharing.mps: MPS sharing is not supported by this version of nvdp",
+            id="mps",
+        ),
+        pytest.param(
+            ["--device-discovery-strategy", "tegra"], None, "tegra is not supported by nvdp", id="tegra"
+        ),
         pytest.param(["--kubelet-socket", ""], None, "KUBELET_SOCKET: empty", id="empty-kubelet-socket"),
     ],
 )

@@ -4,7 +4,7 @@ monitor -> ListAndWatch as the kubelet stand-in receives it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,29 +39,43 @@ class Node:
 
     def wait_unhealthy(self, expected: set[str], resource: str = GPU, timeout: float = 10.0) -> None:
         self.kubelet.wait_for_devices(
-            resource, lambda d: {i for i, s in d.items() if s.health != "Healthy"} == expected, timeout=timeout
+            resource,
+            lambda d: {i for i, s in d.items() if s.health != "Healthy"} == expected,
+            timeout=timeout,
         )
 
 
-def start_node(sock_dir: Path, tmp_path: Path, profile: str, config: str = "version: v1\n",
-               args: tuple[str, ...] = ()) -> tuple[Kubelet, PluginProcess, Path]:
+def start_node(
+    sock_dir: Path, tmp_path: Path, profile: str, config: str = "version: v1\n", args: tuple[str, ...] = ()
+) -> tuple[Kubelet, PluginProcess, Path]:
     events = tmp_path / "events.jsonl"
     events.touch()
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config)
     kubelet = Kubelet(sock_dir)
     kubelet.start()
-    plugin = PluginProcess(sock_dir, ["--config-file", str(config_file), *args], nvml=f"sim:{profile}",
-                           env={"NVDP_SIM_EVENTS": str(events)}).start()
+    plugin = PluginProcess(
+        sock_dir,
+        ["--config-file", str(config_file), *args],
+        nvml=f"sim:{profile}",
+        env={"NVDP_SIM_EVENTS": str(events)},
+    ).start()
     return kubelet, plugin, events
 
 
+NodeFactory = Callable[..., Node]
+
+
 @pytest.fixture
-def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[object]:
+def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[NodeFactory]:
     started: list[tuple[Kubelet, PluginProcess]] = []
 
-    def make(profile: str = "dgx-a100", config: str = "version: v1\n", resources: tuple[str, ...] = (GPU,),
-             args: tuple[str, ...] = ()) -> Node:
+    def make(
+        profile: str = "dgx-a100",
+        config: str = "version: v1\n",
+        resources: tuple[str, ...] = (GPU,),
+        args: tuple[str, ...] = (),
+    ) -> Node:
         kubelet, plugin, events = start_node(sock_dir, tmp_path, profile, config, args)
         started.append((kubelet, plugin))
         for resource in resources:
@@ -76,7 +90,7 @@ def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[object]:
         kubelet.stop()
 
 
-def test_critical_xid_marks_exactly_that_gpu_and_app_xid_nothing(node_factory) -> None:  # type: ignore[no-untyped-def]
+def test_critical_xid_marks_exactly_that_gpu_and_app_xid_nothing(node_factory: NodeFactory) -> None:
     node = node_factory()
     gpus = sim_gpus("dgx-a100")
     node.inject(uuid=gpus[2].uuid, xid=13)  # application error: ignored
@@ -86,24 +100,29 @@ def test_critical_xid_marks_exactly_that_gpu_and_app_xid_nothing(node_factory) -
     lines = [li for li in node.plugin.log().splitlines() if "device unhealthy" in li]
     assert len(lines) == 1
     assert lines[0].endswith(
-        f'WARNING device unhealthy resource=nvidia.com/gpu device={gpus[3].uuid} index=3 xid=79 '
+        f"WARNING device unhealthy resource=nvidia.com/gpu device={gpus[3].uuid} index=3 xid=79 "
         'reason="GPU has fallen off the bus" fatal=true'
     )
 
 
-def test_time_slicing_replicas_all_follow_their_gpu(node_factory) -> None:  # type: ignore[no-untyped-def]
-    config = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n"
+def test_time_slicing_replicas_all_follow_their_gpu(node_factory: NodeFactory) -> None:
+    config = (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n"
+    )
     node = node_factory(config=config)
     gpus = sim_gpus("dgx-a100")
     node.inject(uuid=gpus[5].uuid, event="double-bit-ecc")
     node.wait_unhealthy({f"{gpus[5].uuid}::{n}" for n in range(3)})
 
 
-def test_mig_event_marks_exactly_the_matching_instance(node_factory) -> None:  # type: ignore[no-untyped-def]
+def test_mig_event_marks_exactly_the_matching_instance(node_factory: NodeFactory) -> None:
     gpus = sim_gpus("dgx-a100-mig")
     two_g = [m for m in gpus[1].mig_devices]  # GPU 1: 3 x 2g.10gb
-    node = node_factory(profile="dgx-a100-mig", args=("--mig-strategy", "mixed"),
-                        resources=(GPU, "nvidia.com/mig-2g.10gb", "nvidia.com/mig-1g.5gb"))
+    node = node_factory(
+        profile="dgx-a100-mig",
+        args=("--mig-strategy", "mixed"),
+        resources=(GPU, "nvidia.com/mig-2g.10gb", "nvidia.com/mig-1g.5gb"),
+    )
     node.inject(uuid=two_g[1].uuid, xid=94)  # a MIG uuid: the event arrives on GPU 1 with its GI/CI ids
     node.wait_unhealthy({two_g[1].uuid}, resource="nvidia.com/mig-2g.10gb")
     node.inject(uuid=gpus[0].uuid, xid=48)  # no instance ids: every MIG device of GPU 0
@@ -112,7 +131,7 @@ def test_mig_event_marks_exactly_the_matching_instance(node_factory) -> None:  #
     assert node.unhealthy(GPU) == set()
 
 
-def test_recovery_after_quiet_period_but_not_after_fatal_xid(node_factory) -> None:  # type: ignore[no-untyped-def]
+def test_recovery_after_quiet_period_but_not_after_fatal_xid(node_factory: NodeFactory) -> None:
     config = "version: v1\nhealth:\n  recoveryQuietPeriod: 1s\n  probeInterval: 200ms\n"
     node = node_factory(config=config)
     gpus = sim_gpus("dgx-a100")
@@ -124,7 +143,7 @@ def test_recovery_after_quiet_period_but_not_after_fatal_xid(node_factory) -> No
     assert f"device healthy resource=nvidia.com/gpu device={gpus[1].uuid} index=1 after=" in node.plugin.log()
 
 
-def test_event_wait_error_keeps_states_and_rearms(node_factory) -> None:  # type: ignore[no-untyped-def]
+def test_event_wait_error_keeps_states_and_rearms(node_factory: NodeFactory) -> None:
     node = node_factory()
     gpus = sim_gpus("dgx-a100")
     node.inject(uuid=gpus[4].uuid, xid=79)
@@ -136,10 +155,9 @@ def test_event_wait_error_keeps_states_and_rearms(node_factory) -> None:  # type
     node.wait_unhealthy({gpus[4].uuid, gpus[6].uuid})
 
 
-def test_lost_gpu_found_by_the_probe_without_any_event(node_factory) -> None:  # type: ignore[no-untyped-def]
+def test_lost_gpu_found_by_the_probe_without_any_event(node_factory: NodeFactory) -> None:
     node = node_factory(config="version: v1\nhealth:\n  probeInterval: 200ms\n")
     gpus = sim_gpus("dgx-a100")
     node.inject(uuid=gpus[7].uuid, event="gpu-lost")
     node.wait_unhealthy({gpus[7].uuid})
     assert "NVML_ERROR_GPU_IS_LOST" in node.plugin.log()
-

@@ -38,7 +38,9 @@ def start_plugin(sock_dir: Path, *args: str, **kwargs: object) -> PluginProcess:
 
 
 @pytest.fixture(params=PROFILES)
-def node(request: pytest.FixtureRequest, sock_dir: Path, kubelet: Kubelet) -> Iterator[tuple[str, PluginProcess]]:
+def node(
+    request: pytest.FixtureRequest, sock_dir: Path, kubelet: Kubelet
+) -> Iterator[tuple[str, PluginProcess]]:
     plugin = start_plugin(sock_dir, nvml=f"sim:{request.param}")
     try:
         kubelet.wait_for_registration(GPU, timeout=20)
@@ -47,7 +49,9 @@ def node(request: pytest.FixtureRequest, sock_dir: Path, kubelet: Kubelet) -> It
         plugin.stop()
 
 
-def test_registers_and_lists_every_gpu_healthy_with_numa(node: tuple[str, PluginProcess], kubelet: Kubelet) -> None:
+def test_registers_and_lists_every_gpu_healthy_with_numa(
+    node: tuple[str, PluginProcess], kubelet: Kubelet
+) -> None:
     profile, _ = node
     gpus = sim_gpus(profile)
     registration = kubelet.registrations[0]
@@ -59,7 +63,9 @@ def test_registers_and_lists_every_gpu_healthy_with_numa(node: tuple[str, Plugin
     }
 
 
-def test_allocate_by_uuid_and_refusal_keeps_serving(node: tuple[str, PluginProcess], kubelet: Kubelet) -> None:
+def test_allocate_by_uuid_and_refusal_keeps_serving(
+    node: tuple[str, PluginProcess], kubelet: Kubelet
+) -> None:
     profile, plugin = node
     gpus = sim_gpus(profile)
     response = kubelet.allocate(GPU, [[gpus[1].uuid, gpus[0].uuid], [gpus[2].uuid]])
@@ -129,8 +135,9 @@ def test_index_strategy_and_device_specs(sock_dir: Path, kubelet: Kubelet, tmp_p
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         (dev_root / "dev" / name).touch()
     gpus = sim_gpus("dgx-a100")
-    with PluginProcess(sock_dir, ["--device-id-strategy", "index", "--pass-device-specs",
-                                  "--nvidia-dev-root", str(dev_root)]):
+    with PluginProcess(
+        sock_dir, ["--device-id-strategy", "index", "--pass-device-specs", "--nvidia-dev-root", str(dev_root)]
+    ):
         kubelet.wait_for_registration(GPU, timeout=20)
         response = kubelet.allocate(GPU, [[gpus[5].uuid, gpus[2].uuid]])
     container = response.container_responses[0]
@@ -209,8 +216,9 @@ def test_nvml_init_failure_exits_1_with_one_clear_line(sock_dir: Path) -> None:
 
 
 def test_nvml_init_failure_idles_when_fail_on_init_error_is_false(sock_dir: Path) -> None:
-    plugin = PluginProcess(sock_dir, ["--fail-on-init-error=false"], nvml="real",
-                           env={"NVIDIA_DRIVER_ROOT": str(sock_dir)}).start()
+    plugin = PluginProcess(
+        sock_dir, ["--fail-on-init-error=false"], nvml="real", env={"NVIDIA_DRIVER_ROOT": str(sock_dir)}
+    ).start()
     wait_until(lambda: "idling" in plugin.log(), timeout=20, what="idle line")
     assert plugin.proc is not None and plugin.proc.poll() is None
     plugin.signal(signal.SIGTERM)

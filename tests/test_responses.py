@@ -75,4 +75,8 @@ def test_device_specs_with_dev_root(tmp_path) -> None:
 def test_feature_envs_are_added() -> None:
     options = ResponseOptions(extra_envs=(("NVIDIA_GDS", "enabled"), ("NVIDIA_IMEX_CHANNELS", "0")))
     r = container_response([dev(0)], options, "")
-    assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-0", "NVIDIA_GDS": "enabled", "NVIDIA_IMEX_CHANNELS": "0"}
+    assert dict(r.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-0",
+        "NVIDIA_GDS": "enabled",
+        "NVIDIA_IMEX_CHANNELS": "0",
+    }

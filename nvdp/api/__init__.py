@@ -3,8 +3,13 @@
 Everything else imports `pb` (messages) and `pb_grpc` (stubs and servicers) from here.
 """
 
+from typing import Any
+
 from nvdp.api.v1beta1 import api_pb2 as pb
-from nvdp.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvdp.api.v1beta1 import api_pb2_grpc as _pb_grpc
+
+# grpc's generated stubs carry no type hints: say so once here instead of at every call.
+pb_grpc: Any = _pb_grpc
 
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"

@@ -62,8 +62,14 @@ def _rpc(method: Callable[..., T]) -> Callable[..., T]:
             return method(self, request, context)
         except NvdpError as error:
             code = status_for(error)
-            log_event(log, logging.WARNING, "request refused", resource=self.resource_name,
-                      method=name, error=str(error))
+            log_event(
+                log,
+                logging.WARNING,
+                "request refused",
+                resource=self.resource_name,
+                method=name,
+                error=str(error),
+            )
             context.abort(code, str(error))
         except Exception as error:  # a bug: keep serving, tell the kubelet
             code = grpc.StatusCode.INTERNAL
@@ -190,14 +196,18 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def _build_list(self) -> pb.ListAndWatchResponse:
         response = pb.ListAndWatchResponse()
         for device in self.resource.devices.values():
-            item = response.devices.add(ID=device.id, health=HEALTHY if self._health[device.id] else UNHEALTHY)
+            item = response.devices.add(
+                ID=device.id, health=HEALTHY if self._health[device.id] else UNHEALTHY
+            )
             if device.numa_node is not None:
                 item.topology.nodes.add(ID=device.numa_node)
         return response
 
     # ---- DevicePlugin service -----------------------------------------------------------------
     @_rpc
-    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=self._allocator is not None
         )
@@ -210,8 +220,13 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         with self._cond:
             self._streams += 1
         context.add_callback(wake)
-        log_event(log, logging.INFO, "ListAndWatch started", resource=self.resource_name,
-                  devices=len(self.resource.devices))
+        log_event(
+            log,
+            logging.INFO,
+            "ListAndWatch started",
+            resource=self.resource_name,
+            devices=len(self.resource.devices),
+        )
         try:
             sent = -1
             while True:

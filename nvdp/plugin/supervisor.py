@@ -142,12 +142,21 @@ class Supervisor:
         except NvdpError as error:
             if self.settings.fail_on_init_error:
                 raise InitError(f"failed to initialize NVML: {error}") from error
-            log_event(log, logging.ERROR, "failed to initialize NVML; idling (fail-on-init-error=false)",
-                      error=str(error))
+            log_event(
+                log,
+                logging.ERROR,
+                "failed to initialize NVML; idling (fail-on-init-error=false)",
+                error=str(error),
+            )
             return
         self._nvml_ok = True
-        log_event(log, logging.INFO, "NVML initialized", driver=self._nvml.driver_version(),
-                  cuda=self._nvml.cuda_driver_version())
+        log_event(
+            log,
+            logging.INFO,
+            "NVML initialized",
+            driver=self._nvml.driver_version(),
+            cuda=self._nvml.cuda_driver_version(),
+        )
 
     def _shutdown(self) -> None:
         if self._health is not None:
@@ -193,7 +202,9 @@ class Supervisor:
         """Build resources and converge the running servers onto them (reload by diff)."""
         resources = self._build(settings)
         wanted = {r.name: r for r in resources}
-        options = replace(settings.response, control_devices=present_control_devices(self._visible_dev_root(settings)))
+        options = replace(
+            settings.response, control_devices=present_control_devices(self._visible_dev_root(settings))
+        )
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)
@@ -201,24 +212,44 @@ class Supervisor:
                 server.stop(grace=0.2)
                 del self.servers[name]
                 self._registered_at.pop(name, None)
-                log_event(log, logging.INFO, "stopped plugin", resource=name,
-                          reason="removed" if new is None else "changed")
+                log_event(
+                    log,
+                    logging.INFO,
+                    "stopped plugin",
+                    resource=name,
+                    reason="removed" if new is None else "changed",
+                )
         for name, resource in wanted.items():
             if name in self.servers:
                 continue
             allocator = self._allocator_factory(resource, self.gpus) if self._allocator_factory else None
             server = DevicePluginServer(
-                resource, self.plugin_dir / resource.socket_name, options, self._executor, allocator,
+                resource,
+                self.plugin_dir / resource.socket_name,
+                options,
+                self._executor,
+                allocator,
                 self._observer,
             )
             server.start()
             self.servers[name] = server
             self._registered_at[name] = None
-            log_event(log, logging.INFO, "serving", resource=name, devices=len(resource.devices),
-                      socket=str(server.socket_path), sharing=resource.sharing)
+            log_event(
+                log,
+                logging.INFO,
+                "serving",
+                resource=name,
+                devices=len(resource.devices),
+                socket=str(server.socket_path),
+                sharing=resource.sharing,
+            )
         if not wanted:
-            log_event(log, logging.WARNING, "no devices found on this node; waiting (send SIGHUP to rescan)",
-                      gpus=len(self.gpus))
+            log_event(
+                log,
+                logging.WARNING,
+                "no devices found on this node; waiting (send SIGHUP to rescan)",
+                gpus=len(self.gpus),
+            )
         self.ready.clear()
         if self._health is not None:
             self._health.start(self.gpus)
@@ -235,14 +266,19 @@ class Supervisor:
             if self._nvml_ok:
                 self._apply(settings)
         except NvdpError as error:
-            log_event(log, logging.ERROR, "reload failed; keeping the previous configuration",
-                      error=str(error))
+            log_event(
+                log, logging.ERROR, "reload failed; keeping the previous configuration", error=str(error)
+            )
             if self._observer is not None:
                 self._observer.reloaded(False)
             return
         if settings.kubelet_socket != self.settings.kubelet_socket:
-            log_event(log, logging.WARNING, "kubelet-socket changes take effect on restart",
-                      current=str(self.settings.kubelet_socket))
+            log_event(
+                log,
+                logging.WARNING,
+                "kubelet-socket changes take effect on restart",
+                current=str(self.settings.kubelet_socket),
+            )
             settings = replace(settings, kubelet_socket=self.settings.kubelet_socket)
         self.settings = settings
         log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.servers)) or "none")
@@ -264,8 +300,12 @@ class Supervisor:
         inode = self._kubelet_inode()
         if inode is None:
             if any(v is not None for v in self._registered_at.values()):
-                log_event(log, logging.WARNING, "kubelet socket gone; waiting for the kubelet",
-                          path=str(self.settings.kubelet_socket))
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "kubelet socket gone; waiting for the kubelet",
+                    path=str(self.settings.kubelet_socket),
+                )
                 if self._observer is not None:
                     self._observer.kubelet_lost()
                 self.ready.clear()
@@ -280,8 +320,12 @@ class Supervisor:
                 log_event(log, logging.INFO, "plugin socket removed; restarting server", resource=name)
                 server.stop(grace=0.0)
                 server = DevicePluginServer(
-                    server.resource, server.socket_path, server.options, self._executor,
-                    server.allocator, self._observer,
+                    server.resource,
+                    server.socket_path,
+                    server.options,
+                    self._executor,
+                    server.allocator,
+                    self._observer,
                 )
                 server.start()
                 self.servers[name] = server
@@ -302,16 +346,22 @@ class Supervisor:
                     timeout=REGISTER_TIMEOUT_S,
                 )
             except RegistrationError as error:
-                log_event(log, logging.WARNING, "registration failed; will retry", resource=name,
-                          error=str(error))
+                log_event(
+                    log, logging.WARNING, "registration failed; will retry", resource=name, error=str(error)
+                )
                 failed = True
                 continue
             first = name not in self._ever_registered
             self._ever_registered.add(name)
             self._registered_at[name] = inode
-            log_event(log, logging.INFO, "registered with kubelet" if first else "re-registered with kubelet",
-                      resource=name, endpoint=server.socket_path.name,
-                      ms=round((time.monotonic() - started) * 1000, 1))
+            log_event(
+                log,
+                logging.INFO,
+                "registered with kubelet" if first else "re-registered with kubelet",
+                resource=name,
+                endpoint=server.socket_path.name,
+                ms=round((time.monotonic() - started) * 1000, 1),
+            )
             if self._observer is not None:
                 self._observer.registered(name, first)
         if failed:

@@ -57,8 +57,12 @@ class DirWatcher:
                 err = ctypes.get_errno()
                 if fd >= 0:
                     os.close(fd)
-                log.warning("inotify unavailable (%s); polling %s every %.1fs",
-                            errno.errorcode.get(err, err), directory, _FALLBACK_POLL_S)
+                log.warning(
+                    "inotify unavailable (%s); polling %s every %.1fs",
+                    errno.errorcode.get(err, err),
+                    directory,
+                    _FALLBACK_POLL_S,
+                )
 
     @property
     def uses_inotify(self) -> bool:
