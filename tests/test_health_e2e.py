@@ -107,7 +107,8 @@ def test_critical_xid_marks_exactly_that_gpu_and_app_xid_nothing(node_factory: N
 
 def test_time_slicing_replicas_all_follow_their_gpu(node_factory: NodeFactory) -> None:
     config = (
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n"
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 3\n"
     )
     node = node_factory(config=config)
     gpus = sim_gpus("dgx-a100")
