@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -14,7 +16,7 @@ from nvdp.errors import RegistrationError
 _FAST_RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 5),
     ("grpc.min_reconnect_backoff_ms", 5),
-    ("grpc.max_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 10),
     ("grpc.enable_retries", 0),
 ]
 
@@ -34,6 +36,7 @@ def register(
         resource_name=resource_name,
         options=pb.DevicePluginOptions(get_preferred_allocation_available=preferred_allocation),
     )
+    _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
     with grpc.insecure_channel(f"unix://{kubelet_socket}", options=_FAST_RECONNECT) as channel:
         try:
             pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
@@ -43,3 +46,27 @@ def register(
             raise RegistrationError(
                 f"registering {resource_name} with the kubelet at {kubelet_socket} failed: {code}: {details}"
             ) from error
+
+
+def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> None:
+    """Dial the kubelet's socket every few milliseconds until it accepts a connection.
+
+    A restarting kubelet creates its socket file before it listens; gRPC's own reconnect backoff
+    would add tens of milliseconds, a plain connect() loop adds at most ~2 ms.
+    """
+    delay = 0.0005
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise RegistrationError(
+                    f"registering {resource_name} with the kubelet at {path} failed: "
+                    f"not accepting connections: {error.strerror}"
+                ) from error
+        finally:
+            probe.close()
+        time.sleep(delay)
+        delay = min(delay * 2, 0.002)
