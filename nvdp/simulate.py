@@ -101,6 +101,11 @@ class Simulation:
         response = self.kubelet.allocate(name, [chosen])
         out.write(f"\nAllocate {name} (those {len(chosen)} devices) -> container answer\n")
         _write_container(out, response.container_responses[0])
+        out.write(
+            "\nThat is what a kubelet sees from this node. Try: --profile dgx-a100-mig --mig-strategy mixed,"
+            " --profile pcie-4, --config-file FILE, or --serve with NVDP_SIM_EVENTS to inject GPU faults"
+            " (see README).\n"
+        )
 
     def _explain(self, name: str, ids: list[str], gpus: Mapping[str, GpuInfo]) -> str:
         devices = [self.daemon.supervisor.servers[name].devices[i] for i in ids]

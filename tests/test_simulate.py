@@ -1,0 +1,105 @@
+"""`nvdp simulate`, the README's first command, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvdp.nvml import open_nvml
+from tests.plugin_process import REPO, wait_until
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def test_default_prints_eight_gpus_and_an_allocation() -> None:
+    result = run()
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "node sim:dgx-a100" in out
+    assert "nvidia.com/gpu                  8 devices  socket nvidia-gpu.sock" in out
+    assert out.count("NVIDIA A100-SXM4-40GB") == 8 and out.count("Healthy") == 8
+    assert "GetPreferredAllocation nvidia.com/gpu: 4 of 8 available" in out
+    assert "GPU index 0, 1, 2, 3; NUMA node 0; 12 NVLinks between every pair" in out
+    assert "env        NVIDIA_VISIBLE_DEVICES=GPU-" in out
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(
+            ("--profile", "pcie-4"), "GPU index 0, 1; NUMA node 0; 4 NVLinks between every pair", id="pcie-4"
+        ),
+        pytest.param(
+            ("--profile", "dgx-a100-mig", "--mig-strategy", "mixed"), "nvidia.com/mig-1g.5gb", id="mig"
+        ),
+        pytest.param(
+            ("--profile", "dgx-h100", "--device-id-strategy", "index"),
+            "NVIDIA_VISIBLE_DEVICES=0,1,2,3",
+            id="h100-index",
+        ),
+    ],
+)
+def test_profiles_and_flags(args: tuple[str, ...], expected: str) -> None:
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+
+
+def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "config.yaml"
+    bad.write_text("version: v2\n")
+    result = run("--config-file", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and "version" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run("--profile", "dgx-a100-mig", "--mig-strategy", "single")
+    assert result.returncode == 1 and "more than one MIG profile" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_prints_injected_health_changes(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.touch()
+    nvml = open_nvml("sim:dgx-a100")
+    nvml.init()
+    gpu = nvml.gpus()[6]
+    nvml.shutdown()
+    out_path = tmp_path / "out.txt"
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nvdp.cli", "simulate", "--serve"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "NVDP_SIM_EVENTS": str(events)},
+        )
+        try:
+            wait_until(
+                lambda: "Serving; health changes" in out_path.read_text(), timeout=30, what="serving line"
+            )
+            with events.open("a") as f:
+                f.write(json.dumps({"uuid": gpu.uuid, "xid": 79}) + "\n")
+            wait_until(
+                lambda: f"{gpu.uuid} -> Unhealthy" in out_path.read_text(),
+                timeout=15,
+                what="printed health change",
+            )
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(15) == 0
