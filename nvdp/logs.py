@@ -24,6 +24,8 @@ def format_value(value: Any) -> str:
     """A value as it appears after `key=` in text logs: quoted when it has spaces or quotes."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, Mapping | list):  # structured (the start-up config): compact JSON, unquoted
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
     text = str(value)
     if text == "" or any(c in text for c in ' "=\t\n'):
         return json.dumps(text)

@@ -148,6 +148,8 @@ class Supervisor:
                 "failed to initialize NVML; idling (fail-on-init-error=false)",
                 error=str(error),
             )
+            if self._observer is not None:
+                self._observer.servers_changed({})  # idling on purpose: nothing to register
             return
         self._nvml_ok = True
         log_event(
