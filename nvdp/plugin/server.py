@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -274,7 +273,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                     "maximum request size for shared resources is 1"
                 )
             chosen: list[Device] = [devices[i] for i in ids]
-            request_id = uuid.uuid4().hex if self._needs_request_id else ""
+            request_id = os.urandom(16).hex() if self._needs_request_id else ""
             response.container_responses.append(container_response(chosen, self.options, request_id))
         return response
 

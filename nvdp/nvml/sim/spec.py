@@ -8,7 +8,6 @@ field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are nod
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,9 @@ from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
 from nvdp.nvml.types import PcieLevel
 
+# Shipped as package data next to this module (a plain path: importlib.resources would pull in
+# tempfile, shutil, bz2 and lzma, a megabyte of the plugin's memory budget).
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_DRIVER_VERSION = "12.4"
 
@@ -90,7 +92,7 @@ def normalize_bus_id(bus_id: str) -> str | None:
 
 
 def profile_names() -> list[str]:
-    root = importlib.resources.files("nvdp.nvml.sim") / "profiles"
+    root = PROFILES_DIR
     return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -102,7 +104,7 @@ def load_profile(name: str) -> SimNode:
             f"--nvml sim:{name}: unknown simulated node profile {name!r}; "
             f"accepted: {', '.join(names)}, or sim:/path/to/node.yaml"
         )
-    text = (importlib.resources.files("nvdp.nvml.sim") / "profiles" / f"{name}.yaml").read_text()
+    text = (PROFILES_DIR / f"{name}.yaml").read_text()
     return parse_node(_load_yaml(text, f"profile {name}"), name, f"profile {name}")
 
 

@@ -1,0 +1,54 @@
+"""The plugin process stays small: no ssl, no kubernetes client, unless a feature needs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.plugin_process import REPO
+
+
+def run_python(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_plugin_imports_leave_ssl_and_kubernetes_out() -> None:
+    out = run_python(
+        """
+        import sys
+        from nvdp.footprint import block_ssl
+        block_ssl()
+        import grpc, nvdp.daemon, nvdp.cli, nvdp.nvml.sim, http.server
+        print("ssl" if sys.modules.get("ssl") is not None else "-", "kubernetes" in sys.modules)
+        """
+    )
+    assert out.split() == ["-", "False"]
+
+
+def test_allow_ssl_gives_tls_clients_back() -> None:
+    out = run_python(
+        """
+        import sys
+        from nvdp.footprint import allow_ssl, block_ssl
+        block_ssl()
+        import grpc, http.client
+        assert not hasattr(http.client, "HTTPSConnection")
+        allow_ssl()
+        import ssl, urllib3
+        assert http.client.HTTPSConnection
+        pool = urllib3.PoolManager(cert_reqs="CERT_REQUIRED").connection_from_url("https://kubernetes.default.svc")
+        print(type(pool).__name__, ssl.OPENSSL_VERSION.split()[0])
+        """
+    )
+    assert out.split() == ["HTTPSConnectionPool", "OpenSSL"]
