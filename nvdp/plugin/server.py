@@ -154,7 +154,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
         server.start()
         self._server = server
-        self._inode = os.stat(self.socket_path).st_ino
+        try:
+            self._inode = os.stat(self.socket_path).st_ino
+        except FileNotFoundError:  # a restarting kubelet wiped the directory just now
+            self._inode = None  # socket_is_ours() is False: the supervisor restarts this server
 
     def socket_is_ours(self) -> bool:
         """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
