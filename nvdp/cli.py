@@ -86,6 +86,9 @@ def _exit_on_error(error: NvdpError) -> int:
 
 
 def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvdp.footprint import block_ssl
+
+    block_ssl()  # before grpc is imported; see nvdp/footprint.py
     from nvdp.config import resolve
     from nvdp.daemon import Daemon
 

@@ -181,7 +181,7 @@ class Daemon:
         self._reload_config = reload_config
         self._first = True
         self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root)
-        # Metrics (and prometheus_client) only when --metrics-address is set; an explicit observer
+        # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.
         self.metrics: Metrics | None = None
         counted = self.nvml

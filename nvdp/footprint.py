@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-
 # `_hashlib` is hashlib's OpenSSL backend (libcrypto, ~4 MB); without it hashlib uses CPython's own
 # implementations, which give the same digests.
 _BLOCKED = ("ssl", "_hashlib")

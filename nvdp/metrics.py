@@ -1,7 +1,9 @@
 """Prometheus metrics and the daemon's HTTP endpoint: /metrics, /healthz, /readyz.
 
-The only importer of prometheus_client; `nvdp.daemon` imports this module only when metrics are on
-(--metrics-address not empty), so a daemon without metrics does not pay for it.
+The exposition is our own (`nvdp.promtext`) and the HTTP server a few lines on `socketserver`: this
+imports neither prometheus_client nor ssl, http.client or email, which would cost the plugin process
+megabytes of RSS. `nvdp.daemon` imports this module only when metrics are on (--metrics-address not
+empty), so a daemon without metrics does not pay even for that.
 
 `Metrics` is the supervisor's StatusObserver. Events (RPCs, registrations, reloads, NVML errors) are
 counted as they happen; state (device health, device counts, open streams, health events) is read from
@@ -13,18 +15,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping
 from typing import ParamSpec, Protocol, TypeVar
 
 import grpc
-import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 
 from nvdp import __version__
 from nvdp.errors import NvdpError, NvmlError, NvmlNotSupported
@@ -32,6 +30,16 @@ from nvdp.health import HealthChange, MonitorStatus
 from nvdp.logs import log_event
 from nvdp.nvml.types import EventSet, EventType, GpuInfo, GpuLink, Nvml, NvmlEvent, ProbeResult
 from nvdp.plugin.server import DevicePluginServer
+from nvdp.promtext import (
+    CONTENT_TYPE,
+    Counter,
+    CounterChild,
+    Gauge,
+    Histogram,
+    HistogramChild,
+    MetricFamily,
+    Registry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +50,6 @@ T = TypeVar("T")
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0)
 _OK = grpc.StatusCode.OK
 SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supervisor restarts it
-
-prometheus_client.disable_created_metrics()  # no `_created` twin series (process-wide; we are its only user)
 
 
 class HealthView(Protocol):
@@ -67,9 +73,9 @@ class _Rpc:
     __slots__ = ("by_code", "duration", "ok")
 
     def __init__(self, metrics: Metrics, resource: str, method: str) -> None:
-        self.duration: Histogram = metrics._durations.labels(resource, method)
-        self.ok: Counter = metrics._requests.labels(resource, method, "OK")
-        self.by_code: dict[grpc.StatusCode, Counter] = {}
+        self.duration: HistogramChild = metrics._durations.labels(resource, method)
+        self.ok: CounterChild = metrics._requests.labels(resource, method, "OK")
+        self.by_code: dict[grpc.StatusCode, CounterChild] = {}
 
 
 class Metrics:
@@ -77,7 +83,7 @@ class Metrics:
 
     def __init__(self, address: str, *, version: str = __version__) -> None:
         self.address = address
-        self.registry = CollectorRegistry()
+        self.registry = Registry()
         self._lock = threading.Lock()
         self._servers: Mapping[str, DevicePluginServer] | None = None  # None until the first apply
         self._registered: set[str] = set()
@@ -89,31 +95,35 @@ class Metrics:
         self._closing = threading.Event()
 
         r = self.registry
-        self._requests = Counter(
-            "nvdp_grpc_requests",
-            "Device-plugin RPCs answered, by status code.",
-            ["resource", "method", "code"],
-            registry=r,
+        self._requests = r.register(
+            Counter(
+                "nvdp_grpc_requests_total",
+                "Device-plugin RPCs answered, by status code.",
+                ["resource", "method", "code"],
+            )
         )
-        self._durations = Histogram(
-            "nvdp_grpc_request_duration_seconds",
-            "Device-plugin RPC latency.",
-            ["resource", "method"],
-            buckets=RPC_BUCKETS,
-            registry=r,
+        self._durations = r.register(
+            Histogram(
+                "nvdp_grpc_request_duration_seconds",
+                "Device-plugin RPC latency.",
+                ["resource", "method"],
+                buckets=RPC_BUCKETS,
+            )
         )
-        self._registrations = Counter(
-            "nvdp_kubelet_registrations", "Registrations with the kubelet.", ["resource", "kind"], registry=r
+        self._registrations = r.register(
+            Counter(
+                "nvdp_kubelet_registrations_total", "Registrations with the kubelet.", ["resource", "kind"]
+            )
         )
-        self._reloads = Counter(
-            "nvdp_config_reloads", "Configuration reloads (SIGHUP).", ["result"], registry=r
+        self._reloads = r.register(
+            Counter("nvdp_config_reloads_total", "Configuration reloads (SIGHUP).", ["result"])
         )
-        self._nvml_errors = Counter(
-            "nvdp_nvml_errors", "NVML calls that failed (NOT_SUPPORTED excluded).", ["call"], registry=r
+        self._nvml_errors = r.register(
+            Counter("nvdp_nvml_errors_total", "NVML calls that failed (NOT_SUPPORTED excluded).", ["call"])
         )
         for result in ("success", "failure"):
             self._reloads.labels(result)
-        build = Gauge("nvdp_build_info", "Build information; the value is 1.", ["version"], registry=r)
+        build = r.register(Gauge("nvdp_build_info", "Build information; the value is 1.", ["version"]))
         build.labels(version).set(1)
         r.register(_StateCollector(self))
 
@@ -261,79 +271,117 @@ class _StateCollector:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> list[MetricFamily]:
         servers = self._metrics.servers()
         health = self._metrics.health
         unhealthy = health.unhealthy() if health is not None else {}
         status = health.monitor_status() if health is not None else None
 
-        device_healthy = GaugeMetricFamily(
+        device_healthy = MetricFamily(
             "nvdp_device_healthy",
             "1 when the device is advertised Healthy, 0 when Unhealthy (with why).",
-            labels=["resource", "device", "reason"],
+            "gauge",
+            ["resource", "device", "reason"],
         )
-        devices = GaugeMetricFamily(
-            "nvdp_devices", "Devices advertised per resource.", labels=["resource", "sharing"]
+        devices = MetricFamily(
+            "nvdp_devices", "Devices advertised per resource.", "gauge", ["resource", "sharing"]
         )
-        streams = GaugeMetricFamily(
-            "nvdp_listandwatch_streams", "Open ListAndWatch streams.", labels=["resource"]
+        streams = MetricFamily(
+            "nvdp_listandwatch_streams", "Open ListAndWatch streams.", "gauge", ["resource"]
         )
         for name, server in sorted(servers.items()):
             resource = server.resource
-            devices.add_metric([name, resource.sharing or "none"], len(resource.devices))
-            streams.add_metric([name], server.open_streams)
+            devices.add([name, resource.sharing or "none"], len(resource.devices))
+            streams.add([name], server.open_streams)
             for device_id, ok in server.health().items():
                 reason = ""
                 if not ok:
                     change = unhealthy.get(resource.devices[device_id].uuid)
                     reason = change.reason if change is not None else "unknown"
-                device_healthy.add_metric([name, device_id, reason], 1.0 if ok else 0.0)
+                device_healthy.add([name, device_id, reason], 1.0 if ok else 0.0)
 
-        events = CounterMetricFamily(
-            "nvdp_health_events", "XID events seen by the health monitor.", labels=["xid"]
+        events = MetricFamily(
+            "nvdp_health_events_total", "XID events seen by the health monitor.", "counter", ["xid"]
         )
         for xid, count in sorted((status.events_by_xid if status else {}).items()):
-            events.add_metric([str(xid)], count)
-        degraded = GaugeMetricFamily(
-            "nvdp_health_monitor_degraded",
-            "1 while the health monitor cannot watch NVML events.",
-            value=1.0 if status is not None and status.degraded else 0.0,
+            events.add([str(xid)], count)
+        degraded = MetricFamily(
+            "nvdp_health_monitor_degraded", "1 while the health monitor cannot watch NVML events.", "gauge"
         )
+        degraded.add([], 1.0 if status is not None and status.degraded else 0.0)
         return [device_healthy, devices, streams, events, degraded]
 
 
+# ---- HTTP: one request per connection, GET and HEAD only -------------------------------------------
+
 _TEXT = "text/plain; charset=utf-8"
+_MAX_LINE = 8192  # request line or header line
+_MAX_HEADERS = 100
+_LINGER_S = 1.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(socketserver.StreamRequestHandler):
     server: _HttpServer
     timeout = 10.0  # a stuck client cannot hold a thread for long
 
-    def do_GET(self) -> None:
+    def handle(self) -> None:
+        request_line = self.rfile.readline(_MAX_LINE + 1)
+        if not request_line:
+            return  # connected and closed (a TCP probe)
+        parts = request_line.decode("latin-1").split()
+        if len(request_line) > _MAX_LINE or len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return self._refuse(400, b"bad request\n")
+        method, target, _ = parts
+        for _ in range(_MAX_HEADERS):  # the headers change nothing here: read past them
+            if self.rfile.readline(_MAX_LINE + 1) in (b"\r\n", b"\n", b""):
+                break
+        else:
+            return self._refuse(431, b"too many headers\n")
+        if method not in ("GET", "HEAD"):
+            return self._refuse(405, b"method not allowed: use GET or HEAD\n", "Allow: GET, HEAD\r\n")
+        head = method == "HEAD"
+        path = target.partition("?")[0]
         metrics = self.server.metrics
-        path = self.path.partition("?")[0]
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._reply(200, encoder(metrics.registry), content_type)
+            self._reply(200, metrics.registry.render(), CONTENT_TYPE, head=head)
         elif path in ("/healthz", "/readyz"):
             problem = metrics.liveness_problem() if path == "/healthz" else metrics.readiness_problem()
-            self._reply(200 if problem is None else 503, f"{problem or 'ok'}\n".encode(), _TEXT)
+            self._reply(200 if problem is None else 503, f"{problem or 'ok'}\n".encode(), head=head)
         else:
-            self._reply(404, b"not found: try /metrics, /healthz or /readyz\n", _TEXT)
+            self._reply(404, b"not found: try /metrics, /healthz or /readyz\n", head=head)
 
-    def _reply(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def _reply(
+        self, code: int, body: bytes, content_type: str = _TEXT, *, head: bool = False, extra: str = ""
+    ) -> None:
+        header = (
+            f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+        )
+        self.wfile.write(header.encode() if head else header.encode() + body)
 
-    def log_message(self, format: str, *args: object) -> None:
-        """No line per scrape or probe."""
+    def _refuse(self, code: int, body: bytes, extra: str = "") -> None:
+        """Reply to a request not read to its end (a body, an overlong line), then read on until the
+        client closes (at most _LINGER_S): closing with its bytes unread would reset the connection,
+        and the client could lose the reply."""
+        self._reply(code, body, extra=extra)
+        self.connection.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + _LINGER_S
+        self.connection.settimeout(_LINGER_S)
+        while time.monotonic() < deadline and self.connection.recv(65536):
+            pass
 
 
-class _HttpServer(ThreadingHTTPServer):
+class _HttpServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
+    allow_reuse_address = True  # a restarted daemon binds despite connections in TIME_WAIT
 
     def __init__(self, host: str, port: int, metrics: Metrics) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,7 +1,8 @@
 """/metrics, /healthz and /readyz of a real daemon (simulated dgx-a100, kubelet stand-in, real sockets).
 
 The daemon runs in-process on a thread with metrics on 127.0.0.1:0. Every wait polls a condition with
-a deadline; nothing sleeps for a fixed time.
+a deadline; nothing sleeps for a fixed time. Every scrape is parsed and checked by `parse_families`
+(our own reader of the text format 0.0.4); `nvdp.promtext` has exact-text tests of its own.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import socket
 import subprocess
@@ -18,6 +20,7 @@ import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -31,25 +34,85 @@ from nvdp.kubelet import Kubelet
 from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, parse_address
 from nvdp.nvml import nvml_error
+from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
 from tests.plugin_process import REPO, wait_until
 
 GPU = "nvidia.com/gpu"
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+COMMENT = re.compile(r"^# (HELP|TYPE) (\w+) (.*)$")
+VALUE = re.compile(r"[+-]Inf|NaN|-?\d+(\.\d+)?(e[+-]\d+)?")
+Sample = tuple[str, dict[str, str], float]
 
 
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    samples = []
+@dataclass
+class Family:
+    name: str
+    help: str
+    type: str = ""
+    samples: list[Sample] = field(default_factory=list)
+
+
+def unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], text)
+
+
+def parse_families(text: str) -> dict[str, Family]:
+    """Read a text exposition (format 0.0.4) and check its shape: `# HELP` then `# TYPE` once per family,
+    then only that family's samples; label blocks well-formed; histogram buckets cumulative, +Inf last
+    and equal to _count."""
+    assert text.endswith("\n"), "the exposition ends with a newline"
+    families: dict[str, Family] = {}
+    family: Family | None = None
     for line in text.splitlines():
-        if line and not line.startswith("#"):
-            match = SAMPLE.match(line)
-            assert match, f"not a sample line: {line!r}"
-            name, labels, value = match.groups()
-            samples.append((name, dict(LABEL.findall(labels or "")), float(value)))
-    return samples
+        comment = COMMENT.match(line)
+        if comment:
+            kind, name, rest = comment.groups()
+            if kind == "HELP":
+                assert name not in families, f"family {name} exposed twice"
+                family = families[name] = Family(name, unescape(rest))
+            else:
+                assert family is not None and family.name == name and not family.type, f"stray {line!r}"
+                family.type = rest
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        name, block, value = match.groups()
+        assert family is not None and family.type, f"sample before HELP and TYPE: {line!r}"
+        suffixes = ("_bucket", "_count", "_sum") if family.type == "histogram" else ()
+        assert name in {family.name, *(family.name + s for s in suffixes)}, f"{name} outside its family"
+        pairs = LABEL.findall(block or "")
+        assert ",".join(f'{k}="{v}"' for k, v in pairs) == (block or ""), f"bad labels: {line!r}"
+        assert VALUE.fullmatch(value), f"bad value: {line!r}"
+        family.samples.append((name, {k: unescape(v) for k, v in pairs}, float(value)))
+    for family in families.values():
+        if family.type == "histogram":
+            check_histogram(family)
+    return families
+
+
+def check_histogram(family: Family) -> None:
+    buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+    counts: dict[tuple[tuple[str, str], ...], float] = {}
+    for name, labels, count in family.samples:
+        series = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+        if name.endswith("_bucket"):
+            buckets.setdefault(series, []).append((float(labels["le"]), count))
+        elif name.endswith("_count"):
+            counts[series] = count
+    assert buckets.keys() == counts.keys(), f"{family.name}: every series has buckets and a count"
+    for series, found in buckets.items():
+        bounds, cumulative = [b for b, _ in found], [c for _, c in found]
+        assert bounds == sorted(set(bounds)) and bounds[-1] == math.inf, f"{family.name}{series}: {bounds}"
+        assert cumulative == sorted(cumulative), f"{family.name}{series}: not cumulative: {cumulative}"
+        assert cumulative[-1] == counts[series], f"{family.name}{series}: +Inf != _count"
+
+
+def parse_metrics(text: str) -> list[Sample]:
+    return [sample for family in parse_families(text).values() for sample in family.samples]
 
 
 def value(text: str, name: str, **labels: str) -> float | None:
@@ -296,6 +359,19 @@ def test_rpc_counters_and_latency_are_exact(plugin: Plugin, kubelet: Kubelet) ->
     assert [v for n, _, v in parse_metrics(text) if n == "nvdp_device_healthy"] == [1.0] * 8
     names = {n for n, _, _ in parse_metrics(text)}
     assert not any(n.endswith("_created") for n in names)
+    assert {name: f.type for name, f in parse_families(text).items()} == {
+        "nvdp_grpc_requests_total": "counter",
+        "nvdp_grpc_request_duration_seconds": "histogram",
+        "nvdp_kubelet_registrations_total": "counter",
+        "nvdp_config_reloads_total": "counter",
+        "nvdp_nvml_errors_total": "counter",
+        "nvdp_build_info": "gauge",
+        "nvdp_device_healthy": "gauge",
+        "nvdp_devices": "gauge",
+        "nvdp_listandwatch_streams": "gauge",
+        "nvdp_health_events_total": "counter",
+        "nvdp_health_monitor_degraded": "gauge",
+    }
 
 
 def test_xid_and_nvml_errors_show_up(plugin: Plugin, kubelet: Kubelet, events: Path) -> None:
@@ -334,6 +410,150 @@ def test_reloads_are_counted_by_result(sock_dir: Path, events: Path, kubelet: Ku
         assert plugin.get("/readyz") == (200, "ok\n")  # still serving the previous configuration
     finally:
         plugin.stop()
+
+
+# ---- the exposition (nvdp.promtext) -------------------------------------------------------------
+
+EXPECTED_EXPOSITION = r"""# HELP t_requests_total Requests with "quotes", a \\ backslash\nand a newline.
+# TYPE t_requests_total counter
+t_requests_total{path="a\"b\\c\nd",code="OK"} 2
+t_requests_total{path="",code="OK"} 1
+# HELP t_value Values as Go spells them.
+# TYPE t_value gauge
+t_value{kind="inf"} +Inf
+t_value{kind="-inf"} -Inf
+t_value{kind="nan"} NaN
+t_value{kind="half"} 0.5
+t_value{kind="integral"} 3
+t_value{kind="negative"} -2
+t_value{kind="tiny"} 1e-05
+t_value{kind="huge"} 1e+21
+# HELP t_seconds Latency.
+# TYPE t_seconds histogram
+t_seconds_bucket{le="0.5"} 2
+t_seconds_bucket{le="1"} 3
+t_seconds_bucket{le="+Inf"} 4
+t_seconds_count 4
+t_seconds_sum 5.75
+# HELP t_up Unlabelled: exposed at 0 before any update.
+# TYPE t_up gauge
+t_up 0
+# HELP t_state Read at scrape time.
+# TYPE t_state gauge
+t_state{resource="r"} 7
+"""
+
+
+class _StateCollector:
+    def collect(self) -> list[MetricFamily]:
+        family = MetricFamily("t_state", "Read at scrape time.", "gauge", ["resource"])
+        family.add(["r"], 7)
+        return [family]
+
+
+def test_exposition_text_is_exact() -> None:
+    registry = Registry()
+    odd = 'a"b\\c\nd'
+    requests = registry.register(
+        Counter(
+            "t_requests_total", 'Requests with "quotes", a \\ backslash\nand a newline.', ["path", "code"]
+        )
+    )
+    requests.labels(odd, "OK").inc(2)
+    requests.labels("", "OK").inc()
+    values = registry.register(Gauge("t_value", "Values as Go spells them.", ["kind"]))
+    for kind, number in [
+        ("inf", math.inf),
+        ("-inf", -math.inf),
+        ("nan", math.nan),
+        ("half", 0.5),
+        ("integral", 3),
+        ("negative", -2.0),
+        ("tiny", 1e-05),
+        ("huge", 1e21),
+    ]:
+        values.labels(kind).set(number)
+    seconds = registry.register(Histogram("t_seconds", "Latency.", buckets=(0.5, 1)))
+    for observed in (0.25, 0.5, 1, 4):  # 0.5 and 1 land on a bound: `le` is inclusive
+        seconds.labels().observe(observed)
+    registry.register(Gauge("t_up", "Unlabelled: exposed at 0 before any update."))
+    registry.register(_StateCollector())
+
+    text = registry.render().decode()
+    assert text == EXPECTED_EXPOSITION
+    families = parse_families(text)  # and our reader gets the original strings back
+    assert families["t_requests_total"].help == 'Requests with "quotes", a \\ backslash\nand a newline.'
+    assert families["t_requests_total"].samples[0] == ("t_requests_total", {"path": odd, "code": "OK"}, 2.0)
+    assert math.isnan(families["t_value"].samples[2][2])
+
+
+@pytest.mark.parametrize(
+    ("misuse", "error"),
+    [
+        (lambda: Counter("t_total", "h", ["a"]).labels("x", "y"), "expected labels"),
+        (lambda: Counter("t_total", "h", ["a"]).labels(), "expected labels"),
+        (lambda: Counter("t-total", "h"), "invalid metric"),
+        (lambda: Gauge("t", "h", ["bad-label"]), "invalid metric"),
+        (lambda: Histogram("t", "h", ["le"], buckets=(1,)), "invalid metric"),
+        (lambda: Histogram("t", "h", buckets=(2, 1)), "ascending"),
+        (lambda: Histogram("t", "h", buckets=()), "ascending"),
+        (lambda: Counter("t_total", "h").labels().inc(-1), "only goes up"),
+        (lambda: render([MetricFamily("t", "h", "gauge"), MetricFamily("t", "h", "gauge")]), "twice"),
+        (lambda: MetricFamily("t", "h", "gauge", ["a"]).add([], 1), "shorter"),
+    ],
+    ids=[
+        "too-many-labels",
+        "too-few-labels",
+        "metric-name",
+        "label-name",
+        "le-reserved",
+        "unsorted-buckets",
+        "no-buckets",
+        "counter-down",
+        "family-twice",
+        "snapshot-labels",
+    ],
+)
+def test_misuse_is_refused(misuse: Callable[[], object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        misuse()
+
+
+def test_concurrent_updates_are_counted_exactly_and_scraped_consistently() -> None:
+    registry = Registry()
+    requests = registry.register(Counter("t_total", "h", ["code"]))
+    seconds = registry.register(Histogram("t_seconds", "h", ["code"], buckets=(0.001, 0.01)))
+    threads, rounds = 8, 5000
+    stop = threading.Event()
+    scrapes: list[str] = []
+
+    def work() -> None:
+        count, latency = requests.labels("OK"), seconds.labels("OK")
+        for n in range(rounds):
+            latency.observe(0.02 if n % 2 else 0.0005)
+            count.inc()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            scrapes.append(registry.render().decode())
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stop.set()
+    scraper.join()
+    for text in scrapes:  # each one consistent: cumulative buckets, +Inf == _count
+        parse_families(text)
+    text = registry.render().decode()
+    total = threads * rounds
+    assert value(text, "t_total", code="OK") == total
+    assert value(text, "t_seconds_count", code="OK") == total
+    assert value(text, "t_seconds_bucket", code="OK", le="0.001") == total / 2
+    assert value(text, "t_seconds_sum", code="OK") == pytest.approx(total / 2 * 0.0205)
 
 
 # ---- the HTTP endpoint --------------------------------------------------------------------------
@@ -375,13 +595,115 @@ def test_endpoint_lifecycle() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5)
 
 
-def test_metrics_off_binds_nothing_and_never_imports_prometheus_client(sock_dir: Path) -> None:
+def test_metrics_off_binds_nothing_and_never_imports_the_metrics_module(sock_dir: Path) -> None:
     assert sim_daemon(sock_dir, metrics_address="").metrics is None
     code = (
         "import sys, nvdp.cli, nvdp.daemon; "
         "sys.exit('prometheus_client' in sys.modules or 'nvdp.metrics' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
+
+
+def exchange(port: int, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send raw bytes; return the status line, the headers and the body (the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(request)
+        reply = b"".join(iter(lambda: connection.recv(65536), b""))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    if "Content-Length" in headers and not request.startswith(b"HEAD"):
+        assert int(headers["Content-Length"]) == len(body)
+    return status, headers, body
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Metrics]:
+    metrics = Metrics("127.0.0.1:0")
+    metrics.start()
+    yield metrics
+    metrics.stop()
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status", "content_type"),
+    [
+        ("GET /metrics HTTP/1.1", "HTTP/1.1 200 OK", CONTENT_TYPE),
+        ("GET /metrics?name[]=x HTTP/1.0", "HTTP/1.1 200 OK", CONTENT_TYPE),
+        ("GET /healthz HTTP/1.1", "HTTP/1.1 200 OK", "text/plain; charset=utf-8"),
+        ("GET /readyz HTTP/1.1", "HTTP/1.1 503 Service Unavailable", "text/plain; charset=utf-8"),
+        ("GET /nope HTTP/1.1", "HTTP/1.1 404 Not Found", "text/plain; charset=utf-8"),
+        ("GET /metrics/ HTTP/1.1", "HTTP/1.1 404 Not Found", "text/plain; charset=utf-8"),
+        ("POST /metrics HTTP/1.1", "HTTP/1.1 405 Method Not Allowed", "text/plain; charset=utf-8"),
+        ("DELETE /healthz HTTP/1.1", "HTTP/1.1 405 Method Not Allowed", "text/plain; charset=utf-8"),
+        ("hello", "HTTP/1.1 400 Bad Request", "text/plain; charset=utf-8"),
+        ("GET /metrics", "HTTP/1.1 400 Bad Request", "text/plain; charset=utf-8"),
+    ],
+    ids=[
+        "metrics",
+        "query",
+        "healthz",
+        "readyz",
+        "unknown",
+        "trailing-slash",
+        "post",
+        "delete",
+        "garbage",
+        "no-version",
+    ],
+)
+def test_http_answers(endpoint: Metrics, request_line: str, status: str, content_type: str) -> None:
+    request = f"{request_line}\r\nHost: x\r\nAccept: */*\r\n\r\n".encode()
+    got_status, headers, body = exchange(endpoint.port, request)
+    assert (got_status, headers["Content-Type"], headers["Connection"]) == (status, content_type, "close")
+    if status.endswith("Method Not Allowed"):
+        assert headers["Allow"] == "GET, HEAD"
+    if content_type == CONTENT_TYPE:
+        assert value(body.decode(), "nvdp_build_info", version="0.1.0") == 1
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/nope"], ids=["metrics", "healthz", "unknown"])
+def test_head_has_the_headers_of_get_and_no_body(endpoint: Metrics, path: str) -> None:
+    get = exchange(endpoint.port, f"GET {path} HTTP/1.1\r\n\r\n".encode())
+    head = exchange(endpoint.port, f"HEAD {path} HTTP/1.1\r\n\r\n".encode())
+    assert head == (get[0], get[1], b"")
+
+
+def test_bad_clients_do_not_stop_the_endpoint(endpoint: Metrics) -> None:
+    port = endpoint.port
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # a TCP probe
+    many_headers = b"GET /metrics HTTP/1.1\r\n" + b"X-Header: y\r\n" * 200 + b"\r\n"
+    long_line = b"GET /" + b"x" * 100_000 + b" HTTP/1.1\r\n\r\n"
+    with_body = b"POST /metrics HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100_000
+    assert exchange(port, many_headers)[0] == "HTTP/1.1 431 Request Header Fields Too Large"
+    assert exchange(port, long_line)[0] == "HTTP/1.1 400 Bad Request"
+    assert exchange(port, with_body)[0] == "HTTP/1.1 405 Method Not Allowed"
+    assert exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 200 OK"
+
+
+NO_SSL = """
+import socket, sys
+sys.modules["ssl"] = sys.modules["_hashlib"] = None  # imports now fail, as in the plugin process
+import nvdp.daemon, nvdp.metrics
+metrics = nvdp.metrics.Metrics("127.0.0.1:0")
+metrics.start()
+with socket.create_connection(("127.0.0.1", metrics.port), timeout=5) as connection:
+    connection.sendall(b"GET /metrics HTTP/1.1\\r\\n\\r\\n")
+    reply = b"".join(iter(lambda: connection.recv(65536), b""))
+metrics.stop()
+metrics.stop()
+assert reply.startswith(b"HTTP/1.1 200 OK\\r\\n") and b"\\nnvdp_build_info{" in reply, reply
+heavy = ("ssl", "_hashlib", "http.client", "http.server", "email", "prometheus_client")
+loaded = [m for m in heavy if sys.modules.get(m)]
+assert not loaded, loaded
+"""
+
+
+def test_metrics_need_no_ssl_nor_http_client() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NO_SSL], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
 
 
 # ---- logging ------------------------------------------------------------------------------------
