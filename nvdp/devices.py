@@ -6,12 +6,24 @@ either when the GPU is shared (its ID is then `<uuid>::<n>`, as in NVIDIA's plug
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from nvdp.nvml.types import MigDeviceInfo
 
 REPLICA_SEPARATOR = "::"
+_MAX_NAMED_IDS = 10
+_MAX_ID_CHARS = 80
+
+
+def format_ids(ids: Sequence[str]) -> str:
+    """IDs for an error message: at most 10, each cut to 80 characters, so a request with thousands
+    of bad IDs still gets an answer that fits in gRPC's status trailer."""
+    named = ", ".join(
+        i if len(i) <= _MAX_ID_CHARS else i[: _MAX_ID_CHARS - 3] + "..." for i in ids[:_MAX_NAMED_IDS]
+    )
+    more = len(ids) - _MAX_NAMED_IDS
+    return f"{named} (and {more} more)" if more > 0 else named
 
 
 @dataclass(frozen=True)

@@ -18,23 +18,16 @@ from typing import Literal
 from nvdp.allocation.gpus import choose_gpus
 from nvdp.allocation.shared import ReplicaPolicy, choose_packed, choose_replicas
 from nvdp.allocation.topology import Topology, pair_score
-from nvdp.devices import Device
+from nvdp.devices import Device, format_ids
 from nvdp.errors import RequestError
 
 _NO_NUMA = -1
-_MAX_NAMED = 10
 
 
 def _order(device: Device) -> tuple[int, int, int]:
     mig = device.mig.index if device.mig is not None else -1
     replica = device.replica if device.replica is not None else -1
     return (device.gpu_index, mig, replica)
-
-
-def _names(ids: Sequence[str]) -> str:
-    named = ", ".join(ids[:_MAX_NAMED])
-    more = len(ids) - _MAX_NAMED
-    return f"{named} (and {more} more)" if more > 0 else named
 
 
 class Allocator:
@@ -90,13 +83,13 @@ class Allocator:
         for field, ids in (("available", avail), ("must_include", must)):
             unknown = [i for i in ids if i not in position]
             if unknown:
-                raise RequestError(f"unknown device IDs in {field}: {_names(unknown)}")
+                raise RequestError(f"unknown device IDs in {field}: {format_ids(unknown)}")
         if size < 1:
             raise RequestError(f"allocation_size must be at least 1, got {size}")
         avail_set = set(avail)
         missing = [i for i in must if i not in avail_set]
         if missing:
-            raise RequestError(f"must_include devices not in available: {_names(missing)}")
+            raise RequestError(f"must_include devices not in available: {format_ids(missing)}")
         if size > len(avail):
             plural = "" if len(avail) == 1 else "s"
             raise RequestError(f"allocation_size {size} exceeds the {len(avail)} available device{plural}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -28,15 +29,19 @@ def register(
     *,
     preferred_allocation: bool = True,
     timeout: float = 10.0,
-) -> None:
-    """Call Registration.Register; waits up to `timeout` for the kubelet to accept connections."""
+) -> int:
+    """Call Registration.Register; waits up to `timeout` for the kubelet to accept connections.
+
+    Returns the inode of the kubelet socket that accepted: the supervisor compares it with the
+    current one to notice a later kubelet restart (and not mistake this one's socket swap for it).
+    """
     request = pb.RegisterRequest(
         version=API_VERSION,
         endpoint=endpoint,
         resource_name=resource_name,
         options=pb.DevicePluginOptions(get_preferred_allocation_available=preferred_allocation),
     )
-    _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
+    inode = _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
     with grpc.insecure_channel(f"unix://{kubelet_socket}", options=_FAST_RECONNECT) as channel:
         try:
             pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
@@ -46,9 +51,10 @@ def register(
             raise RegistrationError(
                 f"registering {resource_name} with the kubelet at {kubelet_socket} failed: {code}: {details}"
             ) from error
+    return inode
 
 
-def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> None:
+def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> int:
     """Dial the kubelet's socket every few milliseconds until it accepts a connection.
 
     A restarting kubelet creates its socket file before it listens; gRPC's own reconnect backoff
@@ -59,7 +65,7 @@ def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> No
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
-            return
+            return os.stat(path).st_ino
         except OSError as error:
             if time.monotonic() >= deadline:
                 raise RegistrationError(

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
-from nvdp.devices import Device, DeviceSet
+from nvdp.devices import Device, DeviceSet, format_ids
 from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
 from nvdp.plugin.responses import ResponseOptions, container_response
@@ -269,7 +269,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 raise RequestError(f"{self.resource_name}: container request {n} has no device IDs")
             unknown = devices.unknown(ids)
             if unknown:
-                raise RequestError(f"{self.resource_name}: unknown device IDs: {', '.join(unknown)}")
+                raise RequestError(f"{self.resource_name}: unknown device IDs: {format_ids(unknown)}")
             if self.resource.fail_requests_greater_than_one and len(ids) > 1:
                 raise RequestError(
                     f"request for '{self.resource_name}: {len(ids)}' too large: "

@@ -340,7 +340,7 @@ class Supervisor:
                 continue
             started = time.monotonic()
             try:
-                register(
+                accepted_inode = register(
                     self.settings.kubelet_socket,
                     name,
                     server.socket_path.name,
@@ -355,7 +355,7 @@ class Supervisor:
                 continue
             first = name not in self._ever_registered
             self._ever_registered.add(name)
-            self._registered_at[name] = inode
+            self._registered_at[name] = accepted_inode
             log_event(
                 log,
                 logging.INFO,
