@@ -81,6 +81,10 @@ def test_allocate_by_uuid_and_refusal_keeps_serving(
     with pytest.raises(grpc.RpcError) as empty:
         kubelet.allocate(GPU, [[]])
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as no_containers:
+        kubelet.allocate(GPU, [])
+    assert no_containers.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert no_containers.value.details() == "nvidia.com/gpu: Allocate request has no container requests"
     again = kubelet.allocate(GPU, [[gpus[3].uuid]])
     assert again.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpus[3].uuid
     assert plugin.proc is not None and plugin.proc.poll() is None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -11,15 +10,7 @@ import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
 from nvdp.errors import RegistrationError
-
-# The kubelet's socket file appears before it accepts connections: retry the dial every few
-# milliseconds instead of gRPC's default 1 s reconnect backoff.
-_FAST_RECONNECT = [
-    ("grpc.initial_reconnect_backoff_ms", 5),
-    ("grpc.min_reconnect_backoff_ms", 5),
-    ("grpc.max_reconnect_backoff_ms", 10),
-    ("grpc.enable_retries", 0),
-]
+from nvdp.plugin.watch import FileId, file_id
 
 
 def register(
@@ -29,10 +20,10 @@ def register(
     *,
     preferred_allocation: bool = True,
     timeout: float = 10.0,
-) -> int:
+) -> FileId:
     """Call Registration.Register; waits up to `timeout` for the kubelet to accept connections.
 
-    Returns the inode of the kubelet socket that accepted: the supervisor compares it with the
+    Returns the identity of the kubelet socket that accepted: the supervisor compares it with the
     current one to notice a later kubelet restart (and not mistake this one's socket swap for it).
     """
     request = pb.RegisterRequest(
@@ -41,8 +32,8 @@ def register(
         resource_name=resource_name,
         options=pb.DevicePluginOptions(get_preferred_allocation_available=preferred_allocation),
     )
-    inode = _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
-    with grpc.insecure_channel(f"unix://{kubelet_socket}", options=_FAST_RECONNECT) as channel:
+    accepted = _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
+    with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
         try:
             pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as error:
@@ -51,21 +42,24 @@ def register(
             raise RegistrationError(
                 f"registering {resource_name} with the kubelet at {kubelet_socket} failed: {code}: {details}"
             ) from error
-    return inode
+    return accepted
 
 
-def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> int:
+def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> FileId:
     """Dial the kubelet's socket every few milliseconds until it accepts a connection.
 
     A restarting kubelet creates its socket file before it listens; gRPC's own reconnect backoff
-    would add tens of milliseconds, a plain connect() loop adds at most ~2 ms.
+    (at least 100 ms in grpc core, whatever the channel options say) would add that much, a plain
+    connect() loop adds at most ~2 ms.
     """
     delay = 0.0005
     while True:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
-            return os.stat(path).st_ino
+            accepted = file_id(path)
+            if accepted is not None:
+                return accepted
         except OSError as error:
             if time.monotonic() >= deadline:
                 raise RegistrationError(

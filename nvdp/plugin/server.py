@@ -22,6 +22,7 @@ from nvdp.devices import Device, DeviceSet, format_ids
 from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
 from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.plugin.watch import FileId, file_id
 from nvdp.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._stopping = False
         self._streams = 0
         self._server: grpc.Server | None = None
-        self._inode: int | None = None
+        self._socket_id: FileId | None = None
         self._needs_request_id = "cdi-annotations" in options.device_list_strategy
 
     # ---- identity, used by the supervisor and the health router -------------------------------
@@ -154,17 +155,13 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
         server.start()
         self._server = server
-        try:
-            self._inode = os.stat(self.socket_path).st_ino
-        except FileNotFoundError:  # a restarting kubelet wiped the directory just now
-            self._inode = None  # socket_is_ours() is False: the supervisor restarts this server
+        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
+        # False and the supervisor restarts this server.
+        self._socket_id = file_id(self.socket_path)
 
     def socket_is_ours(self) -> bool:
         """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
-        try:
-            return os.stat(self.socket_path).st_ino == self._inode
-        except FileNotFoundError:
-            return False
+        return self._socket_id is not None and file_id(self.socket_path) == self._socket_id
 
     def stop(self, grace: float = 0.5) -> None:
         """End ListAndWatch streams cleanly, stop the server, remove our socket. Idempotent."""
@@ -174,12 +171,12 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait(grace + 1.0)
-        if self._inode is not None and self.socket_is_ours():
+        if self.socket_is_ours():
             try:
                 self.socket_path.unlink()
             except FileNotFoundError:
                 pass
-        self._inode = None
+        self._socket_id = None
 
     # ---- health -------------------------------------------------------------------------------
     def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
@@ -262,6 +259,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     @_rpc
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         devices = self.resource.devices
+        if not request.container_requests:
+            raise RequestError(f"{self.resource_name}: Allocate request has no container requests")
         response = pb.AllocateResponse()
         for n, req in enumerate(request.container_requests):
             ids = list(dict.fromkeys(req.devices_ids))

@@ -23,7 +23,7 @@ from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions, present_control_devices
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
-from nvdp.plugin.watch import DirWatcher
+from nvdp.plugin.watch import DirWatcher, FileId, file_id
 from nvdp.resources import NamePattern, Replication, Resource, build_resources, parse_mig_minors
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Supervisor:
         self.plugin_dir = self.settings.kubelet_socket.parent
         self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc")
         self.servers: dict[str, DevicePluginServer] = {}
-        self._registered_at: dict[str, int | None] = {}  # resource -> kubelet.sock inode registered with
+        self._registered_at: dict[str, FileId | None] = {}  # resource -> kubelet.sock registered with
         self._ever_registered: set[str] = set()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -288,19 +288,16 @@ class Supervisor:
             self._observer.reloaded(True)
 
     # ---- registration -------------------------------------------------------------------------
-    def _kubelet_inode(self) -> int | None:
-        try:
-            return os.stat(self.settings.kubelet_socket).st_ino
-        except FileNotFoundError:
-            return None
+    def _kubelet_socket_id(self) -> FileId | None:
+        return file_id(self.settings.kubelet_socket)
 
     def _sync_registrations(self, previous_retry: float | None) -> float | None:
         """Restart servers whose socket was wiped and (re-)register where needed.
 
         Returns the delay before the next retry, or None when everything is registered.
         """
-        inode = self._kubelet_inode()
-        if inode is None:
+        kubelet_id = self._kubelet_socket_id()
+        if kubelet_id is None:
             if any(v is not None for v in self._registered_at.values()):
                 log_event(
                     log,
@@ -336,11 +333,11 @@ class Supervisor:
                     self._health.set_targets(list(self.servers.values()))
                 if self._observer is not None:
                     self._observer.servers_changed(dict(self.servers))
-            if self._registered_at.get(name) == inode:
+            if self._registered_at.get(name) == kubelet_id:
                 continue
             started = time.monotonic()
             try:
-                accepted_inode = register(
+                accepted_id = register(
                     self.settings.kubelet_socket,
                     name,
                     server.socket_path.name,
@@ -355,7 +352,7 @@ class Supervisor:
                 continue
             first = name not in self._ever_registered
             self._ever_registered.add(name)
-            self._registered_at[name] = accepted_inode
+            self._registered_at[name] = accepted_id
             log_event(
                 log,
                 logging.INFO,

@@ -37,6 +37,19 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+FileId = tuple[int, int]
+
+
+def file_id(path: Path) -> FileId | None:
+    """Identity of the file at `path` now: inode number and change time. Inode numbers alone are
+    reused at once on ext4, so a re-created socket can carry its predecessor's number."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
 class DirWatcher:
     """`wait(timeout)` returns when something in `directory` was created, deleted or moved.
 
