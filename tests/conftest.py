@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import Process
+from nvdp.kubelet import Kubelet
+
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
@@ -16,3 +19,21 @@ def sock_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="nvdp-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(sock_dir: Path) -> Iterator[Kubelet]:
+    """The kubelet stand-in serving in sock_dir."""
+    with Kubelet(sock_dir) as kubelet:
+        yield kubelet
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    """Plugin processes a test starts; whatever is still running at the end is killed. Their logs are
+    printed, which pytest shows when the test failed."""
+    started: list[Process] = []
+    yield started
+    for process in started:
+        process.kill()
+        print(f"---- {' '.join(process.argv[2:])}\n{process.log()[-8000:]}")

@@ -11,7 +11,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def sim_gpus(profile: str) -> list[GpuInfo]:
+    """The GPUs of a built-in simulated node, as the plugin under test will see them."""
+    nvml = open_nvml(f"sim:{profile}")
+    nvml.init()
+    try:
+        return nvml.gpus()
+    finally:
+        nvml.shutdown()
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:

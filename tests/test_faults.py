@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,23 +31,6 @@ from nvdp.errors import ConfigError
 from nvdp.kubelet import Kubelet
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def kubelet(sock_dir: Path) -> Iterator[Kubelet]:
-    with Kubelet(sock_dir) as kubelet:
-        yield kubelet
-
-
-@pytest.fixture
-def processes() -> Iterator[list[Process]]:
-    """Plugin processes a test starts; whatever is still running at the end is killed. Their logs are
-    printed, which pytest shows when the test failed."""
-    started: list[Process] = []
-    yield started
-    for process in started:
-        process.kill()
-        print(f"---- {' '.join(process.argv[2:])}\n{process.log()[-8000:]}")
 
 
 def _start(kubelet: Kubelet, processes: list[Process], count: int = 1, **kw: object) -> Process:

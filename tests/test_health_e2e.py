@@ -10,20 +10,9 @@ from pathlib import Path
 import pytest
 
 from nvdp.kubelet import Kubelet
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
-from tests.plugin_process import PluginProcess, wait_until
+from tests.plugin_process import PluginProcess, sim_gpus, wait_until
 
 GPU = "nvidia.com/gpu"
-
-
-def sim_gpus(profile: str) -> list[GpuInfo]:
-    nvml = open_nvml(f"sim:{profile}")
-    nvml.init()
-    try:
-        return nvml.gpus()
-    finally:
-        nvml.shutdown()
 
 
 class Node:

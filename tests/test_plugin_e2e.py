@@ -10,27 +10,10 @@ import grpc
 import pytest
 
 from nvdp.kubelet import Kubelet
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
-from tests.plugin_process import PluginProcess, wait_until
+from tests.plugin_process import PluginProcess, sim_gpus, wait_until
 
 GPU = "nvidia.com/gpu"
 PROFILES = ("dgx-a100", "pcie-4", "dgx-h100")
-
-
-def sim_gpus(profile: str) -> list[GpuInfo]:
-    nvml = open_nvml(f"sim:{profile}")
-    nvml.init()
-    try:
-        return nvml.gpus()
-    finally:
-        nvml.shutdown()
-
-
-@pytest.fixture
-def kubelet(sock_dir: Path) -> Iterator[Kubelet]:
-    with Kubelet(sock_dir) as k:
-        yield k
 
 
 def start_plugin(sock_dir: Path, *args: str, **kwargs: object) -> PluginProcess:

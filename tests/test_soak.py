@@ -11,7 +11,6 @@ Select them with `-m soak`; they also run in the default test command.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,23 +30,6 @@ GPU = "nvidia.com/gpu"
 # calls and may start one or two more workers. A leak would be one thread per restart, 100 here.
 POOL_SLACK = 2
 REGISTERED = "registered with kubelet"  # also in "re-registered with kubelet"
-
-
-@pytest.fixture
-def kubelet(sock_dir: Path) -> Iterator[Kubelet]:
-    with Kubelet(sock_dir) as kubelet:
-        yield kubelet
-
-
-@pytest.fixture
-def processes() -> Iterator[list[Process]]:
-    """Plugin processes a test starts; whatever is still running at the end is killed. Their logs are
-    printed, which pytest shows when the test failed."""
-    started: list[Process] = []
-    yield started
-    for process in started:
-        process.kill()
-        print(f"---- {' '.join(process.argv[2:])}\n{process.log()[-8000:]}")
 
 
 def _start(kubelet: Kubelet, processes: list[Process], **kw: object) -> Process:
