@@ -76,6 +76,21 @@ RESTART_PACING_S = 0.2
 DEVICES_PER_ALLOCATE = 4
 
 
+@contextlib.contextmanager
+def _registered(kubelet: Kubelet, process: Process, resource: str, what: str) -> Iterator[None]:
+    """Wait for a started plugin process to register and list its devices; stop it afterwards and
+    show its log when anything failed."""
+    try:
+        kubelet.wait_for_registration(resource, timeout=60)
+        kubelet.wait_for_devices(resource, timeout=30)
+        yield
+    except BaseException:
+        sys.stderr.write(f"{what} log ({process.log_path}):\n{process.log()[-4000:]}\n")
+        raise
+    finally:
+        process.stop()
+
+
 # ---- the table ----------------------------------------------------------------------------------
 
 
@@ -298,28 +313,14 @@ class Bench:
         process = start_plugin(
             kubelet.plugin_dir, spec.nvml, config_file=spec.config, metrics_address=metrics, env=env
         )
-        try:
-            kubelet.wait_for_registration(GPU, timeout=60)
-            kubelet.wait_for_devices(GPU, timeout=30)
+        with _registered(kubelet, process, GPU, "nvdp plugin"):
             yield process
-        except BaseException:
-            sys.stderr.write(f"nvdp plugin log ({process.log_path}):\n{process.log()[-4000:]}\n")
-            raise
-        finally:
-            process.stop()
 
     @contextlib.contextmanager
     def floor(self, kubelet: Kubelet, devices: int = 8) -> Iterator[Process]:
         process = start_floor(kubelet.plugin_dir / "floor.sock", kubelet.socket_path, FLOOR, devices=devices)
-        try:
-            kubelet.wait_for_registration(FLOOR, timeout=60)
-            kubelet.wait_for_devices(FLOOR, timeout=30)
+        with _registered(kubelet, process, FLOOR, "floor plugin"):
             yield process
-        except BaseException:
-            sys.stderr.write(f"floor plugin log ({process.log_path}):\n{process.log()[-4000:]}\n")
-            raise
-        finally:
-            process.stop()
 
     def progress(self, message: str) -> None:
         print(f"... {message}", file=sys.stderr, flush=True)

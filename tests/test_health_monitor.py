@@ -6,18 +6,19 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nvdp.devices import Device, DeviceSet
+from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
 from nvdp.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
 from nvdp.logs import TextFormatter
 from nvdp.nvml import GpuInfo, Nvml, open_nvml
+from tests.health_fakes import FakeTarget
 
 DEADLINE = 10.0  # generous: a loaded 2-core CI machine
 
@@ -164,16 +165,6 @@ def whole_gpu_target(gpus: Sequence[GpuInfo], replicas: int = 1) -> FakeTarget:
         for r in range(replicas)
     ]
     return FakeTarget("nvidia.com/gpu", devices)
-
-
-class FakeTarget:
-    def __init__(self, resource: str, devices: list[Device]) -> None:
-        self.resource_name = resource
-        self.devices = DeviceSet(devices)
-        self.calls: list[tuple[list[str], bool]] = []
-
-    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
-        self.calls.append((sorted(device_ids), healthy))
 
 
 # ---- events ---------------------------------------------------------------------------------

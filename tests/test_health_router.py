@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from nvdp.devices import Device, DeviceSet
+from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthRouter, go_duration
 from nvdp.logs import JsonFormatter, TextFormatter
+from tests.health_fakes import FakeTarget
 
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU1 = "GPU-bbbbbbbb-0000-0000-0000-000000000001"
@@ -30,16 +31,6 @@ def device(uuid: str, index: str, replica: int | None = None, gpu: str | None = 
         memory_bytes=1 << 30,
         replica=replica,
     )
-
-
-class FakeTarget:
-    def __init__(self, resource: str, devices: list[Device]) -> None:
-        self.resource_name = resource
-        self.devices = DeviceSet(devices)
-        self.calls: list[tuple[list[str], bool]] = []
-
-    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
-        self.calls.append((sorted(device_ids), healthy))
 
 
 @pytest.fixture
