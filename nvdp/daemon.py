@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from nvdp.allocation import Allocator, Topology
 from nvdp.config import Config
-from nvdp.errors import ConfigError
+from nvdp.errors import ConfigError, NvdpError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus, XidPolicy
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
@@ -86,10 +86,15 @@ def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
     """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
     the NVIDIA container toolkit acts on them."""
     flags = config.flags
-    envs = [(name, "enabled") for name, on in (
-        ("NVIDIA_GDS", flags.gds_enabled), ("NVIDIA_MOFED", flags.mofed_enabled),
-        ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
-    ) if on]
+    envs = [
+        (name, "enabled")
+        for name, on in (
+            ("NVIDIA_GDS", flags.gds_enabled),
+            ("NVIDIA_MOFED", flags.mofed_enabled),
+            ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
+        )
+        if on
+    ]
     if config.imex.channel_ids:
         envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
     return tuple(envs)
@@ -223,7 +228,18 @@ class Daemon:
     def run(self) -> None:
         log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.config.to_json()))
         if self.metrics is not None:
-            self.metrics.start()
+            try:
+                self.metrics.start()
+            except NvdpError as error:
+                # The device plugin is what the node's pods need; a taken metrics port must not
+                # take the GPUs away with it. Said loudly once; /metrics and the probes are off.
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "metrics endpoint disabled; serving devices without it",
+                    error=str(error),
+                )
+                self.metrics = None
         try:
             self.supervisor.run()
         finally:

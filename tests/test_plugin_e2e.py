@@ -219,3 +219,21 @@ def test_invalid_flag_value_exits_1_without_traceback(sock_dir: Path) -> None:
     log = plugin.log()
     assert 'invalid value "sometimes"' in log and "--mig-strategy" in log and "Traceback" not in log
     plugin.stop()
+
+
+def test_taken_metrics_port_is_one_error_line_and_devices_still_served(
+    sock_dir: Path, kubelet: Kubelet
+) -> None:
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        plugin = PluginProcess(sock_dir)
+        plugin.argv[plugin.argv.index("--metrics-address") + 1] = f"127.0.0.1:{port}"
+        with plugin:
+            kubelet.wait_for_registration(GPU, timeout=20)
+            kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)
+            wait_until(lambda: "metrics endpoint disabled" in plugin.log(), what="metrics error line")
+    assert "Traceback" not in plugin.log()
