@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.plugin_process import REPO
+from bench.harness import REPO
 
 
 def run_python(code: str) -> str:

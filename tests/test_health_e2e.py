@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import Process, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
-from tests.plugin_process import PluginProcess, sim_gpus, wait_until
+from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"
 
 
 class Node:
-    def __init__(self, sock_dir: Path, kubelet: Kubelet, events: Path, plugin: PluginProcess) -> None:
+    def __init__(self, sock_dir: Path, kubelet: Kubelet, events: Path, plugin: Process) -> None:
         self.kubelet, self.events, self.plugin = kubelet, events, plugin
 
     def inject(self, **line: object) -> None:
@@ -36,19 +37,16 @@ class Node:
 
 def start_node(
     sock_dir: Path, tmp_path: Path, profile: str, config: str = "version: v1\n", args: tuple[str, ...] = ()
-) -> tuple[Kubelet, PluginProcess, Path]:
+) -> tuple[Kubelet, Process, Path]:
     events = tmp_path / "events.jsonl"
     events.touch()
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config)
     kubelet = Kubelet(sock_dir)
     kubelet.start()
-    plugin = PluginProcess(
-        sock_dir,
-        ["--config-file", str(config_file), *args],
-        nvml=f"sim:{profile}",
-        env={"NVDP_SIM_EVENTS": str(events)},
-    ).start()
+    plugin = start_plugin(
+        sock_dir, f"sim:{profile}", config_file=config_file, extra=args, env={"NVDP_SIM_EVENTS": str(events)}
+    )
     return kubelet, plugin, events
 
 
@@ -57,7 +55,7 @@ NodeFactory = Callable[..., Node]
 
 @pytest.fixture
 def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[NodeFactory]:
-    started: list[tuple[Kubelet, PluginProcess]] = []
+    started: list[tuple[Kubelet, Process]] = []
 
     def make(
         profile: str = "dgx-a100",
@@ -70,7 +68,7 @@ def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[NodeFactory]:
         for resource in resources:
             kubelet.wait_for_registration(resource, timeout=20)
             kubelet.wait_for_devices(resource, timeout=10)
-        wait_until(lambda: "health monitor" in plugin.log(), what="health monitor start")
+        wait_until(lambda: "health monitor" in plugin.log(), timeout=10, what="health monitor start")
         return Node(sock_dir, kubelet, events, plugin)
 
     yield make
@@ -85,7 +83,7 @@ def test_critical_xid_marks_exactly_that_gpu_and_app_xid_nothing(node_factory: N
     node.inject(uuid=gpus[2].uuid, xid=13)  # application error: ignored
     node.inject(uuid=gpus[3].uuid, xid=79)  # fallen off the bus: processed after the XID 13
     node.wait_unhealthy({gpus[3].uuid})
-    wait_until(lambda: "device unhealthy" in node.plugin.log(), what="transition line")
+    wait_until(lambda: "device unhealthy" in node.plugin.log(), timeout=10, what="transition line")
     lines = [li for li in node.plugin.log().splitlines() if "device unhealthy" in li]
     assert len(lines) == 1
     assert lines[0].endswith(
@@ -129,7 +127,7 @@ def test_recovery_after_quiet_period_but_not_after_fatal_xid(node_factory: NodeF
     node.inject(uuid=gpus[1].uuid, xid=94)  # contained ECC error: recovers
     node.wait_unhealthy({gpus[0].uuid, gpus[1].uuid})
     node.wait_unhealthy({gpus[0].uuid}, timeout=15)
-    wait_until(lambda: "device healthy" in node.plugin.log(), what="recovery line")
+    wait_until(lambda: "device healthy" in node.plugin.log(), timeout=10, what="recovery line")
     assert f"device healthy resource=nvidia.com/gpu device={gpus[1].uuid} index=1 after=" in node.plugin.log()
 
 

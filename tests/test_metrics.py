@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.harness import REPO, wait_until
 from nvdp.config import Config, resolve
 from nvdp.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError
@@ -35,7 +36,6 @@ from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, parse_address
 from nvdp.nvml import nvml_error
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
-from tests.plugin_process import REPO, wait_until
 
 GPU = "nvidia.com/gpu"
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -159,7 +159,7 @@ class Plugin:
     def start(self) -> Plugin:
         """Start and wait until the servers are up (a kubelet starting then cleans up no half-made socket)."""
         self._thread.start()
-        wait_until(lambda: self.metrics.port or self.error, what="metrics port")
+        wait_until(lambda: self.metrics.port or self.error, timeout=10, what="metrics port")
         self.wait_for("/readyz", lambda _, body: not body.startswith("starting"), "servers")
         return self
 

@@ -9,22 +9,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.harness import Process, clean_env, plugin_argv, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
-from tests.plugin_process import PluginProcess, sim_gpus, wait_until
+from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"
 PROFILES = ("dgx-a100", "pcie-4", "dgx-h100")
 
 
-def start_plugin(sock_dir: Path, *args: str, **kwargs: object) -> PluginProcess:
-    return PluginProcess(sock_dir, args, **kwargs).start()  # type: ignore[arg-type]
-
-
 @pytest.fixture(params=PROFILES)
-def node(
-    request: pytest.FixtureRequest, sock_dir: Path, kubelet: Kubelet
-) -> Iterator[tuple[str, PluginProcess]]:
-    plugin = start_plugin(sock_dir, nvml=f"sim:{request.param}")
+def node(request: pytest.FixtureRequest, sock_dir: Path, kubelet: Kubelet) -> Iterator[tuple[str, Process]]:
+    plugin = start_plugin(sock_dir, f"sim:{request.param}")
     try:
         kubelet.wait_for_registration(GPU, timeout=20)
         yield request.param, plugin
@@ -32,9 +27,7 @@ def node(
         plugin.stop()
 
 
-def test_registers_and_lists_every_gpu_healthy_with_numa(
-    node: tuple[str, PluginProcess], kubelet: Kubelet
-) -> None:
+def test_registers_and_lists_every_gpu_healthy_with_numa(node: tuple[str, Process], kubelet: Kubelet) -> None:
     profile, _ = node
     gpus = sim_gpus(profile)
     registration = kubelet.registrations[0]
@@ -46,9 +39,7 @@ def test_registers_and_lists_every_gpu_healthy_with_numa(
     }
 
 
-def test_allocate_by_uuid_and_refusal_keeps_serving(
-    node: tuple[str, PluginProcess], kubelet: Kubelet
-) -> None:
+def test_allocate_by_uuid_and_refusal_keeps_serving(node: tuple[str, Process], kubelet: Kubelet) -> None:
     profile, plugin = node
     gpus = sim_gpus(profile)
     response = kubelet.allocate(GPU, [[gpus[1].uuid, gpus[0].uuid], [gpus[2].uuid]])
@@ -70,11 +61,11 @@ def test_allocate_by_uuid_and_refusal_keeps_serving(
     assert no_containers.value.details() == "nvidia.com/gpu: Allocate request has no container requests"
     again = kubelet.allocate(GPU, [[gpus[3].uuid]])
     assert again.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpus[3].uuid
-    assert plugin.proc is not None and plugin.proc.poll() is None
+    assert plugin.alive()
     assert "Traceback" not in plugin.log()
 
 
-def test_preferred_allocation_rules(node: tuple[str, PluginProcess], kubelet: Kubelet) -> None:
+def test_preferred_allocation_rules(node: tuple[str, Process], kubelet: Kubelet) -> None:
     profile, _ = node
     gpus = sim_gpus(profile)
     uuids = [g.uuid for g in gpus]
@@ -93,7 +84,7 @@ def test_preferred_allocation_rules(node: tuple[str, PluginProcess], kubelet: Ku
     assert refused.value.details() == "allocation_size 3 exceeds the 2 available devices"
 
 
-def test_reregisters_after_kubelet_restart(node: tuple[str, PluginProcess], kubelet: Kubelet) -> None:
+def test_reregisters_after_kubelet_restart(node: tuple[str, Process], kubelet: Kubelet) -> None:
     profile, _ = node
     gpus = sim_gpus(profile)
     kubelet.restart()
@@ -106,12 +97,12 @@ def test_reregisters_after_kubelet_restart(node: tuple[str, PluginProcess], kube
 
 
 def test_sigterm_stops_within_two_seconds_and_removes_sockets(
-    node: tuple[str, PluginProcess], kubelet: Kubelet, sock_dir: Path
+    node: tuple[str, Process], kubelet: Kubelet, sock_dir: Path
 ) -> None:
     _, plugin = node
     assert (sock_dir / "nvidia-gpu.sock").exists()
-    plugin.signal(signal.SIGTERM)
-    assert plugin.wait_exit(timeout=10) == 0
+    plugin.send(signal.SIGTERM)
+    assert plugin.wait(10) == 0
     assert not (sock_dir / "nvidia-gpu.sock").exists()
     kubelet.wait_for_stream_closed(GPU, timeout=5)
 
@@ -122,9 +113,8 @@ def test_index_strategy_and_device_specs(sock_dir: Path, kubelet: Kubelet, tmp_p
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         (dev_root / "dev" / name).touch()
     gpus = sim_gpus("dgx-a100")
-    with PluginProcess(
-        sock_dir, ["--device-id-strategy", "index", "--pass-device-specs", "--nvidia-dev-root", str(dev_root)]
-    ):
+    args = ["--device-id-strategy", "index", "--pass-device-specs", "--nvidia-dev-root", str(dev_root)]
+    with start_plugin(sock_dir, extra=args):
         kubelet.wait_for_registration(GPU, timeout=20)
         response = kubelet.allocate(GPU, [[gpus[5].uuid, gpus[2].uuid]])
     container = response.container_responses[0]
@@ -141,9 +131,11 @@ def test_index_strategy_and_device_specs(sock_dir: Path, kubelet: Kubelet, tmp_p
 def test_env_vars_work_like_flags(sock_dir: Path, kubelet: Kubelet) -> None:
     gpus = sim_gpus("pcie-4")
     env = {"DEVICE_ID_STRATEGY": "index", "NVDP_NVML": "sim:pcie-4"}
-    with PluginProcess(sock_dir, nvml="sim:pcie-4", env=env) as plugin:
-        plugin.argv.remove("--nvml")
+    argv = plugin_argv(sock_dir / "kubelet.sock")
+    del argv[argv.index("--nvml") : argv.index("--nvml") + 2]  # NVDP_NVML picks the node
+    with Process(argv, sock_dir / "plugin.log", clean_env(env)):
         kubelet.wait_for_registration(GPU, timeout=20)
+        assert len(kubelet.wait_for_devices(GPU)) == 4
         response = kubelet.allocate(GPU, [[gpus[3].uuid]])
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "3"
 
@@ -151,7 +143,7 @@ def test_env_vars_work_like_flags(sock_dir: Path, kubelet: Kubelet) -> None:
 def test_stale_socket_from_a_killed_run_is_replaced(sock_dir: Path, kubelet: Kubelet) -> None:
     stale = sock_dir / "nvidia-gpu.sock"
     stale.write_text("left behind by a SIGKILLed plugin")
-    with PluginProcess(sock_dir) as plugin:
+    with start_plugin(sock_dir) as plugin:
         kubelet.wait_for_registration(GPU, timeout=20)
         kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)
         assert "removed stale socket" in plugin.log()
@@ -160,14 +152,14 @@ def test_stale_socket_from_a_killed_run_is_replaced(sock_dir: Path, kubelet: Kub
 def test_config_file_time_slicing_and_sighup_reload(sock_dir: Path, kubelet: Kubelet, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
-    with PluginProcess(sock_dir, ["--config-file", str(config)]) as plugin:
+    with start_plugin(sock_dir, config_file=config) as plugin:
         kubelet.wait_for_registration(GPU, timeout=20)
         kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)
         config.write_text(
             "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
             "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
         )
-        plugin.signal(signal.SIGHUP)
+        plugin.send(signal.SIGHUP)
         shared = kubelet.wait_for_devices("nvidia.com/gpu.shared", lambda d: len(d) == 32, timeout=20)
         assert all("::" in device_id for device_id in shared)
         kubelet.wait_for_stream_closed(GPU, timeout=10)
@@ -177,8 +169,8 @@ def test_config_file_time_slicing_and_sighup_reload(sock_dir: Path, kubelet: Kub
         assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpus[0].uuid
         # garbage config: the daemon keeps the previous one and says why in one line
         config.write_text("version: v1\nflags: {migStrategy: sometimes}\n")
-        plugin.signal(signal.SIGHUP)
-        wait_until(lambda: "reload failed" in plugin.log(), what="reload failure line")
+        plugin.send(signal.SIGHUP)
+        wait_until(lambda: "reload failed" in plugin.log(), timeout=10, what="reload failure line")
         assert "flags.migStrategy: invalid value" in plugin.log()
         assert kubelet.allocate("nvidia.com/gpu.shared", [ids[:1]]).container_responses
     assert "Traceback" not in plugin.log()
@@ -187,35 +179,35 @@ def test_config_file_time_slicing_and_sighup_reload(sock_dir: Path, kubelet: Kub
 def test_node_without_gpus_waits_without_crashing(sock_dir: Path, kubelet: Kubelet, tmp_path: Path) -> None:
     node_file = tmp_path / "empty.yaml"
     node_file.write_text("gpus: []\n")
-    with PluginProcess(sock_dir, nvml=f"sim:{node_file}") as plugin:
+    with start_plugin(sock_dir, f"sim:{node_file}") as plugin:
         wait_until(lambda: "no devices found" in plugin.log(), timeout=20, what="no-devices line")
-        assert plugin.proc is not None and plugin.proc.poll() is None
-        plugin.signal(signal.SIGTERM)
-        assert plugin.wait_exit(10) == 0
+        assert plugin.alive()
+        plugin.send(signal.SIGTERM)
+        assert plugin.wait(10) == 0
 
 
 def test_nvml_init_failure_exits_1_with_one_clear_line(sock_dir: Path) -> None:
-    plugin = PluginProcess(sock_dir, nvml="real", env={"NVIDIA_DRIVER_ROOT": str(sock_dir)}).start()
-    assert plugin.wait_exit(20) == 1
+    plugin = start_plugin(sock_dir, "real", env={"NVIDIA_DRIVER_ROOT": str(sock_dir)})
+    assert plugin.wait(20) == 1
     log = plugin.log()
     assert "failed to initialize NVML" in log and "Traceback" not in log
     plugin.stop()
 
 
 def test_nvml_init_failure_idles_when_fail_on_init_error_is_false(sock_dir: Path) -> None:
-    plugin = PluginProcess(
-        sock_dir, ["--fail-on-init-error=false"], nvml="real", env={"NVIDIA_DRIVER_ROOT": str(sock_dir)}
-    ).start()
+    plugin = start_plugin(
+        sock_dir, "real", extra=["--fail-on-init-error=false"], env={"NVIDIA_DRIVER_ROOT": str(sock_dir)}
+    )
     wait_until(lambda: "idling" in plugin.log(), timeout=20, what="idle line")
-    assert plugin.proc is not None and plugin.proc.poll() is None
-    plugin.signal(signal.SIGTERM)
-    assert plugin.wait_exit(10) == 0
+    assert plugin.alive()
+    plugin.send(signal.SIGTERM)
+    assert plugin.wait(10) == 0
     plugin.stop()
 
 
 def test_invalid_flag_value_exits_1_without_traceback(sock_dir: Path) -> None:
-    plugin = PluginProcess(sock_dir, ["--mig-strategy", "sometimes"]).start()
-    assert plugin.wait_exit(20) == 1
+    plugin = start_plugin(sock_dir, extra=["--mig-strategy", "sometimes"])
+    assert plugin.wait(20) == 1
     log = plugin.log()
     assert 'invalid value "sometimes"' in log and "--mig-strategy" in log and "Traceback" not in log
     plugin.stop()
@@ -230,10 +222,10 @@ def test_taken_metrics_port_is_one_error_line_and_devices_still_served(
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        plugin = PluginProcess(sock_dir)
-        plugin.argv[plugin.argv.index("--metrics-address") + 1] = f"127.0.0.1:{port}"
-        with plugin:
+        with start_plugin(sock_dir, metrics_address=f"127.0.0.1:{port}") as plugin:
             kubelet.wait_for_registration(GPU, timeout=20)
             kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)
-            wait_until(lambda: "metrics endpoint disabled" in plugin.log(), what="metrics error line")
+            wait_until(
+                lambda: "metrics endpoint disabled" in plugin.log(), timeout=10, what="metrics error line"
+            )
     assert "Traceback" not in plugin.log()
