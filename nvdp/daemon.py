@@ -71,6 +71,7 @@ def daemon_settings(config: Config) -> DaemonSettings:
         gpu_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.gpus),
         mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
         sharing=tuple(sharing),
+        health=health_settings(config),
         response=ResponseOptions(
             device_list_strategy=plugin.device_list_strategy,
             device_id_strategy=plugin.device_id_strategy,
@@ -143,7 +144,12 @@ class NodeHealth:
         self.router = HealthRouter(node_events=node_events)
         self.monitor: HealthMonitor | None = None
 
-    def start(self, gpus: Sequence[GpuInfo]) -> None:
+    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
+        if settings is not None and settings != self._settings:
+            self._settings = settings
+            self.policy = XidPolicy.from_env(self._environ, settings)
+            if self.monitor is not None:
+                self.monitor.update_settings(settings, self.policy)
         if self.monitor is None:
             self.monitor = HealthMonitor(
                 self._nvml, gpus, self.router, settings=self._settings, policy=self.policy

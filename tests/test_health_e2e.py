@@ -4,6 +4,7 @@ monitor -> ListAndWatch as the kubelet stand-in receives it."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -149,3 +150,17 @@ def test_lost_gpu_found_by_the_probe_without_any_event(node_factory: NodeFactory
     node.inject(uuid=gpus[7].uuid, event="gpu-lost")
     node.wait_unhealthy({gpus[7].uuid})
     assert "NVML_ERROR_GPU_IS_LOST" in node.plugin.log()
+
+
+def test_sighup_applies_a_new_health_section(node_factory: NodeFactory, tmp_path: Path) -> None:
+    node = node_factory()  # default: recovery after 5 minutes
+    gpus = sim_gpus("dgx-a100")
+    node.inject(uuid=gpus[2].uuid, xid=94)
+    node.wait_unhealthy({gpus[2].uuid})
+    (tmp_path / "config.yaml").write_text(
+        "version: v1\nhealth:\n  recoveryQuietPeriod: 1s\n  probeInterval: 200ms\n"
+    )
+    node.plugin.send(signal.SIGHUP)
+    wait_until(lambda: "health settings reloaded" in node.plugin.log(), timeout=10, what="settings reload")
+    node.wait_unhealthy(set(), timeout=15)
+    assert f"device healthy resource=nvidia.com/gpu device={gpus[2].uuid}" in node.plugin.log()

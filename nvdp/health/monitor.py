@@ -88,6 +88,7 @@ class HealthMonitor:
         self._probe_errors: dict[str, str] = {}
         self._unsupported_logged: set[str] = set()
         self._pending_gpus: list[GpuInfo] | None = None
+        self._pending_settings: tuple[HealthSettings, XidPolicy] | None = None
         # status, guarded by _lock
         self._degraded_reason: str | None = None
         self._last_error: str | None = None
@@ -165,6 +166,13 @@ class HealthMonitor:
         with self._lock:
             self._pending_gpus = list(gpus)
 
+    def update_settings(self, settings: HealthSettings, policy: XidPolicy) -> None:
+        """New health settings (config reload). Units keep their state: a device already marked stays
+        marked (and fatal stays fatal); new events, probes and recoveries follow the new settings.
+        The event set is re-armed, since the event types may have changed."""
+        with self._lock:
+            self._pending_settings = (settings, policy)
+
     # ---- thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -181,6 +189,19 @@ class HealthMonitor:
     def _step(self) -> None:
         with self._lock:
             pending, self._pending_gpus = self._pending_gpus, None
+            new_settings, self._pending_settings = self._pending_settings, None
+        if new_settings is not None:
+            self._disarm()
+            self._settings, self._policy = new_settings
+            self._next_probe = self._rearm_at = 0.0
+            log_event(
+                log,
+                logging.INFO,
+                "health settings reloaded",
+                probe_interval=self._settings.probe_interval,
+                recovery_quiet_period=self._settings.recovery_quiet_period,
+                **self._policy.describe(),
+            )
         if pending is not None:
             self._disarm()
             self._set_gpus(pending)

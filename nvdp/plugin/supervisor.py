@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nvdp.errors import NvdpError, RegistrationError
+from nvdp.health.types import HealthSettings
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
@@ -49,6 +50,7 @@ class DaemonSettings:
     mig_patterns: tuple[NamePattern, ...] = ()
     sharing: tuple[Replication, ...] = ()
     response: ResponseOptions = field(default_factory=ResponseOptions)
+    health: HealthSettings | None = None  # passed through to HealthHooks.start
 
 
 class AllocatorFactory(Protocol):
@@ -58,7 +60,10 @@ class AllocatorFactory(Protocol):
 class HealthHooks(Protocol):
     """The health subsystem as the supervisor sees it (nvdp.health provides it)."""
 
-    def start(self, gpus: Sequence[GpuInfo]) -> None: ...
+    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
+        """Start monitoring, or on a reload take the new enumeration and settings."""
+        ...
+
     def set_targets(self, servers: Sequence[DevicePluginServer]) -> None: ...
     def stop(self) -> None: ...
 
@@ -254,7 +259,7 @@ class Supervisor:
             )
         self.ready.clear()
         if self._health is not None:
-            self._health.start(self.gpus)
+            self._health.start(self.gpus, settings.health)
             self._health.set_targets(list(self.servers.values()))
         if self._observer is not None:
             self._observer.servers_changed(dict(self.servers))
