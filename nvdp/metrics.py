@@ -70,10 +70,11 @@ class HealthView(Protocol):
 class _Rpc:
     """Pre-resolved children of one (resource, method): rpc_done is a dict lookup and two increments."""
 
-    __slots__ = ("by_code", "duration", "ok")
+    __slots__ = ("by_code", "duration_error", "duration_ok", "ok")
 
     def __init__(self, metrics: Metrics, resource: str, method: str) -> None:
-        self.duration: HistogramChild = metrics._durations.labels(resource, method)
+        self.duration_ok: HistogramChild = metrics._durations.labels(resource, method, "ok")
+        self.duration_error: HistogramChild = metrics._durations.labels(resource, method, "error")
         self.ok: CounterChild = metrics._requests.labels(resource, method, "OK")
         self.by_code: dict[grpc.StatusCode, CounterChild] = {}
 
@@ -105,8 +106,8 @@ class Metrics:
         self._durations = r.register(
             Histogram(
                 "nvdp_grpc_request_duration_seconds",
-                "Device-plugin RPC latency.",
-                ["resource", "method"],
+                "Device-plugin RPC latency, by result (ok: status OK; error: any other status).",
+                ["resource", "method", "result"],
                 buckets=RPC_BUCKETS,
             )
         )
@@ -132,10 +133,11 @@ class Metrics:
         rpc = self._rpcs.get((resource, method))
         if rpc is None:
             rpc = self._rpcs.setdefault((resource, method), _Rpc(self, resource, method))
-        rpc.duration.observe(seconds)
         if code is _OK:  # skips hashing the enum (a Python-level __hash__) on the common path
+            rpc.duration_ok.observe(seconds)
             rpc.ok.inc()
             return
+        rpc.duration_error.observe(seconds)
         counter = rpc.by_code.get(code)
         if counter is None:
             counter = rpc.by_code.setdefault(code, self._requests.labels(resource, method, code.name))

@@ -340,17 +340,18 @@ def test_rpc_counters_and_latency_are_exact(plugin: Plugin, kubelet: Kubelet) ->
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(kubelet.preferred_allocation(GPU, ids, [], 2)) == 2
 
-    text = plugin.wait_metric("nvdp_grpc_request_duration_seconds_count", 7, resource=GPU, method="Allocate")
+    text = plugin.wait_metric(
+        "nvdp_grpc_request_duration_seconds_count", 2, resource=GPU, method="Allocate", result="error"
+    )
     requests = "nvdp_grpc_requests_total"
     assert value(text, requests, resource=GPU, method="Allocate", code="OK") == 5
     assert value(text, requests, resource=GPU, method="Allocate", code="INVALID_ARGUMENT") == 2
     assert value(text, requests, resource=GPU, method="GetPreferredAllocation", code="OK") == 1
-    assert (
-        value(text, "nvdp_grpc_request_duration_seconds_bucket", resource=GPU, method="Allocate", le="+Inf")
-        == 7
-    )
-    seconds = value(text, "nvdp_grpc_request_duration_seconds_sum", resource=GPU, method="Allocate")
-    assert seconds is not None and 0 < seconds < 7
+    duration = "nvdp_grpc_request_duration_seconds"
+    assert value(text, f"{duration}_bucket", resource=GPU, method="Allocate", result="ok", le="+Inf") == 5
+    assert value(text, f"{duration}_count", resource=GPU, method="Allocate", result="ok") == 5
+    seconds = value(text, f"{duration}_sum", resource=GPU, method="Allocate", result="ok")
+    assert seconds is not None and 0 < seconds < 5
     assert value(text, "nvdp_devices", resource=GPU, sharing="none") == 8
     assert value(text, "nvdp_listandwatch_streams", resource=GPU) == 1
     assert value(text, "nvdp_build_info", version="0.1.0") == 1
