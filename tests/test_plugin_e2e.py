@@ -229,3 +229,22 @@ def test_taken_metrics_port_is_one_error_line_and_devices_still_served(
                 lambda: "metrics endpoint disabled" in plugin.log(), timeout=10, what="metrics error line"
             )
     assert "Traceback" not in plugin.log()
+
+
+def test_refused_mig_layout_exits_1_or_idles_without_fail_on_init_error(sock_dir: Path) -> None:
+    plugin = start_plugin(sock_dir, "sim:dgx-a100-mig", extra=["--mig-strategy", "single"])
+    assert plugin.wait(20) == 1
+    assert "cannot serve this node's devices: mig-strategy single: all GPUs must have the same MIG mode" in (
+        plugin.log()
+    )
+    idle = start_plugin(
+        sock_dir,
+        "sim:dgx-a100-mig",
+        extra=["--mig-strategy", "single", "--fail-on-init-error=false"],
+        log_path=sock_dir / "idle.log",
+    )
+    wait_until(lambda: "idling until SIGHUP" in idle.log(), timeout=20, what="idle line")
+    assert idle.alive()
+    idle.send(signal.SIGTERM)
+    assert idle.wait(10) == 0
+    assert "Traceback" not in plugin.log() + idle.log()

@@ -25,7 +25,14 @@ from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions, present_control_devices
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import NamePattern, Replication, Resource, build_resources, parse_mig_minors
+from nvdp.resources import (
+    NamePattern,
+    Replication,
+    Resource,
+    ResourceError,
+    build_resources,
+    parse_mig_minors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +135,7 @@ class Supervisor:
         try:
             self._start_nvml()
             if self._nvml_ok:
-                self._apply(self.settings)
+                self._initial_apply()
             retry_in: float | None = None
             while not self._stop.is_set():
                 if self._reload.is_set():
@@ -263,6 +270,23 @@ class Supervisor:
             self._health.set_targets(list(self.servers.values()))
         if self._observer is not None:
             self._observer.servers_changed(dict(self.servers))
+
+    def _initial_apply(self) -> None:
+        """Serve the node's resources; when they cannot be built (e.g. a MIG layout the strategy
+        refuses) exit with the error if fail-on-init-error, else say so and wait for a SIGHUP."""
+        try:
+            self._apply(self.settings)
+        except ResourceError as error:
+            if self.settings.fail_on_init_error:
+                raise InitError(f"cannot serve this node's devices: {error}") from error
+            log_event(
+                log,
+                logging.ERROR,
+                "cannot serve this node's devices; idling until SIGHUP (fail-on-init-error=false)",
+                error=str(error),
+            )
+            if self._observer is not None:
+                self._observer.servers_changed({})
 
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
