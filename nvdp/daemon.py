@@ -65,7 +65,6 @@ def daemon_settings(config: Config) -> DaemonSettings:
         kubelet_socket=Path(plugin.kubelet_socket),
         mig_strategy=flags.mig_strategy,
         fail_on_init_error=flags.fail_on_init_error,
-        driver_root=flags.nvidia_driver_root,
         dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
         container_driver_root=plugin.container_driver_root,
         gpu_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.gpus),

@@ -50,7 +50,6 @@ class DaemonSettings:
     kubelet_socket: Path
     mig_strategy: str = "none"
     fail_on_init_error: bool = True
-    driver_root: str = "/"
     dev_root: str = "/"  # the host's root for /dev/nvidia* (device-spec host paths)
     container_driver_root: str = "/driver-root"  # where the chart mounts the driver root in our container
     gpu_patterns: tuple[NamePattern, ...] = ()
