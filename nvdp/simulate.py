@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+import grpc
+
 from nvdp.api import pb
 from nvdp.config import Config
 from nvdp.daemon import Daemon
@@ -93,12 +95,17 @@ class Simulation:
                 )
         name = "nvidia.com/gpu" if "nvidia.com/gpu" in servers else sorted(servers)[0]
         available = list(servers[name].devices)
-        size = max(1, min(4, len(available) // 2))
-        chosen = self.kubelet.preferred_allocation(name, available, [], size)
+        shared_one = servers[name].resource.fail_requests_greater_than_one
+        size = 1 if shared_one else max(1, min(4, len(available) // 2))
         out.write(f"\nGetPreferredAllocation {name}: {size} of {len(available)} available\n")
-        out.write(f"  -> {', '.join(chosen)}\n")
-        out.write(f"     {self._explain(name, chosen, gpus)}\n")
-        response = self.kubelet.allocate(name, [chosen])
+        try:
+            chosen = self.kubelet.preferred_allocation(name, available, [], size)
+            out.write(f"  -> {', '.join(chosen)}\n")
+            out.write(f"     {self._explain(name, chosen, gpus)}\n")
+            response = self.kubelet.allocate(name, [chosen])
+        except grpc.RpcError as error:  # what the kubelet would get back: show it, not a traceback
+            out.write(f"  refused: {error.code().name}: {error.details()}\n")
+            return
         out.write(f"\nAllocate {name} (those {len(chosen)} devices) -> container answer\n")
         _write_container(out, response.container_responses[0])
         out.write(

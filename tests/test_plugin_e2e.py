@@ -248,3 +248,28 @@ def test_refused_mig_layout_exits_1_or_idles_without_fail_on_init_error(sock_dir
     idle.send(signal.SIGTERM)
     assert idle.wait(10) == 0
     assert "Traceback" not in plugin.log() + idle.log()
+
+
+def test_fail_requests_greater_than_one_applies_to_replicas_only(
+    sock_dir: Path, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 2\n      devices: [0, 1]\n"
+    )
+    gpus = sim_gpus("dgx-a100")
+    with start_plugin(sock_dir, config_file=config):
+        kubelet.wait_for_registration(GPU, timeout=20)
+        devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 10)
+        assert f"{gpus[0].uuid}::1" in devices and gpus[2].uuid in devices
+        whole = kubelet.allocate(GPU, [[gpus[2].uuid, gpus[3].uuid]])
+        assert whole.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpus[2].uuid},{gpus[3].uuid}"
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.allocate(GPU, [[f"{gpus[0].uuid}::0", f"{gpus[1].uuid}::0"]])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == (
+            "request for 'nvidia.com/gpu: 2' too large: maximum request size for shared resources is 1"
+        )
+        one = kubelet.allocate(GPU, [[f"{gpus[1].uuid}::1"]])
+        assert one.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpus[1].uuid

@@ -269,12 +269,16 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             unknown = devices.unknown(ids)
             if unknown:
                 raise RequestError(f"{self.resource_name}: unknown device IDs: {format_ids(unknown)}")
-            if self.resource.fail_requests_greater_than_one and len(ids) > 1:
+            chosen: list[Device] = [devices[i] for i in ids]
+            if (
+                self.resource.fail_requests_greater_than_one
+                and len(chosen) > 1
+                and any(d.replica is not None for d in chosen)
+            ):
                 raise RequestError(
                     f"request for '{self.resource_name}: {len(ids)}' too large: "
                     "maximum request size for shared resources is 1"
                 )
-            chosen: list[Device] = [devices[i] for i in ids]
             request_id = os.urandom(16).hex() if self._needs_request_id else ""
             response.container_responses.append(container_response(chosen, self.options, request_id))
         return response
