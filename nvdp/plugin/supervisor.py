@@ -151,16 +151,7 @@ class Supervisor:
         try:
             self._nvml.init()
         except NvdpError as error:
-            if self.settings.fail_on_init_error:
-                raise InitError(f"failed to initialize NVML: {error}") from error
-            log_event(
-                log,
-                logging.ERROR,
-                "failed to initialize NVML; idling (fail-on-init-error=false)",
-                error=str(error),
-            )
-            if self._observer is not None:
-                self._observer.servers_changed({})  # idling on purpose: nothing to register
+            self._init_failed("failed to initialize NVML", error)
             return
         self._nvml_ok = True
         log_event(
@@ -276,16 +267,17 @@ class Supervisor:
         try:
             self._apply(self.settings)
         except ResourceError as error:
-            if self.settings.fail_on_init_error:
-                raise InitError(f"cannot serve this node's devices: {error}") from error
-            log_event(
-                log,
-                logging.ERROR,
-                "cannot serve this node's devices; idling until SIGHUP (fail-on-init-error=false)",
-                error=str(error),
-            )
-            if self._observer is not None:
-                self._observer.servers_changed({})
+            self._init_failed("cannot serve this node's devices", error)
+
+    def _init_failed(self, what: str, error: NvdpError) -> None:
+        """NVIDIA's failOnInitError: exit with the reason, or say it once and idle until SIGHUP."""
+        if self.settings.fail_on_init_error:
+            raise InitError(f"{what}: {error}") from error
+        log_event(
+            log, logging.ERROR, f"{what}; idling until SIGHUP (fail-on-init-error=false)", error=str(error)
+        )
+        if self._observer is not None:
+            self._observer.servers_changed({})  # idling on purpose: nothing to register
 
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
