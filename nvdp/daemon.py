@@ -134,6 +134,7 @@ class NodeHealth:
         self._nvml = nvml
         self._settings = settings
         self._environ = environ
+        self._gpus: list[GpuInfo] = []
         self.policy = XidPolicy.from_env(environ, settings)
         node_events = None
         if self.policy.enabled:
@@ -154,8 +155,10 @@ class NodeHealth:
                 self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
             )
             self.monitor.start()
-        else:
+        elif list(gpus) != self._gpus:
+            # Only a changed enumeration re-arms the event set: freeing it drops queued events.
             self.monitor.update_gpus(gpus)
+        self._gpus = list(gpus)
 
     def set_targets(self, servers: Sequence[DevicePluginServer]) -> None:
         self.router.set_targets(servers)

@@ -75,3 +75,26 @@ def test_time_slicing_rule() -> None:
 def test_refused_settings(argv: list[str], text: str | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         daemon_settings(config_from(argv, text))
+
+
+def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
+    from nvdp.daemon import NodeHealth
+    from nvdp.health import HealthSettings
+    from nvdp.nvml import open_nvml
+
+    nvml = open_nvml("sim:pcie-4")
+    nvml.init()
+    try:
+        gpus = nvml.gpus()
+        health = NodeHealth(nvml, HealthSettings(), {})
+        handed: list[int] = []
+        health.start(gpus, None)
+        assert health.monitor is not None
+        health.monitor.update_gpus = lambda new: handed.append(len(new))  # type: ignore[method-assign]
+        health.start(list(gpus), None)  # SIGHUP, same node
+        assert handed == []
+        health.start(gpus[:2], None)  # a GPU disappeared
+        assert handed == [2]
+        health.stop()
+    finally:
+        nvml.shutdown()
