@@ -32,6 +32,7 @@ def problems(text: str) -> list[str]:
 
 # ---- NVIDIA-format files load as they are -------------------------------------------------------
 
+
 def test_plain_example() -> None:
     config = load_file(DATA / "plain.yaml")
     assert config.flags.mig_strategy == "none"
@@ -75,7 +76,8 @@ def test_mps_example_fails_requests_greater_than_one_by_default() -> None:
     assert config.sharing.mps is not None and config.sharing.mps.fail_requests_greater_than_one is True
     assert config.flags.mps_root == "/run/nvidia/mps"
     relaxed = parse_text(
-        "sharing: {mps: {failRequestsGreaterThanOne: false, resources: [{name: gpu, replicas: 2}]}}")
+        "sharing: {mps: {failRequestsGreaterThanOne: false, resources: [{name: gpu, replicas: 2}]}}"
+    )
     assert relaxed.sharing.mps is not None and relaxed.sharing.mps.fail_requests_greater_than_one is False
 
 
@@ -85,21 +87,36 @@ def test_mig_mixed_example() -> None:
     ts = config.sharing.time_slicing
     assert ts is not None
     assert [(r.name, r.replicas) for r in ts.resources] == [
-        ("nvidia.com/gpu", 2), ("nvidia.com/mig-1g.5gb", 2), ("nvidia.com/mig-2g.10gb", 2),
-        ("nvidia.com/mig-3g.20gb", 3), ("nvidia.com/mig-7g.40gb", 7)]
+        ("nvidia.com/gpu", 2),
+        ("nvidia.com/mig-1g.5gb", 2),
+        ("nvidia.com/mig-2g.10gb", 2),
+        ("nvidia.com/mig-3g.20gb", 3),
+        ("nvidia.com/mig-7g.40gb", 7),
+    ]
 
 
 def test_resource_names_get_the_default_prefix() -> None:
     config = load_file(DATA / "resources.yaml")
     assert config.resources.gpus == (Resource("*A100*", "nvidia.com/a100"), Resource("*", "nvidia.com/gpu"))
-    assert config.resources.mig == (Resource("1g.5gb", "nvidia.com/mig-small"),
-                                    Resource("*", "nvidia.com/mig-large"))
+    assert config.resources.mig == (
+        Resource("1g.5gb", "nvidia.com/mig-small"),
+        Resource("*", "nvidia.com/mig-large"),
+    )
     ts = config.sharing.time_slicing
     assert ts is not None
     assert ts.resources[0] == ReplicatedResource(
-        name="nvidia.com/a100", replicas=4, rename="nvidia.com/a100-shared",
-        devices=("0", "1", "2:0", f"GPU-{UUID}", f"MIG-GPU-{UUID}/3/0",
-                 "MIG-c6d4f1e2-1d5f-5f4a-9c7a-5a2b1e0f3c4d"))
+        name="nvidia.com/a100",
+        replicas=4,
+        rename="nvidia.com/a100-shared",
+        devices=(
+            "0",
+            "1",
+            "2:0",
+            f"GPU-{UUID}",
+            f"MIG-GPU-{UUID}/3/0",
+            "MIG-c6d4f1e2-1d5f-5f4a-9c7a-5a2b1e0f3c4d",
+        ),
+    )
     assert ts.resources[1].devices == 2 and ts.resources[1].rename is None
 
 
@@ -121,14 +138,40 @@ def test_every_nvidia_key() -> None:
 
 def test_health_extension() -> None:
     config = load_file(DATA / "health.yaml")
-    assert config.health == Health(ignored_xids=(94,), fatal_xids=(79, 48, 74), recovery_quiet_period=150.0,
-                                   probe_interval=10.0, single_bit_ecc=True)
+    assert config.health == Health(
+        ignored_xids=(94,),
+        fatal_xids=(79, 48, 74),
+        recovery_quiet_period=150.0,
+        probe_interval=10.0,
+        single_bit_ecc=True,
+    )
 
 
-@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n", "{}", "version: v1", "version: ''",
-                                  "version:", "flags:", "flags: {plugin: null}"],
-                         ids=["empty", "comment", "document-marker", "empty-mapping", "version-only",
-                              "empty-version", "null-version", "null-flags", "null-plugin"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "# only a comment\n",
+        "---\n",
+        "{}",
+        "version: v1",
+        "version: ''",
+        "version:",
+        "flags:",
+        "flags: {plugin: null}",
+    ],
+    ids=[
+        "empty",
+        "comment",
+        "document-marker",
+        "empty-mapping",
+        "version-only",
+        "empty-version",
+        "null-version",
+        "null-flags",
+        "null-plugin",
+    ],
+)
 def test_empty_and_missing_mean_defaults(text: str) -> None:
     """As NVIDIA: an empty file or a missing version is v1; null means unset."""
     assert parse_text(text) == Config()
@@ -146,23 +189,37 @@ def test_defaults() -> None:
     assert config.flags.device_discovery_strategy == "auto"
     plugin = config.flags.plugin
     assert (plugin.pass_device_specs, plugin.device_list_strategy, plugin.device_id_strategy) == (
-        False, ("envvar",), "uuid")
+        False,
+        ("envvar",),
+        "uuid",
+    )
     assert (plugin.cdi_annotation_prefix, plugin.nvidia_ctk_path, plugin.container_driver_root) == (
-        "cdi.k8s.io/", "/usr/bin/nvidia-ctk", "/driver-root")
+        "cdi.k8s.io/",
+        "/usr/bin/nvidia-ctk",
+        "/driver-root",
+    )
     assert plugin.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
     assert config.health == Health((), None, 300.0, 5.0, False)
     assert (config.nvml, config.log_format, config.log_level, config.metrics_address) == (
-        "real", "text", "info", ":2112")
+        "real",
+        "text",
+        "info",
+        ":2112",
+    )
 
 
 # ---- every validation message ------------------------------------------------------------------
 
 _ACCEPTED_TOP = "(accepted: version, flags, resources, sharing, imex, health)"
 _NOT_A_DEVICE = 'is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID'
-_ACCEPTED_PLUGIN = ("(accepted: passDeviceSpecs, deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, "
-                    "nvidiaCTKPath, containerDriverRoot, kubeletSocket, cdiFeatureFlags)")
-_BAD_NAME = ("after the nvidia.com/ prefix it must be a lowercase DNS subdomain "
-             "(a-z, 0-9, '-', '.'; alphanumeric at both ends)")
+_ACCEPTED_PLUGIN = (
+    "(accepted: passDeviceSpecs, deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, "
+    "nvidiaCTKPath, containerDriverRoot, kubeletSocket, cdiFeatureFlags)"
+)
+_BAD_NAME = (
+    "after the nvidia.com/ prefix it must be a lowercase DNS subdomain "
+    "(a-z, 0-9, '-', '.'; alphanumeric at both ends)"
+)
 
 
 def _ts(entry: str) -> str:
@@ -174,87 +231,152 @@ MESSAGES = {
     "version": ("version: v2", 'version: unsupported version "v2" (accepted: v1)'),
     "version-type": ("version: 1", "version: must be a string, got 1"),
     "unknown-top": ("foo: 1", f"foo: unknown field {_ACCEPTED_TOP}"),
-    "unknown-hint": ("flags: {migstrategy: none}",
-                     "flags.migstrategy: unknown field (did you mean migStrategy?)"),
-    "unknown-plugin": ("flags: {plugin: {unknownKey: 1}}",
-                       f"flags.plugin.unknownKey: unknown field {_ACCEPTED_PLUGIN}"),
-    "mig-strategy": ("flags: {migStrategy: foo}",
-                     'flags.migStrategy: invalid value "foo" (accepted: none, single, mixed)'),
-    "bool-type": ("flags: {failOnInitError: 'yes'}",
-                  'flags.failOnInitError: must be true or false, got "yes"'),
-    "string-type": ("flags: {nvidiaDriverRoot: 2020-01-01}",
-                    "flags.nvidiaDriverRoot: must be a string, got a value of type date"),
-    "discovery": ("flags: {deviceDiscoveryStrategy: vfio}",
-                  'flags.deviceDiscoveryStrategy: invalid value "vfio" (accepted: auto, nvml, tegra)'),
+    "unknown-hint": (
+        "flags: {migstrategy: none}",
+        "flags.migstrategy: unknown field (did you mean migStrategy?)",
+    ),
+    "unknown-plugin": (
+        "flags: {plugin: {unknownKey: 1}}",
+        f"flags.plugin.unknownKey: unknown field {_ACCEPTED_PLUGIN}",
+    ),
+    "mig-strategy": (
+        "flags: {migStrategy: foo}",
+        'flags.migStrategy: invalid value "foo" (accepted: none, single, mixed)',
+    ),
+    "bool-type": (
+        "flags: {failOnInitError: 'yes'}",
+        'flags.failOnInitError: must be true or false, got "yes"',
+    ),
+    "string-type": (
+        "flags: {nvidiaDriverRoot: 2020-01-01}",
+        "flags.nvidiaDriverRoot: must be a string, got a value of type date",
+    ),
+    "discovery": (
+        "flags: {deviceDiscoveryStrategy: vfio}",
+        'flags.deviceDiscoveryStrategy: invalid value "vfio" (accepted: auto, nvml, tegra)',
+    ),
     "section-type": ("flags: [1]", "flags: must be a mapping, got a list"),
-    "id-strategy": ("flags: {plugin: {deviceIDStrategy: name}}",
-                    'flags.plugin.deviceIDStrategy: invalid value "name" (accepted: uuid, index)'),
-    "list-strategy": ("flags: {plugin: {deviceListStrategy: [envvar, bogus]}}",
-                      'flags.plugin.deviceListStrategy[1]: invalid value "bogus" '
-                      "(accepted: envvar, volume-mounts, cdi-annotations, cdi-cri)"),
-    "list-strategy-empty": ("flags: {plugin: {deviceListStrategy: []}}",
-                            "flags.plugin.deviceListStrategy: must list at least 1 value"),
-    "gfd-duration": ("flags: {gfd: {sleepInterval: soon}}",
-                     'flags.gfd.sleepInterval: invalid duration "soon"'),
-    "resources-type": ("resources: {gpus: {pattern: '*', name: gpu}}",
-                       "resources.gpus: must be a list, got a mapping"),
-    "resource-name-missing": ("resources: {gpus: [{pattern: '*'}]}",
-                              "resources.gpus[0].name: required field is missing"),
-    "resource-pattern-missing": ("resources: {mig: [{name: x}]}",
-                                 "resources.mig[0].pattern: required field is missing"),
-    "name-format": ("resources: {gpus: [{pattern: '*', name: Bad_Name}]}",
-                    f'resources.gpus[0].name: invalid resource name "Bad_Name": {_BAD_NAME}'),
-    "foreign-prefix": ("resources: {gpus: [{pattern: '*', name: example.com/gpu}]}",
-                       f'resources.gpus[0].name: invalid resource name "example.com/gpu": {_BAD_NAME}'),
-    "name-length": ("resources: {gpus: [{pattern: '*', name: " + "a" * 53 + "}]}",
-                    f'resources.gpus[0].name: resource name "nvidia.com/{"a" * 53}" is longer than 63 '
-                    "characters"),
-    "replicas-type": (_ts("{name: gpu, replicas: x}"),
-                      'sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got "x"'),
-    "replicas-one": (_ts("{name: gpu, replicas: 1}"),
-                     "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 1"),
-    "replicas-float": (_ts("{name: gpu, replicas: 2.0}"),
-                       "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 2.0"),
-    "replicas-missing": (_ts("{name: gpu}"),
-                         "sharing.timeSlicing.resources[0].replicas: required field is missing"),
-    "devices-string": (_ts("{name: gpu, replicas: 2, devices: some}"),
-                       'sharing.timeSlicing.resources[0].devices: must be "all", a number of devices or a '
-                       'list of devices, got "some"'),
-    "devices-count": (_ts("{name: gpu, replicas: 2, devices: 0}"),
-                      "sharing.timeSlicing.resources[0].devices: must be an integer >= 1, got 0"),
-    "devices-entry": (_ts("{name: gpu, replicas: 2, devices: [0, GPU-zzz]}"),
-                      f'sharing.timeSlicing.resources[0].devices[1]: "GPU-zzz" {_NOT_A_DEVICE}'),
-    "rename": (_ts("{name: gpu, replicas: 2, rename: Shared}"),
-               f'sharing.timeSlicing.resources[0].rename: invalid resource name "Shared": {_BAD_NAME}'),
-    "no-resources": ("sharing: {timeSlicing: {}}",
-                     "sharing.timeSlicing.resources: must list at least one resource"),
-    "duplicate-resource": (_ts("{name: gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3}"),
-                           'sharing.timeSlicing.resources[1].name: "nvidia.com/gpu" is listed more than '
-                           "once"),
-    "both-strategies": ("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}, "
-                        "mps: {resources: [{name: gpu, replicas: 2}]}}",
-                        "sharing: timeSlicing and mps are mutually exclusive; configure only one"),
-    "mps-bool": ("sharing: {mps: {renameByDefault: 1, resources: [{name: gpu, replicas: 2}]}}",
-                 "sharing.mps.renameByDefault: must be true or false, got 1"),
+    "id-strategy": (
+        "flags: {plugin: {deviceIDStrategy: name}}",
+        'flags.plugin.deviceIDStrategy: invalid value "name" (accepted: uuid, index)',
+    ),
+    "list-strategy": (
+        "flags: {plugin: {deviceListStrategy: [envvar, bogus]}}",
+        'flags.plugin.deviceListStrategy[1]: invalid value "bogus" '
+        "(accepted: envvar, volume-mounts, cdi-annotations, cdi-cri)",
+    ),
+    "list-strategy-empty": (
+        "flags: {plugin: {deviceListStrategy: []}}",
+        "flags.plugin.deviceListStrategy: must list at least 1 value",
+    ),
+    "gfd-duration": (
+        "flags: {gfd: {sleepInterval: soon}}",
+        'flags.gfd.sleepInterval: invalid duration "soon"',
+    ),
+    "resources-type": (
+        "resources: {gpus: {pattern: '*', name: gpu}}",
+        "resources.gpus: must be a list, got a mapping",
+    ),
+    "resource-name-missing": (
+        "resources: {gpus: [{pattern: '*'}]}",
+        "resources.gpus[0].name: required field is missing",
+    ),
+    "resource-pattern-missing": (
+        "resources: {mig: [{name: x}]}",
+        "resources.mig[0].pattern: required field is missing",
+    ),
+    "name-format": (
+        "resources: {gpus: [{pattern: '*', name: Bad_Name}]}",
+        f'resources.gpus[0].name: invalid resource name "Bad_Name": {_BAD_NAME}',
+    ),
+    "foreign-prefix": (
+        "resources: {gpus: [{pattern: '*', name: example.com/gpu}]}",
+        f'resources.gpus[0].name: invalid resource name "example.com/gpu": {_BAD_NAME}',
+    ),
+    "name-length": (
+        "resources: {gpus: [{pattern: '*', name: " + "a" * 53 + "}]}",
+        f'resources.gpus[0].name: resource name "nvidia.com/{"a" * 53}" is longer than 63 characters',
+    ),
+    "replicas-type": (
+        _ts("{name: gpu, replicas: x}"),
+        'sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got "x"',
+    ),
+    "replicas-one": (
+        _ts("{name: gpu, replicas: 1}"),
+        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 1",
+    ),
+    "replicas-float": (
+        _ts("{name: gpu, replicas: 2.0}"),
+        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 2.0",
+    ),
+    "replicas-missing": (
+        _ts("{name: gpu}"),
+        "sharing.timeSlicing.resources[0].replicas: required field is missing",
+    ),
+    "devices-string": (
+        _ts("{name: gpu, replicas: 2, devices: some}"),
+        'sharing.timeSlicing.resources[0].devices: must be "all", a number of devices or a '
+        'list of devices, got "some"',
+    ),
+    "devices-count": (
+        _ts("{name: gpu, replicas: 2, devices: 0}"),
+        "sharing.timeSlicing.resources[0].devices: must be an integer >= 1, got 0",
+    ),
+    "devices-entry": (
+        _ts("{name: gpu, replicas: 2, devices: [0, GPU-zzz]}"),
+        f'sharing.timeSlicing.resources[0].devices[1]: "GPU-zzz" {_NOT_A_DEVICE}',
+    ),
+    "rename": (
+        _ts("{name: gpu, replicas: 2, rename: Shared}"),
+        f'sharing.timeSlicing.resources[0].rename: invalid resource name "Shared": {_BAD_NAME}',
+    ),
+    "no-resources": (
+        "sharing: {timeSlicing: {}}",
+        "sharing.timeSlicing.resources: must list at least one resource",
+    ),
+    "duplicate-resource": (
+        _ts("{name: gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3}"),
+        'sharing.timeSlicing.resources[1].name: "nvidia.com/gpu" is listed more than once',
+    ),
+    "both-strategies": (
+        "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}, "
+        "mps: {resources: [{name: gpu, replicas: 2}]}}",
+        "sharing: timeSlicing and mps are mutually exclusive; configure only one",
+    ),
+    "mps-bool": (
+        "sharing: {mps: {renameByDefault: 1, resources: [{name: gpu, replicas: 2}]}}",
+        "sharing.mps.renameByDefault: must be true or false, got 1",
+    ),
     "imex": ("imex: {channelIDs: [1]}", "imex.channelIDs: must be [] or [0], got [1]"),
-    "xid-range": ("health: {ignoredXids: [-1]}",
-                  "health.ignoredXids[0]: must be an integer from 0 to 4294967295, got -1"),
+    "xid-range": (
+        "health: {ignoredXids: [-1]}",
+        "health.ignoredXids[0]: must be an integer from 0 to 4294967295, got -1",
+    ),
     "xids-type": ("health: {fatalXids: 79}", "health.fatalXids: must be a list, got 79"),
-    "xid-both": ("health: {ignoredXids: [48], fatalXids: [48, 79]}",
-                 "health: XID 48 is in both ignoredXids and fatalXids"),
+    "xid-both": (
+        "health: {ignoredXids: [48], fatalXids: [48, 79]}",
+        "health: XID 48 is in both ignoredXids and fatalXids",
+    ),
     "duration": ("health: {recoveryQuietPeriod: 5x}", 'health.recoveryQuietPeriod: invalid duration "5x"'),
-    "duration-negative": ("health: {recoveryQuietPeriod: -5m}",
-                          'health.recoveryQuietPeriod: must be >= 0, got "-5m"'),
+    "duration-negative": (
+        "health: {recoveryQuietPeriod: -5m}",
+        'health.recoveryQuietPeriod: must be >= 0, got "-5m"',
+    ),
     "probe-zero": ("health: {probeInterval: 0}", "health.probeInterval: must be > 0, got 0"),
-    "duration-type": ("health: {probeInterval: true}",
-                      'health.probeInterval: must be a duration such as "30s" or "5m", or a number of '
-                      "seconds, got true"),
-    "duration-range": ("health: {probeInterval: 1000000000h}",
-                       'health.probeInterval: out of range, got "1000000000h"'),
+    "duration-type": (
+        "health: {probeInterval: true}",
+        'health.probeInterval: must be a duration such as "30s" or "5m", or a number of seconds, got true',
+    ),
+    "duration-range": (
+        "health: {probeInterval: 1000000000h}",
+        'health.probeInterval: out of range, got "1000000000h"',
+    ),
     "top-list": ("- a", "the config must be a mapping (version, flags, resources, ...), got a list"),
     "top-scalar": ("hello", 'the config must be a mapping (version, flags, resources, ...), got "hello"'),
-    "yaml-syntax": ("flags: {a: [}",
-                    "invalid YAML at line 1, column 13: expected the node content, but found '}'"),
+    "yaml-syntax": (
+        "flags: {a: [}",
+        "invalid YAML at line 1, column 13: expected the node content, but found '}'",
+    ),
     "yaml-duplicate": ("flags: {}\nflags: {}", 'invalid YAML at line 1, column 1: duplicate key "flags"'),
     "json-duplicate": ('{"version": "v1", "version": "v1"}', 'invalid config: duplicate key "version"'),
     "huge-int": ("a: " + "9" * 50, "invalid YAML at line 1, column 4: number too large"),
@@ -298,13 +420,17 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
         load_file(path)
     assert caught.value.source == str(path)
     assert str(caught.value) == (
-        f'{path}: flags.migStrategy: invalid value "foo" (accepted: none, single, mixed)')
+        f'{path}: flags.migStrategy: invalid value "foo" (accepted: none, single, mixed)'
+    )
 
 
-@pytest.mark.parametrize("content, expected", [
-    pytest.param(None, "cannot read config file: No such file or directory", id="missing"),
-    pytest.param(b"\xff\xfe", "config file is not UTF-8 text (byte 0)", id="binary"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        pytest.param(None, "cannot read config file: No such file or directory", id="missing"),
+        pytest.param(b"\xff\xfe", "config file is not UTF-8 text (byte 0)", id="binary"),
+    ],
+)
 def test_unreadable_file(tmp_path: Path, content: bytes | None, expected: str) -> None:
     path = tmp_path / "config.yaml"
     if content is not None:
@@ -314,32 +440,81 @@ def test_unreadable_file(tmp_path: Path, content: bytes | None, expected: str) -
     assert caught.value.problems == [expected]
 
 
-@pytest.mark.parametrize("ref", [
-    "0", "12", "0:1", f"GPU-{UUID}", f"GPU-{UUID.replace('-', '')}", f"MIG-{UUID}", f"MIG-GPU-{UUID}/3/0",
-], ids=["index", "index-2", "mig-index", "gpu-uuid", "gpu-uuid-hex", "mig-uuid", "mig-gpu"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "0",
+        "12",
+        "0:1",
+        f"GPU-{UUID}",
+        f"GPU-{UUID.replace('-', '')}",
+        f"MIG-{UUID}",
+        f"MIG-GPU-{UUID}/3/0",
+    ],
+    ids=["index", "index-2", "mig-index", "gpu-uuid", "gpu-uuid-hex", "mig-uuid", "mig-gpu"],
+)
 def test_device_refs_accepted(ref: str) -> None:
     ts = parse_text(_ts(f"{{name: gpu, replicas: 2, devices: ['{ref}']}}")).sharing.time_slicing
     assert ts is not None and ts.resources[0].devices == (ref,)
 
 
-@pytest.mark.parametrize("ref", [
-    "-1", "0:", "a:1", "0:1:2", "GPU-", "GPU-1234", f"gpu-{UUID}", f"MIG-GPU-{UUID}/3", f"MIG-GPU-{UUID}/x/0",
-    "MIG-",
-],
-                         ids=["negative", "mig-half", "mig-alpha", "mig-three", "gpu-empty", "gpu-short",
-                              "gpu-lowercase", "mig-gpu-short", "mig-gpu-alpha", "mig-empty"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "-1",
+        "0:",
+        "a:1",
+        "0:1:2",
+        "GPU-",
+        "GPU-1234",
+        f"gpu-{UUID}",
+        f"MIG-GPU-{UUID}/3",
+        f"MIG-GPU-{UUID}/x/0",
+        "MIG-",
+    ],
+    ids=[
+        "negative",
+        "mig-half",
+        "mig-alpha",
+        "mig-three",
+        "gpu-empty",
+        "gpu-short",
+        "gpu-lowercase",
+        "mig-gpu-short",
+        "mig-gpu-alpha",
+        "mig-empty",
+    ],
+)
 def test_device_refs_refused(ref: str) -> None:
     assert problems(_ts(f"{{name: gpu, replicas: 2, devices: ['{ref}']}}")) == [
-        f'sharing.timeSlicing.resources[0].devices[0]: "{ref}" {_NOT_A_DEVICE}']
+        f'sharing.timeSlicing.resources[0].devices[0]: "{ref}" {_NOT_A_DEVICE}'
+    ]
 
 
 # ---- durations ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, seconds", [
-    ("0", 0.0), ("5m", 300.0), ("5m0s", 300.0), ("1h", 3600.0), ("1h30m", 5400.0), ("300ms", 0.3),
-    ("1.5s", 1.5), (".5s", 0.5), ("1.s", 1.0), ("2us", 2e-6), ("2µs", 2e-6), ("2μs", 2e-6), ("10ns", 1e-8),
-    ("+5s", 5.0), ("-5s", -5.0),
-], ids=lambda x: str(x))
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("0", 0.0),
+        ("5m", 300.0),
+        ("5m0s", 300.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("300ms", 0.3),
+        ("1.5s", 1.5),
+        (".5s", 0.5),
+        ("1.s", 1.0),
+        ("2us", 2e-6),
+        ("2µs", 2e-6),
+        ("2μs", 2e-6),
+        ("10ns", 1e-8),
+        ("+5s", 5.0),
+        ("-5s", -5.0),
+    ],
+    ids=lambda x: str(x),
+)
 def test_parse_go_duration(text: str, seconds: float) -> None:
     assert parse_go_duration(text) == pytest.approx(seconds)
 
@@ -350,16 +525,29 @@ def test_parse_go_duration_refuses(text: str) -> None:
         parse_go_duration(text)
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (0.0, "0s"), (300.0, "5m0s"), (3600.0, "1h0m0s"), (5400.5, "1h30m0.5s"), (90.0, "1m30s"), (1.5, "1.5s"),
-    (0.3, "300ms"), (1.5e-6, "1.5µs"), (1e-8, "10ns"), (-5.0, "-5s"),
-], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0.0, "0s"),
+        (300.0, "5m0s"),
+        (3600.0, "1h0m0s"),
+        (5400.5, "1h30m0.5s"),
+        (90.0, "1m30s"),
+        (1.5, "1.5s"),
+        (0.3, "300ms"),
+        (1.5e-6, "1.5µs"),
+        (1e-8, "10ns"),
+        (-5.0, "-5s"),
+    ],
+    ids=lambda x: str(x),
+)
 def test_format_go_duration(seconds: float, text: str) -> None:
     assert format_go_duration(seconds) == text
 
 
-@pytest.mark.parametrize("value, seconds", [
-    ("5m", 300.0), (300, 300.0), (2.5, 2.5), ("0", 0.0), (0, 0.0)], ids=lambda x: repr(x))
+@pytest.mark.parametrize(
+    "value, seconds", [("5m", 300.0), (300, 300.0), (2.5, 2.5), ("0", 0.0), (0, 0.0)], ids=lambda x: repr(x)
+)
 def test_health_durations(value: object, seconds: float) -> None:
     assert parse({"health": {"recoveryQuietPeriod": value}}).health.recovery_quiet_period == seconds
 
@@ -371,17 +559,27 @@ def test_gfd_sleep_interval_number_is_nanoseconds_as_in_go() -> None:
 
 # ---- the JSON dump -----------------------------------------------------------------------------
 
+
 def test_to_json_is_one_line_with_file_keys_and_runtime() -> None:
     line = load_file(DATA / "health.yaml").to_json()
     assert "\n" not in line
     data = json.loads(line)
     assert data["version"] == "v1"
     assert data["flags"]["plugin"]["deviceListStrategy"] == ["envvar"]
-    assert data["health"] == {"ignoredXids": [94], "fatalXids": [79, 48, 74], "recoveryQuietPeriod": "2m30s",
-                              "probeInterval": "10s", "singleBitEcc": True}
+    assert data["health"] == {
+        "ignoredXids": [94],
+        "fatalXids": [79, 48, 74],
+        "recoveryQuietPeriod": "2m30s",
+        "probeInterval": "10s",
+        "singleBitEcc": True,
+    }
     assert {k: data[k] for k in ("configFile", "nvml", "logFormat", "logLevel", "metricsAddress")} == {
-        "configFile": None, "nvml": "real", "logFormat": "text", "logLevel": "info",
-        "metricsAddress": ":2112"}
+        "configFile": None,
+        "nvml": "real",
+        "logFormat": "text",
+        "logLevel": "info",
+        "metricsAddress": ":2112",
+    }
     assert "nvidiaDevRoot" not in data["flags"]  # unset values are left out
 
 

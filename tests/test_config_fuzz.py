@@ -28,10 +28,14 @@ def _keys(cls: type) -> set[str]:
 
 KEYS = sorted(_keys(Config))
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
     st.text(max_size=20),
     st.sampled_from(["all", "v1", "none", "mixed", "gpu", "5m", "0:1", "envvar", "-1s"]),
-    st.dates(), st.binary(max_size=5),
+    st.dates(),
+    st.binary(max_size=5),
 )
 keys = st.one_of(st.sampled_from(KEYS), st.text(max_size=10), st.integers(), st.none())
 values = st.recursive(
@@ -97,7 +101,7 @@ def _with(value: object, path: tuple[object, ...], new: object) -> object:
     if isinstance(value, dict):
         return {**value, head: _with(value[head], rest, new)}
     assert isinstance(value, list) and isinstance(head, int)
-    return [*value[:head], _with(value[head], rest, new), *value[head + 1:]]
+    return [*value[:head], _with(value[head], rest, new), *value[head + 1 :]]
 
 
 EXAMPLE_FILES = ("full.yaml", "resources.yaml", "health.yaml", "mig-mixed.yaml", "time-slicing-rename.yaml")
@@ -105,8 +109,10 @@ EXAMPLES = [yaml.safe_load((DATA / name).read_text()) for name in EXAMPLE_FILES]
 
 
 @settings(max_examples=150)
-@given(st.sampled_from(EXAMPLES).flatmap(lambda doc: st.tuples(st.just(doc), st.sampled_from(_paths(doc)))),
-       values)
+@given(
+    st.sampled_from(EXAMPLES).flatmap(lambda doc: st.tuples(st.just(doc), st.sampled_from(_paths(doc)))),
+    values,
+)
 def test_one_value_replaced_in_a_valid_file(case: tuple[object, tuple[object, ...]], new: object) -> None:
     document, path = case
     try:

@@ -35,8 +35,9 @@ CONTAINER = "nvidia-device-plugin-ctr"
 PROGRAM_ENV = frozenset(env for option in OPTIONS for env in option.envs)
 # Env vars a manifest may set besides those: NODE_NAME is read by nvdp.kube for Node Events; the
 # NVIDIA_* ones are read by the NVIDIA container toolkit when it sets up the container.
-OTHER_ENV = frozenset({"NODE_NAME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
-                       "NVIDIA_MIG_MONITOR_DEVICES"})
+OTHER_ENV = frozenset(
+    {"NODE_NAME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
+)
 
 Doc = dict[str, Any]
 
@@ -136,6 +137,7 @@ def check_plugin_daemonset(daemonset: Doc) -> None:
 
 # ---- static manifest ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def static_docs() -> list[Doc]:
     return load_docs(STATIC.read_text())
@@ -168,16 +170,23 @@ def test_static_manifest_rbac_binds_the_pods_service_account(static_docs: list[D
     binding = only(static_docs, "ClusterRoleBinding")
     role = only(static_docs, "ClusterRole")
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": account["metadata"]["namespace"]}]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     check_event_rules(role)
 
 
 def check_event_rules(role: Doc) -> None:
     def allowed(group: str, resource: str, verb: str) -> bool:
-        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-                   for r in role["rules"])
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+            for r in role["rules"]
+        )
 
     assert allowed("", "events", "create") and allowed("", "events", "patch")
     assert allowed("", "nodes", "get")
@@ -196,6 +205,7 @@ def test_static_manifest_schedules_like_the_chart_defaults(static_docs: list[Doc
 
 
 # ---- values.yaml and Chart.yaml ----------------------------------------------------------------
+
 
 def chart_values() -> Doc:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -219,22 +229,62 @@ def lookup(values: Mapping[str, Any], dotted: str) -> Any:
 
 # The keys of NVIDIA's chart that users carry over when they switch charts.
 NVIDIA_KEYS = [
-    "image.repository", "image.tag", "image.pullPolicy", "imagePullSecrets",
-    "nameOverride", "fullnameOverride", "namespaceOverride", "selectorLabelsOverride",
+    "image.repository",
+    "image.tag",
+    "image.pullPolicy",
+    "imagePullSecrets",
+    "nameOverride",
+    "fullnameOverride",
+    "namespaceOverride",
+    "selectorLabelsOverride",
     "allowDefaultNamespace",
-    "migStrategy", "failOnInitError", "deviceListStrategy", "deviceIDStrategy", "nvidiaDriverRoot",
-    "nvidiaDevRoot", "compatWithCPUManager", "gdrcopyEnabled", "gdsEnabled", "mofedEnabled",
-    "deviceDiscoveryStrategy", "cdi.nvidiaHookPath", "cdi.featureFlags",
-    "config.name", "config.map", "config.default", "config.fallbackStrategies",
-    "runtimeClassName", "priorityClassName", "podAnnotations", "podSecurityContext", "securityContext",
-    "resources", "nodeSelector", "affinity", "tolerations", "updateStrategy",
+    "migStrategy",
+    "failOnInitError",
+    "deviceListStrategy",
+    "deviceIDStrategy",
+    "nvidiaDriverRoot",
+    "nvidiaDevRoot",
+    "compatWithCPUManager",
+    "gdrcopyEnabled",
+    "gdsEnabled",
+    "mofedEnabled",
+    "deviceDiscoveryStrategy",
+    "cdi.nvidiaHookPath",
+    "cdi.featureFlags",
+    "config.name",
+    "config.map",
+    "config.default",
+    "config.fallbackStrategies",
+    "runtimeClassName",
+    "priorityClassName",
+    "podAnnotations",
+    "podSecurityContext",
+    "securityContext",
+    "resources",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "updateStrategy",
     "devicePlugin.enableHostNetwork",
 ]
 # Plugin settings: null, so that the config file (or the plugin's default) decides unless set.
 UNSET_SETTINGS = [
-    "migStrategy", "failOnInitError", "deviceListStrategy", "deviceIDStrategy", "nvidiaDriverRoot",
-    "nvidiaDevRoot", "compatWithCPUManager", "gdrcopyEnabled", "gdsEnabled", "mofedEnabled",
-    "deviceDiscoveryStrategy", "cdi.nvidiaHookPath", "cdi.featureFlags", "logFormat", "logLevel", "nvml",
+    "migStrategy",
+    "failOnInitError",
+    "deviceListStrategy",
+    "deviceIDStrategy",
+    "nvidiaDriverRoot",
+    "nvidiaDevRoot",
+    "compatWithCPUManager",
+    "gdrcopyEnabled",
+    "gdsEnabled",
+    "mofedEnabled",
+    "deviceDiscoveryStrategy",
+    "cdi.nvidiaHookPath",
+    "cdi.featureFlags",
+    "logFormat",
+    "logLevel",
+    "nvml",
 ]
 
 
@@ -281,6 +331,7 @@ def test_chart_metadata_matches_the_package() -> None:
 
 
 # ---- Dockerfile ---------------------------------------------------------------------------------
+
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with comments dropped and continuation lines joined."""
@@ -332,8 +383,9 @@ def test_dockerfile_final_stage_installs_only_the_built_wheels() -> None:
     assert "pip install" in runs and "--no-cache-dir" in runs and "--no-index" in runs
     assert "from=build" in runs
     assert not re.search(r"apt-get|gcc|build-essential", runs), "no compilers in the final image"
-    assert not [rest for word, rest in final if word == "COPY" and "--from" not in rest], \
+    assert not [rest for word, rest in final if word == "COPY" and "--from" not in rest], (
         "the final stage copies nothing from the build context"
+    )
 
 
 def test_dockerfile_entrypoint_and_env() -> None:
@@ -355,8 +407,11 @@ def test_dockerfile_entrypoint_and_env() -> None:
 
 
 def test_dockerfile_copies_what_the_context_keeps() -> None:
-    ignore = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    ignore = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert ignore[0] == "*", ".dockerignore is an allow-list"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     for word, rest in dockerfile_instructions():
@@ -419,8 +474,10 @@ def _find_renderer() -> tuple[Renderer | None, str]:
     try:
         return _helm_sdk(), ""
     except ImportError:
-        return None, ("no Helm renderer: neither a `helm` binary on PATH nor the helm_python module "
-                      "(pip install helm-python-sdk)")
+        return None, (
+            "no Helm renderer: neither a `helm` binary on PATH nor the helm_python module "
+            "(pip install helm-python-sdk)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -434,8 +491,12 @@ def renderer() -> Renderer:
 class Rendered:
     def __init__(self, manifests: dict[str, str]) -> None:
         self.manifests = manifests
-        self.docs = [doc for path, text in sorted(manifests.items())
-                     if not path.endswith("NOTES.txt") for doc in load_docs(text)]
+        self.docs = [
+            doc
+            for path, text in sorted(manifests.items())
+            if not path.endswith("NOTES.txt")
+            for doc in load_docs(text)
+        ]
 
     def only(self, kind: str) -> Doc:
         return only(self.docs, kind)
@@ -457,8 +518,12 @@ class Rendered:
 
 @pytest.fixture
 def render(renderer: Renderer) -> Callable[..., Rendered]:
-    def run(values: Mapping[str, Any] | None = None, *, namespace: str = NAMESPACE,
-            api_versions: tuple[str, ...] = ()) -> Rendered:
+    def run(
+        values: Mapping[str, Any] | None = None,
+        *,
+        namespace: str = NAMESPACE,
+        api_versions: tuple[str, ...] = (),
+    ) -> Rendered:
         return Rendered(renderer(values or {}, namespace, api_versions))
 
     return run
@@ -483,13 +548,21 @@ def test_chart_defaults(render: Callable[..., Rendered]) -> None:
     assert daemonset["metadata"]["namespace"] == NAMESPACE
     # NVIDIA's chart selector, so a release moved from that chart keeps its DaemonSet.
     assert daemonset["spec"]["selector"]["matchLabels"] == {
-        "app.kubernetes.io/name": "nvidia-device-plugin", "app.kubernetes.io/instance": RELEASE}
+        "app.kubernetes.io/name": "nvidia-device-plugin",
+        "app.kubernetes.io/instance": RELEASE,
+    }
     # Null settings are not passed: the config file or the plugin's default decides.
-    assert set(env_of(daemonset)) == {"METRICS_ADDRESS", "NODE_NAME", "NVIDIA_VISIBLE_DEVICES",
-                                      "NVIDIA_DRIVER_CAPABILITIES"}
+    assert set(env_of(daemonset)) == {
+        "METRICS_ADDRESS",
+        "NODE_NAME",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
     assert env_of(daemonset)["METRICS_ADDRESS"] == ":2112"
     assert container(daemonset)["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert container(daemonset)["image"] == f"nvdp:{chart_meta()['appVersion']}"
     assert set(mounts_of(daemonset)) == {"kubelet-device-plugins-dir"}
     for doc in out.docs:
@@ -497,27 +570,47 @@ def test_chart_defaults(render: Callable[..., Rendered]) -> None:
 
 
 def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> None:
-    out = render({
-        "compatWithCPUManager": True, "nvidiaDriverRoot": "/run/nvidia/driver", "migStrategy": "mixed",
-        "config": {"map": {"default": ENTRY_A, "shared": ENTRY_B}},
-        "devicePlugin": {"enableHostNetwork": True}, "runtimeClassName": "nvidia",
-        "imagePullSecrets": [{"name": "regcred"}],
-        "podSecurityContext": {"seccompProfile": {"type": "Unconfined"}},
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}, "nodeSelector": {"pool": "gpu"},
-        "podAnnotations": {"team": "ml"}, "serviceAccount": {"annotations": {"a": "b"}},
-        "metrics": {"port": 9400, "service": {"annotations": {"a": "b"}}, "forceMonitors": True,
-                    "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
-                    "podMonitor": {"enabled": True, "labels": {"release": "prom"}}},
-    })
-    assert out.kinds() == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "PodMonitor",
-                           "Service", "ServiceAccount", "ServiceMonitor"]
+    out = render(
+        {
+            "compatWithCPUManager": True,
+            "nvidiaDriverRoot": "/run/nvidia/driver",
+            "migStrategy": "mixed",
+            "config": {"map": {"default": ENTRY_A, "shared": ENTRY_B}},
+            "devicePlugin": {"enableHostNetwork": True},
+            "runtimeClassName": "nvidia",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "podSecurityContext": {"seccompProfile": {"type": "Unconfined"}},
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+            "nodeSelector": {"pool": "gpu"},
+            "podAnnotations": {"team": "ml"},
+            "serviceAccount": {"annotations": {"a": "b"}},
+            "metrics": {
+                "port": 9400,
+                "service": {"annotations": {"a": "b"}},
+                "forceMonitors": True,
+                "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                "podMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            },
+        }
+    )
+    assert out.kinds() == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "PodMonitor",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
     check_plugin_daemonset(out.daemonset)
     for doc in out.docs:
         check_schema(doc)
 
 
-def test_chart_defaults_match_the_static_manifest(render: Callable[..., Rendered],
-                                                  static_docs: list[Doc]) -> None:
+def test_chart_defaults_match_the_static_manifest(
+    render: Callable[..., Rendered], static_docs: list[Doc]
+) -> None:
     """The static manifest is the chart's default DaemonSet, but for its names and labels."""
     rendered = render(namespace="kube-system").daemonset["spec"]["template"]["spec"]
     static = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
@@ -531,10 +624,14 @@ def test_chart_rbac(render: Callable[..., Rendered]) -> None:
     account = out.only("ServiceAccount")
     binding = out.only("ClusterRoleBinding")
     assert out.daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": out.only("ClusterRole")["metadata"]["name"]}
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": out.only("ClusterRole")["metadata"]["name"],
+    }
     check_event_rules(out.only("ClusterRole"))
 
 
@@ -550,25 +647,42 @@ def test_chart_without_rbac(render: Callable[..., Rendered]) -> None:
         pytest.param({"migStrategy": "mixed"}, "MIG_STRATEGY", "mixed", id="migStrategy"),
         pytest.param({"failOnInitError": False}, "FAIL_ON_INIT_ERROR", "false", id="failOnInitError"),
         pytest.param({"compatWithCPUManager": True}, "PASS_DEVICE_SPECS", "true", id="compatWithCPUManager"),
-        pytest.param({"deviceListStrategy": "envvar,cdi-annotations"}, "DEVICE_LIST_STRATEGY",
-                     "envvar,cdi-annotations", id="deviceListStrategy"),
+        pytest.param(
+            {"deviceListStrategy": "envvar,cdi-annotations"},
+            "DEVICE_LIST_STRATEGY",
+            "envvar,cdi-annotations",
+            id="deviceListStrategy",
+        ),
         pytest.param({"deviceIDStrategy": "index"}, "DEVICE_ID_STRATEGY", "index", id="deviceIDStrategy"),
-        pytest.param({"nvidiaDriverRoot": "/run/nvidia/driver"}, "NVIDIA_DRIVER_ROOT", "/run/nvidia/driver",
-                     id="nvidiaDriverRoot"),
+        pytest.param(
+            {"nvidiaDriverRoot": "/run/nvidia/driver"},
+            "NVIDIA_DRIVER_ROOT",
+            "/run/nvidia/driver",
+            id="nvidiaDriverRoot",
+        ),
         pytest.param({"nvidiaDevRoot": "/"}, "NVIDIA_DEV_ROOT", "/", id="nvidiaDevRoot"),
         pytest.param({"gdsEnabled": True}, "GDS_ENABLED", "true", id="gdsEnabled"),
-        pytest.param({"deviceDiscoveryStrategy": "nvml"}, "DEVICE_DISCOVERY_STRATEGY", "nvml",
-                     id="deviceDiscoveryStrategy"),
-        pytest.param({"cdi": {"nvidiaHookPath": "/usr/bin/nvidia-cdi-hook"}}, "NVIDIA_CDI_HOOK_PATH",
-                     "/usr/bin/nvidia-cdi-hook", id="cdi.nvidiaHookPath"),
+        pytest.param(
+            {"deviceDiscoveryStrategy": "nvml"},
+            "DEVICE_DISCOVERY_STRATEGY",
+            "nvml",
+            id="deviceDiscoveryStrategy",
+        ),
+        pytest.param(
+            {"cdi": {"nvidiaHookPath": "/usr/bin/nvidia-cdi-hook"}},
+            "NVIDIA_CDI_HOOK_PATH",
+            "/usr/bin/nvidia-cdi-hook",
+            id="cdi.nvidiaHookPath",
+        ),
         pytest.param({"logFormat": "json"}, "LOG_FORMAT", "json", id="logFormat"),
         pytest.param({"logLevel": "debug"}, "LOG_LEVEL", "debug", id="logLevel"),
         pytest.param({"nvml": "sim:dgx-a100"}, "NVDP_NVML", "sim:dgx-a100", id="nvml"),
         pytest.param({"metrics": {"port": 9400}}, "METRICS_ADDRESS", ":9400", id="metrics.port"),
     ],
 )
-def test_chart_setting_becomes_env(render: Callable[..., Rendered], values: Doc, env: str,
-                                   expected: str) -> None:
+def test_chart_setting_becomes_env(
+    render: Callable[..., Rendered], values: Doc, env: str, expected: str
+) -> None:
     daemonset = render(values).daemonset
     check_plugin_daemonset(daemonset)
     assert env_of(daemonset)[env] == expected
@@ -577,8 +691,11 @@ def test_chart_setting_becomes_env(render: Callable[..., Rendered], values: Doc,
 def test_chart_driver_root_is_mounted_at_driver_root(render: Callable[..., Rendered]) -> None:
     daemonset = render({"nvidiaDriverRoot": "/run/nvidia/driver"}).daemonset
     assert volume(daemonset, "driver-root")["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
-    assert mounts_of(daemonset)["driver-root"] == {"name": "driver-root", "mountPath": "/driver-root",
-                                                   "readOnly": True}
+    assert mounts_of(daemonset)["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/driver-root",
+        "readOnly": True,
+    }
 
 
 LEAST = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -594,20 +711,31 @@ MIG_MIXED_ENTRY = "version: v1\nflags:\n  migStrategy: mixed\n"
         pytest.param({"compatWithCPUManager": True}, {"privileged": True}, False, id="compat-cpu-manager"),
         pytest.param({"migStrategy": "single"}, SYS_ADMIN, True, id="mig-single"),
         pytest.param({"deviceListStrategy": "volume-mounts"}, SYS_ADMIN, False, id="volume-mounts"),
-        pytest.param({"config": {"map": {"default": MIG_MIXED_ENTRY}}}, SYS_ADMIN, True,
-                     id="mig-in-config-entry"),
-        pytest.param({"config": {"map": {"default": yaml.safe_load(MIG_MIXED_ENTRY)}}}, SYS_ADMIN, True,
-                     id="mig-in-config-entry-given-as-mapping"),
-        pytest.param({"config": {"map": {"default": MIG_MIXED_ENTRY}}, "migStrategy": "none"}, LEAST, False,
-                     id="value-overrides-config-entry"),
+        pytest.param(
+            {"config": {"map": {"default": MIG_MIXED_ENTRY}}}, SYS_ADMIN, True, id="mig-in-config-entry"
+        ),
+        pytest.param(
+            {"config": {"map": {"default": yaml.safe_load(MIG_MIXED_ENTRY)}}},
+            SYS_ADMIN,
+            True,
+            id="mig-in-config-entry-given-as-mapping",
+        ),
+        pytest.param(
+            {"config": {"map": {"default": MIG_MIXED_ENTRY}}, "migStrategy": "none"},
+            LEAST,
+            False,
+            id="value-overrides-config-entry",
+        ),
         # The chart cannot read an existing ConfigMap: it assumes MIG may be on.
-        pytest.param({"config": {"name": "my-configs", "default": "a"}}, SYS_ADMIN, True,
-                     id="external-config"),
+        pytest.param(
+            {"config": {"name": "my-configs", "default": "a"}}, SYS_ADMIN, True, id="external-config"
+        ),
         pytest.param({"securityContext": {"runAsUser": 0}}, {"runAsUser": 0}, False, id="explicit"),
     ],
 )
-def test_chart_security_context(render: Callable[..., Rendered], values: Doc, expected: Doc,
-                                mig_monitor: bool) -> None:
+def test_chart_security_context(
+    render: Callable[..., Rendered], values: Doc, expected: Doc, mig_monitor: bool
+) -> None:
     daemonset = render(values).daemonset
     assert container(daemonset)["securityContext"] == expected
     assert ("NVIDIA_MIG_MONITOR_DEVICES" in env_of(daemonset)) == mig_monitor
@@ -616,8 +744,9 @@ def test_chart_security_context(render: Callable[..., Rendered], values: Doc, ex
 # -- config file
 
 ENTRY_A = "version: v1\nflags:\n  migStrategy: none\n"
-ENTRY_B = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-           "    - name: nvidia.com/gpu\n      replicas: 4\n")
+ENTRY_B = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
 
 
 def config_volume(daemonset: Doc) -> Doc:
@@ -632,10 +761,12 @@ def config_volume(daemonset: Doc) -> Doc:
     [
         pytest.param({"map": {"only": ENTRY_A}}, "only", id="single"),
         pytest.param({"map": {"default": ENTRY_A, "shared": ENTRY_B}}, "default", id="named"),
-        pytest.param({"map": {"a": ENTRY_A, "shared": ENTRY_B}, "default": "shared"}, "shared",
-                     id="default"),
-        pytest.param({"map": {"a": ENTRY_A, "b": ENTRY_B},
-                      "fallbackStrategies": ["named", "single", "empty"]}, None, id="empty-fallback"),
+        pytest.param({"map": {"a": ENTRY_A, "shared": ENTRY_B}, "default": "shared"}, "shared", id="default"),
+        pytest.param(
+            {"map": {"a": ENTRY_A, "b": ENTRY_B}, "fallbackStrategies": ["named", "single", "empty"]},
+            None,
+            id="empty-fallback",
+        ),
     ],
 )
 def test_chart_config_map(render: Callable[..., Rendered], config: Doc, entry: str | None) -> None:
@@ -643,15 +774,18 @@ def test_chart_config_map(render: Callable[..., Rendered], config: Doc, entry: s
     config_map = out.only("ConfigMap")
     # Every entry is kept in the ConfigMap; only the chosen one is mounted.
     assert {k: v.strip() for k, v in config_map["data"].items()} == {
-        k: v.strip() for k, v in config["map"].items()}
+        k: v.strip() for k, v in config["map"].items()
+    }
     daemonset = out.daemonset
     check_plugin_daemonset(daemonset)
     assert "checksum/config" in daemonset["spec"]["template"]["metadata"]["annotations"]
     if entry is None:
         assert "CONFIG_FILE" not in env_of(daemonset) and "config" not in mounts_of(daemonset)
         return
-    assert config_volume(daemonset) == {"name": config_map["metadata"]["name"],
-                                        "items": [{"key": entry, "path": "config.yaml"}]}
+    assert config_volume(daemonset) == {
+        "name": config_map["metadata"]["name"],
+        "items": [{"key": entry, "path": "config.yaml"}],
+    }
 
 
 def test_chart_config_entry_given_as_mapping(render: Callable[..., Rendered]) -> None:
@@ -670,8 +804,10 @@ def test_chart_config_entry_given_as_mapping(render: Callable[..., Rendered]) ->
 def test_chart_external_config(render: Callable[..., Rendered], config: Doc, entry: str) -> None:
     out = render({"config": config})
     assert "ConfigMap" not in out.kinds()
-    assert config_volume(out.daemonset) == {"name": "site-configs",
-                                            "items": [{"key": entry, "path": "config.yaml"}]}
+    assert config_volume(out.daemonset) == {
+        "name": "site-configs",
+        "items": [{"key": entry, "path": "config.yaml"}],
+    }
 
 
 def test_chart_notes_tell_the_config_manager_limitation(render: Callable[..., Rendered]) -> None:
@@ -685,26 +821,40 @@ def test_chart_notes_tell_the_config_manager_limitation(render: Callable[..., Re
     [
         pytest.param({"config": {"name": "x", "map": {"a": ENTRY_A}}}, "not both", id="name-and-map"),
         pytest.param({"config": {"map": {"a": ENTRY_A, "b": ENTRY_B}}}, "none is chosen", id="no-default"),
-        pytest.param({"config": {"map": {"a": ENTRY_A}, "default": "b"}}, '"b" is not an entry of config.map',
-                     id="unknown-default"),
-        pytest.param({"config": {"map": {"a": ENTRY_A}, "fallbackStrategies": ["first"]}},
-                     'unknown strategy "first"', id="unknown-fallback"),
-        pytest.param({"config": {"name": "x", "fallbackStrategies": ["single"]}}, "config.default: required",
-                     id="external-without-default"),
+        pytest.param(
+            {"config": {"map": {"a": ENTRY_A}, "default": "b"}},
+            '"b" is not an entry of config.map',
+            id="unknown-default",
+        ),
+        pytest.param(
+            {"config": {"map": {"a": ENTRY_A}, "fallbackStrategies": ["first"]}},
+            'unknown strategy "first"',
+            id="unknown-fallback",
+        ),
+        pytest.param(
+            {"config": {"name": "x", "fallbackStrategies": ["single"]}},
+            "config.default: required",
+            id="external-without-default",
+        ),
         pytest.param({"migStrategy": "all"}, 'migStrategy: invalid value "all"', id="migStrategy"),
-        pytest.param({"deviceListStrategy": "envvar,mounts"}, 'deviceListStrategy: invalid value "mounts"',
-                     id="deviceListStrategy"),
+        pytest.param(
+            {"deviceListStrategy": "envvar,mounts"},
+            'deviceListStrategy: invalid value "mounts"',
+            id="deviceListStrategy",
+        ),
         pytest.param({"gfd": {"enabled": True}}, "gfd.enabled", id="gfd"),
-        pytest.param({"devicePlugin": {"enabled": False}}, "devicePlugin.enabled",
-                     id="devicePlugin-disabled"),
+        pytest.param(
+            {"devicePlugin": {"enabled": False}}, "devicePlugin.enabled", id="devicePlugin-disabled"
+        ),
     ],
 )
 def test_chart_refuses(render_error: Callable[..., str], values: Doc, message: str) -> None:
     assert message in render_error(values)
 
 
-def test_chart_refuses_the_default_namespace(render: Callable[..., Rendered],
-                                             render_error: Callable[..., str]) -> None:
+def test_chart_refuses_the_default_namespace(
+    render: Callable[..., Rendered], render_error: Callable[..., str]
+) -> None:
     assert "allowDefaultNamespace" in render_error({}, namespace="default")
     assert render({"allowDefaultNamespace": True}, namespace="default").daemonset
 
@@ -727,9 +877,9 @@ def test_chart_accepts_nvidia_default_values(render: Callable[..., Rendered]) ->
 
 # -- metrics
 
+
 def test_chart_metrics_disabled(render: Callable[..., Rendered]) -> None:
-    out = render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True},
-                              "forceMonitors": True}})
+    out = render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}, "forceMonitors": True}})
     assert out.kinds() == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
     ctr = container(out.daemonset)
     assert env_of(out.daemonset)["METRICS_ADDRESS"] == ""
@@ -741,10 +891,12 @@ def test_chart_metrics_service_is_headless_on_the_pods(render: Callable[..., Ren
     service = out.only("Service")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == out.daemonset["spec"]["selector"]["matchLabels"]
-    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9400, "targetPort": "metrics",
-                                         "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
+    ]
     assert container(out.daemonset)["ports"] == [
-        {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+        {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}
+    ]
 
 
 def test_chart_monitors_need_the_api_or_force(render: Callable[..., Rendered]) -> None:
@@ -775,10 +927,18 @@ def check_monitors(out: Rendered) -> None:
 
 
 def test_chart_image_and_overrides(render: Callable[..., Rendered]) -> None:
-    out = render({"image": {"repository": "registry.example/nvdp", "tag": "dev"},
-                  "fullnameOverride": "gpu-plugin", "priorityClassName": "", "runtimeClassName": "nvidia",
-                  "nodeSelector": {"pool": "gpu"}, "affinity": None,
-                  "podAnnotations": {"team": "ml"}, "resources": {"requests": {"cpu": "50m"}}})
+    out = render(
+        {
+            "image": {"repository": "registry.example/nvdp", "tag": "dev"},
+            "fullnameOverride": "gpu-plugin",
+            "priorityClassName": "",
+            "runtimeClassName": "nvidia",
+            "nodeSelector": {"pool": "gpu"},
+            "affinity": None,
+            "podAnnotations": {"team": "ml"},
+            "resources": {"requests": {"cpu": "50m"}},
+        }
+    )
     daemonset = out.daemonset
     pod = daemonset["spec"]["template"]["spec"]
     assert daemonset["metadata"]["name"] == "gpu-plugin"

@@ -55,8 +55,9 @@ def parse(data: object, source: str | None = None) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"the config must be a mapping (version, flags, resources, ...), got {show(data)}",
-                          source=source)
+        raise ConfigError(
+            f"the config must be a mapping (version, flags, resources, ...), got {show(data)}", source=source
+        )
     problems: list[str] = []
     config = _build(Config, data, "", problems)
     if problems or config is None:
@@ -78,7 +79,8 @@ def _mapping_without_duplicates(loader: Any, node: Any) -> Any:
     duplicate = next((key for key, n in counts.items() if n > 1), None)
     if duplicate is not None:
         raise yaml.constructor.ConstructorError(
-            None, None, f"duplicate key {show(duplicate)}", node.start_mark)
+            None, None, f"duplicate key {show(duplicate)}", node.start_mark
+        )
     return loader.construct_mapping(node)
 
 
@@ -126,6 +128,7 @@ def _syntax_problem(error: BaseException) -> str:
 
 
 # ---- the walk ----------------------------------------------------------------------------------
+
 
 def _join(path: str, key: object) -> str:
     name = key if isinstance(key, str) and re.fullmatch(r"[\w.-]+", key) else show(key)
@@ -175,6 +178,7 @@ def _convert(meta: Mapping[str, Any], raw: object, path: str, problems: list[str
 
 # ---- rules that span fields ----------------------------------------------------------------------
 
+
 def _finish_replicated(section: ReplicatedResources, path: str, problems: list[str]) -> ReplicatedResources:
     if not section.resources:
         problems.append(f"{path}.resources: must list at least one resource")
@@ -185,8 +189,12 @@ def _finish_replicated(section: ReplicatedResources, path: str, problems: list[s
         seen.add(resource.name)
     if not section.rename_by_default:
         return section
-    return replace(section, resources=tuple(
-        r if r.rename else replace(r, rename=r.name + SHARED_SUFFIX) for r in section.resources))
+    return replace(
+        section,
+        resources=tuple(
+            r if r.rename else replace(r, rename=r.name + SHARED_SUFFIX) for r in section.resources
+        ),
+    )
 
 
 def _finish_sharing(sharing: Sharing, path: str, problems: list[str]) -> Sharing:

@@ -34,8 +34,15 @@ DEFAULT_METRICS_ADDRESS = ":2112"
 Devices = Literal["all"] | int | tuple[str, ...]
 
 
-def _key(key: str, convert: v.Converter | None = None, *, section: type | None = None,
-         items: type | None = None, dump: v.Converter | None = None, **kwargs: Any) -> Any:
+def _key(
+    key: str,
+    convert: v.Converter | None = None,
+    *,
+    section: type | None = None,
+    items: type | None = None,
+    dump: v.Converter | None = None,
+    **kwargs: Any,
+) -> Any:
     """A dataclass field read from `key` in the file (see nvdp.config.load for the walk)."""
     meta = {"key": key, "convert": convert, "section": section, "items": items, "dump": dump}
     return field(metadata=meta, **kwargs)
@@ -53,11 +60,13 @@ def resource_name(value: object) -> str:
     full = name if name.startswith(RESOURCE_NAME_PREFIX + "/") else f"{RESOURCE_NAME_PREFIX}/{name}"
     if len(full) > MAX_RESOURCE_NAME_LENGTH:
         raise v.InvalidValue(
-            f"resource name {v.show(full)} is longer than {MAX_RESOURCE_NAME_LENGTH} characters")
+            f"resource name {v.show(full)} is longer than {MAX_RESOURCE_NAME_LENGTH} characters"
+        )
     if not _DNS_SUBDOMAIN.fullmatch(full.split("/", 1)[1]):
         raise v.InvalidValue(
             f"invalid resource name {v.show(name)}: after the {RESOURCE_NAME_PREFIX}/ prefix it must be a "
-            "lowercase DNS subdomain (a-z, 0-9, '-', '.'; alphanumeric at both ends)")
+            "lowercase DNS subdomain (a-z, 0-9, '-', '.'; alphanumeric at both ends)"
+        )
     return full
 
 
@@ -83,7 +92,8 @@ def _device_ref(value: object) -> str:
     if isinstance(value, str) and is_device_ref(value):
         return value
     raise v.InvalidValue(
-        f'{v.show(value)} is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID')
+        f'{v.show(value)} is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID'
+    )
 
 
 _device_list = v.list_of(_device_ref)
@@ -119,7 +129,7 @@ def imex_channel_ids(value: object) -> tuple[int, ...]:
 def nvml_spec(value: object) -> str:
     text = v.string(value)
     if text != "real" and not (text.startswith("sim:") and len(text) > 4):
-        raise v.InvalidValue(f'invalid value {v.show(text)} (accepted: real, sim:NAME, sim:/path/node.yaml)')
+        raise v.InvalidValue(f"invalid value {v.show(text)} (accepted: real, sim:NAME, sim:/path/node.yaml)")
     return text
 
 
@@ -142,14 +152,17 @@ def _go(value: object) -> object:
 
 # ---- the file model ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class PluginFlags:
     """`flags.plugin`: options of the device plugin only."""
 
     pass_device_specs: bool = _key("passDeviceSpecs", v.boolean, default=False)
     device_list_strategy: tuple[str, ...] = _key(
-        "deviceListStrategy", v.list_of(v.choice(*DEVICE_LIST_STRATEGIES), min_items=1, single=True),
-        default=("envvar",))
+        "deviceListStrategy",
+        v.list_of(v.choice(*DEVICE_LIST_STRATEGIES), min_items=1, single=True),
+        default=("envvar",),
+    )
     device_id_strategy: str = _key("deviceIDStrategy", v.choice(*DEVICE_ID_STRATEGIES), default="uuid")
     cdi_annotation_prefix: str = _key("cdiAnnotationPrefix", v.string, default=DEFAULT_CDI_ANNOTATION_PREFIX)
     nvidia_ctk_path: str = _key("nvidiaCTKPath", v.string, default=DEFAULT_NVIDIA_CTK_PATH)
@@ -184,7 +197,8 @@ class Flags:
     mofed_enabled: bool = _key("mofedEnabled", v.boolean, default=False)
     use_node_feature_api: bool | None = _key("useNodeFeatureAPI", v.boolean, default=None)  # GFD only
     device_discovery_strategy: str = _key(
-        "deviceDiscoveryStrategy", v.choice(*DEVICE_DISCOVERY_STRATEGIES), default="auto")
+        "deviceDiscoveryStrategy", v.choice(*DEVICE_DISCOVERY_STRATEGIES), default="auto"
+    )
     plugin: PluginFlags = _key("plugin", section=PluginFlags, default_factory=PluginFlags)
     gfd: GfdFlags | None = _key("gfd", section=GfdFlags, default=None)
 
@@ -300,8 +314,13 @@ class Config:
 
     def to_json(self) -> str:
         """One line of JSON for the start-up log: the file part plus the flag / env-only settings."""
-        runtime = {"configFile": self.config_file, "nvml": self.nvml, "logFormat": self.log_format,
-                   "logLevel": self.log_level, "metricsAddress": self.metrics_address}
+        runtime = {
+            "configFile": self.config_file,
+            "nvml": self.nvml,
+            "logFormat": self.log_format,
+            "logLevel": self.log_level,
+            "metricsAddress": self.metrics_address,
+        }
         return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
 
 

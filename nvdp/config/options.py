@@ -63,60 +63,184 @@ def _alts(choices: tuple[str, ...]) -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option(("--mig-strategy",), ("MIG_STRATEGY",), "flags.mig_strategy", v.choice(*MIG_STRATEGIES),
-           f"strategy for exposing MIG devices on GPUs that support it: {_alts(MIG_STRATEGIES)}"),
-    Option(("--fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), "flags.fail_on_init_error", v.parse_bool,
-           "fail if an error occurs during initialization, otherwise block indefinitely", "bool"),
-    Option(("--driver-root", "--nvidia-driver-root"), ("NVIDIA_DRIVER_ROOT",), "flags.nvidia_driver_root",
-           v.string, "root of the NVIDIA driver installation on the host (e.g. / or /run/nvidia/driver)"),
-    Option(("--dev-root", "--nvidia-dev-root"), ("NVIDIA_DEV_ROOT",), "flags.nvidia_dev_root", v.string,
-           "root path of the NVIDIA device nodes on the host (default: the driver root)"),
-    Option(("--pass-device-specs",), ("PASS_DEVICE_SPECS",), "flags.plugin.pass_device_specs", v.parse_bool,
-           "pass the list of DeviceSpecs to the kubelet on Allocate()", "bool"),
-    Option(("--device-list-strategy",), ("DEVICE_LIST_STRATEGY",), "flags.plugin.device_list_strategy",
-           _listed(_device_lists),
-           f"how the device list reaches the runtime, one or more of {_alts(DEVICE_LIST_STRATEGIES)}",
-           "list"),
-    Option(("--device-id-strategy",), ("DEVICE_ID_STRATEGY",), "flags.plugin.device_id_strategy",
-           v.choice(*DEVICE_ID_STRATEGIES),
-           f"how device IDs are passed to the runtime: {_alts(DEVICE_ID_STRATEGIES)}"),
-    Option(("--gdrcopy-enabled",), ("GDRCOPY_ENABLED",), "flags.gdrcopy_enabled", v.parse_bool,
-           "start containers that get GPUs with GDRCopy support", "bool"),
-    Option(("--gds-enabled",), ("GDS_ENABLED",), "flags.gds_enabled", v.parse_bool,
-           "start containers that get GPUs with GPUDirect Storage support", "bool"),
-    Option(("--mofed-enabled",), ("MOFED_ENABLED",), "flags.mofed_enabled", v.parse_bool,
-           "start containers that get GPUs with MOFED support", "bool"),
-    Option(("--kubelet-socket",), ("KUBELET_SOCKET",), "flags.plugin.kubelet_socket", v.string,
-           "the kubelet's registration socket; plugin sockets go in its directory"),
-    Option(("--config-file",), ("CONFIG_FILE",), "config_file", v.string,
-           "path to a v1 config file (YAML or JSON); flags and env vars override it"),
-    Option(("--cdi-annotation-prefix",), ("CDI_ANNOTATION_PREFIX",), "flags.plugin.cdi_annotation_prefix",
-           v.string, "prefix of CDI container annotation keys"),
-    Option(("--nvidia-cdi-hook-path", "--nvidia-ctk-path"), ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-           "flags.plugin.nvidia_ctk_path", v.string, "path of the NVIDIA CDI hook in generated CDI specs"),
-    Option(("--driver-root-ctr-path", "--container-driver-root"),
-           ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "flags.plugin.container_driver_root", v.string,
-           "where the driver root is mounted in this container (for CDI specs and libnvidia-ml)"),
-    Option(("--mps-root",), ("MPS_ROOT",), "flags.mps_root", v.string,
-           "host path where the MPS control daemon creates its files (required for MPS sharing)"),
-    Option(("--device-discovery-strategy",), ("DEVICE_DISCOVERY_STRATEGY",),
-           "flags.device_discovery_strategy", v.choice(*DEVICE_DISCOVERY_STRATEGIES),
-           f"how devices are discovered: {_alts(DEVICE_DISCOVERY_STRATEGIES)}"),
-    Option(("--imex-channel-ids",), ("IMEX_CHANNEL_IDS",), "imex.channel_ids",
-           _channel_ids, "IMEX channels to inject ([] or 0)", "list"),
-    Option(("--imex-required",), ("IMEX_REQUIRED",), "imex.required", v.parse_bool,
-           "the IMEX channels must exist", "bool"),
-    Option(("--cdi-feature-flags",), ("CDI_FEATURE_FLAGS",), "flags.plugin.cdi_feature_flags",
-           _listed(v.list_of(v.string)), "feature flags passed to CDI spec generation", "list"),
+    Option(
+        ("--mig-strategy",),
+        ("MIG_STRATEGY",),
+        "flags.mig_strategy",
+        v.choice(*MIG_STRATEGIES),
+        f"strategy for exposing MIG devices on GPUs that support it: {_alts(MIG_STRATEGIES)}",
+    ),
+    Option(
+        ("--fail-on-init-error",),
+        ("FAIL_ON_INIT_ERROR",),
+        "flags.fail_on_init_error",
+        v.parse_bool,
+        "fail if an error occurs during initialization, otherwise block indefinitely",
+        "bool",
+    ),
+    Option(
+        ("--driver-root", "--nvidia-driver-root"),
+        ("NVIDIA_DRIVER_ROOT",),
+        "flags.nvidia_driver_root",
+        v.string,
+        "root of the NVIDIA driver installation on the host (e.g. / or /run/nvidia/driver)",
+    ),
+    Option(
+        ("--dev-root", "--nvidia-dev-root"),
+        ("NVIDIA_DEV_ROOT",),
+        "flags.nvidia_dev_root",
+        v.string,
+        "root path of the NVIDIA device nodes on the host (default: the driver root)",
+    ),
+    Option(
+        ("--pass-device-specs",),
+        ("PASS_DEVICE_SPECS",),
+        "flags.plugin.pass_device_specs",
+        v.parse_bool,
+        "pass the list of DeviceSpecs to the kubelet on Allocate()",
+        "bool",
+    ),
+    Option(
+        ("--device-list-strategy",),
+        ("DEVICE_LIST_STRATEGY",),
+        "flags.plugin.device_list_strategy",
+        _listed(_device_lists),
+        f"how the device list reaches the runtime, one or more of {_alts(DEVICE_LIST_STRATEGIES)}",
+        "list",
+    ),
+    Option(
+        ("--device-id-strategy",),
+        ("DEVICE_ID_STRATEGY",),
+        "flags.plugin.device_id_strategy",
+        v.choice(*DEVICE_ID_STRATEGIES),
+        f"how device IDs are passed to the runtime: {_alts(DEVICE_ID_STRATEGIES)}",
+    ),
+    Option(
+        ("--gdrcopy-enabled",),
+        ("GDRCOPY_ENABLED",),
+        "flags.gdrcopy_enabled",
+        v.parse_bool,
+        "start containers that get GPUs with GDRCopy support",
+        "bool",
+    ),
+    Option(
+        ("--gds-enabled",),
+        ("GDS_ENABLED",),
+        "flags.gds_enabled",
+        v.parse_bool,
+        "start containers that get GPUs with GPUDirect Storage support",
+        "bool",
+    ),
+    Option(
+        ("--mofed-enabled",),
+        ("MOFED_ENABLED",),
+        "flags.mofed_enabled",
+        v.parse_bool,
+        "start containers that get GPUs with MOFED support",
+        "bool",
+    ),
+    Option(
+        ("--kubelet-socket",),
+        ("KUBELET_SOCKET",),
+        "flags.plugin.kubelet_socket",
+        v.string,
+        "the kubelet's registration socket; plugin sockets go in its directory",
+    ),
+    Option(
+        ("--config-file",),
+        ("CONFIG_FILE",),
+        "config_file",
+        v.string,
+        "path to a v1 config file (YAML or JSON); flags and env vars override it",
+    ),
+    Option(
+        ("--cdi-annotation-prefix",),
+        ("CDI_ANNOTATION_PREFIX",),
+        "flags.plugin.cdi_annotation_prefix",
+        v.string,
+        "prefix of CDI container annotation keys",
+    ),
+    Option(
+        ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"),
+        ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        "flags.plugin.nvidia_ctk_path",
+        v.string,
+        "path of the NVIDIA CDI hook in generated CDI specs",
+    ),
+    Option(
+        ("--driver-root-ctr-path", "--container-driver-root"),
+        ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+        "flags.plugin.container_driver_root",
+        v.string,
+        "where the driver root is mounted in this container (for CDI specs and libnvidia-ml)",
+    ),
+    Option(
+        ("--mps-root",),
+        ("MPS_ROOT",),
+        "flags.mps_root",
+        v.string,
+        "host path where the MPS control daemon creates its files (required for MPS sharing)",
+    ),
+    Option(
+        ("--device-discovery-strategy",),
+        ("DEVICE_DISCOVERY_STRATEGY",),
+        "flags.device_discovery_strategy",
+        v.choice(*DEVICE_DISCOVERY_STRATEGIES),
+        f"how devices are discovered: {_alts(DEVICE_DISCOVERY_STRATEGIES)}",
+    ),
+    Option(
+        ("--imex-channel-ids",),
+        ("IMEX_CHANNEL_IDS",),
+        "imex.channel_ids",
+        _channel_ids,
+        "IMEX channels to inject ([] or 0)",
+        "list",
+    ),
+    Option(
+        ("--imex-required",),
+        ("IMEX_REQUIRED",),
+        "imex.required",
+        v.parse_bool,
+        "the IMEX channels must exist",
+        "bool",
+    ),
+    Option(
+        ("--cdi-feature-flags",),
+        ("CDI_FEATURE_FLAGS",),
+        "flags.plugin.cdi_feature_flags",
+        _listed(v.list_of(v.string)),
+        "feature flags passed to CDI spec generation",
+        "list",
+    ),
     # nvdp's own
-    Option(("--nvml",), ("NVDP_NVML",), "nvml", nvml_spec,
-           "NVML backend: real, sim:NAME (dgx-a100, dgx-a100-mig, pcie-4, dgx-h100) or sim:/path/node.yaml"),
-    Option(("--log-format",), ("LOG_FORMAT",), "log_format", v.choice(*LOG_FORMATS),
-           f"log line format: {_alts(LOG_FORMATS)}"),
-    Option(("--log-level",), ("LOG_LEVEL",), "log_level", v.choice(*LOG_LEVELS),
-           f"lowest level logged: {_alts(LOG_LEVELS)}"),
-    Option(("--metrics-address",), ("METRICS_ADDRESS",), "metrics_address", listen_address,
-           'listen address of /metrics, /healthz and /readyz ("" disables)'),
+    Option(
+        ("--nvml",),
+        ("NVDP_NVML",),
+        "nvml",
+        nvml_spec,
+        "NVML backend: real, sim:NAME (dgx-a100, dgx-a100-mig, pcie-4, dgx-h100) or sim:/path/node.yaml",
+    ),
+    Option(
+        ("--log-format",),
+        ("LOG_FORMAT",),
+        "log_format",
+        v.choice(*LOG_FORMATS),
+        f"log line format: {_alts(LOG_FORMATS)}",
+    ),
+    Option(
+        ("--log-level",),
+        ("LOG_LEVEL",),
+        "log_level",
+        v.choice(*LOG_LEVELS),
+        f"lowest level logged: {_alts(LOG_LEVELS)}",
+    ),
+    Option(
+        ("--metrics-address",),
+        ("METRICS_ADDRESS",),
+        "metrics_address",
+        listen_address,
+        'listen address of /metrics, /healthz and /readyz ("" disables)',
+    ),
 )
 
 
@@ -135,8 +259,9 @@ def add_plugin_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*option.names, dest=option.dest, default=None, help=help, **extra)
 
 
-def resolve(args: argparse.Namespace, environ: Mapping[str, str], *,
-            file_loader: Callable[[str], Config] = load_file) -> Config:
+def resolve(
+    args: argparse.Namespace, environ: Mapping[str, str], *, file_loader: Callable[[str], Config] = load_file
+) -> Config:
     """The effective config: flag > env var > config file > default. Raises ConfigError listing
     every problem (bad flag / env values, the file's problems, rules across settings)."""
     problems: list[str] = []
@@ -171,8 +296,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str], *,
     return config
 
 
-def _raw_value(option: Option, args: argparse.Namespace, environ: Mapping[str, str]
-               ) -> tuple[str | None, str] | None:
+def _raw_value(
+    option: Option, args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[str | None, str] | None:
     """(env var name or None for a flag, text) of the value given for `option`, if any."""
     value = getattr(args, option.dest, None)
     if value is not None:
@@ -188,11 +314,14 @@ def _check(config: Config) -> list[str]:
     problems = []
     if config.sharing.strategy == "mps":
         if config.flags.mig_strategy == "mixed":
-            problems.append('sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
-                            "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)")
+            problems.append(
+                'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
+                "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
+            )
         if not config.flags.mps_root:
             problems.append(
-                "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)")
+                "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
+            )
     return problems
 
 

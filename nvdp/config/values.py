@@ -103,8 +103,9 @@ def integer(minimum: int = 0, maximum: int = INT64_MAX) -> Callable[[object], in
     return convert
 
 
-def list_of(item: Callable[[object], T], *, min_items: int = 0, single: bool = False
-            ) -> Callable[[object], tuple[T, ...]]:
+def list_of(
+    item: Callable[[object], T], *, min_items: int = 0, single: bool = False
+) -> Callable[[object], tuple[T, ...]]:
     """A list whose items pass `item`; every bad item is reported. `single`: a lone item is a list."""
 
     def convert(value: object) -> tuple[T, ...]:
@@ -130,8 +131,16 @@ def list_of(item: Callable[[object], T], *, min_items: int = 0, single: bool = F
 
 # ---- durations ---------------------------------------------------------------------------------
 
-_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9,  # nanoseconds per unit
-       "m": 60 * 10**9, "h": 3600 * 10**9}
+_NS = {
+    "ns": 1,
+    "us": 10**3,
+    "µs": 10**3,
+    "μs": 10**3,
+    "ms": 10**6,
+    "s": 10**9,  # nanoseconds per unit
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+}
 _GO_DURATION = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
 _TERM = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
 _MAX_SECONDS = INT64_MAX / 1e9  # Go durations are int64 nanoseconds
@@ -164,7 +173,8 @@ def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object
         else:
             unit = "seconds" if per_second == 1 else "nanoseconds"
             raise InvalidValue(
-                f'must be a duration such as "30s" or "5m", or a number of {unit}, got {show(value)}')
+                f'must be a duration such as "30s" or "5m", or a number of {unit}, got {show(value)}'
+            )
         if seconds < 0 or (positive and seconds == 0):
             raise InvalidValue(f"must be {'>' if positive else '>='} 0, got {show(value)}")
         return seconds
