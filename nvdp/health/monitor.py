@@ -1,12 +1,9 @@
-"""The node's health monitor: one thread, one NVML event set for every GPU, an active probe, recovery.
+"""The node's health monitor thread: one NVML event set for every GPU, an active probe, re-arming.
 
 The thread waits on the event set with a short timeout (an event returns the wait at once) and, every
-`probe_interval`, makes one cheap query per GPU on the same long-lived NVML session. Health changes
-go to a listener (normally `HealthRouter`) in batches, from the monitor thread.
-
-Units are GPU and MIG uuids. An event on a GPU marks the GPU's uuid; on a MIG-enabled GPU it also
-marks the MIG devices whose GPU-instance / compute-instance ids match the event (every MIG device
-when the event names no instance). A lost GPU marks all of its units.
+`probe_interval`, makes one cheap query per GPU on the same long-lived NVML session. What NVML says
+goes to the health state machine (`nvdp.health.state`, which decides what is healthy); the changes
+it returns go to a listener (normally `HealthRouter`) in batches, from the monitor thread.
 
 NVML failures are not device failures: a failed wait leaves every unit as it is, marks the monitor
 degraded, and the event set is closed and re-created with backoff until it arms again.
@@ -20,37 +17,43 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
+from nvdp.health.state import (
+    GPU_LOST_REASON,
+    RECOVERED_REASON,
+    ROW_REMAP_FAILURE_REASON,
+    GpuLost,
+    HealthState,
+    ProbeFailed,
+    ProbeOutcome,
+)
 from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
 from nvdp.health.xid import XidPolicy
 from nvdp.logs import log_event
-from nvdp.nvml.types import EventSet, EventType, GpuInfo, MigDeviceInfo, Nvml, NvmlEvent
+from nvdp.nvml.types import EventSet, EventType, GpuInfo, Nvml, NvmlEvent
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Sequence[HealthChange]], None]
 Backoff = Callable[[int], float]  # consecutive failure number (0, 1, ...) -> seconds to wait
 
-GPU_LOST_REASON = "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
-ROW_REMAP_FAILURE_REASON = "row remapping failed (the GPU needs service)"
-RECOVERED_REASON = "no critical event in the quiet period and the probe passed"
+__all__ = [
+    "GPU_LOST_REASON",
+    "RECOVERED_REASON",
+    "ROW_REMAP_FAILURE_REASON",
+    "Backoff",
+    "HealthMonitor",
+    "Listener",
+    "exponential_backoff",
+]
+
 _MAX_BATCH = 64  # events drained from the set into one batch
 
 
 def exponential_backoff(first: float = 0.1, cap: float = 5.0) -> Backoff:
     """0.1 s, 0.2 s, 0.4 s ... up to `cap`."""
     return lambda attempt: min(cap, first * (2 ** min(attempt, 32)))
-
-
-@dataclass
-class _Unit:
-    uuid: str
-    gpu_uuid: str
-    healthy: bool = True
-    fatal: bool = False
-    last_event: float = 0.0
 
 
 class HealthMonitor:
@@ -85,7 +88,6 @@ class HealthMonitor:
         self._failures = 0
         self._next_probe = 0.0
         self._rearm_at = 0.0
-        self._probe_errors: dict[str, str] = {}
         self._unsupported_logged: set[str] = set()
         self._pending_gpus: list[GpuInfo] | None = None
         self._pending_settings: tuple[HealthSettings, XidPolicy] | None = None
@@ -95,8 +97,7 @@ class HealthMonitor:
         self._rearms = 0
         self._by_xid: Counter[int] = Counter()
         self._by_type: Counter[str] = Counter()
-        self._units: dict[str, _Unit] = {}
-        self._set_gpus(gpus)
+        self._state = HealthState(gpus, self._policy, self._settings.recovery_quiet_period)
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -128,7 +129,7 @@ class HealthMonitor:
 
     def unhealthy(self) -> dict[str, bool]:
         """uuid -> fatal, for every unit the monitor holds Unhealthy."""
-        return {u.uuid: u.fatal for u in list(self._units.values()) if not u.healthy}
+        return self._state.unhealthy()
 
     def start(self) -> None:
         if self._thread is not None:
@@ -140,7 +141,7 @@ class HealthMonitor:
             log,
             logging.INFO,
             "health monitor starting",
-            gpus=len(self._gpus),
+            gpus=len(self._state.gpus),
             probe_interval=self._settings.probe_interval,
             recovery_quiet_period=self._settings.recovery_quiet_period,
             **self._policy.describe(),
@@ -193,6 +194,7 @@ class HealthMonitor:
         if new_settings is not None:
             self._disarm()
             self._settings, self._policy = new_settings
+            self._state.set_rules(self._policy, self._settings.recovery_quiet_period)
             self._next_probe = self._rearm_at = 0.0
             log_event(
                 log,
@@ -204,7 +206,7 @@ class HealthMonitor:
             )
         if pending is not None:
             self._disarm()
-            self._set_gpus(pending)
+            self._state.set_gpus(pending)
             self._next_probe = self._rearm_at = 0.0
         now = self._clock()
         rearming = self._event_set is None and self._policy.events_enabled
@@ -257,13 +259,13 @@ class HealthMonitor:
         if self._policy.single_bit_ecc:
             wanted |= EventType.SINGLE_BIT_ECC
         changes: list[HealthChange] = []
-        for gpu in self._gpus:
+        for gpu in self._state.gpus:
             try:
                 supported = event_set.register(gpu.uuid, wanted)
             except NvmlNotSupported:
                 self._log_unsupported(gpu, EventType(0))
             except GpuLostError:
-                changes += self._mark(self._gpu_units(gpu.uuid), GPU_LOST_REASON, None, True)
+                changes += self._state.gpu_lost(gpu.uuid, self._clock())
             except NvmlError as e:
                 log_event(
                     log,
@@ -324,136 +326,30 @@ class HealthMonitor:
                 code=error.code,
             )
 
-    # ---- units -----------------------------------------------------------------------------
-
-    def _set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
-        old = self._units
-        units: dict[str, _Unit] = {}
-        self._gpus = list(gpus)
-        self._gpu_by_uuid = {g.uuid: g for g in self._gpus}
-        self._mig_by_uuid: dict[str, MigDeviceInfo] = {}
-        for gpu in self._gpus:
-            units[gpu.uuid] = old.get(gpu.uuid) or _Unit(gpu.uuid, gpu.uuid)
-            for mig in gpu.mig_devices:
-                self._mig_by_uuid[mig.uuid] = mig
-                units[mig.uuid] = old.get(mig.uuid) or _Unit(mig.uuid, gpu.uuid)
-        self._units = units
-
-    def _gpu_units(self, gpu_uuid: str, migs: Sequence[MigDeviceInfo] | None = None) -> list[_Unit]:
-        gpu = self._gpu_by_uuid[gpu_uuid]
-        chosen = gpu.mig_devices if migs is None else migs
-        return [self._units[gpu.uuid]] + [self._units[m.uuid] for m in chosen]
-
-    def _attribute(self, event: NvmlEvent) -> list[_Unit]:
-        gpu = self._gpu_by_uuid.get(event.gpu_uuid)
-        if gpu is None:
-            mig = self._mig_by_uuid.get(event.gpu_uuid)
-            return [] if mig is None else self._gpu_units(mig.parent_uuid, [mig])
-        if not gpu.mig_devices or (event.gi_id is None and event.ci_id is None):
-            return self._gpu_units(gpu.uuid)
-        matched = [
-            m
-            for m in gpu.mig_devices
-            if (event.gi_id is None or m.gi_id == event.gi_id)
-            and (event.ci_id is None or m.ci_id == event.ci_id)
-        ]
-        if not matched:
-            log_event(
-                log,
-                logging.WARNING,
-                "event names no known MIG instance; marking the whole GPU",
-                gpu=gpu.uuid,
-                gi=event.gi_id,
-                ci=event.ci_id,
-            )
-            return self._gpu_units(gpu.uuid)
-        return self._gpu_units(gpu.uuid, matched)
-
-    def _mark(self, units: Sequence[_Unit], reason: str, xid: int | None, fatal: bool) -> list[HealthChange]:
-        now = self._clock()
-        changes = []
-        for unit in units:
-            unit.last_event = now
-            if unit.healthy:
-                unit.healthy, unit.fatal = False, fatal
-                changes.append(HealthChange(unit.uuid, False, reason, xid, fatal, now))
-            elif fatal:
-                unit.fatal = True
-        return changes
-
     # ---- events and probes -----------------------------------------------------------------
 
     def _handle_events(self, events: Sequence[NvmlEvent]) -> list[HealthChange]:
         changes: list[HealthChange] = []
         for event in events:
-            is_xid = bool(event.event_type & EventType.XID_CRITICAL)
             with self._lock:
-                if is_xid:
+                if event.event_type & EventType.XID_CRITICAL:
                     self._by_xid[event.data] += 1
                 self._by_type[_type_name(event.event_type)] += 1
-            verdict = self._policy.classify(event)
-            xid = event.data if is_xid else None
-            if not verdict.marks_unhealthy:
-                log_event(
-                    log,
-                    logging.INFO,
-                    "ignoring health event",
-                    gpu=event.gpu_uuid,
-                    xid=xid,
-                    reason=verdict.reason,
-                )
-                continue
-            units = self._attribute(event)
-            if not units:
-                log_event(
-                    log, logging.INFO, "ignoring event for an unmonitored device", gpu=event.gpu_uuid, xid=xid
-                )
-                continue
-            changes += self._mark(units, verdict.reason, xid, verdict.fatal)
+            changes += self._state.event(event, self._clock())
         return changes
 
     def _probe_all(self, now: float) -> list[HealthChange]:
         changes: list[HealthChange] = []
-        quiet = self._settings.recovery_quiet_period
-        for gpu in self._gpus:
+        for gpu in self._state.gpus:
+            outcome: ProbeOutcome
             try:
-                result = self._nvml.probe(gpu.uuid)
+                outcome = self._nvml.probe(gpu.uuid)
             except GpuLostError:
-                self._probe_state(gpu, None)
-                changes += self._mark(self._gpu_units(gpu.uuid), GPU_LOST_REASON, None, True)
-                continue
-            except NvmlError as e:  # cannot tell: no marking, no recovery
-                self._probe_state(gpu, e.code)
-                continue
-            self._probe_state(gpu, None)
-            if result.row_remap_failure:
-                changes += self._mark(self._gpu_units(gpu.uuid), ROW_REMAP_FAILURE_REASON, None, True)
-                continue
-            if result.retired_pages_pending or result.row_remap_pending or quiet <= 0:
-                continue  # a pending retirement/remap is applied by a reset only: no recovery yet
-            for unit in self._gpu_units(gpu.uuid):
-                if not unit.healthy and not unit.fatal and now - unit.last_event >= quiet:
-                    unit.healthy = True
-                    changes.append(HealthChange(unit.uuid, True, RECOVERED_REASON, None, False, now))
+                outcome = GpuLost()
+            except NvmlError as e:
+                outcome = ProbeFailed(e.code)
+            changes += self._state.probed(gpu.uuid, outcome, now)
         return changes
-
-    def _probe_state(self, gpu: GpuInfo, code: str | None) -> None:
-        before = self._probe_errors.get(gpu.uuid)
-        if code == before:
-            return
-        if code is None:
-            del self._probe_errors[gpu.uuid]
-            log_event(log, logging.INFO, "health probe answers again", gpu=gpu.uuid, index=gpu.index)
-        else:
-            self._probe_errors[gpu.uuid] = code
-            log_event(
-                log,
-                logging.WARNING,
-                "health probe failed; no recovery until it passes",
-                gpu=gpu.uuid,
-                index=gpu.index,
-                code=code,
-            )
 
     def _emit(self, changes: list[HealthChange]) -> None:
         if not changes:
