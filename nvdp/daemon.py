@@ -214,6 +214,8 @@ class Daemon:
             health=self.health,
             observer=observer,
         )
+        if self.metrics is not None:
+            self.metrics.registrations = self.supervisor
 
     def _settings(self) -> DaemonSettings:
         if self._first:

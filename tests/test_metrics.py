@@ -311,17 +311,32 @@ class _FakeServer:
         return self.serving
 
 
+class _FakeSupervisor:
+    """The supervisor's registration state (nvdp.metrics.RegistrationState)."""
+
+    def __init__(self, servers: dict[str, _FakeServer]) -> None:
+        self.servers = servers
+        self.registered: dict[str, bool] = dict.fromkeys(servers, False)
+
+    def registrations(self) -> dict[str, bool]:
+        return dict(self.registered)
+
+
 def test_healthz_fails_when_a_registered_socket_stays_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = Metrics("127.0.0.1:0")
     server = _FakeServer("/dp/nvidia-gpu.sock")
-    metrics.servers_changed({GPU: server})  # type: ignore[dict-item]
+    supervisor = _FakeSupervisor({GPU: server})
+    metrics.registrations = supervisor  # type: ignore[assignment]
+    metrics.servers_changed({GPU: server})
+    supervisor.registered[GPU] = True
     metrics.registered(GPU, True)
     assert metrics.liveness_problem() is None
     server.serving = False
     assert metrics.liveness_problem() is None  # within the grace period: being restarted
-    monkeypatch.setattr("nvdp.metrics.SOCKET_GRACE_S", 0.0)
+    monkeypatch.setattr("nvdp.metrics.readiness.SOCKET_GRACE_S", 0.0)
     assert metrics.liveness_problem() == "plugin socket missing for over 0s: /dp/nvidia-gpu.sock"
-    metrics.kubelet_lost()  # the kubelet went away: the supervisor restarts the server when it is back
+    supervisor.registered[GPU] = False  # the kubelet went away: the supervisor restarts the server
+    metrics.kubelet_lost()  # when it is back
     assert metrics.liveness_problem() is None
 
 

@@ -389,3 +389,9 @@ class Supervisor:
         # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
         self.ready.set()
         return None
+
+    # ---- read by metrics and /readyz (nvdp.metrics.RegistrationState) --------------------------
+    def registrations(self) -> dict[str, bool]:
+        """Resource -> registered with the running kubelet, for every resource served. A snapshot
+        that any thread may take (the list() is one step under the GIL)."""
+        return {name: at is not None for name, at in list(self._registered_at.items())}

@@ -1,0 +1,71 @@
+"""Counting failed NVML calls: an Nvml (and its event sets) that reports each failure by NVML function
+name, then re-raises. NOT_SUPPORTED is a capability answer, not a failure, and is not counted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from nvdp.errors import NvmlError, NvmlNotSupported
+from nvdp.nvml.types import EventSet, EventType, GpuInfo, GpuLink, Nvml, NvmlEvent, ProbeResult
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+ErrorCounter = Callable[[str], None]  # the failed NVML call's name, e.g. "nvmlEventSetWait_v2"
+
+
+class CountingNvml:
+    """`nvml` with every failed call passed to `count`."""
+
+    def __init__(self, nvml: Nvml, count: ErrorCounter) -> None:
+        self._nvml = nvml
+        self._count = count
+
+    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except NvmlNotSupported:
+            raise  # a capability answer, not a failure
+        except NvmlError as error:
+            self._count(error.call)
+            raise
+
+    def init(self) -> None:
+        self.call(self._nvml.init)
+
+    def shutdown(self) -> None:
+        self.call(self._nvml.shutdown)
+
+    def driver_version(self) -> str:
+        return self.call(self._nvml.driver_version)
+
+    def cuda_driver_version(self) -> str:
+        return self.call(self._nvml.cuda_driver_version)
+
+    def gpus(self) -> list[GpuInfo]:
+        return self.call(self._nvml.gpus)
+
+    def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
+        return self.call(self._nvml.link, uuid_a, uuid_b)
+
+    def create_event_set(self) -> EventSet:
+        return _CountingEventSet(self.call(self._nvml.create_event_set), self)
+
+    def probe(self, gpu_uuid: str) -> ProbeResult:
+        return self.call(self._nvml.probe, gpu_uuid)
+
+
+class _CountingEventSet:
+    def __init__(self, event_set: EventSet, nvml: CountingNvml) -> None:
+        self._set = event_set
+        self._nvml = nvml
+
+    def register(self, gpu_uuid: str, event_types: EventType) -> EventType:
+        return self._nvml.call(self._set.register, gpu_uuid, event_types)
+
+    def wait(self, timeout_ms: int) -> NvmlEvent | None:
+        return self._nvml.call(self._set.wait, timeout_ms)
+
+    def close(self) -> None:
+        self._nvml.call(self._set.close)

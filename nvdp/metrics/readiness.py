@@ -1,0 +1,67 @@
+"""Liveness and readiness (/healthz, /readyz): read from the supervisor's registration state and the
+node's health at probe time; nothing here keeps a copy of either."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nvdp.metrics.sources import HealthView, RegistrationState
+
+SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supervisor restarts it
+
+
+class Probes:
+    """Answers the probes. `registrations` and `health` are set by the daemon once they exist; until the
+    supervisor has decided what to serve (`served()`), the daemon is starting."""
+
+    def __init__(self) -> None:
+        self.registrations: RegistrationState | None = None
+        self.health: HealthView | None = None
+        self._lock = threading.Lock()
+        self._served = False
+        self._missing_since: dict[int, float] = {}  # id(server) -> when its socket was seen missing
+
+    def served(self) -> None:
+        """The supervisor has decided what to serve (possibly nothing: no devices, or idling after an
+        NVML failure with fail-on-init-error=false)."""
+        self._served = True
+
+    def liveness_problem(self) -> str | None:
+        """None when every server serves on its socket or is being restarted (socket wiped by a kubelet
+        restart less than SOCKET_GRACE_S ago, or the kubelet is away); else why not."""
+        source = self.registrations
+        if source is None:
+            return None
+        servers = dict(source.servers)
+        registered = source.registrations()
+        now = time.monotonic()
+        stuck = []
+        with self._lock:
+            missing: dict[int, float] = {}
+            for name, server in servers.items():
+                if registered.get(name) and not server.socket_is_ours():
+                    since = missing[id(server)] = self._missing_since.get(id(server), now)
+                    if now - since >= SOCKET_GRACE_S:
+                        stuck.append(str(server.socket_path))
+            self._missing_since = missing
+        if not stuck:
+            return None
+        return f"plugin socket missing for over {SOCKET_GRACE_S:.0f}s: {', '.join(sorted(stuck))}"
+
+    def readiness_problem(self) -> str | None:
+        """None when every resource is registered with the running kubelet and the health monitor runs
+        (or when there is nothing to serve: no devices, or NVML failed with fail-on-init-error=false)."""
+        source = self.registrations
+        if source is None or not self._served:
+            return "starting: no resources served yet"
+        registered = source.registrations()
+        missing = sorted(name for name, ok in registered.items() if not ok)
+        if missing:
+            return f"not registered: {', '.join(missing)}"
+        health = self.health
+        if registered and health is not None and health.checks_enabled:  # no devices, nothing to watch
+            status = health.monitor_status()
+            if status is None or not status.running:
+                return "health monitor not running"
+        return None

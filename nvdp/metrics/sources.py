@@ -1,0 +1,66 @@
+"""What metrics and the probes read from the rest of the daemon: the seams, as protocols.
+
+The supervisor keeps the registration state and the plugin servers; the node's health keeps device
+health and the monitor's status. Metrics read them at scrape or probe time through these protocols and
+keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer` and
+`nvdp.daemon.NodeHealth` provide them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from nvdp.health.types import HealthChange, MonitorStatus
+from nvdp.resources import Resource
+
+
+class PluginServerView(Protocol):
+    """One plugin server, as metrics and the probes read it."""
+
+    @property
+    def resource(self) -> Resource: ...
+
+    @property
+    def socket_path(self) -> Path: ...
+
+    @property
+    def open_streams(self) -> int: ...
+
+    def health(self) -> Mapping[str, bool]:
+        """Device id -> Healthy, as advertised in ListAndWatch."""
+        ...
+
+    def socket_is_ours(self) -> bool:
+        """Whether the socket file is still the one this server listens on."""
+        ...
+
+
+class RegistrationState(Protocol):
+    """The supervisor's servers and their registration with the running kubelet."""
+
+    @property
+    def servers(self) -> Mapping[str, PluginServerView]:
+        """Resource name -> its server, for every resource served."""
+        ...
+
+    def registrations(self) -> Mapping[str, bool]:
+        """Resource name -> registered with the running kubelet, for every resource served. A
+        snapshot that any thread may take."""
+        ...
+
+
+class HealthView(Protocol):
+    """The node's health as metrics and /readyz read it (`nvdp.daemon.NodeHealth`)."""
+
+    @property
+    def checks_enabled(self) -> bool: ...
+
+    def monitor_status(self) -> MonitorStatus | None:
+        """None until the monitor is created."""
+        ...
+
+    def unhealthy(self) -> Mapping[str, HealthChange]:
+        """GPU/MIG uuid -> the change that made it Unhealthy."""
+        ...
