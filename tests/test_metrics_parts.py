@@ -1,0 +1,179 @@
+"""The parts of nvdp.metrics through their seams, with hand-written fakes: readiness over a registration
+state, the metrics over an endpoint, the HTTP endpoint over pages. The real daemon is in test_metrics.py."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from nvdp.errors import NvmlError
+from nvdp.health import HealthChange, MonitorStatus
+from nvdp.metrics import HttpEndpoint, Metrics, Pages, Probes
+from nvdp.nvml import nvml_error
+
+A, B = "nvidia.com/a", "nvidia.com/b"
+
+
+class FakeServer:
+    def __init__(self, name: str) -> None:
+        self.socket_path = Path(f"/dp/{name}.sock")
+
+    def socket_is_ours(self) -> bool:
+        return True
+
+
+class FakeSupervisor:
+    def __init__(self, registered: Mapping[str, bool]) -> None:
+        self.servers = {name: FakeServer(name) for name in registered}
+        self.registered = dict(registered)
+
+    def registrations(self) -> dict[str, bool]:
+        return dict(self.registered)
+
+
+class FakeHealth:
+    def __init__(self, enabled: bool, running: bool | None) -> None:
+        self.checks_enabled = enabled
+        self.running = running
+
+    def monitor_status(self) -> MonitorStatus | None:
+        if self.running is None:
+            return None
+        return MonitorStatus(running=self.running, degraded=False, reason=None, last_error=None, rearms=0)
+
+    def unhealthy(self) -> dict[str, HealthChange]:
+        return {}
+
+
+RUNNING, STOPPED, NONE, OFF = FakeHealth(True, True), FakeHealth(True, False), FakeHealth(True, None), None
+
+
+@pytest.mark.parametrize(
+    ("registered", "served", "health", "problem"),
+    [
+        (None, True, RUNNING, "starting: no resources served yet"),
+        ({A: False}, False, RUNNING, "starting: no resources served yet"),
+        ({}, True, STOPPED, None),
+        ({B: False, A: False}, True, RUNNING, f"not registered: {A}, {B}"),
+        ({A: True, B: False}, True, RUNNING, f"not registered: {B}"),
+        ({A: True}, True, RUNNING, None),
+        ({A: True}, True, STOPPED, "health monitor not running"),
+        ({A: True}, True, NONE, "health monitor not running"),
+        ({A: True}, True, FakeHealth(False, False), None),
+        ({A: True}, True, OFF, None),
+    ],
+    ids=[
+        "no-supervisor-yet",
+        "supervisor-not-applied-yet",
+        "nothing-to-serve",
+        "none-registered-sorted",
+        "one-missing",
+        "all-registered",
+        "monitor-stopped",
+        "monitor-not-created",
+        "health-checks-off",
+        "no-health-attached",
+    ],
+)
+def test_readiness(
+    registered: Mapping[str, bool] | None, served: bool, health: FakeHealth | None, problem: str | None
+) -> None:
+    probes = Probes()
+    probes.registrations = None if registered is None else FakeSupervisor(registered)  # type: ignore[assignment]
+    probes.health = health
+    if served:
+        probes.served()
+    assert probes.readiness_problem() == problem
+    assert probes.liveness_problem() is None
+
+
+def test_readiness_reads_the_supervisor_at_probe_time() -> None:
+    probes = Probes()
+    supervisor = FakeSupervisor({A: False})
+    probes.registrations = supervisor  # type: ignore[assignment]
+    probes.served()
+    assert probes.readiness_problem() == f"not registered: {A}"
+    supervisor.registered[A] = True
+    assert probes.readiness_problem() is None
+
+
+class FakeEndpoint:
+    def __init__(self, address: str, pages: Pages) -> None:
+        self.address, self.pages = address, pages
+        self.calls: list[str] = []
+
+    @property
+    def port(self) -> int:
+        return 4242 if self.calls[-1:] == ["start"] else 0
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+def test_metrics_serve_through_the_endpoint_protocol() -> None:
+    made: list[FakeEndpoint] = []
+
+    def factory(address: str, pages: Pages) -> FakeEndpoint:
+        made.append(FakeEndpoint(address, pages))
+        return made[-1]
+
+    metrics = Metrics(":9400", version="9.9", endpoint=factory)
+    (endpoint,) = made
+    assert (endpoint.address, endpoint.pages, metrics.port) == (":9400", metrics, 0)
+    metrics.start()
+    assert metrics.port == 4242
+    metrics.stop()
+    assert endpoint.calls == ["start", "stop"]
+    assert b'\nnvdp_build_info{version="9.9"} 1\n' in endpoint.pages.render_metrics()
+    assert endpoint.pages.readiness_problem() == "starting: no resources served yet"
+
+
+class FakeNvml:
+    def init(self) -> None:
+        raise nvml_error("NVML_ERROR_DRIVER_NOT_LOADED", "nvmlInit_v2")
+
+
+def test_failed_nvml_calls_are_counted_by_call() -> None:
+    metrics = Metrics(":0")
+    nvml = metrics.count_nvml_errors(FakeNvml())  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(NvmlError):
+            nvml.init()
+    assert b'\nnvdp_nvml_errors_total{call="nvmlInit_v2"} 2\n' in metrics.render_metrics()
+
+
+class FixedPages:
+    def render_metrics(self) -> bytes:
+        return b"x 1\n"
+
+    def liveness_problem(self) -> str | None:
+        return None
+
+    def readiness_problem(self) -> str | None:
+        return "waiting"
+
+
+def test_http_endpoint_serves_its_pages() -> None:
+    endpoint = HttpEndpoint("127.0.0.1:0", FixedPages())
+    endpoint.start()
+    try:
+        replies = {}
+        for path in ("/metrics", "/healthz", "/readyz"):
+            with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as connection:
+                connection.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+                reply = b"".join(iter(lambda: connection.recv(65536), b""))
+            head, _, body = reply.partition(b"\r\n\r\n")
+            replies[path] = (head.split(b"\r\n")[0], body)
+    finally:
+        endpoint.stop()
+    assert replies == {
+        "/metrics": (b"HTTP/1.1 200 OK", b"x 1\n"),
+        "/healthz": (b"HTTP/1.1 200 OK", b"ok\n"),
+        "/readyz": (b"HTTP/1.1 503 Service Unavailable", b"waiting\n"),
+    }
