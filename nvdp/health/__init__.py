@@ -1,4 +1,5 @@
-"""Device health: XID policy (pure), the node's NVML monitor thread, routing to plugin servers."""
+"""Device health: XID policy and the health state machine (pure), the node's NVML monitor thread,
+routing to plugin servers."""
 
 from nvdp.health.monitor import HealthMonitor, exponential_backoff
 from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
