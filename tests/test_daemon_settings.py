@@ -1,4 +1,5 @@
-"""Mapping the resolved config onto the daemon (pure), and the settings nvdp refuses."""
+"""Mapping the resolved config onto the daemon (nvdp.settings, pure and total), and the settings nvdp
+refuses (nvdp.config.rules, through resolve: every problem at once)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import argparse
 import pytest
 
 from nvdp.config import add_plugin_flags, parse_text, resolve
-from nvdp.daemon import daemon_settings
 from nvdp.errors import ConfigError
+from nvdp.settings import daemon_settings
 
 
 def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # type: ignore[no-untyped-def]
@@ -74,12 +75,12 @@ def test_time_slicing_rule() -> None:
 )
 def test_refused_settings(argv: list[str], text: str | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        daemon_settings(config_from(argv, text))
+        config_from(argv, text)
 
 
 def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
-    from nvdp.daemon import NodeHealth
     from nvdp.health import HealthSettings
+    from nvdp.health.node import NodeHealth
     from nvdp.nvml import open_nvml
 
     nvml = open_nvml("sim:pcie-4")

@@ -1,4 +1,5 @@
-"""Node events through nvdp.kube against a local stub API server; API trouble never blocks health."""
+"""Node events through nvdp.kube (wired by nvdp.daemon) against a local stub API server; API trouble
+never blocks health."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from nvdp.daemon import node_events_from_env
 from nvdp.devices import Device, DeviceSet
 from nvdp.health import HealthChange, HealthRouter, NodeEventRecorder
-from nvdp.kube import KubeNodeEvents, node_events_from_env
+from nvdp.kube import KubeNodeEvents
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 NODE = "gpu-node-1"
