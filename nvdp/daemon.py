@@ -28,7 +28,8 @@ from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.node_facts import HostFacts
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
-from nvdp.plugin.supervisor import DaemonSettings, StatusObserver, Supervisor
+from nvdp.plugin.supervisor import Supervisor
+from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
 from nvdp.settings import daemon_settings, health_settings
 

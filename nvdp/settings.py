@@ -11,7 +11,7 @@ from pathlib import Path
 from nvdp.config import Config
 from nvdp.health.types import HealthSettings
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.supervisor import DaemonSettings
+from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NamePattern, Replication
 
 
