@@ -27,7 +27,7 @@ from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.node_facts import HostFacts
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
+from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
@@ -55,6 +55,27 @@ class TopologyAllocators:
             self._topology = Topology.from_nvml(self._nvml, gpus)
             self._key = key
         return Allocator(list(resource.devices.values()), self._topology)
+
+
+class GrpcServers:
+    """The supervisor's server factory: DevicePluginServers sharing one gRPC thread pool."""
+
+    def __init__(self, observer: RpcObserver | None) -> None:
+        self._observer = observer
+        self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc")
+
+    def __call__(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        allocator: PreferredAllocator | None,
+    ) -> DevicePluginServer:
+        return DevicePluginServer(resource, socket_path, options, self._executor, allocator, self._observer)
+
+    def shutdown(self) -> None:
+        """After the servers stopped: drop what is still queued."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def node_events_from_env(
@@ -112,22 +133,12 @@ class Daemon:
         )
         if self.metrics is not None:
             self.metrics.health = self.health
-        self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc")
-        rpc_observer = observer
-
-        def make_server(
-            resource: Resource,
-            socket_path: Path,
-            options: ResponseOptions,
-            allocator: PreferredAllocator | None,
-        ) -> DevicePluginServer:
-            return DevicePluginServer(resource, socket_path, options, self._executor, allocator, rpc_observer)
-
+        self._servers = GrpcServers(observer)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
             daemon_settings(config),
             reload=settings_source(reload_config),
-            make_server=make_server,
+            make_server=self._servers,
             node_facts=HostFacts(),
             allocator_factory=TopologyAllocators(counted),
             health=self.health,
@@ -162,6 +173,6 @@ class Daemon:
         try:
             self.supervisor.run()
         finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._servers.shutdown()
             if self.metrics is not None:
                 self.metrics.stop()
