@@ -107,6 +107,9 @@ def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSet
 
 
 class Daemon:
+    """The plugin process: builds NVML, metrics, node health and the supervisor from `config`;
+    `reload_config` loads the config again on a reload (SIGHUP)."""
+
     def __init__(
         self,
         config: Config,

@@ -53,6 +53,11 @@ class InitError(NvdpError):
 
 
 class Supervisor(Generic[S]):
+    """Runs the node's plugin servers (of type S, built by `make_server`) until `request_stop()`.
+
+    `settings` are the initial settings; `reload()` loads new ones when `request_reload()` asks.
+    """
+
     def __init__(
         self,
         nvml: Nvml,
