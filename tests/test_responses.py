@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nvdp.devices import Device
-from nvdp.plugin.responses import ResponseOptions, container_response, present_control_devices
+from nvdp.plugin.node_facts import present_control_devices
+from nvdp.plugin.responses import ResponseOptions, container_response
 
 
 def dev(i: int, replica: int | None = None, mig: bool = False) -> Device:

@@ -202,6 +202,11 @@ class Flags:
     plugin: PluginFlags = _key("plugin", section=PluginFlags, default_factory=PluginFlags)
     gfd: GfdFlags | None = _key("gfd", section=GfdFlags, default=None)
 
+    @property
+    def dev_root(self) -> str:
+        """Where the device nodes are on the host: nvidiaDevRoot, else the driver root (the one default)."""
+        return self.nvidia_dev_root or self.nvidia_driver_root
+
 
 @dataclass(frozen=True)
 class Resource:

@@ -26,6 +26,7 @@ from nvdp.config.model import (
     listen_address,
     nvml_spec,
 )
+from nvdp.config.rules import plugin_problems
 from nvdp.errors import ConfigError
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
@@ -263,7 +264,7 @@ def resolve(
     args: argparse.Namespace, environ: Mapping[str, str], *, file_loader: Callable[[str], Config] = load_file
 ) -> Config:
     """The effective config: flag > env var > config file > default. Raises ConfigError listing
-    every problem (bad flag / env values, the file's problems, rules across settings)."""
+    every problem (bad flag / env values, the file's problems, `nvdp.config.rules`)."""
     problems: list[str] = []
     given: dict[str, object] = {}
     for option in OPTIONS:
@@ -286,11 +287,10 @@ def resolve(
             problems[:0] = [f"{error.source}: {p}" if error.source else p for p in error.problems]
     for target, value in given.items():
         config = _set(config, target, value)
-    config = replace(config, config_file=config_file)
-    if not config.flags.nvidia_dev_root:
-        config = _set(config, "flags.nvidia_dev_root", config.flags.nvidia_driver_root)
+    flags = replace(config.flags, nvidia_dev_root=config.flags.dev_root)
+    config = replace(config, config_file=config_file, flags=flags)
     if file_ok:
-        problems += _check(config)
+        problems += plugin_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
@@ -307,22 +307,6 @@ def _raw_value(
         if env in environ:
             return env, environ[env]
     return None
-
-
-def _check(config: Config) -> list[str]:
-    """The plugin's rules across settings (NVIDIA's validateFlags)."""
-    problems = []
-    if config.sharing.strategy == "mps":
-        if config.flags.mig_strategy == "mixed":
-            problems.append(
-                'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
-                "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
-            )
-        if not config.flags.mps_root:
-            problems.append(
-                "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
-            )
-    return problems
 
 
 def _get(obj: object, target: str) -> object:

@@ -1,8 +1,11 @@
-"""Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets."""
+"""Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets.
+
+Node facts (which control device nodes exist) come in as data in `ResponseOptions`; reading them is
+`nvdp.plugin.node_facts`'s job."""
 
 from __future__ import annotations
 
-import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,13 +31,9 @@ class ResponseOptions:
     extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
 
 
-def present_control_devices(dev_root: str) -> tuple[str, ...]:
-    """The control device nodes that exist under dev_root (read once when a server starts)."""
-    return tuple(p for p in CONTROL_DEVICES if os.path.exists(host_path(dev_root, p)))
-
-
 def host_path(dev_root: str, path: str) -> str:
-    return os.path.join(dev_root, path.lstrip("/")) if dev_root not in ("", "/") else path
+    """`path` (a /dev node) as seen on the host under `dev_root`."""
+    return posixpath.join(dev_root, path.lstrip("/")) if dev_root not in ("", "/") else path
 
 
 def visible_ids(devices: Sequence[Device], id_strategy: str) -> list[str]:
