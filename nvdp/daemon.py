@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvdp.allocation import Allocator, Topology
+from nvdp.cdi.names import imex_channel_path
+from nvdp.cdi.settings import cdi_settings, imex_channels
 from nvdp.config import Config
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus, XidPolicy
@@ -61,7 +63,9 @@ def daemon_settings(config: Config) -> DaemonSettings:
                     fail_requests_greater_than_one=bool(replicated.fail_requests_greater_than_one),
                 )
             )
+    channels = imex_channels(config)  # imex.required with a channel missing: refused here
     return DaemonSettings(
+        cdi=cdi_settings(config, channels),
         kubelet_socket=Path(plugin.kubelet_socket),
         mig_strategy=flags.mig_strategy,
         fail_on_init_error=flags.fail_on_init_error,
@@ -78,6 +82,8 @@ def daemon_settings(config: Config) -> DaemonSettings:
             dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
+            cdi_kind=config.cdi_kind,
+            imex_channel_paths=tuple(imex_channel_path(c) for c in channels),
         ),
     )
 

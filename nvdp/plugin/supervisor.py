@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.cdi import CdiPublisher, CdiSettings
 from nvdp.errors import NvdpError, RegistrationError
 from nvdp.health.types import HealthSettings
 from nvdp.logs import log_event
@@ -57,6 +58,7 @@ class DaemonSettings:
     sharing: tuple[Replication, ...] = ()
     response: ResponseOptions = field(default_factory=ResponseOptions)
     health: HealthSettings | None = None  # passed through to HealthHooks.start
+    cdi: CdiSettings | None = None  # CDI specs are written (nvdp.cdi) when set
 
 
 class AllocatorFactory(Protocol):
@@ -114,6 +116,7 @@ class Supervisor:
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
         self.gpus: list[GpuInfo] = []
+        self._cdi = CdiPublisher()
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -205,10 +208,13 @@ class Supervisor:
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         resources = self._build(settings)
-        wanted = {r.name: r for r in resources}
         options = replace(
             settings.response, control_devices=present_control_devices(self._visible_dev_root(settings))
         )
+        if settings.cdi is not None:  # specs on disk before any server registers
+            cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
+            resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
+        wanted = {r.name: r for r in resources}
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)
