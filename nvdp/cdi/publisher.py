@@ -39,6 +39,10 @@ def answer_names(resource: Resource, settings: CdiSettings) -> list[str]:
     return [qualified_name(settings.gpu_kind, i) for i in ids]
 
 
+def _file_of(name: str) -> str:
+    return spec_file_name(name.partition("=")[0])
+
+
 class CdiPublisher:
     def __init__(self, *, mig_minors_file: Path = MIG_MINORS_FILE) -> None:
         self._mig_minors_file = mig_minors_file
@@ -63,43 +67,50 @@ class CdiPublisher:
             self._last_problems = built.problems
         spec_dir = Path(settings.spec_dir)
         written: set[str] = set()
-        failed = False
+        failed: dict[str, str] = {}  # file name -> error
         for name, spec in built.specs.items():
             try:
                 changed = writer.write_atomic(spec_dir, name, render(spec))
             except OSError as error:
-                failed = True
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "cannot write CDI spec; resources that need it are not advertised",
-                    path=str(spec_dir / name),
-                    error=error.strerror or str(error),
-                )
+                failed[name] = error.strerror or str(error)
                 continue
             written.add(name)
             if changed:
                 log_event(log, logging.INFO, "wrote CDI spec", path=str(spec_dir / name), kind=spec["kind"])
         if not failed:
             self._remove_stale(spec_dir, settings, set(built.specs))
-        resolvable = {n for n in built.names if spec_file_name(n.partition("=")[0]) in written}
+        resolvable = {n for n in built.names if _file_of(n) in written}
         extra = tuple(n for n in built.extra_names if n in resolvable)
-        if extra != built.extra_names:
-            # An answer would name a device whose spec is not on disk: nothing can be advertised.
-            return PublishResult([], extra)
         advertised: list[Resource] = []
+        dropped: dict[str, list[str]] = {name: [] for name in failed}
         for resource in resources:
-            missing = [n for n in answer_names(resource, settings) if n not in resolvable]
-            if missing:
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "not advertising resource: its CDI devices are not in a written spec",
-                    resource=resource.name,
-                    missing=",".join(missing[:5]) + (f" (+{len(missing) - 5})" if len(missing) > 5 else ""),
-                )
+            # Extra names go into every answer: one that does not resolve takes every resource off.
+            missing = [
+                n for n in (*answer_names(resource, settings), *built.extra_names) if n not in resolvable
+            ]
+            if not missing:
+                advertised.append(resource)
                 continue
-            advertised.append(resource)
+            unwritten = [_file_of(n) for n in missing if _file_of(n) in failed]
+            if unwritten:
+                dropped[unwritten[0]].append(resource.name)
+                continue
+            log_event(
+                log,
+                logging.ERROR,
+                "not advertising resource: its CDI devices are not in the spec",
+                resource=resource.name,
+                missing=",".join(missing[:5]) + (f" (+{len(missing) - 5})" if len(missing) > 5 else ""),
+            )
+        for name, error in failed.items():
+            log_event(
+                log,
+                logging.ERROR,
+                "cannot write CDI spec; resources that need it are not advertised",
+                path=str(spec_dir / name),
+                error=error,
+                resources=",".join(dropped[name]) or None,
+            )
         return PublishResult(advertised, extra)
 
     def _mig_minors(self, gpus: Sequence[GpuInfo]) -> Mapping[str, int] | None:

@@ -59,14 +59,15 @@ DEV_NODE_GLOBS = (
 class DriverFiles:
     """The driver's files found under a root, as paths inside it."""
 
-    libraries: tuple[str, ...] = ()  # regular files, e.g. /usr/lib64/libcuda.so.550.54.15
+    # (path in the container, the file it is inside the root): the same unless a symlink led there
+    libraries: tuple[tuple[str, str], ...] = ()
     links: tuple[tuple[str, str], ...] = ()  # (link path, target name): libcuda.so.1 -> libcuda.so.550...
     binaries: tuple[str, ...] = ()
     firmware: tuple[str, ...] = ()
 
     @property
     def library_dirs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(os.path.dirname(p) for p in self.libraries))
+        return tuple(dict.fromkeys(os.path.dirname(p) for p, _ in self.libraries))
 
 
 def visible_roots(driver_root: str, dev_root: str, container_driver_root: str) -> tuple[str, str]:
@@ -88,15 +89,16 @@ def inside(root: str, path: str) -> str:
 def scan_driver(root: str, driver_version: str) -> DriverFiles:
     """The libraries of DRIVER_LIBRARIES at `driver_version`, their `.so.1` links, the binaries of
     BINARIES and the GSP firmware of that version, under `root`."""
-    libraries: dict[str, None] = {}
+    libraries: dict[tuple[str, str], None] = {}
     links: dict[tuple[str, str], None] = {}
     for directory in LIBRARY_DIRS:
         for name in DRIVER_LIBRARIES:
-            found = _regular_file(root, f"{directory}/{name}.so.{driver_version}")
+            path = f"{directory}/{name}.so.{driver_version}"
+            found = _regular_file(root, path)
             if found is None:
                 continue
-            libraries[found] = None
-            target = os.path.basename(found)
+            libraries[(path, found)] = None
+            target = os.path.basename(path)
             for link in (f"{directory}/{name}.so.1", f"{directory}/{name}.so"):
                 if name != "libcuda" and link.endswith(".so"):
                     continue  # only libcuda.so is a link the CUDA runtime looks for
@@ -129,14 +131,16 @@ def scan_dev(root: str) -> frozenset[str]:
 
 
 def _regular_file(root: str, path: str) -> str | None:
-    """`path` under `root` if it is a file; a symlink is followed (inside the root) to its file."""
-    here = inside(root, path)
-    if not os.path.isfile(here):
-        return None
-    if not os.path.islink(here):
-        return path
-    real = os.path.realpath(here)
-    base = os.path.realpath(root)
-    if base != "/" and not real.startswith(base + os.sep):
-        return None
-    return real if base == "/" else "/" + os.path.relpath(real, base)
+    """The file inside `root` that `path` is, following symlinks the way the host would: an absolute
+    link target is taken inside the root (a host path seen through the container's mount)."""
+    current = path
+    for _ in range(40):
+        here = inside(root, current)
+        if os.path.islink(here):
+            target = os.readlink(here)
+            current = os.path.normpath(
+                target if target.startswith("/") else os.path.join(os.path.dirname(current), target)
+            )
+            continue
+        return current if os.path.isfile(here) else None
+    return None
