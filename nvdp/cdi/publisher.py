@@ -102,13 +102,13 @@ class CdiPublisher:
                 resource=resource.name,
                 missing=",".join(missing[:5]) + (f" (+{len(missing) - 5})" if len(missing) > 5 else ""),
             )
-        for name, error in failed.items():
+        for name, reason in failed.items():
             log_event(
                 log,
                 logging.ERROR,
                 "cannot write CDI spec; resources that need it are not advertised",
                 path=str(spec_dir / name),
-                error=error,
+                error=reason,
                 resources=",".join(dropped[name]) or None,
             )
         return PublishResult(advertised, extra)

@@ -160,10 +160,10 @@ def _common_edits(files: NodeFiles, settings: CdiSettings, node: Callable[[str],
     controls = [p for p in CONTROL_DEVICES if p in files.dev_nodes]
     if controls:
         edits["deviceNodes"] = [node(p) for p in controls]
-    files = [*driver.libraries, *((p, p) for p in (*driver.binaries, *driver.firmware))]
+    mounted = [*driver.libraries, *((p, p) for p in (*driver.binaries, *driver.firmware))]
     mounts = [
         {"hostPath": host(source), "containerPath": path, "options": list(MOUNT_OPTIONS)}
-        for path, source in files
+        for path, source in mounted
     ]
     if mounts:
         edits["mounts"] = mounts
