@@ -26,7 +26,7 @@ from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.resources import Replication, build_resources, parse_mig_minors
+from nvdp.resources import Replication, ResourceError, build_resources, parse_mig_minors
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
 
@@ -360,18 +360,30 @@ def test_answer_names_use_the_compat_kind_when_asked() -> None:
 
 # ---- property: every name in every answer resolves; every edit names an existing host path ----
 
-PROFILES = ("pcie-4", "dgx-a100-mig")
+# name -> GPUs; GPU 0 of dgx-a100-mig alone is a node MIG strategy `single` accepts (one profile).
+NODES = {
+    "pcie-4": lambda: sim_gpus("pcie-4"),
+    "dgx-a100-mig": lambda: sim_gpus("dgx-a100-mig"),
+    "dgx-a100-mig-gpu0": lambda: sim_gpus("dgx-a100-mig")[:1],
+}
+PROFILES = tuple(NODES)
 
 
 @pytest.fixture(scope="module")
 def roots() -> Iterator[dict[str, Path]]:
     with tempfile.TemporaryDirectory(prefix="nvdp-cdi-") as base:
         out = {}
-        for profile in PROFILES:
+        for profile, gpus in NODES.items():
             root = Path(base) / profile
-            make_node(root, sim_gpus(profile), extra_nodes=(*MODE_NODES, IMEX_NODE))
+            make_node(root, gpus(), extra_nodes=(*MODE_NODES, IMEX_NODE))
             out[profile] = root
         yield out
+
+
+def test_single_and_mixed_strategies_are_both_exercised() -> None:
+    gpus = NODES["dgx-a100-mig-gpu0"]()
+    assert [r.name for r in build_resources(gpus, mig_strategy="single")] == ["nvidia.com/gpu"]
+    assert [r.name for r in build_resources(gpus, mig_strategy="mixed")] == ["nvidia.com/mig-1g.5gb"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -396,10 +408,10 @@ def test_every_answer_name_resolves_in_written_specs(
     kind: str,
     picks: list[int],
 ) -> None:
-    gpus = sim_gpus(profile)
+    gpus = NODES[profile]()
     try:
         resources = build_resources(gpus, mig_strategy=mig_strategy)
-    except Exception:
+    except ResourceError:
         return  # a layout the strategy refuses: nothing is served, nothing to resolve
     if replicas:
         rules = [Replication(r.name, replicas) for r in resources]
