@@ -45,6 +45,7 @@ def make_node(
         path.write_bytes(b"\x7fELF fake " + name.encode())
         (lib / f"{name}.so.1").symlink_to(path.name)
     (lib / "libcuda.so").symlink_to("libcuda.so.1")
+    (root / "lib64").symlink_to(LIB_DIR)  # merged /usr: the same libraries under a second name
     (lib / "libcuda.so.535.104.05").write_bytes(b"\x7fELF other version")
     real = root / "opt/nvidia/libnvidia-cfg.so.real"
     real.parent.mkdir(parents=True)

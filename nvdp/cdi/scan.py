@@ -91,8 +91,10 @@ def scan_driver(root: str, driver_version: str) -> DriverFiles:
     BINARIES and the GSP firmware of that version, under `root`."""
     libraries: dict[tuple[str, str], None] = {}
     links: dict[tuple[str, str], None] = {}
-    for directory in LIBRARY_DIRS:
-        for name in DRIVER_LIBRARIES:
+    for name in DRIVER_LIBRARIES:
+        # The first library directory that has it: on merged-/usr systems /lib64 and /usr/lib64
+        # are one directory, and one mount per library is enough.
+        for directory in LIBRARY_DIRS:
             path = f"{directory}/{name}.so.{driver_version}"
             found = _regular_file(root, path)
             if found is None:
@@ -104,6 +106,7 @@ def scan_driver(root: str, driver_version: str) -> DriverFiles:
                     continue  # only libcuda.so is a link the CUDA runtime looks for
                 if os.path.islink(inside(root, link)):
                     links[(link, target if link.endswith(".so.1") else f"{name}.so.1")] = None
+            break
     binaries = [
         found
         for name in BINARIES
