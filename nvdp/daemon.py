@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from nvdp import kube
 from nvdp.allocation import Allocator, Topology
+from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
 from nvdp.errors import NvdpError
 from nvdp.footprint import allow_ssl
@@ -101,9 +102,15 @@ def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSet
     def reload() -> DaemonSettings:
         config = load_config()
         log_event(log, logging.INFO, "configuration", config=json.loads(config.to_json()))
-        return daemon_settings(config)
+        return node_settings(config)
 
     return reload
+
+
+def node_settings(config: Config) -> DaemonSettings:
+    """The daemon settings with this node's facts read in: the IMEX channels present (with
+    `imex.required`, a missing channel is a ConfigError, as NVIDIA's plugin refuses to start)."""
+    return daemon_settings(config, imex_channels(config))
 
 
 class Daemon:
@@ -139,7 +146,7 @@ class Daemon:
         self._servers = GrpcServers(observer)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
-            daemon_settings(config),
+            node_settings(config),
             reload=settings_source(reload_config),
             make_server=self._servers,
             node_facts=HostFacts(),

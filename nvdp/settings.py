@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvdp.cdi.names import imex_channel_path
+from nvdp.cdi.settings import cdi_settings
 from nvdp.config import Config
 from nvdp.health.types import HealthSettings
 from nvdp.plugin.responses import ResponseOptions
@@ -15,11 +17,13 @@ from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NamePattern, Replication
 
 
-def daemon_settings(config: Config) -> DaemonSettings:
-    """Map the resolved v1 config onto what the supervisor needs."""
+def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> DaemonSettings:
+    """Map the resolved v1 config onto what the supervisor needs. `imex_channels` are the configured
+    IMEX channels present on the node (a node fact the caller reads: `nvdp.cdi.settings.imex_channels`)."""
     flags = config.flags
     plugin = flags.plugin
     return DaemonSettings(
+        cdi=cdi_settings(config, imex_channels),
         kubelet_socket=Path(plugin.kubelet_socket),
         mig_strategy=flags.mig_strategy,
         fail_on_init_error=flags.fail_on_init_error,
@@ -35,6 +39,8 @@ def daemon_settings(config: Config) -> DaemonSettings:
             dev_root=flags.dev_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
+            cdi_kind=config.cdi_kind,
+            imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
         ),
     )
 

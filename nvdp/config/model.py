@@ -30,6 +30,9 @@ DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_METRICS_ADDRESS = ":2112"
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
+CDI_HOOKS = ("update-ldcache", "create-symlinks", "enable-cuda-compat", "chmod", "all")
 
 Devices = Literal["all"] | int | tuple[str, ...]
 
@@ -309,6 +312,9 @@ class Config:
     log_format: str = "text"
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
+    cdi_kind: str = CDI_KINDS[0]
+    cdi_disable_hooks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):
@@ -325,6 +331,9 @@ class Config:
             "logFormat": self.log_format,
             "logLevel": self.log_level,
             "metricsAddress": self.metrics_address,
+            "cdiSpecDir": self.cdi_spec_dir,
+            "cdiKind": self.cdi_kind,
+            "cdiDisableHooks": list(self.cdi_disable_hooks),
         }
         return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
 

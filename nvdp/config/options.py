@@ -17,6 +17,8 @@ from typing import Any
 from nvdp.config import values as v
 from nvdp.config.load import load_file
 from nvdp.config.model import (
+    CDI_HOOKS,
+    CDI_KINDS,
     DEVICE_DISCOVERY_STRATEGIES,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
@@ -213,7 +215,29 @@ OPTIONS: tuple[Option, ...] = (
         "feature flags passed to CDI spec generation",
         "list",
     ),
+    Option(
+        ("--cdi-disable-hooks",),
+        ("CDI_DISABLE_HOOKS",),
+        "cdi_disable_hooks",
+        _listed(v.list_of(v.choice(*CDI_HOOKS))),
+        f"createContainer hooks left out of generated CDI specs: {_alts(CDI_HOOKS)}",
+        "list",
+    ),
     # nvdp's own
+    Option(
+        ("--cdi-spec-dir",),
+        ("CDI_SPEC_DIR",),
+        "cdi_spec_dir",
+        v.string,
+        "directory the CDI specs are written to (with a cdi-annotations / cdi-cri strategy)",
+    ),
+    Option(
+        ("--cdi-kind",),
+        ("CDI_KIND",),
+        "cdi_kind",
+        v.choice(*CDI_KINDS),
+        f"kind of the GPU CDI devices in specs and answers: {_alts(CDI_KINDS)} (nvidia-ctk's names)",
+    ),
     Option(
         ("--nvml",),
         ("NVDP_NVML",),

@@ -15,7 +15,7 @@ from nvdp.devices import Device
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-CDI_KIND = "nvidia.com/gpu"  # the kind `nvidia-ctk cdi generate` writes specs for
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # NVIDIA's plugin's; nvdp.cdi writes its specs
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 
@@ -29,6 +29,9 @@ class ResponseOptions:
     control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
+    cdi_kind: str = CDI_KIND  # or "nvidia.com/gpu" (--cdi-kind), the kind nvidia-ctk writes
+    cdi_devices: tuple[str, ...] = ()  # CDI names every answer adds (gds/mofed/gdrcopy, IMEX)
+    imex_channel_paths: tuple[str, ...] = ()  # passed as device specs with pass_device_specs
 
 
 def host_path(dev_root: str, path: str) -> str:
@@ -59,7 +62,7 @@ def container_response(
             response.mounts.add(container_path=f"{VOLUME_MOUNTS_ROOT}/{device_id}", host_path="/dev/null")
     for key, value in options.extra_envs:
         response.envs[key] = value
-    cdi_names = [f"{CDI_KIND}={device_id}" for device_id in ids]
+    cdi_names = [f"{options.cdi_kind}={device_id}" for device_id in ids] + list(options.cdi_devices)
     if "cdi-annotations" in strategies:
         key = f"{options.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{request_id}"
         response.annotations[key] = ",".join(cdi_names)
@@ -67,7 +70,7 @@ def container_response(
         for name in cdi_names:
             response.cdi_devices.add(name=name)
     if options.pass_device_specs:
-        paths: dict[str, None] = dict.fromkeys(options.control_devices)
+        paths: dict[str, None] = dict.fromkeys(options.control_devices + options.imex_channel_paths)
         for device in devices:
             paths.update(dict.fromkeys(device.paths))
         for path in paths:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Generic
 
+from nvdp.cdi import CdiPublisher
 from nvdp.errors import NvdpError, RegistrationError
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -78,6 +79,7 @@ class Supervisor(Generic[S]):
         self._reload_source = reload
         self._make_server = make_server
         self._node_facts = node_facts
+        self._cdi = CdiPublisher()
         self._register = register
         self._make_watcher = watcher
         self._socket_id = socket_id
@@ -197,9 +199,12 @@ class Supervisor(Generic[S]):
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         resources = self._build(settings)
-        wanted = {r.name: r for r in resources}
         control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
         options = replace(settings.response, control_devices=control_devices)
+        if settings.cdi is not None:  # specs on disk before any server registers
+            cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
+            resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
+        wanted = {r.name: r for r in resources}
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from nvdp.cdi import CdiSettings
 from nvdp.health.types import HealthSettings, HealthTarget
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
@@ -30,6 +31,7 @@ class DaemonSettings:
     sharing: tuple[Replication, ...] = ()
     response: ResponseOptions = field(default_factory=ResponseOptions)
     health: HealthSettings | None = None  # passed through to HealthHooks.start
+    cdi: CdiSettings | None = None  # CDI specs are written (nvdp.cdi) when set
 
     @property
     def dev_root(self) -> str:
