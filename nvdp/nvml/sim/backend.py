@@ -37,6 +37,8 @@ _PROBE_EVENTS = {
 _STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *_PROBE_EVENTS)
 _EVENT_NAMES = ("wait-error", *_ECC_EVENTS, *_STATE_EVENTS)
 _FIELDS = ("uuid", "xid", "event", "mig", "gi_id", "ci_id", "code")
+XID_MAX = 2**64 - 1  # nvmlEventData_t.eventData is an unsigned long long
+INSTANCE_MAX = 2**32 - 2  # unsigned int; 0xFFFFFFFF means "no instance"
 
 
 class SimEventError(ValueError):
@@ -173,8 +175,8 @@ class SimNvml:
                 self._set_mig_layout(gpu, mig, event["mig"])
             elif "xid" in event:
                 xid = event["xid"]
-                if isinstance(xid, bool) or not isinstance(xid, int) or xid < 0:
-                    raise SimEventError(f"xid: must be an integer >= 0, got {xid!r}")
+                if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= XID_MAX:
+                    raise SimEventError(f"xid: must be an integer from 0 to 2**64-1, got {xid!r}")
                 self._deliver(gpu, mig, EventType.XID_CRITICAL, xid, event)
             else:
                 self._apply_event(gpu, mig, event["event"], event)
@@ -237,8 +239,8 @@ class SimNvml:
                 continue
             if mig is not None:
                 raise SimEventError(f"{key}: the instance comes from the MIG uuid; give the GPU uuid instead")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SimEventError(f"{key}: must be an integer >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INSTANCE_MAX:
+                raise SimEventError(f"{key}: must be an integer from 0 to 2**32-2, got {value!r}")
             gi_id, ci_id = (value, ci_id) if key == "gi_id" else (gi_id, value)
         event = NvmlEvent(gpu.uuid, event_type, data, gi_id, ci_id)
         logger.debug(
