@@ -146,7 +146,7 @@ class HealthMonitor:
             **self._policy.describe(),
         )
         self._stop.clear()
-        self._emit(self._try_arm())
+        self._emit(self._enumeration_faults() + self._try_arm())
         self._thread = threading.Thread(target=self._run, name="nvdp-health", daemon=True)
         self._thread.start()
 
@@ -205,6 +205,7 @@ class HealthMonitor:
         if pending is not None:
             self._disarm()
             self._set_gpus(pending)
+            self._emit(self._enumeration_faults())
             self._next_probe = self._rearm_at = 0.0
         now = self._clock()
         rearming = self._event_set is None and self._policy.events_enabled
@@ -379,6 +380,15 @@ class HealthMonitor:
                 changes.append(HealthChange(unit.uuid, False, reason, xid, fatal, now))
             elif fatal:
                 unit.fatal = True
+        return changes
+
+    def _enumeration_faults(self) -> list[HealthChange]:
+        """GPUs NVML could not enumerate (`GpuInfo.fault`): Unhealthy and fatal, like a lost GPU."""
+        changes: list[HealthChange] = []
+        for gpu in self._gpus:
+            if gpu.fault is not None:
+                reason = f"GPU enumeration failed: {gpu.fault}"
+                changes += self._mark(self._gpu_units(gpu.uuid), reason, None, True)
         return changes
 
     # ---- events and probes -----------------------------------------------------------------

@@ -63,7 +63,8 @@ class SimNvml:
         self._follower: FileFollower | None = None
         self._sets: weakref.WeakSet[SimEventSet] = weakref.WeakSet()
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
-        self._state = [_GpuState(self._mig_devices(gpu, gpu.mig)) for gpu in node.gpus]
+        self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
+        self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -102,26 +103,54 @@ class SimNvml:
         return self.node.cuda_driver_version
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU, lost ones included (their facts are known; queries about them fail)."""
+        """Every GPU, lost ones included: with their facts once listed while answering; with `fault`
+        set and only uuid, index, name, minor and bus id when lost before their first listing."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            states = [state.mig for state in self._state]
-        return [
-            GpuInfo(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                name=gpu.name,
-                minor=gpu.minor,
-                memory_bytes=gpu.memory_mib * MIB,
-                compute_capability=gpu.compute_capability,
-                pci_bus_id=gpu.pci_bus_id,
-                numa_node=gpu.numa_node,
-                mig_capable=gpu.mig_capable,
-                mig_enabled=mig is not None,
-                mig_devices=mig or (),
-            )
-            for gpu, mig in zip(self.node.gpus, states, strict=True)
-        ]
+            states = [(state.mig, state.lost) for state in self._state]
+            gpus = []
+            for gpu, (mig, lost) in zip(self.node.gpus, states, strict=True):
+                if lost and gpu.index not in self._enumerated:
+                    gpus.append(self._faulty(gpu))
+                    continue
+                self._enumerated.add(gpu.index)
+                gpus.append(
+                    GpuInfo(
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        name=gpu.name,
+                        minor=gpu.minor,
+                        memory_bytes=gpu.memory_mib * MIB,
+                        compute_capability=gpu.compute_capability,
+                        pci_bus_id=gpu.pci_bus_id,
+                        numa_node=gpu.numa_node,
+                        mig_capable=gpu.mig_capable,
+                        mig_enabled=mig is not None,
+                        mig_devices=mig or (),
+                    )
+                )
+        return gpus
+
+    @staticmethod
+    def _faulty(gpu: SimGpu) -> GpuInfo:
+        error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
+        logger.warning(
+            "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
+            gpu.uuid,
+            gpu.index,
+            str(error),
+        )
+        return GpuInfo(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            minor=gpu.minor,
+            memory_bytes=0,
+            compute_capability=(0, 0),
+            pci_bus_id=gpu.pci_bus_id,
+            numa_node=None,
+            fault=str(error),
+        )
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
         call = "nvmlDeviceGetTopologyCommonAncestor"

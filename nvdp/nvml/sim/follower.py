@@ -87,7 +87,12 @@ class FileFollower:
         with open(self._path, "rb") as f:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino) != self._identity:  # replaced between stat and open
-                self._identity, self._offset, self._partial, self._skipping = (st.st_dev, st.st_ino), 0, b"", False
+                self._identity, self._offset, self._partial, self._skipping = (
+                    (st.st_dev, st.st_ino),
+                    0,
+                    b"",
+                    False,
+                )
             f.seek(self._offset)
             data = f.read(_MAX_READ)
         self._last_error = ""
