@@ -76,6 +76,7 @@ class RealNvml:
         self._nvlink_remotes: dict[str, list[tuple[str, bool]]] = {}
         self._profile_suffixes: dict[str, dict[int, str]] = {}
         self._last_gpus: dict[int, GpuInfo] = {}
+        self._faults_logged: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -160,12 +161,14 @@ class RealNvml:
                 return default
 
         pci = read("nvmlDeviceGetPciInfo", None)
-        logger.warning(
-            "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
-            uuid,
-            index,
-            str(error),
-        )
+        if uuid not in self._faults_logged:
+            self._faults_logged.add(uuid)
+            logger.warning(
+                "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
+                uuid,
+                index,
+                str(error),
+            )
         return GpuInfo(
             index=index,
             uuid=uuid,

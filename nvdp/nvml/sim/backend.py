@@ -65,6 +65,7 @@ class SimNvml:
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
         self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
+        self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,15 +132,16 @@ class SimNvml:
                 )
         return gpus
 
-    @staticmethod
-    def _faulty(gpu: SimGpu) -> GpuInfo:
+    def _faulty(self, gpu: SimGpu) -> GpuInfo:
         error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
-        logger.warning(
-            "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
-            gpu.uuid,
-            gpu.index,
-            str(error),
-        )
+        if gpu.index not in self._faults_logged:
+            self._faults_logged.add(gpu.index)
+            logger.warning(
+                "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
+                gpu.uuid,
+                gpu.index,
+                str(error),
+            )
         return GpuInfo(
             index=gpu.index,
             uuid=gpu.uuid,
