@@ -82,3 +82,19 @@ def test_plugin_serves_every_gpu_and_the_lost_one_unhealthy(
     line = next(li for li in plugin.log().splitlines() if "GPU enumeration failed" in li)
     assert f"gpu={uuids[1]} index=1 error=" in line and "NVML_ERROR_GPU_IS_LOST" in line
     assert plugin.alive()
+
+
+def test_topology_scores_a_gpu_whose_links_fail_by_numa_only(tmp_path: Path) -> None:
+    from nvdp.allocation import Topology
+    from nvdp.nvml.types import PcieLevel
+
+    nvml = open_sim(str(node_file(tmp_path)))
+    nvml.init()
+    try:
+        gpus = nvml.gpus()
+        topology = Topology.from_nvml(nvml, gpus)  # GPU 1's link queries fail with GPU_IS_LOST
+    finally:
+        nvml.shutdown()
+    assert (gpus[0].uuid, gpus[1].uuid) not in topology.links
+    assert topology.link(gpus[0].uuid, gpus[1].uuid).pcie == PcieLevel.SYSTEM  # no NUMA node known
+    assert (gpus[0].uuid, gpus[2].uuid) in topology.links or (gpus[2].uuid, gpus[0].uuid) in topology.links

@@ -23,7 +23,8 @@ from nvdp.nvml import nvml_error
 from nvdp.nvml.library import LIBRARY, preload
 from nvdp.nvml.naming import MIB, PROFILE_SUFFIXES, mig_profile_name, normalize_bus_id, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
-from nvdp.nvml.types import GpuInfo, GpuLink, MigDeviceInfo, PcieLevel, ProbeResult
+from nvdp.nvml.real_topology import RealTopology
+from nvdp.nvml.types import GpuInfo, GpuLink, MigDeviceInfo, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class RealNvml:
     def _reset_caches(self) -> None:
         self._handles: dict[str, Any] = {}
         self._bus_ids: dict[str, str] = {}
-        self._nvlink_remotes: dict[str, list[tuple[str, bool]]] = {}
+        self._topology = RealTopology(self)
         self._profile_suffixes: dict[str, dict[int, str]] = {}
         self._last_gpus: dict[int, GpuInfo] = {}
         self._faults_logged: set[str] = set()
@@ -299,71 +300,7 @@ class RealNvml:
         return None
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
-        call = "nvmlDeviceGetTopologyCommonAncestor"
-        if uuid_a == uuid_b:
-            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT", call, "both devices are the same GPU", uuid_a)
-        a, b = self._handle(uuid_a), self._handle(uuid_b)
-        level = int(self._call(call, a, b, device=f"{uuid_a},{uuid_b}"))
-        try:
-            pcie = PcieLevel(level)
-        except ValueError:  # a level newer than this code: assume the farthest
-            pcie = PcieLevel.SYSTEM
-        return GpuLink(self._nvlinks(uuid_a, a, uuid_b, b), pcie)
-
-    def _nvlinks(self, uuid_a: str, a: Any, uuid_b: str, b: Any) -> int:
-        """Direct NVLinks from a to b, plus (on NVSwitch systems) the links both have into the
-        switch fabric when NVML reports NVLink P2P between them; NVIDIA's plugin ignores the latter."""
-        remotes_a, remotes_b = self._remotes(uuid_a, a), self._remotes(uuid_b, b)
-        bus_b = self._bus_id(uuid_b, b)
-        links = sum(1 for bus, _ in remotes_a if bus == bus_b)
-        switch_a = sum(1 for _, is_switch in remotes_a if is_switch)
-        switch_b = sum(1 for _, is_switch in remotes_b if is_switch)
-        if switch_a and switch_b and self._p2p_nvlink(a, b, uuid_a, uuid_b):
-            links += min(switch_a, switch_b)
-        return links
-
-    def _remotes(self, uuid: str, handle: Any) -> list[tuple[str, bool]]:
-        """(remote bus id, remote is an NVSwitch) of each active NVLink of a GPU."""
-        if uuid in self._nvlink_remotes:
-            return self._nvlink_remotes[uuid]
-        remotes = []
-        for link in range(int(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 18))):
-            try:
-                if (
-                    self._call("nvmlDeviceGetNvLinkState", handle, link, device=uuid)
-                    != self._nv.NVML_FEATURE_ENABLED
-                ):
-                    continue
-                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, device=uuid)
-            except NvmlError as e:
-                if e.code in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
-                    continue  # no such link on this GPU
-                raise
-            remotes.append(
-                (normalize_bus_id(_text(remote.busId)), self._remote_is_switch(handle, link, uuid))
-            )
-        self._nvlink_remotes[uuid] = remotes
-        return remotes
-
-    def _remote_is_switch(self, handle: Any, link: int, uuid: str) -> bool:
-        try:
-            kind = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link, device=uuid)
-        except NvmlError:  # older driver: the remote's type is unknown
-            return False
-        return bool(kind == getattr(self._nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
-
-    def _p2p_nvlink(self, a: Any, b: Any, uuid_a: str, uuid_b: str) -> bool:
-        try:
-            status = self._call(
-                "nvmlDeviceGetP2PStatus",
-                a,
-                b,
-                self._nv.NVML_P2P_CAPS_INDEX_NVLINK,
-                device=f"{uuid_a},{uuid_b}",
-            )
-        except NvmlError:  # cannot tell: trust the switch links
-            return True
-        return bool(status == self._nv.NVML_P2P_STATUS_OK)
+        return self._topology.link(uuid_a, uuid_b)
 
     def probe(self, gpu_uuid: str) -> ProbeResult:
         handle = self._handle(gpu_uuid)
