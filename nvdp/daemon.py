@@ -127,7 +127,9 @@ class Daemon:
         nvml: Nvml | None = None,
     ) -> None:
         self.config = config
-        self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root)
+        self.nvml = nvml or open_nvml(
+            config.nvml, config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root
+        )
         # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.
         self.metrics: Metrics | None = None
