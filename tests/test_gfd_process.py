@@ -115,7 +115,7 @@ def test_loop_rewrites_on_sighup_never_half_written_and_removes_the_file_on_stop
                 config.write_text(TS_CONFIG if n % 2 == 0 else PLAIN_CONFIG)
                 gfd.send(signal.SIGHUP)
                 want = "nvidia.com/gpu.replicas=4\n" if n % 2 == 0 else "nvidia.com/gpu.replicas=1\n"
-                wait_until(lambda: want in out.read_text(), 30, f"labels after reload {n}")
+                wait_until(lambda want=want: want in out.read_text(), 30, f"labels after reload {n}")
             assert gfd.alive()
             gfd.send(signal.SIGTERM)
             assert gfd.wait(10) == 0
