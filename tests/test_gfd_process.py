@@ -225,3 +225,18 @@ def test_node_feature_api_needs_node_name(env: dict[str, str], error: str) -> No
         timeout=60,
     )
     assert (result.returncode, result.stderr) == (1, error)
+
+
+def test_simulate_shows_the_node_labels() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "simulate", "--profile", "pcie-4"],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    block = result.stdout.split("Node labels (what `nvdp gfd` writes for this node)\n", 1)[1]
+    assert "  nvidia.com/gpu.product=NVIDIA-L40S\n" in block
+    assert "  nvidia.com/gpu.count=4\n" in block and "  nvidia.com/gpu.family=ada-lovelace\n" in block

@@ -103,3 +103,15 @@ def discover(
         )
     except ValueError as error:
         raise NvdpError(f"cannot label the node: {error}") from error
+
+
+def describe_labels(nvml: Nvml, config: Config) -> str:
+    """The labels `nvdp gfd` would give this node, as an indented block (for `nvdp simulate`)."""
+    from nvdp.gfd.labels import format_labels
+
+    try:
+        result = discover(nvml, config, machine_type_file="")
+    except NvdpError as error:
+        return f"  cannot label the node: {error}\n"
+    lines = [f"  {line}\n" for line in format_labels(result.labels).splitlines()]
+    return "".join(lines + [f"  warning: {w}\n" for w in result.warnings])
