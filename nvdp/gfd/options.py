@@ -134,15 +134,20 @@ def add_gfd_flags(parser: argparse.ArgumentParser) -> None:
     for action in shared._actions:  # copy the shared subset, help and all
         if action.dest in wanted:
             parser._add_action(action)
+    defaults = GfdSettings(config=Config())
     for option in GFD_OPTIONS:
-        extra: dict[str, object] = (
-            {"nargs": "?", "const": "true", "metavar": "BOOL"} if option.is_bool else {}
-        )
+        extra: dict[str, object] = {"nargs": "?", "const": "true", "metavar": "BOOL"}
+        default = getattr(defaults, option.key)
+        shown = str(default).lower() if isinstance(default, bool) else f'"{default}"'
+        if not option.is_bool:
+            extra = {"metavar": option.key.upper()}
+        if option.key == "sleep_interval":
+            shown = "60s"
         parser.add_argument(
             *option.names,
             dest=option.dest,
             default=None,
-            help=f"{option.help} [env {option.env}]",
+            help=f"{option.help} [env {option.env}; default {shown}]",
             **extra,  # type: ignore[arg-type]
         )
 

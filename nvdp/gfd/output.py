@@ -45,7 +45,6 @@ class FileOutput:
 
     def __init__(self, path: str) -> None:
         self.path = Path(path) if path else None
-        self._last: str | None = None
 
     def write(self, labels: Mapping[str, str]) -> bool:
         text = format_labels(labels)
@@ -53,15 +52,13 @@ class FileOutput:
             sys.stdout.write(text)
             sys.stdout.flush()
             return True
-        if self._last is None:
-            try:
-                self._last = _without_timestamp(self.path.read_text(encoding="utf-8"))
-            except OSError:
-                self._last = ""
-        if _without_timestamp(text) == self._last:
+        try:  # what is on disk now: someone may have removed or edited the file
+            current: str | None = _without_timestamp(self.path.read_text(encoding="utf-8"))
+        except OSError:
+            current = None
+        if current == _without_timestamp(text):
             return False
         write_atomically(self.path, text)
-        self._last = _without_timestamp(text)
         log_event(log, logging.INFO, "labels written", file=str(self.path), labels=len(labels))
         return True
 
@@ -72,7 +69,6 @@ class FileOutput:
             self.path.unlink()
         except OSError:
             pass
-        self._last = None
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
