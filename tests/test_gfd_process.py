@@ -116,9 +116,13 @@ def test_loop_rewrites_on_sighup_never_half_written_and_removes_the_file_on_stop
                 gfd.send(signal.SIGHUP)
                 want = "nvidia.com/gpu.replicas=4\n" if n % 2 == 0 else "nvidia.com/gpu.replicas=1\n"
                 wait_until(lambda want=want: want in out.read_text(), 30, f"labels after reload {n}")
+            # A burst of signals lands anywhere in the loop, even inside its own waiting: the
+            # handlers must never deadlock the process (threading.Event.set() from a handler can).
+            for _ in range(200):
+                gfd.send(signal.SIGHUP)
             assert gfd.alive()
             gfd.send(signal.SIGTERM)
-            assert gfd.wait(10) == 0
+            assert gfd.wait(20) == 0
         finally:
             done.set()
             reader.join(5)
@@ -126,7 +130,7 @@ def test_loop_rewrites_on_sighup_never_half_written_and_removes_the_file_on_stop
     assert torn == [], "a reader saw a partial file"
     assert plain in seen and len(seen) == 2
     assert not out.exists(), "the label file outlived the process"
-    assert log.count("SIGHUP received; reloading") == 6 and "Traceback" not in log
+    assert log.count("SIGHUP received; reloading") >= 6 and "Traceback" not in log
 
 
 def test_atomic_write_under_a_concurrent_reader(tmp_path: Path) -> None:

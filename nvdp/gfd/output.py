@@ -98,7 +98,7 @@ class NodeFeatureOutput:
     """A NodeFeature object `nvidia-features-for-<node>` in `namespace`, through `nvdp.kube`.
 
     Each write retries API errors with exponential backoff (`backoff` doubling up to `max_backoff`)
-    for at most `attempts` tries; `stop` cuts the waiting short.
+    for at most `attempts` tries; `sleep(delay)` waits and says whether to stop instead.
     """
 
     def __init__(
@@ -110,7 +110,7 @@ class NodeFeatureOutput:
         attempts: int = 5,
         backoff: float = 1.0,
         max_backoff: float = 30.0,
-        stop: threading.Event | None = None,
+        sleep: Callable[[float], bool] | None = None,
     ) -> None:
         self.node = node
         self.namespace = namespace
@@ -120,7 +120,7 @@ class NodeFeatureOutput:
         self._attempts = attempts
         self._backoff = backoff
         self._max_backoff = max_backoff
-        self._stop = stop or threading.Event()
+        self._sleep = sleep or threading.Event().wait
         self._last: dict[str, str] | None = None
 
     def write(self, labels: Mapping[str, str]) -> bool:
@@ -142,7 +142,7 @@ class NodeFeatureOutput:
                     log, logging.WARNING, "NodeFeature update failed; retrying",
                     error=str(error), attempt=attempt, retry_in=f"{delay:g}s",
                 )  # fmt: skip
-                if self._stop.wait(delay):
+                if self._sleep(delay):
                     raise NvdpError(
                         f"NodeFeature {self.namespace}/{self.name}: stopped while retrying"
                     ) from error

@@ -8,7 +8,8 @@ DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns.
 from __future__ import annotations
 
 import logging
-import threading
+import os
+import select
 import time
 from collections.abc import Callable
 
@@ -23,6 +24,47 @@ from nvdp.nvml.types import Nvml
 
 log = logging.getLogger(__name__)
 
+Sleep = Callable[[float], bool]  # sleep up to N seconds; True when a stop was requested
+
+
+class Waker:
+    """Sleep until a timeout or a signal, safely woken from a signal handler.
+
+    A handler may interrupt the main thread anywhere, even inside a `threading.Event`'s own lock,
+    so `Event.set()` from a handler can deadlock. The handler here only sets flags and writes a byte
+    to a pipe (async-signal-safe); the sleeper waits on the pipe with select().
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self.stopping = False
+        self.reload_requested = False
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write, b"x")
+        except (BlockingIOError, OSError):
+            pass  # a full pipe already wakes the sleeper; a closed one has nobody to wake
+
+    def sleep(self, timeout: float) -> bool:
+        if not self.stopping:
+            select.select([self._read], [], [], timeout)
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        return self.stopping
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
 
 class Gfd:
     def __init__(
@@ -30,7 +72,7 @@ class Gfd:
         settings: GfdSettings,
         *,
         reload_settings: Callable[[], GfdSettings],
-        output_factory: Callable[[GfdSettings, threading.Event], Output] | None = None,
+        output_factory: Callable[[GfdSettings, Sleep], Output] | None = None,
         nvml_factory: Callable[[GfdSettings], Nvml] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -39,40 +81,38 @@ class Gfd:
         self._output_factory = output_factory or default_output
         self._nvml_factory = nvml_factory or _open_nvml
         self._clock = clock
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._reload = False
+        self._waker = Waker()
         self.passes = 0
 
-    # ---- signals (called from signal handlers: set flags only) ----------------------------------
+    # ---- signals (called from signal handlers: set flags and write to a pipe, nothing else) -----
     def request_stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self._waker.stopping = True
+        self._waker.wake()
 
     def request_reload(self) -> None:
-        self._reload = True
-        self._wake.set()
+        self._waker.reload_requested = True
+        self._waker.wake()
 
     # ---- loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         settings = self.settings
-        output = self._output_factory(settings, self._stop)
+        waker = self._waker
+        output = self._output_factory(settings, waker.sleep)
         try:
             while True:
                 self.label_once(settings, output)
                 if settings.oneshot:
                     return
-                self._wake.wait(settings.sleep_interval)
-                self._wake.clear()
-                if self._stop.is_set():
+                if waker.sleep(settings.sleep_interval):
                     log_event(log, logging.INFO, "stopping")
                     return
-                if self._reload:
-                    self._reload = False
+                if waker.reload_requested:
+                    waker.reload_requested = False
                     settings, output = self._apply_reload(settings, output)
         finally:
             if not settings.oneshot:
                 output.remove()
+            waker.close()
 
     def _apply_reload(self, settings: GfdSettings, output: Output) -> tuple[GfdSettings, Output]:
         try:
@@ -88,7 +128,7 @@ class Gfd:
             settings.use_node_feature_api,
         ):
             output.remove()
-            output = self._output_factory(fresh, self._stop)
+            output = self._output_factory(fresh, self._waker.sleep)
         self.settings = fresh
         return fresh, output
 
@@ -131,7 +171,7 @@ def _open_nvml(settings: GfdSettings) -> Nvml:
     return open_nvml(settings.config.nvml, driver_root=settings.config.flags.nvidia_driver_root)
 
 
-def default_output(settings: GfdSettings, stop: threading.Event) -> Output:
+def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
     if not settings.use_node_feature_api:
         return FileOutput(settings.output_file)
     from nvdp.kube import custom_objects_api
@@ -141,5 +181,5 @@ def default_output(settings: GfdSettings, stop: threading.Event) -> Output:
         settings.node_name,
         settings.namespace,
         api_factory=lambda: custom_objects_api(kubeconfig=kubeconfig),
-        stop=stop,
+        sleep=sleep,
     )
