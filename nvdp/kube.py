@@ -113,9 +113,7 @@ NODE_FEATURE_PLURAL = "nodefeatures"
 NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
 
 
-def custom_objects_api(
-    *, host: str | None = None, kubeconfig: str | None = None, timeout: float = 10.0
-) -> Any:
+def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
     """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster."""
     from nvdp.footprint import allow_ssl
 

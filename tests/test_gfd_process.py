@@ -126,6 +126,7 @@ def test_loop_rewrites_on_sighup_never_half_written_and_removes_the_file_on_stop
         finally:
             done.set()
             reader.join(5)
+            print(gfd.log()[-4000:])  # shown when the test fails
         log = gfd.log()
     assert torn == [], "a reader saw a partial file"
     assert plain in seen and len(seen) == 2
