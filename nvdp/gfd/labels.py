@@ -274,6 +274,9 @@ def _resource_labels(
             strategy,
             _product(parent.name, "MIG", profile, shared=suffix),
         )
+        if resource.name == GPU_RESOURCE:  # single strategy: the parent's architecture too, as NVIDIA
+            identity = _gpu_identity(GPU_RESOURCE, parent, facts)
+            out.update({k: v for k, v in identity.items() if k != f"{GPU_RESOURCE}.memory"})
         out.update({f"{resource.name}.{k}": str(v) for k, v in mig_attributes(mig, parent).items()})
         return out
     gpus = [by_uuid[u] for u in units if u in by_uuid]
