@@ -142,10 +142,17 @@ def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str,
 
 
 def apply_node_feature(
-    api: Any, namespace: str, name: str, node: str, labels: Mapping[str, str], timeout: float = 10.0
+    api: Any,
+    namespace: str,
+    name: str,
+    node: str,
+    labels: Mapping[str, str],
+    timeout: float = 10.0,
+    ignore: tuple[str, ...] = (),
 ) -> str:
     """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
-    or "unchanged". API failures raise NvdpError naming the object and the status."""
+    or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
+    failures raise NvdpError naming the object and the status."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -163,7 +170,16 @@ def apply_node_feature(
             api.create_namespaced_custom_object(*args, body, _request_timeout=timeout)
             return "created"
         metadata = current.get("metadata", {})
-        if current.get("spec") == body["spec"] and metadata.get("labels") == body["metadata"]["labels"]:
+        spec = current.get("spec") or {}
+
+        def kept(found: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in found.items() if k not in ignore}
+
+        if (
+            kept(spec.get("labels") or {}) == kept(labels)
+            and spec.get("features") == body["spec"]["features"]
+            and metadata.get("labels") == body["metadata"]["labels"]
+        ):
             return "unchanged"
         body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
         api.replace_namespaced_custom_object(*args, name, body, _request_timeout=timeout)

@@ -219,3 +219,38 @@ def test_node_feature_retries_with_backoff_then_gives_up_with_one_line() -> None
             str(raised.value)
             == "NodeFeature ns/nvidia-features-for-node-b: API error 500 Internal Server Error"
         )
+
+
+def test_feature_file_rewritten_only_when_labels_change(tmp_path: Path) -> None:
+    from nvdp.gfd.output import FileOutput
+
+    path = tmp_path / "gfd"
+    output = FileOutput(str(path))
+    assert output.write({"nvidia.com/gpu.count": "4", "nvidia.com/gfd.timestamp": "1"}) is True
+    inode = path.stat().st_ino
+    assert output.write({"nvidia.com/gpu.count": "4", "nvidia.com/gfd.timestamp": "2"}) is False
+    assert path.stat().st_ino == inode and "timestamp=1\n" in path.read_text()
+    assert output.write({"nvidia.com/gpu.count": "2", "nvidia.com/gfd.timestamp": "3"}) is True
+    assert path.read_text() == "nvidia.com/gfd.timestamp=3\nnvidia.com/gpu.count=2\n"
+    path.unlink()  # removed behind our back: written again even though the labels are the same
+    assert output.write({"nvidia.com/gpu.count": "2", "nvidia.com/gfd.timestamp": "4"}) is True
+    output.remove()
+    output.remove()
+    assert not path.exists()
+
+
+def test_node_feature_already_up_to_date_is_left_alone() -> None:
+    from nvdp.kube import custom_objects_api, node_feature_body
+
+    path = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/ns/nodefeatures/nvidia-features-for-node-c"
+    with KubeApi() as api:
+        api.objects[path] = node_feature_body("nvidia-features-for-node-c", "ns", "node-c", {"a": "1"})
+        api.objects[path]["metadata"]["resourceVersion"] = "7"
+        output = NodeFeatureOutput("node-c", "ns", api_factory=lambda: custom_objects_api(host=api.url))
+        assert output.write({"a": "1", "nvidia.com/gfd.timestamp": "5"}) is False
+        assert [(r.method, r.status) for r in api.requests] == [("GET", 200)]
+        assert output.write({"a": "2"}) is True
+        assert [r.method for r in api.requests] == ["GET", "GET", "PUT"]
+        stored = api.get(path)
+        assert stored is not None and stored["spec"] == {"features": {}, "labels": {"a": "2"}}
+        assert stored["metadata"]["resourceVersion"] == "1"

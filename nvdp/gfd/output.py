@@ -134,7 +134,9 @@ class NodeFeatureOutput:
             try:
                 if self._api is None:
                     self._api = self._api_factory()
-                outcome = apply_node_feature(self._api, self.namespace, self.name, self.node, labels)
+                outcome = apply_node_feature(
+                    self._api, self.namespace, self.name, self.node, labels, ignore=(TIMESTAMP_LABEL,)
+                )
             except NvdpError as error:
                 if attempt == self._attempts:
                     raise
