@@ -114,10 +114,8 @@ NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
 
 
 def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
-    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster."""
-    from nvdp.footprint import allow_ssl
-
-    allow_ssl()
+    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster.
+    A process that blocked `ssl` lifts the block first (`nvdp.footprint.allow_ssl`)."""
     from kubernetes import client, config
 
     configuration = client.Configuration()
