@@ -230,3 +230,18 @@ def test_mode_label_uses_the_reader() -> None:
     labels = node_labels(facts, build_resources([gpu]), mig_strategy="none", sharing_strategy="none").labels
     assert labels["nvidia.com/gpu.mode"] == "graphics"
     assert labels["nvidia.com/gpu.family"] == "turing"
+
+
+@pytest.mark.parametrize(
+    ("machine", "label"),
+    [
+        pytest.param("NVIDIA DGX A100\n", "NVIDIA-DGX-A100", id="spaces"),
+        pytest.param("Standard PC (Q35 + ICH9, 2009)", "Standard-PC-Q35-ICH9-2009", id="qemu"),
+        pytest.param("x" * 70, "x" * 63, id="long"),
+        pytest.param("  ", "unknown", id="empty"),
+    ],
+)
+def test_machine_type_is_a_valid_label_value(machine: str, label: str) -> None:
+    from nvdp.gfd.labels import sanitise_machine
+
+    assert sanitise_machine(machine) == label

@@ -199,7 +199,10 @@ def invalid_mig_labels(facts: NodeFacts, reason: str) -> LabelResult:
 
 
 def sanitise_machine(machine: str) -> str:
-    return machine.strip().replace(" ", "-") or MACHINE_UNKNOWN
+    """The DMI product name as a valid label value: NVIDIA turns spaces into `-`; nvdp also drops
+    characters a label value cannot hold and keeps 63 of them, so NFD does not reject the label."""
+    value = sanitise(machine)[:63].strip("-_.")
+    return value or MACHINE_UNKNOWN
 
 
 def format_labels(labels: Mapping[str, str]) -> str:
