@@ -41,9 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_abbrev=False,
     )
     _add_simulate_arguments(simulate)
+    gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
+    _add_gfd_arguments(gfd)
     args = parser.parse_args(argv)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
+    if args.command == "gfd":
+        return run_gfd(args, os.environ)
     return run_simulate(args, os.environ)
 
 
@@ -168,6 +172,33 @@ def _remove_dir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+def _add_gfd_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.gfd.options import add_gfd_flags
+
+    add_gfd_flags(parser)
+
+
+def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`nvdp gfd`: NVIDIA's gpu-feature-discovery (see nvdp/gfd)."""
+    from nvdp.gfd.options import resolve_gfd
+    from nvdp.gfd.run import Gfd
+
+    try:
+        settings = resolve_gfd(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    setup_logging(settings.config.log_format, settings.config.log_level)
+    log_event(log, logging.INFO, "gfd starting", config=settings.config.to_dict())
+    gfd = Gfd(settings, reload_settings=lambda: resolve_gfd(args, environ))
+    _install_signal_handlers(gfd.request_stop, gfd.request_reload)
+    try:
+        gfd.run()
+    except NvdpError as error:
+        log_event(log, logging.ERROR, "exiting", error=str(error))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -91,3 +91,86 @@ class KubeNodeEvents:
         self._api.create_namespaced_event(
             self._namespace, self.event_body(event_type, reason, message), _request_timeout=self._timeout
         )
+
+
+# ---- NodeFeature objects (nvdp gfd --use-node-feature-api) -------------------------------------
+
+NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
+NODE_FEATURE_VERSION = "v1alpha1"
+NODE_FEATURE_PLURAL = "nodefeatures"
+NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
+
+
+def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
+    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster.
+    A process that blocked `ssl` lifts the block first (`nvdp.footprint.allow_ssl`)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if host is not None:
+        configuration.host = host
+    elif kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.retries = 0  # the caller retries with backoff
+    return client.CustomObjectsApi(client.ApiClient(configuration))
+
+
+def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A NodeFeature carrying `labels` for `node` (NFD merges it by the node-name label)."""
+    return {
+        "apiVersion": f"{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}",
+        "kind": "NodeFeature",
+        "metadata": {"name": name, "namespace": namespace, "labels": {NODE_FEATURE_NODE_LABEL: node}},
+        "spec": {"features": {}, "labels": dict(labels)},
+    }
+
+
+def apply_node_feature(
+    api: Any,
+    namespace: str,
+    name: str,
+    node: str,
+    labels: Mapping[str, str],
+    timeout: float = 10.0,
+    ignore: tuple[str, ...] = (),
+) -> str:
+    """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
+    or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
+    failures raise NvdpError naming the object and the status."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from nvdp.errors import NvdpError
+
+    args = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, namespace, NODE_FEATURE_PLURAL)
+    body = node_feature_body(name, namespace, node, labels)
+    where = f"NodeFeature {namespace}/{name}"
+    try:
+        try:
+            current = api.get_namespaced_custom_object(*args, name, _request_timeout=timeout)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            api.create_namespaced_custom_object(*args, body, _request_timeout=timeout)
+            return "created"
+        metadata = current.get("metadata", {})
+        spec = current.get("spec") or {}
+
+        def kept(found: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in found.items() if k not in ignore}
+
+        if (
+            kept(spec.get("labels") or {}) == kept(labels)
+            and spec.get("features") == body["spec"]["features"]
+            and metadata.get("labels") == body["metadata"]["labels"]
+        ):
+            return "unchanged"
+        body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
+        api.replace_namespaced_custom_object(*args, name, body, _request_timeout=timeout)
+        return "updated"
+    except ApiException as error:
+        raise NvdpError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
+    except (HTTPError, OSError) as error:
+        raise NvdpError(f"{where}: cannot reach the API server: {error}") from error

@@ -842,7 +842,6 @@ def test_chart_notes_tell_the_config_manager_limitation(render: Callable[..., Re
             'deviceListStrategy: invalid value "mounts"',
             id="deviceListStrategy",
         ),
-        pytest.param({"gfd": {"enabled": True}}, "gfd.enabled", id="gfd"),
         pytest.param(
             {"devicePlugin": {"enabled": False}}, "devicePlugin.enabled", id="devicePlugin-disabled"
         ),
