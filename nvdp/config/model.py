@@ -304,6 +304,7 @@ class Config:
     log_format: str = "text"
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    strict_config: bool = False  # unknown file keys are errors, not warnings
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):
