@@ -214,7 +214,9 @@ class KubeApiStandin:
         return [
             copy.deepcopy(obj)
             for p, obj in sorted(self.objects.items())
-            if p.startswith(prefix) and "/" not in p[len(prefix) :] and (name is None or p.endswith("/" + name))
+            if p.startswith(prefix)
+            and "/" not in p[len(prefix) :]
+            and (name is None or p.endswith("/" + name))
         ]
 
     def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:

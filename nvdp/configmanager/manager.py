@@ -53,6 +53,11 @@ class ConfigManager:
         self._reported: str | None = None
         self.entry: str | None = None
         self.signals_sent = 0
+        # What the plugin was last given (the link target and a digest of the content then). The
+        # destination is a link through the ConfigMap's ..data, so its content follows an edit: the
+        # digest remembered here is what tells that the plugin has not seen the edit yet.
+        self._applied: files.Effective | None = None
+        self._baseline_taken = False
 
     # ---- inputs ----------------------------------------------------------------------------------
 
@@ -87,7 +92,9 @@ class ConfigManager:
     def reconcile(self) -> Outcome:
         s = self.settings
         label = self.label
-        now = files.current(s.config_file_dst)
+        if not self._baseline_taken:  # what the plugin read when it started (the init container's link)
+            self._applied, self._baseline_taken = files.current(s.config_file_dst), True
+        now = self._applied
         try:
             entries = list_entries(s.config_file_srcdir)
             try:
@@ -106,6 +113,7 @@ class ConfigManager:
                 return Outcome(False, entry)
             files.validate(entry, content)
             files.link(s.config_file_dst, wanted.target)
+            self._applied = wanted
         except (NvdpError, OSError) as error:
             reason = str(error) if isinstance(error, NvdpError) else f"{error.strerror or error}"
             self._report(label, reason)
