@@ -29,7 +29,8 @@ EVENTS = "/api/v1/namespaces/default/events"
 
 
 def ts(replicas: int) -> str:
-    return f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    resources = f"[{{name: nvidia.com/gpu, replicas: {replicas}}}]"
+    return f"version: v1\nsharing:\n  timeSlicing:\n    resources: {resources}\n"
 
 
 class ConfigMapDir:
