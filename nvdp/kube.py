@@ -11,6 +11,7 @@ its own node events: namespace `default`, involvedObject `{kind: Node, name: <no
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import threading
@@ -110,7 +111,7 @@ def node_events_from_env(
 # ---- config-manager: the client from a kubeconfig, and a list+watch of one Node -----------------
 
 
-def api_client_from(kubeconfig: str | None, *, retries: int = 0) -> Any:
+def api_client_from(kubeconfig: str | None, *, retries: int = 1) -> Any:
     """A `kubernetes.client.ApiClient` from a kubeconfig file (KUBECONFIG / --kubeconfig), else from
     the in-cluster service account. Raises nvdp.errors.KubeError (one line) when neither works."""
     from kubernetes import client, config
@@ -130,18 +131,58 @@ def api_client_from(kubeconfig: str | None, *, retries: int = 0) -> Any:
 
 def node_labels(api_client: Any, node_name: str, *, timeout: float = 10.0) -> dict[str, str] | None:
     """The labels of one Node (one GET); None when the Node does not exist. Raises KubeError."""
-    from kubernetes.client import CoreV1Api
-    from kubernetes.client.exceptions import ApiException
-
     try:
-        node = CoreV1Api(api_client).read_node(node_name, _request_timeout=timeout)
-    except ApiException as error:
+        node = _get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
+    except _HttpError as error:
         if error.status == 404:
             return None
-        raise KubeError(f"cannot read node {node_name}: HTTP {error.status} {error.reason}") from error
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
     except Exception as error:  # urllib3 / socket errors: one line, not a traceback
         raise KubeError(f"cannot read node {node_name}: {_one_line(error)}") from error
-    return dict(node.metadata.labels or {})
+    return _labels(node)
+
+
+class NodeEventPoster:
+    """Posts core/v1 Events on one Node (the body of `KubeNodeEvents`) through a raw request: the
+    typed CoreV1Api costs about 22 MB more RSS (pydantic and its models) in the config-manager."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node_name: str,
+        *,
+        component: str,
+        namespace: str = NODE_EVENTS_NAMESPACE,
+        request_timeout: float = 5.0,
+    ) -> None:
+        self._api_client = api_client
+        self._node = node_name
+        self._component = component
+        self._namespace = namespace
+        self._timeout = request_timeout
+
+    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self._node}.{time.time_ns():x}", "namespace": self._namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node},
+            "type": event_type,
+            "reason": reason,
+            "message": message,
+            "source": {"component": self._component, "host": self._node},
+            "reportingComponent": self._component,
+            "reportingInstance": self._node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = f"/api/v1/namespaces/{self._namespace}/events"
+        try:
+            _request(self._api_client, "POST", path, {}, self._timeout, body=body).read()
+        except _HttpError as error:
+            raise KubeError(f"cannot create event on node {self._node}: {error}") from error
 
 
 class NodeWatch:
@@ -150,6 +191,7 @@ class NodeWatch:
     watch; re-lists on 410 Gone; retries every other failure with capped exponential backoff and
     never stops until `stop` is set. `on_failure(message, failing_for_seconds)` hears each failure;
     a line is logged at WARNING, and at ERROR once the watch has been failing for `alarm_after` s.
+    Requests go through the client's ApiClient untyped (JSON), for the memory reason above.
     """
 
     def __init__(
@@ -181,51 +223,29 @@ class NodeWatch:
 
     def run(self, stop: threading.Event) -> None:
         """Watch until `stop` is set (checked between requests and events)."""
-        from kubernetes import watch
-        from kubernetes.client import CoreV1Api
-        from kubernetes.client.exceptions import ApiException
-
-        api = CoreV1Api(self._api_client)
         version: str | None = None
         delay = self._backoff_initial
         alarmed = False
         while not stop.is_set():
             try:
                 if version is None:
-                    nodes = api.list_node(field_selector=self.selector, _request_timeout=30)
+                    nodes = _get_json(self._api_client, "/api/v1/nodes", {"fieldSelector": self.selector}, 30)
                     self.lists += 1
-                    self._on_labels(dict(nodes.items[0].metadata.labels or {}) if nodes.items else None)
-                    version = nodes.metadata.resource_version
+                    items = nodes.get("items") or []
+                    self._on_labels(_labels(items[0]) if items else None)
+                    version = str(nodes["metadata"]["resourceVersion"])
                     self._recovered()
                     delay, alarmed = self._backoff_initial, False
-                stream = watch.Watch()
-                for event in stream.stream(
-                    api.list_node,
-                    field_selector=self.selector,
-                    resource_version=version,
-                    timeout_seconds=self._timeout_seconds,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(10, self._timeout_seconds + 30),
-                ):
-                    self._recovered()
-                    delay, alarmed = self._backoff_initial, False
-                    kind = event["type"]
-                    if kind == "DELETED":
-                        self._on_labels(None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self._on_labels(dict(event["object"].metadata.labels or {}))
-                    if stop.is_set():
-                        stream.stop()
-                        break
-                version = stream.resource_version or version
+                version = self._watch(version, stop)
                 self._recovered()
+                delay, alarmed = self._backoff_initial, False
                 continue
-            except ApiException as error:
-                if error.status == 410:
-                    log.info("node watch expired (410 Gone); listing again node=%s", self._node)
-                    version = None
-                    continue
-                message = f"HTTP {error.status} {' '.join(str(error.reason).split())}"
+            except _Gone:
+                log.info("node watch expired (410 Gone); listing again node=%s", self._node)
+                version = None
+                continue
+            except _HttpError as error:
+                message = str(error)
             except Exception as error:  # connection refused, timeouts, bad answers: retry, never stop
                 message = _one_line(error)
             now = time.monotonic()
@@ -248,12 +268,103 @@ class NodeWatch:
             stop.wait(delay)
             delay = min(delay * 2, self._backoff_max)
 
+    def _watch(self, version: str, stop: threading.Event) -> str:
+        """One watch request from `version` until the server ends it; the last version seen."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        query = {
+            "fieldSelector": self.selector,
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self._timeout_seconds),
+            "watch": "true",
+        }
+        response = _request(self._api_client, "GET", "/api/v1/nodes", query, (10, self._timeout_seconds + 30))
+        try:
+            for line in iter_resp_lines(response.response):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise _HttpError(int(obj.get("code") or 0), str(obj.get("message") or obj))
+                self._recovered()
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "DELETED":
+                    self._on_labels(None)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self._on_labels(_labels(obj))
+                if stop.is_set():
+                    break
+        finally:
+            response.response.release_conn()
+        return version
+
     def _recovered(self) -> None:
         if self.failing_since is not None:
             log.info(
                 "node watch recovered node=%s after=%.1fs", self._node, time.monotonic() - self.failing_since
             )
             self.failing_since = None
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        super().__init__(f"HTTP {status} {' '.join(detail.split())[:200]}")
+
+
+class _Gone(Exception):
+    """410 Gone: the resourceVersion is too old; list again."""
+
+
+def _request(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    timeout: float | tuple[float, float],
+    body: object = None,
+) -> Any:
+    """One request through the client's ApiClient (auth, TLS, proxies from the kubeconfig); raises
+    _HttpError (or _Gone) on a non-2xx answer. Returns the client's RESTResponse, body unread."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    serialized = api_client.param_serialize(
+        method,
+        path,
+        query_params=list(query.items()) or None,
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    method, url, headers, body = serialized[0], serialized[1], serialized[2], serialized[3]
+    response = api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        text = response.read().decode("utf-8", "replace")
+        try:
+            detail = json.loads(text).get("message") or response.reason
+        except (ValueError, AttributeError):
+            detail = text or response.reason
+        if response.status == 410:
+            raise _Gone()
+        raise _HttpError(response.status, str(detail))
+    return response
+
+
+def _get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    data = json.loads(_request(api_client, "GET", path, query, timeout).read())
+    if not isinstance(data, dict):
+        raise _HttpError(200, f"unexpected answer from {path}")
+    return data
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
 
 
 def _one_line(error: BaseException) -> str:

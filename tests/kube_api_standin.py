@@ -349,8 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass
-        self.close_connection = True
+            self.close_connection = True
 
 
 def _looks_like_object(path: str) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process, clean_env, wait_until
+from bench.harness import Process, ProcStats, clean_env, wait_until
 from nvdp.kubelet import Kubelet
 from tests.kube_api_standin import KubeApiStandin
 
@@ -188,6 +188,8 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     wait_until(lambda: "replicas: must be an integer" in manager.log(), 10, "invalid entry reported")
     assert os.readlink(setup.dst) == str(setup.src.root / "a") and _reloads(plugin) == before
 
+    # Memory while watching (bench/config_manager.py measures it on its own): under 80 MB.
+    assert ProcStats.read(manager.pid).peak_rss_mib * 1024 * 1024 < 80e6
     assert manager.stop() == 0
     assert plugin.stop() == 0
 

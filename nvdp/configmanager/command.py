@@ -22,7 +22,7 @@ EVENT_COMPONENT = "nvidia-device-plugin-config-manager"
 def connect(settings: Settings) -> tuple[object, ConfigManager]:
     """The API client and a manager that records Events on the Node. Raises KubeError."""
     client = kube.api_client_from(settings.kubeconfig)
-    events = kube.KubeNodeEvents(settings.node_name, api_client=client, component=EVENT_COMPONENT)
+    events = kube.NodeEventPoster(client, settings.node_name, component=EVENT_COMPONENT)
     return client, ConfigManager(settings, events)
 
 
