@@ -163,6 +163,11 @@ class KubeApiStandin:
         with self._lock:
             self._failures.append(_Failure(status, count, method, path_prefix, watch))
 
+    def clear_failures(self) -> None:
+        """Answer normally again."""
+        with self._lock:
+            self._failures.clear()
+
     def expire(self) -> None:
         """Forget the event history: a watch from an older resourceVersion gets 410 Gone."""
         with self._lock:

@@ -394,3 +394,63 @@ def test_config_check_mig_strategy_on_a_mig_node(tmp_path: Path, capsys: pytest.
     assert main(["config", "check", str(path), "--nvml", "sim:dgx-a100-mig", "--mig-strategy", "mixed"]) == 0
     out = capsys.readouterr().out
     assert "(migStrategy mixed)" in out and "nvidia.com/mig-" in out
+
+
+# ---- the Node watch and the status endpoints (in process, against the API stand-in) -------------
+
+
+def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from nvdp import kube
+    from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
+    from tests.kube_api_standin import KubeApiStandin
+
+    with KubeApiStandin() as api:
+        api.put(
+            "/api/v1/nodes/n", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {}}}
+        )
+        api.fail(500, 1000, path_prefix="/api/v1/nodes")
+        seen: list[dict[str, str] | None] = []
+        failures: list[str] = []
+        watch = kube.NodeWatch(
+            kube.api_client_from(str(api.write_kubeconfig(tmp_path / "kubeconfig"))),
+            "n",
+            seen.append,
+            on_failure=lambda message, _: failures.append(message),
+            backoff_initial=0.01,
+            backoff_max=0.05,
+            alarm_after=0.3,
+        )
+        server = StatusServer(
+            "127.0.0.1:0",
+            lambda: Snapshot(bool(seen), 0, 0, 0, failing_for(watch.failing_since)),
+            alarm_after=0.3,
+        ).start()
+        stop = threading.Event()
+        thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+        with caplog.at_level(logging.WARNING, logger="nvdp.kube"):
+            thread.start()
+            api.wait_for(lambda: any(r.levelno == logging.ERROR for r in caplog.records), 10, "alarm line")
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=5)
+            assert caught.value.code == 503
+            alarms = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+            assert len(alarms) == 1 and alarms[0].startswith("node watch has been failing node=n for=")
+            assert failures[0] == "HTTP 500 injected failure 500" and thread.is_alive()
+            api.clear_failures()  # the API server answers again
+            api.wait_for(lambda: seen == [{}], 10, "list after recovery")
+            assert watch.failing_since is None
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=5) as ok:
+                assert ok.status == 200
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as metrics:
+                assert b"nvdp_config_manager_watch_healthy 1" in metrics.read()
+        stop.set()
+        api.end_watches()
+        thread.join(5)
+        server.stop()
+        assert not thread.is_alive()

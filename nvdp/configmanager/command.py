@@ -11,12 +11,14 @@ import threading
 from nvdp import kube
 from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.settings import Settings
+from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 
 EVENT_COMPONENT = "nvidia-device-plugin-config-manager"
+ALARM_AFTER = 60.0  # seconds of failing watch before the ERROR line and /readyz 503
 
 
 def connect(settings: Settings) -> tuple[object, ConfigManager]:
@@ -39,7 +41,20 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
     client, manager = connect(settings)
     if manager_ready is not None:
         manager_ready.append(manager)
-    watch = kube.NodeWatch(client, settings.node_name, manager.set_labels)
+    watch = kube.NodeWatch(client, settings.node_name, manager.set_labels, alarm_after=ALARM_AFTER)
+    status = None
+    if settings.metrics_address:
+
+        def snapshot() -> Snapshot:
+            return Snapshot(
+                applied=manager.entry is not None,
+                applied_total=manager.applied_total,
+                refused_total=manager.refused_total,
+                signals_total=manager.signals_sent,
+                watch_failing_for=failing_for(watch.failing_since),
+            )
+
+        status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()
     thread = threading.Thread(target=_watch, args=(watch, stop), name="node-watch", daemon=True)
     log_event(
         log,
@@ -51,7 +66,11 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
         dst=settings.config_file_dst,
     )
     thread.start()
-    manager.run(stop)
+    try:
+        manager.run(stop)
+    finally:
+        if status is not None:
+            status.stop()
     return 0
 
 

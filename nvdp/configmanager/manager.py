@@ -53,6 +53,8 @@ class ConfigManager:
         self._reported: str | None = None
         self.entry: str | None = None
         self.signals_sent = 0
+        self.applied_total = 0
+        self.refused_total = 0
         # What the plugin was last given (the link target and a digest of the content then). The
         # destination is a link through the ConfigMap's ..data, so its content follows an edit: the
         # digest remembered here is what tells that the plugin has not seen the edit yet.
@@ -119,6 +121,7 @@ class ConfigManager:
             self._report(label, reason)
             return Outcome(False, self.entry, reason)
         self._clear()
+        self.applied_total += 1
         previous, self.entry = self.entry, entry
         log_event(
             log,
@@ -156,6 +159,7 @@ class ConfigManager:
         if reason == self._reported:
             return
         self._reported = reason
+        self.refused_total += 1
         kept = self.entry if self.entry is not None else "(none yet)"
         log_event(
             log,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvdp.config import values as v
+from nvdp.config.model import listen_address
 from nvdp.errors import ConfigError
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
@@ -35,6 +36,7 @@ class Settings:
     signal: int = int(signal.SIGHUP)
     process_to_signal: str = DEFAULT_PROCESS_TO_SIGNAL
     poll_interval: float = 2.0
+    metrics_address: str = ""
 
 
 def _signal_number(text: str) -> int:
@@ -116,6 +118,15 @@ _OPTIONS: tuple[tuple[str, str, str, _Parser, str, str], ...] = (
         _nonnegative_seconds,
         "value",
         "how often the mounted ConfigMap is re-read for edits (seconds or Go duration)",
+    ),
+    (
+        "--metrics-address",
+        "METRICS_ADDRESS",
+        "metrics_address",
+        listen_address,
+        "value",
+        'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
+        " node watch has been failing for a minute)",
     ),
 )
 
