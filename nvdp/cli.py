@@ -201,12 +201,16 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     from nvdp.configmanager import command
     from nvdp.configmanager.manager import ConfigManager
     from nvdp.configmanager.settings import resolve
+    from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
     try:
         settings = resolve(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    setup_logging("text", "info")
+    log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
+    setup_logging(
+        log_format if log_format in LOG_FORMATS else "text", log_level if log_level in LOG_LEVELS else "info"
+    )
     stop = threading.Event()
     try:
         if settings.oneshot:

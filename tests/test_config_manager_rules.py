@@ -454,3 +454,21 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         thread.join(5)
         server.stop()
         assert not thread.is_alive()
+
+
+def test_strict_config_refuses_entries_with_unknown_keys(tmp_path: Path) -> None:
+    manager, events, dst = _manager(tmp_path, strict_config=True)
+    (tmp_path / "src" / "newer").write_text(NEWER)
+    manager.set_labels({"nvidia.com/device-plugin.config": "newer"})
+    outcome = manager.reconcile()
+    assert outcome.entry is None and not dst.exists()
+    assert outcome.problem == "newer: flags.migstrategy: unknown field (did you mean migStrategy?); " + (
+        "newer: flags.plugin.sharedDevicesAllocationPolicy: unknown field (accepted: passDeviceSpecs, "
+        "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
+        "kubeletSocket, cdiFeatureFlags)"
+    )
+    (tmp_path / "lenient").mkdir()
+    lenient, _, dst2 = _manager(tmp_path / "lenient")
+    (tmp_path / "lenient" / "src" / "newer").write_text(NEWER)
+    lenient.set_labels({"nvidia.com/device-plugin.config": "newer"})
+    assert lenient.reconcile().entry == "newer" and os.readlink(dst2).endswith("/newer")

@@ -42,14 +42,15 @@ def read_candidate(srcdir: str, entry: str) -> tuple[Effective, bytes]:
     return Effective(target, _digest(content)), content
 
 
-def validate(entry: str, content: bytes) -> None:
-    """The plugin's loader (lenient about unknown keys, as the plugin is by default) accepts it."""
+def validate(entry: str, content: bytes, *, strict: bool = False) -> None:
+    """The plugin's loader accepts it (lenient about unknown keys, as the plugin is by default;
+    `strict` as the plugin is with --strict-config)."""
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as error:
         raise CandidateError(f"entry {entry!r} is not UTF-8 text (byte {error.start})") from error
     try:
-        parse_text(text, source=entry or None)
+        parse_text(text, source=entry or None, strict=strict)
     except ConfigError as error:
         raise CandidateError(str(error)) from error
 

@@ -113,7 +113,7 @@ class ConfigManager:
                 self._clear()
                 self.entry = entry
                 return Outcome(False, entry)
-            files.validate(entry, content)
+            files.validate(entry, content, strict=s.strict_config)
             files.link(s.config_file_dst, wanted.target)
             self._applied = wanted
         except (NvdpError, OSError) as error:

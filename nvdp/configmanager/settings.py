@@ -37,6 +37,7 @@ class Settings:
     process_to_signal: str = DEFAULT_PROCESS_TO_SIGNAL
     poll_interval: float = 2.0
     metrics_address: str = ""
+    strict_config: bool = False
 
 
 def _signal_number(text: str) -> int:
@@ -127,6 +128,14 @@ _OPTIONS: tuple[tuple[str, str, str, _Parser, str, str], ...] = (
         "value",
         'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
         " node watch has been failing for a minute)",
+    ),
+    (
+        "--strict-config",
+        "STRICT_CONFIG",
+        "strict_config",
+        v.parse_bool,
+        "bool",
+        "nvdp: refuse entries with unknown keys, as the plugin does with the same setting",
     ),
 )
 
