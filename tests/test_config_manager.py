@@ -228,3 +228,20 @@ def test_sighup_is_sent_only_when_the_file_changes(setup: Setup) -> None:
     time.sleep(0.6)
     assert counter.read_text() == "hh"
     assert manager.stop() == 0
+
+
+@pytest.mark.soak
+def test_oneshot_failures_are_one_line_and_exit_1(setup: Setup) -> None:
+    setup.label("nope")  # no default, no fallback: nothing can be put in place
+    init = setup.manager("--oneshot", log="nothing.log", SEND_SIGNAL="false")
+    assert init.wait(30) == 1
+    lines = [line for line in init.log().splitlines() if "ERROR" in line]
+    assert len(lines) == 1 and "no config entry named 'nope'" in lines[0], init.log()
+    assert "Traceback" not in init.log() and not setup.dst.exists()
+
+    setup.api.stop()  # the API server is gone
+    init = setup.manager("--oneshot", "--fallback-strategies", "named", log="noapi.log", SEND_SIGNAL="false")
+    assert init.wait(30) == 1
+    assert "Traceback" not in init.log()
+    (line,) = [line for line in init.log().splitlines() if "ERROR" in line]
+    assert "exiting error=" in line and "cannot read node node-a" in line

@@ -101,12 +101,15 @@ class ConfigManager:
             entries = list_entries(s.config_file_srcdir)
             try:
                 entry = select(label, entries, s.default_config, s.fallback_strategies)
-            except SelectionError:
+            except SelectionError as error:
                 if now is not None or not label:
                     raise
                 # Nothing served yet (first start): a bad label must not leave the plugin without a
                 # config; use what the node would get without the label, and still report the label.
-                entry = select(None, entries, s.default_config, s.fallback_strategies)
+                try:
+                    entry = select(None, entries, s.default_config, s.fallback_strategies)
+                except SelectionError as fallback:
+                    raise SelectionError(f"{error}; without the label: {fallback}") from fallback
                 self._report(label, f"no config entry named {label!r}; using {entry or 'the empty config'}")
             wanted, content = files.read_candidate(s.config_file_srcdir, entry)
             if now == wanted:
