@@ -180,7 +180,7 @@ class NodeEventPoster:
         }
         path = f"/api/v1/namespaces/{self._namespace}/events"
         try:
-            _request(self._api_client, "POST", path, {}, self._timeout, body=body).read()
+            _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
         except _HttpError as error:
             raise KubeError(f"cannot create event on node {self._node}: {error}") from error
 
@@ -281,7 +281,7 @@ class NodeWatch:
         }
         response = _request(self._api_client, "GET", "/api/v1/nodes", query, (10, self._timeout_seconds + 30))
         try:
-            for line in iter_resp_lines(response.response):
+            for line in iter_resp_lines(response):
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -299,7 +299,7 @@ class NodeWatch:
                 if stop.is_set():
                     break
         finally:
-            response.response.release_conn()
+            response.release_conn()
         return version
 
     def _recovered(self) -> None:
@@ -329,34 +329,57 @@ def _request(
     body: object = None,
 ) -> Any:
     """One request through the client's ApiClient (auth, TLS, proxies from the kubeconfig); raises
-    _HttpError (or _Gone) on a non-2xx answer. Returns the client's RESTResponse, body unread."""
+    _HttpError (or _Gone) on a non-2xx answer. Returns the urllib3 response, body unread (`.data`
+    reads it; `.stream()` follows a watch)."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = "application/json"
-    serialized = api_client.param_serialize(
-        method,
-        path,
-        query_params=list(query.items()) or None,
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    method, url, headers, body = serialized[0], serialized[1], serialized[2], serialized[3]
-    response = api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
-    if not 200 <= response.status <= 299:
-        text = response.read().decode("utf-8", "replace")
-        try:
-            detail = json.loads(text).get("message") or response.reason
-        except (ValueError, AttributeError):
-            detail = text or response.reason
-        if response.status == 410:
-            raise _Gone()
-        raise _HttpError(response.status, str(detail))
-    return response
+    if hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
+        serialized = api_client.param_serialize(
+            method,
+            path,
+            query_params=list(query.items()) or None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        method, url, headers, body = serialized[0], serialized[1], serialized[2], serialized[3]
+        response = api_client.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=timeout
+        )
+        raw = response.response
+        if not 200 <= raw.status <= 299:
+            raise _http_error(raw.status, raw.data, raw.reason)
+        return raw
+    from kubernetes.client.exceptions import ApiException  # older clients (swagger-codegen)
+
+    try:
+        return api_client.call_api(
+            path,
+            method,
+            query_params=list(query.items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    except ApiException as error:
+        raise _http_error(int(error.status or 0), error.body, error.reason) from error
+
+
+def _http_error(status: int, body: object, reason: object) -> Exception:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        detail = json.loads(text).get("message") or reason
+    except (ValueError, AttributeError):
+        detail = text or reason
+    return _Gone() if status == 410 else _HttpError(status, str(detail))
 
 
 def _get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
-    data = json.loads(_request(api_client, "GET", path, query, timeout).read())
+    data = json.loads(_request(api_client, "GET", path, query, timeout).data)
     if not isinstance(data, dict):
         raise _HttpError(200, f"unexpected answer from {path}")
     return data

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import REPO, clean_env
+from bench.harness import REPO, clean_env, wait_until
 from nvdp.cli import main
 from nvdp.config import add_plugin_flags, load_file, parse_text, resolve
 from nvdp.configmanager import files, process
@@ -294,8 +294,9 @@ def test_find_in_proc_sees_a_python_script(tmp_path: Path) -> None:
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(30)\n")
     script.chmod(0o755)
     child = subprocess.Popen([str(script)])
-    try:
-        assert process.find(str(script)) == [child.pid]
+    try:  # until the exec is done, the child still shows pytest's command line
+        assert wait_until(lambda: process.find(str(script)), 10, "the script in /proc") == [child.pid]
+        assert process.find("nvidia-device-plugin-not-this") == []
     finally:
         child.kill()
         child.wait()
