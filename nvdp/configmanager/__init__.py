@@ -8,4 +8,7 @@ plugin's config file at the selected ConfigMap entry, as NVIDIA's config-manager
 - `process`: finding the plugin process by name in /proc and signalling it.
 - `manager`: the reconcile loop (label changes from the Node watch, ConfigMap content changes by
   polling the mounted files), problems as one log line plus an Event on the Node.
+- `command`: the process: the Kubernetes client, the watch thread (`nvdp.kube.NodeWatch`), --oneshot.
+- `status`: optional /metrics, /healthz, /readyz (`--metrics-address`).
+- `check`: `nvdp config check FILE...`, strict validation and the resources a file would produce.
 """
