@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from nvdp.configmanager.settings import _OPTIONS, add_flags, resolve
+from tests import test_deploy
 from tests.test_deploy import (
     CONTAINER,
     ENTRY_A,
@@ -22,9 +23,11 @@ from tests.test_deploy import (
     check_schema,
     load_docs,
     only,
-    render,  # noqa: F401  (a fixture; the tests' parameters of that name use it)
-    renderer,  # noqa: F401  (a fixture)
 )
+
+# test_deploy's fixtures, used here by name
+renderer = test_deploy.renderer
+render = test_deploy.render
 
 STATIC = (
     Path(__file__).resolve().parent.parent
@@ -119,7 +122,7 @@ def mounts_of_manager() -> dict[str, str]:
     ],
 )
 def test_chart_runs_the_config_manager_with_a_configmap(
-    render: Callable[..., Rendered],  # noqa: F811
+    render: Callable[..., Rendered],
     config: Doc,
     configmap: str,
     default: str,
@@ -130,7 +133,7 @@ def test_chart_runs_the_config_manager_with_a_configmap(
     assert sidecar_env["DEFAULT_CONFIG"] == default and sidecar_env["FALLBACK_STRATEGIES"] == fallbacks
 
 
-def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., Rendered]) -> None:  # noqa: F811
+def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., Rendered]) -> None:
     out = render()
     spec = pod(out.daemonset)
     assert "shareProcessNamespace" not in spec and "initContainers" not in spec
@@ -140,7 +143,7 @@ def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., R
     assert [r["verbs"] for r in nodes] == [["get"]]
 
 
-def test_chart_config_manager_resources(render: Callable[..., Rendered]) -> None:  # noqa: F811
+def test_chart_config_manager_resources(render: Callable[..., Rendered]) -> None:
     limits = {"limits": {"memory": "80Mi"}}
     out = render({"config": {"map": {"default": ENTRY_A}, "managerResources": limits}})
     spec = pod(out.daemonset)
