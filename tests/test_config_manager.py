@@ -157,7 +157,7 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     setup.wait_devices(8)
 
     # API errors, then recovery: the watch retries and resumes.
-    setup.api.fail(500, 3, watch=True)
+    setup.api.fail(500, 2, watch=True)
     setup.api.end_watches()
     wait_until(lambda: manager.log().count("node watch failed") >= 2, 15, "watch failures logged")
     setup.label("a")
