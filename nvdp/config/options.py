@@ -266,6 +266,14 @@ OPTIONS: tuple[Option, ...] = (
         listen_address,
         'listen address of /metrics, /healthz and /readyz ("" disables)',
     ),
+    Option(
+        ("--strict-config",),
+        ("STRICT_CONFIG",),
+        "strict_config",
+        v.parse_bool,
+        "refuse a config file with unknown keys (by default each one is a warning and is ignored)",
+        "bool",
+    ),
 )
 
 
@@ -301,11 +309,12 @@ def resolve(
         except v.InvalidValue as error:
             problems.extend(f"{option.label(env)}: {message}" for _, message in error.problems)
     config_file = str(given.pop("config_file", "")) or None
+    strict = given.get("strict_config") is True
     config = Config()
     file_ok = True
     if config_file:
         try:
-            config = file_loader(config_file)
+            config = load_file(config_file, strict=True) if strict else file_loader(config_file)
         except ConfigError as error:
             file_ok = False
             problems[:0] = [f"{error.source}: {p}" if error.source else p for p in error.problems]

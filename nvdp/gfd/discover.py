@@ -16,7 +16,7 @@ from nvdp.errors import NvdpError
 from nvdp.gfd.labels import MACHINE_UNKNOWN, LabelResult, NodeFacts, invalid_mig_labels, node_labels
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.resources import Resource, ResourceError, build_resources
+from nvdp.resources import Resource, ResourceError
 from nvdp.settings import daemon_settings
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,7 @@ def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[list[Reso
     Raises ConfigError for a config the plugin refuses, ResourceError for an unservable layout.
     """
     settings = daemon_settings(config)
-    resources = build_resources(
-        gpus,
-        mig_strategy=settings.mig_strategy,
-        gpu_patterns=settings.gpu_patterns,
-        mig_patterns=settings.mig_patterns,
-        sharing=settings.sharing,
-    )
+    resources = settings.resources(gpus)
     return resources, frozenset(r.rename for r in settings.sharing if r.rename)
 
 

@@ -38,7 +38,7 @@ from nvdp.plugin.types import (
     Watcher,
 )
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import Resource, ResourceError, build_resources
+from nvdp.resources import Resource, ResourceError
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
@@ -166,14 +166,7 @@ class Supervisor(Generic[S]):
     def _build(self, settings: DaemonSettings) -> list[Resource]:
         self.gpus = self._nvml.gpus()
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        return build_resources(
-            self.gpus,
-            mig_strategy=settings.mig_strategy,
-            gpu_patterns=settings.gpu_patterns,
-            mig_patterns=settings.mig_patterns,
-            sharing=settings.sharing,
-            mig_minors=minors,
-        )
+        return settings.resources(self.gpus, minors)
 
     def _serve(
         self,
