@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from bench.harness import REPO
+from nvdp.testing import REPO
 
 
 def run_python(code: str) -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.harness import REPO, wait_until
 from nvdp.config import Config, resolve
 from nvdp.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError
@@ -36,6 +35,7 @@ from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, parse_address
 from nvdp.nvml import nvml_error
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
+from nvdp.testing import REPO, wait_until
 
 GPU = "nvidia.com/gpu"
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

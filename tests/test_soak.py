@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.harness import Process, ProcStats, start_plugin, wait_until, write_time_slicing_config
 from nvdp.api import pb
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process, ProcStats, start_plugin, wait_until, write_time_slicing_config
 
 pytestmark = pytest.mark.soak
 
