@@ -52,3 +52,11 @@ class NvmlLibraryNotFound(NvmlError):
 
 class RegistrationError(NvdpError):
     """The kubelet refused or did not answer a Register call."""
+
+
+class KubeletError(NvdpError):
+    """The kubelet stand-in cannot do what was asked (bad socket path, no plugin for a resource...)."""
+
+
+class PluginNotConnected(KubeletError):
+    """No plugin is connected for the resource (never registered, stream ended, kubelet restarted)."""
