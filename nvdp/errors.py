@@ -50,6 +50,14 @@ class NvmlLibraryNotFound(NvmlError):
     """libnvidia-ml.so.1 could not be loaded (no driver on this node)."""
 
 
+class ResourceError(NvdpError):
+    """The node's devices cannot be mapped onto resources with this config."""
+
+
+class InitError(NvdpError):
+    """NVML could not be initialised and fail-on-init-error is set."""
+
+
 class RegistrationError(NvdpError):
     """The kubelet refused or did not answer a Register call."""
 

@@ -2,7 +2,7 @@
 
 from nvdp.health.monitor import HealthMonitor, exponential_backoff
 from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
-from nvdp.health.router import HealthRouter, NodeEventSink, go_duration
+from nvdp.health.router import HealthRouter, NodeEventSink
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.health.xid import APPLICATION_XIDS, DEFAULT_FATAL_XIDS, Verdict, XidPolicy, xid_reason
 
@@ -21,6 +21,5 @@ __all__ = [
     "Verdict",
     "XidPolicy",
     "exponential_backoff",
-    "go_duration",
     "xid_reason",
 ]

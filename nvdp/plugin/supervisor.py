@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.errors import NvdpError, RegistrationError
+from nvdp.errors import InitError, NvdpError, RegistrationError
 from nvdp.health.types import HealthSettings
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -81,10 +81,6 @@ class StatusObserver(RpcObserver, Protocol):
     def servers_changed(self, servers: Mapping[str, DevicePluginServer]) -> None: ...
     def kubelet_lost(self) -> None: ...
     def reloaded(self, ok: bool) -> None: ...
-
-
-class InitError(NvdpError):
-    """NVML could not be initialised and fail-on-init-error is set."""
 
 
 class Supervisor:
