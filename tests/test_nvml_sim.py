@@ -163,9 +163,10 @@ def test_open_nvml_refuses_unknown_specs(spec: str, message: str) -> None:
 def test_open_nvml_reads_the_events_file_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NVDP_SIM_EVENTS", str(tmp_path / "events"))
-    node = open_nvml("sim:pcie-4")
+    monkeypatch.setenv("NVDP_SIM_EVENTS", str(tmp_path / "ignored"))  # the environment is passed in
+    node = open_nvml("sim:pcie-4", environ={"NVDP_SIM_EVENTS": str(tmp_path / "events")})
     assert isinstance(node, SimNvml) and node.events_path == str(tmp_path / "events")
+    assert open_nvml("sim:pcie-4").events_path is None  # type: ignore[attr-defined]
 
 
 # -- node files --------------------------------------------------------------------------------
