@@ -11,7 +11,6 @@ Select them with `-m soak`; they also run in the default test command.
 from __future__ import annotations
 
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,12 +56,11 @@ def _steady(process: Process) -> ProcStats:
     last = [ProcStats.read(process.pid)]
 
     def unchanged() -> ProcStats | None:
-        time.sleep(0.1)
         now, before = ProcStats.read(process.pid), last[0]
         last[0] = now
         return now if (now.threads, now.fds) == (before.threads, before.fds) else None
 
-    return wait_until(unchanged, 15, "steady threads and fds after the first registration")
+    return wait_until(unchanged, 15, "steady threads and fds after the first registration", interval=0.1)
 
 
 def _log_count(process: Process, text: str) -> int:
