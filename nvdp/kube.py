@@ -49,10 +49,7 @@ class KubeNodeEvents:
         component: str = EVENT_SOURCE,
         request_timeout: float = 5.0,
     ) -> None:
-        from nvdp.footprint import allow_ssl
-
-        allow_ssl()  # the plugin process blocks ssl until a TLS client is needed
-        from kubernetes import client, config  # lazy: only when node events are on
+        from kubernetes import client, config  # lazy: only when node events are on (lifts the ssl block)
 
         if api_client is None:
             configuration = client.Configuration()

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import socket
 import subprocess
@@ -138,6 +139,8 @@ def sim_daemon(
         **flags,
     }
     args, env = argparse.Namespace(**flags), dict(environ or {})
+    if "NVDP_SIM_EVENTS" in os.environ:  # set by the `events` fixture; the daemon reads its own environ
+        env.setdefault("NVDP_SIM_EVENTS", os.environ["NVDP_SIM_EVENTS"])
     reload_config = reload_config or (lambda: resolve(args, env))
     return Daemon(resolve(args, env), environ=env, reload_config=reload_config, nvml=nvml)  # type: ignore[arg-type]
 
