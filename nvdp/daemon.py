@@ -193,7 +193,7 @@ class Daemon:
         self.config = config
         self._reload_config = reload_config
         self._first = True
-        self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root, environ)
+        self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root, environ=environ)
         # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.
         self.metrics: Metrics | None = None

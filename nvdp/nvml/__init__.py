@@ -49,7 +49,7 @@ def nvml_error(code: str, call: str, detail: str = "", device: str | None = None
     return _ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
 
 
-def open_nvml(spec: str, driver_root: str = "/", environ: Mapping[str, str] | None = None) -> Nvml:
+def open_nvml(spec: str, driver_root: str = "/", *, environ: Mapping[str, str] | None = None) -> Nvml:
     """Open (not init) an NVML backend: "real", "sim:NAME" (built-in node) or "sim:/path/node.yaml".
 
     The simulated backend follows the file named by NVDP_SIM_EVENTS in `environ` (the process
