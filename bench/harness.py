@@ -1,6 +1,8 @@
 """What only the benchmarks run: the bare grpcio floor plugin as a process, and the machine lines.
 
-The plugin process, /proc readings and device-set files live in `nvdp.testing` (shared with the tests).
+The plugin process, /proc readings and device-set files live in `nvdp.testing` (shared with the
+tests, which never import this package); they are re-exported here for benchmark modules written
+against the old home.
 """
 
 from __future__ import annotations
@@ -9,7 +11,35 @@ import os
 import sys
 from pathlib import Path
 
-from nvdp.testing import Process, clean_env
+from nvdp.testing import (
+    REPO,
+    Process,
+    ProcStats,
+    clean_env,
+    free_port,
+    plugin_argv,
+    start_plugin,
+    thread_names,
+    wait_until,
+    write_node_file,
+    write_time_slicing_config,
+)
+
+__all__ = [
+    "REPO",
+    "ProcStats",
+    "Process",
+    "clean_env",
+    "free_port",
+    "machine_lines",
+    "plugin_argv",
+    "start_floor",
+    "start_plugin",
+    "thread_names",
+    "wait_until",
+    "write_node_file",
+    "write_time_slicing_config",
+]
 
 
 def start_floor(
