@@ -49,18 +49,17 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAWAY...) are not results
 
-from bench.harness import (
+from bench.harness import machine_lines, start_floor
+from nvdp.api import UNHEALTHY, pb
+from nvdp.kubelet import Kubelet
+from nvdp.testing import (
     Process,
     ProcStats,
     free_port,
-    machine_lines,
-    start_floor,
     start_plugin,
     write_node_file,
     write_time_slicing_config,
 )
-from nvdp.api import UNHEALTHY, pb
-from nvdp.kubelet import Kubelet
 
 GPU = "nvidia.com/gpu"
 FLOOR = "example.com/floor"

@@ -20,7 +20,6 @@ from nvdp.allocation import Allocator, Topology
 from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
 from nvdp.errors import NvdpError
-from nvdp.footprint import allow_ssl
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import NodeEventRecorder
 from nvdp.logs import log_event
@@ -89,11 +88,7 @@ def node_events_from_env(
     if not node or not kube.in_cluster(environ, token_file):
         return None
 
-    def client() -> kube.KubeNodeEvents:
-        allow_ssl()  # the plugin process blocks ssl until a TLS client is needed
-        return kube.KubeNodeEvents(node)
-
-    return NodeEventRecorder(client, max_queue=max_queue)
+    return NodeEventRecorder(lambda: kube.KubeNodeEvents(node), max_queue=max_queue)
 
 
 def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSettings]:
@@ -128,7 +123,10 @@ class Daemon:
     ) -> None:
         self.config = config
         self.nvml = nvml or open_nvml(
-            config.nvml, config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root
+            config.nvml,
+            config.flags.nvidia_driver_root,
+            config.flags.plugin.container_driver_root,
+            environ=environ,
         )
         # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.

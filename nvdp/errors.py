@@ -50,9 +50,25 @@ class NvmlLibraryNotFound(NvmlError):
     """libnvidia-ml.so.1 could not be loaded (no driver on this node)."""
 
 
+class ResourceError(NvdpError):
+    """The node's devices cannot be mapped onto resources with this config."""
+
+
+class InitError(NvdpError):
+    """NVML could not be initialised and fail-on-init-error is set."""
+
+
 class RegistrationError(NvdpError):
     """The kubelet refused or did not answer a Register call."""
 
 
 class KubeError(NvdpError):
     """The Kubernetes API server could not be reached or refused a request (one line)."""
+
+
+class KubeletError(NvdpError):
+    """The kubelet stand-in cannot do what was asked (bad socket path, no plugin for a resource...)."""
+
+
+class PluginNotConnected(KubeletError):
+    """No plugin is connected for the resource (never registered, stream ended, kubelet restarted)."""

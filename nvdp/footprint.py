@@ -1,32 +1,61 @@
 """Keeping the plugin process small (the budget is 45 MB peak RSS on every GPU node).
 
 grpc imports asyncio, and asyncio imports `ssl` when it can: 4.5 MB of OpenSSL mapped into the
-process, although gRPC over a unix socket never uses Python's ssl (grpc has its own TLS). The plugin
-process blocks that import from the start and lifts the block only when a feature that really talks
-TLS is switched on (Kubernetes Node events, through the `kubernetes` client).
+process, although gRPC over a unix socket never uses Python's ssl (grpc has its own TLS). The plugin's
+entry point (`nvdp plugin`, and only it) calls `block_ssl()` before anything imports grpc. The block
+lifts itself when a TLS client is imported (the `kubernetes` client, for Node events): nothing else
+in the program needs to know about it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
+from collections.abc import Sequence
+from types import ModuleType
 
 # `_hashlib` is hashlib's OpenSSL backend (libcrypto, ~4 MB); without it hashlib uses CPython's own
 # implementations, which give the same digests.
 _BLOCKED = ("ssl", "_hashlib")
+# Importing one of these (top-level names) lifts the block first: they talk TLS.
+TLS_CLIENTS = ("kubernetes", "urllib3")
+
+
+class _LiftOnTlsClientImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it lifts the block when a TLS client is about to be imported."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] in TLS_CLIENTS:
+            _unblock()  # stays on sys.meta_path (inert): the import system is iterating over it now
+        return None
+
+
+_LIFT = _LiftOnTlsClientImport()
 
 
 def block_ssl() -> None:
     """Make `import ssl` raise ImportError (asyncio and http.client treat that as "no TLS") and keep
-    hashlib off OpenSSL."""
+    hashlib off OpenSSL, until a TLS client (`TLS_CLIENTS`) is imported."""
     for name in _BLOCKED:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]
+    if _LIFT not in sys.meta_path:
+        sys.meta_path.insert(0, _LIFT)
 
 
 def allow_ssl() -> None:
     """Undo block_ssl(): the next `import ssl` loads it, and modules that looked for ssl while it was
     blocked and keep their TLS parts optional (http.client) are loaded again with it."""
+    if _LIFT in sys.meta_path:
+        sys.meta_path.remove(_LIFT)
+    _unblock()
+
+
+def _unblock() -> None:
     if "ssl" in sys.modules and sys.modules["ssl"] is None:
         for name in _BLOCKED:
             if name in sys.modules and sys.modules[name] is None:

@@ -54,7 +54,7 @@ class KubeNodeEvents:
         component: str = EVENT_SOURCE,
         request_timeout: float = 5.0,
     ) -> None:
-        from kubernetes import client, config  # lazy: only when node events are on
+        from kubernetes import client, config  # lazy: only when node events are on (lifts the ssl block)
 
         if api_client is None:
             configuration = client.Configuration()
@@ -106,8 +106,7 @@ NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
 
 
 def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
-    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster.
-    A process that blocked `ssl` lifts the block first (`nvdp.footprint.allow_ssl`)."""
+    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster."""
     from kubernetes import client, config
 
     configuration = client.Configuration()

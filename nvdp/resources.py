@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nvdp.devices import AnnotatedID, Device, DeviceSet
-from nvdp.errors import ConfigError, NvdpError
+from nvdp.errors import ConfigError
+from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors; importers use either
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 DEFAULT_PREFIX = "nvidia.com/"
@@ -26,10 +27,6 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 # /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
 # `gpu<minor>/gi<g>/ci<c>/access <n>`; the driver lays them out as below when the file is absent.
 _CAPS_PER_GPU = 15 * 9
-
-
-class ResourceError(NvdpError):
-    """The node's devices cannot be mapped onto resources with this config."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvdp.allocation import Allocator, Topology
@@ -13,7 +13,7 @@ from nvdp.allocation.synthetic import gpu_devices
 from nvdp.devices import Device
 from nvdp.nvml.types import GpuLink, PcieLevel
 
-SETTINGS = settings(max_examples=250, deadline=None)
+SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
@@ -76,13 +76,13 @@ def test_answer_is_a_valid_set_with_the_brute_force_optimum_score(case: Case) ->
     assert got == best  # and every tie-break agrees
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(min_gpus=9, max_gpus=11))
 def test_exact_on_larger_nodes(case: Case) -> None:
     assert answer(case) == brute_force(case)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(min_gpus=17, max_gpus=24))
 def test_heuristic_beyond_16_gpus_answers_a_valid_set(case: Case) -> None:
     got = answer(case)

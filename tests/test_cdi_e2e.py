@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench.harness import Process, clean_env, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
-from nvdp.kubelet.manager import pb
+from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from tests.cdi_support import make_char_device, make_node
 from tests.sim import sim_gpus
 
@@ -32,10 +31,13 @@ class SpecWatchingKubelet(Kubelet):
         super().__init__(plugin_dir)
         self.spec = spec
         self.spec_at_register: list[tuple[str, bool]] = []
+        connected = self.device_state.plugin_connected
 
-    def _register(self, generation: int, request: pb.RegisterRequest, context: Any) -> pb.Empty:
-        self.spec_at_register.append((request.resource_name, self.spec.is_file()))
-        return super()._register(generation, request, context)
+        def noting(plugin: Any, registration: Any) -> Any:  # called for every accepted Register
+            self.spec_at_register.append((registration.resource, self.spec.is_file()))
+            return connected(plugin, registration)
+
+        self.device_state.plugin_connected = noting  # type: ignore[method-assign]
 
 
 class Reader(threading.Thread):

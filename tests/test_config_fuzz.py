@@ -52,7 +52,7 @@ def _accepts(outcome: object) -> None:
     outcome.to_json()
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_parse_any_structure(data: object) -> None:
     try:
@@ -61,7 +61,7 @@ def test_parse_any_structure(data: object) -> None:
         assert error.problems and all(isinstance(p, str) and "\n" not in p for p in error.problems)
 
 
-@settings(max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_parse_text_of_any_yaml_document(data: object) -> None:
     try:
@@ -74,7 +74,7 @@ def test_parse_text_of_any_yaml_document(data: object) -> None:
         assert error.problems
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=200) | st.text(alphabet="{}[]:,-&*!|>'\"#%@`\n \t0123456789abv.", max_size=200))
 def test_parse_text_of_any_text(text: str) -> None:
     try:
@@ -108,7 +108,7 @@ EXAMPLE_FILES = ("full.yaml", "resources.yaml", "health.yaml", "mig-mixed.yaml",
 EXAMPLES = [yaml.safe_load((DATA / name).read_text()) for name in EXAMPLE_FILES]
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(EXAMPLES).flatmap(lambda doc: st.tuples(st.just(doc), st.sampled_from(_paths(doc)))),
     values,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process, ProcStats, clean_env, wait_until
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process, ProcStats, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 
 GPU = "nvidia.com/gpu"

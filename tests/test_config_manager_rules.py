@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import REPO, clean_env, wait_until
 from nvdp.cli import main
 from nvdp.config import add_plugin_flags, load_file, parse_text, resolve
 from nvdp.configmanager import files, process
@@ -21,6 +20,7 @@ from nvdp.configmanager.selection import SelectionError, list_entries, select
 from nvdp.configmanager.settings import Settings, add_flags
 from nvdp.configmanager.settings import resolve as resolve_settings
 from nvdp.errors import ConfigError
+from nvdp.testing import REPO, clean_env, wait_until
 
 REQUIRED = ["--node-name", "n", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config"]
 

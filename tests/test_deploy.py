@@ -363,6 +363,12 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
+def ci_python_version() -> str:
+    """The Python version CI tests with and mypy targets (pyproject.toml); the image must use it too."""
+    version: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["python_version"]
+    return version
+
+
 def test_dockerfile_is_multi_stage_on_python_slim() -> None:
     args = {}
     for word, rest in dockerfile_instructions():
@@ -376,7 +382,7 @@ def test_dockerfile_is_multi_stage_on_python_slim() -> None:
     assert re.search(r"\bAS\s+build\b", build[0][1], re.IGNORECASE)
     for stage in (build, final):
         image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], stage[0][1].split()[0])
-        assert image == "python:3.12-slim"
+        assert image == f"python:{ci_python_version()}-slim"
 
 
 def test_dockerfile_final_stage_installs_only_the_built_wheels() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from bench.harness import REPO
+from nvdp.testing import REPO
 
 
 def run_python(code: str) -> str:
@@ -52,3 +52,21 @@ def test_allow_ssl_gives_tls_clients_back() -> None:
         """
     )
     assert out.split() == ["HTTPSConnectionPool", "OpenSSL"]
+
+
+def test_importing_a_tls_client_lifts_the_block() -> None:
+    """The plugin's entry point is the only caller: the `kubernetes` client gets TLS by being imported."""
+    out = run_python(
+        """
+        import sys
+        from nvdp.footprint import block_ssl
+        block_ssl()
+        import grpc, http.client
+        assert sys.modules.get("ssl") is None and not hasattr(http.client, "HTTPSConnection")
+        import kubernetes.client
+        import ssl
+        assert http.client.HTTPSConnection
+        print(ssl.OPENSSL_VERSION.split()[0], kubernetes.client.Configuration().verify_ssl)
+        """
+    )
+    assert out.split() == ["OpenSSL", "True"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import REPO, Process, clean_env, wait_until
 from nvdp.gfd.output import write_atomically
+from nvdp.testing import REPO, Process, clean_env, wait_until
 from tests.kube_api_nodefeature import KubeApi
 
 DATA = REPO / "tests" / "data" / "gfd"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import wait_until
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.gfd.options import DEFAULT_OUTPUT_FILE, GfdSettings, add_gfd_flags, resolve_gfd
 from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.gfd.run import Gfd
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
+from nvdp.testing import wait_until
 from tests.kube_api_nodefeature import KubeApi
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process, start_plugin, wait_until
 from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"

@@ -124,8 +124,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
     def make(profile: str) -> Node:
         events = tmp_path / f"{profile}.events"
         events.touch()
-        monkeypatch.setenv("NVDP_SIM_EVENTS", str(events))
-        nvml = open_nvml(f"sim:{profile}")
+        nvml = open_nvml(f"sim:{profile}", environ={"NVDP_SIM_EVENTS": str(events)})
         nvml.init()
         opened.append(nvml)
         return Node(CountingNvml(nvml), nvml.gpus(), events, Changes())

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from nvdp.config.values import format_go_duration
 from nvdp.devices import Device
-from nvdp.health import HealthChange, HealthRouter, go_duration
+from nvdp.health import HealthChange, HealthRouter
 from nvdp.logs import JsonFormatter, TextFormatter
 from tests.health_fakes import FakeTarget
 
@@ -156,4 +157,5 @@ def test_text_formatter_through_a_stream() -> None:
     ids=lambda v: str(v),
 )
 def test_go_duration(seconds: float, text: str) -> None:
-    assert go_duration(seconds) == text
+    """How the router prints how long a device was in its last state: Go's form, to the millisecond."""
+    assert format_go_duration(round(seconds, 3)) == text

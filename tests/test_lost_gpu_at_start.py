@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process, start_plugin, wait_until
 from nvdp.errors import ConfigError
 from nvdp.health import HealthMonitor
 from nvdp.health.types import HealthChange
 from nvdp.kubelet import Kubelet
 from nvdp.nvml.sim import SimNvml, load_node_file, open_sim
+from nvdp.testing import Process, start_plugin, wait_until
 
 GPU = "nvidia.com/gpu"
 NODE = "gpus:\n  - {name: NVIDIA A100-SXM4-40GB, count: 4, lost: [false, true, false, false]}\n"

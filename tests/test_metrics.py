@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import socket
 import subprocess
@@ -26,7 +27,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.harness import REPO, wait_until
 from nvdp.config import Config, resolve
 from nvdp.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError
@@ -36,6 +36,7 @@ from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, parse_address
 from nvdp.nvml import nvml_error
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
+from nvdp.testing import REPO, wait_until
 
 GPU = "nvidia.com/gpu"
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -138,6 +139,8 @@ def sim_daemon(
         **flags,
     }
     args, env = argparse.Namespace(**flags), dict(environ or {})
+    if "NVDP_SIM_EVENTS" in os.environ:  # set by the `events` fixture; the daemon reads its own environ
+        env.setdefault("NVDP_SIM_EVENTS", os.environ["NVDP_SIM_EVENTS"])
     reload_config = reload_config or (lambda: resolve(args, env))
     return Daemon(resolve(args, env), environ=env, reload_config=reload_config, nvml=nvml)  # type: ignore[arg-type]
 

@@ -19,6 +19,7 @@ from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, ope
 from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
+from nvdp.testing import wait_until
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -163,9 +164,10 @@ def test_open_nvml_refuses_unknown_specs(spec: str, message: str) -> None:
 def test_open_nvml_reads_the_events_file_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NVDP_SIM_EVENTS", str(tmp_path / "events"))
-    node = open_nvml("sim:pcie-4")
+    monkeypatch.setenv("NVDP_SIM_EVENTS", str(tmp_path / "ignored"))  # the environment is passed in
+    node = open_nvml("sim:pcie-4", environ={"NVDP_SIM_EVENTS": str(tmp_path / "events")})
     assert isinstance(node, SimNvml) and node.events_path == str(tmp_path / "events")
+    assert open_nvml("sim:pcie-4").events_path is None  # type: ignore[attr-defined]
 
 
 # -- node files --------------------------------------------------------------------------------
@@ -636,7 +638,9 @@ def test_close_and_shutdown(nodes: list[SimNvml]) -> None:
 
     waiter = threading.Thread(target=blocked_wait)
     waiter.start()
-    time.sleep(0.05)  # let it block (the assertion below does not depend on it)
+    # Shut down only once the waiter is blocked inside wait(): a wait() that starts after shutdown
+    # raises UNINITIALIZED at once, which would pass without shutdown waking anything.
+    wait_until(lambda: open_set._cond._waiters, 5, "the waiter blocked in wait()")  # type: ignore[attr-defined]
     node.shutdown()
     node.shutdown()
     waiter.join(timeout=5)
@@ -672,7 +676,10 @@ def test_events_file_lines_become_events(tmp_path: Path, nodes: list[SimNvml]) -
     with path.open("a") as f:  # a line is read once complete
         f.write(json.dumps({"uuid": gpu.uuid, "xid": 79})[:10])
         f.flush()
-        time.sleep(0.06)  # let the follower see the half line (the outcome does not depend on it)
+        follower = node._follower
+        assert follower is not None
+        # The follower must have read the half line before the rest is written, else one read sees it all.
+        wait_until(lambda: follower._offset == path.stat().st_size, 5, "the half line read")
         f.write(json.dumps({"uuid": gpu.uuid, "xid": 79})[10:] + "\n")
     assert events.wait(WAIT_MS) == NvmlEvent(gpu.uuid, XID, 79)
     append(path, {"uuid": gpu.uuid, "mig": None}, {"uuid": gpu.uuid, "xid": 13})

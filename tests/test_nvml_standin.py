@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Process, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process, start_plugin, wait_until
 
 SOURCE = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"
 LIBRARY = "libnvidia-ml.so.1"

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.harness import Process, clean_env, plugin_argv, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
+from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until
 from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import REPO, wait_until
 from nvdp.nvml import open_nvml
+from nvdp.testing import REPO, wait_until
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -175,11 +175,9 @@ def _open_nvml(settings: GfdSettings) -> Nvml:
 def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
     if not settings.use_node_feature_api:
         return FileOutput(settings.output_file)
-    from nvdp.footprint import allow_ssl
     from nvdp.kube import custom_objects_api
 
     kubeconfig = settings.kubeconfig or None
-    allow_ssl()  # no-op unless this process blocked ssl: the API server speaks TLS
     return NodeFeatureOutput(
         settings.node_name,
         settings.namespace,

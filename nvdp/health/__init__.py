@@ -3,7 +3,7 @@ routing to plugin servers."""
 
 from nvdp.health.monitor import HealthMonitor, exponential_backoff
 from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
-from nvdp.health.router import HealthRouter, NodeEventSink, go_duration
+from nvdp.health.router import HealthRouter, NodeEventSink
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.health.xid import APPLICATION_XIDS, DEFAULT_FATAL_XIDS, Verdict, XidPolicy, xid_reason
 
@@ -22,6 +22,5 @@ __all__ = [
     "Verdict",
     "XidPolicy",
     "exponential_backoff",
-    "go_duration",
     "xid_reason",
 ]

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from nvdp.config.values import format_go_duration
 from nvdp.health.types import HealthChange, HealthTarget
 from nvdp.logs import format_fields, log_event
 
@@ -28,26 +29,6 @@ class NodeEventSink(Protocol):
     def record(self, event_type: str, reason: str, message: str) -> None: ...
 
     def close(self, timeout: float = 1.0) -> None: ...
-
-
-def go_duration(seconds: float) -> str:
-    """A duration as Go prints it, to the millisecond: 0s, 250ms, 1.5s, 5m0s, 2h0m0s."""
-    total_ms = round(seconds * 1000)
-    sign = "-" if total_ms < 0 else ""
-    total_ms = abs(total_ms)
-    if total_ms == 0:
-        return "0s"
-    if total_ms < 1000:
-        return f"{sign}{total_ms}ms"
-    hours, rest = divmod(total_ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    secs, millis = divmod(rest, 1000)
-    text = f"{secs}" + (f".{millis:03d}".rstrip("0") if millis else "") + "s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{text}"
-    if minutes:
-        return f"{sign}{minutes}m{text}"
-    return sign + text
 
 
 class HealthRouter:
@@ -115,7 +96,7 @@ class HealthRouter:
         fields: dict[str, Any] = {"resource": resource, "device": change.uuid, "index": index}
         if change.healthy:
             message, level, kind, reason = "device healthy", logging.INFO, "Normal", HEALTHY_EVENT_REASON
-            fields["after"] = go_duration(change.since - before.since) if before else None
+            fields["after"] = format_go_duration(round(change.since - before.since, 3)) if before else None
         else:
             message, level, kind, reason = (
                 "device unhealthy",

@@ -1,32 +1,41 @@
 """Kubelet stand-in: the kubelet's side of the device-plugin protocol, in process.
 
-Used by the test suite, `nvdp simulate` and the benchmarks. See `nvdp.kubelet.manager.Kubelet`.
+Used by the test suite, `nvdp simulate` and the benchmarks. `Kubelet` (manager) puts together the
+Registration server (registration), one endpoint per plugin (endpoint) and the device state (state),
+which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiver`.
 """
 
-from nvdp.kubelet.endpoint import StreamEnd
-from nvdp.kubelet.manager import (
+from nvdp.errors import KubeletError, PluginNotConnected
+from nvdp.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint, StreamEnd
+from nvdp.kubelet.manager import Kubelet
+from nvdp.kubelet.registration import (
     CHECKPOINT_FILE,
     KUBELET_SOCKET,
-    DeviceState,
-    Kubelet,
-    KubeletError,
-    PluginNotConnected,
+    PluginHandler,
     Registration,
+    RegistrationServer,
     Rejection,
-    Update,
+    SocketState,
     cleanup_plugin_dir,
 )
+from nvdp.kubelet.state import DeviceManagerState, DeviceState, Update
 from nvdp.kubelet.validation import is_extended_resource_name
 
 __all__ = [
     "CHECKPOINT_FILE",
     "KUBELET_SOCKET",
+    "DeviceManagerState",
     "DeviceState",
     "Kubelet",
     "KubeletError",
+    "ListAndWatchReceiver",
+    "PluginEndpoint",
+    "PluginHandler",
     "PluginNotConnected",
     "Registration",
+    "RegistrationServer",
     "Rejection",
+    "SocketState",
     "StreamEnd",
     "Update",
     "cleanup_plugin_dir",

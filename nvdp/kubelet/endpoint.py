@@ -1,13 +1,16 @@
-"""The kubelet's connection to one registered plugin: one channel, its stub, the ListAndWatch stream."""
+"""The kubelet's connection to one registered plugin: one channel, its stub, the ListAndWatch stream.
+
+What the stream brings is handed to a `ListAndWatchReceiver` (the kubelet's
+PluginListAndWatchReceiver / PluginDisconnected), so this module holds no device state.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 
@@ -26,25 +29,28 @@ class StreamEnd(NamedTuple):
     by_kubelet: bool  # True when the kubelet closed it (re-registration, restart, stop)
 
 
-UpdateHandler = Callable[["PluginEndpoint", "pb.ListAndWatchResponse", float], None]
-EndHandler = Callable[["PluginEndpoint", StreamEnd], None]
+class ListAndWatchReceiver(Protocol):
+    """Where a plugin's stream goes; called on the stream's thread."""
+
+    def list_and_watch_received(
+        self, plugin: PluginEndpoint, response: pb.ListAndWatchResponse, received: float
+    ) -> None: ...
+
+    def plugin_disconnected(self, plugin: PluginEndpoint, end: StreamEnd) -> None: ...
 
 
 class PluginEndpoint:
-    """Dial with `connect`, stream with `watch`, `close` when done. The handlers run on the stream thread.
+    """Dial with `connect`, stream with `watch`, `close` when done.
 
     Like the kubelet, a stream that ends on its own closes the channel: the plugin has to register again.
     """
 
-    def __init__(
-        self, resource: str, socket_path: Path, on_update: UpdateHandler, on_end: EndHandler
-    ) -> None:
+    def __init__(self, resource: str, socket_path: Path, receiver: ListAndWatchReceiver) -> None:
         self.resource = resource
         self.socket_path = socket_path
         self._channel = grpc.insecure_channel(f"unix:{socket_path}")
         self.stub: Any = pb_grpc.DevicePluginStub(self._channel)
-        self._on_update = on_update
-        self._on_end = on_end
+        self._receiver = receiver
         self._lock = threading.Lock()
         self._closed = False
         self._call: Any = None
@@ -72,14 +78,15 @@ class PluginEndpoint:
         code, details = grpc.StatusCode.OK, ""
         try:
             for response in self._call:
-                self._on_update(self, response, time.monotonic())
+                self._receiver.list_and_watch_received(self, response, time.monotonic())
         except grpc.RpcError as e:
             code, details = e.code(), e.details() or ""
         with self._lock:
             by_kubelet, self._closed = self._closed, True
         if not by_kubelet:
             self._channel.close()
-        self._on_end(self, StreamEnd(time.monotonic(), self.socket_path.name, code, details, by_kubelet))
+        end = StreamEnd(time.monotonic(), self.socket_path.name, code, details, by_kubelet)
+        self._receiver.plugin_disconnected(self, end)
 
     def close(self) -> None:
         """Cancel the stream and close the channel; idempotent, does not wait for the thread."""

@@ -5,7 +5,7 @@ Backends are imported lazily: importing this package loads neither pynvml nor th
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml.types import (
@@ -49,13 +49,20 @@ def nvml_error(code: str, call: str, detail: str = "", device: str | None = None
     return _ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
 
 
-def open_nvml(spec: str, driver_root: str = "/", container_driver_root: str | None = None) -> Nvml:
+def open_nvml(
+    spec: str,
+    driver_root: str = "/",
+    container_driver_root: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Nvml:
     """Open (not init) an NVML backend: "real", "sim:NAME" (built-in node) or "sim:/path/node.yaml".
 
     The real backend looks for libnvidia-ml.so.1 under `container_driver_root`, then `driver_root`,
     then by the default search (see `nvdp.nvml.library`).
 
-    The simulated backend follows the file named by $NVDP_SIM_EVENTS (read now) for fault injection.
+    The simulated backend follows the file named by NVDP_SIM_EVENTS in `environ` (the process
+    environment, passed in by the entry point; none: no events file) for fault injection.
     Raises ConfigError for an unknown spec, profile or an invalid node file.
     """
     if spec == "real":
@@ -65,5 +72,5 @@ def open_nvml(spec: str, driver_root: str = "/", container_driver_root: str | No
     if spec.startswith("sim:") and spec[4:]:
         from nvdp.nvml.sim import open_sim
 
-        return open_sim(spec[4:], events_path=os.environ.get(SIM_EVENTS_ENV) or None)
+        return open_sim(spec[4:], events_path=(environ or {}).get(SIM_EVENTS_ENV) or None)
     raise ConfigError(f"--nvml: unknown backend {spec!r}; accepted: real, sim:NAME, sim:/path/to/node.yaml")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Generic
 
 from nvdp.cdi import CdiPublisher
-from nvdp.errors import NvdpError, RegistrationError
+from nvdp.errors import InitError, NvdpError, RegistrationError
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
@@ -47,10 +47,6 @@ log = logging.getLogger(__name__)
 REGISTER_TIMEOUT_S = 2.0
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
-
-
-class InitError(NvdpError):
-    """NVML could not be initialised and fail-on-init-error is set."""
 
 
 class Supervisor(Generic[S]):

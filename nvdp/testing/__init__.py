@@ -1,0 +1,28 @@
+"""Helpers for the test suite and the benchmarks: the plugin as a real process, /proc readings, and
+files that make large device sets. Not used by the plugin itself (it never imports this package)."""
+
+from nvdp.testing.nodes import write_node_file, write_time_slicing_config
+from nvdp.testing.processes import (
+    REPO,
+    Process,
+    clean_env,
+    free_port,
+    plugin_argv,
+    start_plugin,
+    wait_until,
+)
+from nvdp.testing.procfs import ProcStats, thread_names
+
+__all__ = [
+    "REPO",
+    "ProcStats",
+    "Process",
+    "clean_env",
+    "free_port",
+    "plugin_argv",
+    "start_plugin",
+    "thread_names",
+    "wait_until",
+    "write_node_file",
+    "write_time_slicing_config",
+]
