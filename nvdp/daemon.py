@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvdp.allocation import Allocator, Topology
+from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import Config
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus, XidPolicy
@@ -71,6 +71,7 @@ def daemon_settings(config: Config) -> DaemonSettings:
         mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
         sharing=tuple(sharing),
         health=health_settings(config),
+        allocation_policy=plugin.shared_devices_allocation_policy,
         response=ResponseOptions(
             device_list_strategy=plugin.device_list_strategy,
             device_id_strategy=plugin.device_id_strategy,
@@ -124,7 +125,8 @@ class TopologyAllocators:
         if key != self._key or self._topology is None:
             self._topology = Topology.from_nvml(self._nvml, gpus)
             self._key = key
-        return Allocator(list(resource.devices.values()), self._topology)
+        policy = AllocationPolicy(resource.allocation_policy or AllocationPolicy.DISTRIBUTED.value)
+        return Allocator(list(resource.devices.values()), self._topology, policy=policy)
 
 
 class NodeHealth:

@@ -25,6 +25,7 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+SHARED_DEVICES_ALLOCATION_POLICIES = ("distributed", "packed")
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
@@ -169,6 +170,9 @@ class PluginFlags:
     container_driver_root: str = _key("containerDriverRoot", v.string, default=DEFAULT_CONTAINER_DRIVER_ROOT)
     kubelet_socket: str = _key("kubeletSocket", v.string, default=DEFAULT_KUBELET_SOCKET)
     cdi_feature_flags: tuple[str, ...] = _key("cdiFeatureFlags", _strings, default=())
+    shared_devices_allocation_policy: str = _key(
+        "sharedDevicesAllocationPolicy", v.choice(*SHARED_DEVICES_ALLOCATION_POLICIES), default="distributed"
+    )
 
 
 @dataclass(frozen=True)
@@ -222,11 +226,12 @@ class ReplicatedResource:
     """A `sharing.<timeSlicing|mps>.resources` entry.
 
     `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
-    strings. `rename` is already `<name>.shared` when the section has `renameByDefault`.
+    strings. `rename` is already `<name>.shared` when the section has `renameByDefault`. Several
+    entries may have one name when their devices are disjoint (per-GPU replica counts).
     """
 
     name: str = _key("name", resource_name)
-    replicas: int = _key("replicas", v.integer(2))
+    replicas: int = _key("replicas", v.integer(1))  # 1: not shared (no `::` IDs)
     rename: str | None = _key("rename", resource_name, default=None)
     devices: Devices = _key("devices", replicated_devices, default="all")
 

@@ -21,6 +21,7 @@ from nvdp.config.model import (
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
     MIG_STRATEGIES,
+    SHARED_DEVICES_ALLOCATION_POLICIES,
     Config,
     imex_channel_ids,
     listen_address,
@@ -211,6 +212,14 @@ OPTIONS: tuple[Option, ...] = (
         _listed(v.list_of(v.string)),
         "feature flags passed to CDI spec generation",
         "list",
+    ),
+    Option(
+        ("--shared-devices-allocation-policy",),
+        ("SHARED_DEVICES_ALLOCATION_POLICY",),
+        "flags.plugin.shared_devices_allocation_policy",
+        v.choice(*SHARED_DEVICES_ALLOCATION_POLICIES),
+        "preferred allocation of replicas and MIG devices: "
+        f"{_alts(SHARED_DEVICES_ALLOCATION_POLICIES)} (least-used or most-used parent first)",
     ),
     # nvdp's own
     Option(

@@ -57,6 +57,7 @@ class DaemonSettings:
     sharing: tuple[Replication, ...] = ()
     response: ResponseOptions = field(default_factory=ResponseOptions)
     health: HealthSettings | None = None  # passed through to HealthHooks.start
+    allocation_policy: str = "distributed"  # flags.plugin.sharedDevicesAllocationPolicy
 
 
 class AllocatorFactory(Protocol):
@@ -191,6 +192,7 @@ class Supervisor:
             mig_patterns=settings.mig_patterns,
             sharing=settings.sharing,
             mig_minors=minors,
+            allocation_policy=settings.allocation_policy,
         )
 
     @staticmethod
