@@ -19,6 +19,7 @@ from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSetting
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, StatusObserver, Supervisor
@@ -218,6 +219,8 @@ class Daemon:
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
+        registry = self.metrics.registry if self.metrics is not None else None
+        self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 
     def _settings(self) -> DaemonSettings:
         if self._first:
@@ -252,8 +255,12 @@ class Daemon:
                     error=str(error),
                 )
                 self.metrics = None
+        if self.rescanner is not None:
+            self.rescanner.start()
         try:
             self.supervisor.run()
         finally:
+            if self.rescanner is not None:
+                self.rescanner.stop()
             if self.metrics is not None:
                 self.metrics.stop()

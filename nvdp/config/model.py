@@ -31,6 +31,7 @@ DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_METRICS_ADDRESS = ":2112"
+DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
 
 Devices = Literal["all"] | int | tuple[str, ...]
 
@@ -145,6 +146,13 @@ def listen_address(value: object) -> str:
 _xids = v.list_of(v.integer(0, 2**32 - 1))
 _strings = v.list_of(v.string, single=True)
 _seconds = v.duration()
+
+
+def rescan_interval(value: object) -> float:
+    """`--device-rescan-interval`: a Go duration ("10s", "1m") or a number of seconds; 0 disables."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        value = float(value)
+    return _seconds(value)
 
 
 def _go(value: object) -> object:
@@ -309,6 +317,7 @@ class Config:
     log_format: str = "text"
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    device_rescan_interval: float = DEFAULT_DEVICE_RESCAN_INTERVAL  # seconds; 0: no live rescans
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):
@@ -325,6 +334,7 @@ class Config:
             "logFormat": self.log_format,
             "logLevel": self.log_level,
             "metricsAddress": self.metrics_address,
+            "deviceRescanInterval": v.format_go_duration(self.device_rescan_interval),
         }
         return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
 

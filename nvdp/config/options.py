@@ -26,6 +26,7 @@ from nvdp.config.model import (
     imex_channel_ids,
     listen_address,
     nvml_spec,
+    rescan_interval,
 )
 from nvdp.errors import ConfigError
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
@@ -249,6 +250,13 @@ OPTIONS: tuple[Option, ...] = (
         "metrics_address",
         listen_address,
         'listen address of /metrics, /healthz and /readyz ("" disables)',
+    ),
+    Option(
+        ("--device-rescan-interval",),
+        ("DEVICE_RESCAN_INTERVAL",),
+        "device_rescan_interval",
+        rescan_interval,
+        'how often MIG layouts and GPUs are re-read to serve changes without a signal ("10s"; 0 disables)',
     ),
 )
 
