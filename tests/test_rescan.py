@@ -91,7 +91,7 @@ def test_a_change_is_logged_per_gpu_counted_and_applied_once(caplog: pytest.LogC
         assert len(scan.check()) == 2
     assert node.requests == 1 and counted == ["mig", "mig"]
     assert lines(caplog) == [
-        'MIG layout changed gpu=0 uuid=GPU-0 old=1x7g.40gb new=1x3g.20gb+1x4g.20gb',
+        "MIG layout changed gpu=0 uuid=GPU-0 old=1x7g.40gb new=1x3g.20gb+1x4g.20gb",
         'MIG layout changed gpu=1 uuid=GPU-1 old="MIG disabled" new="MIG enabled, no MIG devices"',
     ]
     # Not applied (e.g. the config refuses it): said once, not every tick.
