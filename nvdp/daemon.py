@@ -1,6 +1,8 @@
-"""The plugin daemon: resolved config -> NVML backend -> supervisor, health and metrics.
+"""The plugin daemon's wiring: resolved config -> NVML backend -> supervisor, node health and metrics.
 
-`Daemon` is what `nvdp plugin` runs on the main thread and what `nvdp simulate` runs on a thread.
+`Daemon` is what `nvdp plugin` runs on the main thread and what `nvdp simulate` runs on a thread. It
+only builds and connects the parts: the config mapping is `nvdp.settings`, the node's health
+`nvdp.health.node`, the main loop `nvdp.plugin.supervisor`.
 """
 
 from __future__ import annotations
@@ -9,108 +11,36 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nvdp import kube
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
+from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
-from nvdp.errors import ConfigError, NvdpError
-from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus, XidPolicy
+from nvdp.errors import NvdpError
+from nvdp.footprint import allow_ssl
+from nvdp.health.node import NodeHealth
+from nvdp.health.node_events import NodeEventRecorder
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.node_facts import HostFacts
 from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
-from nvdp.plugin.supervisor import DaemonSettings, StatusObserver, Supervisor
-from nvdp.resources import NamePattern, Replication, Resource
+from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
+from nvdp.plugin.supervisor import Supervisor
+from nvdp.plugin.types import DaemonSettings, StatusObserver
+from nvdp.resources import Resource
+from nvdp.settings import daemon_settings, health_settings
 
 if TYPE_CHECKING:
     from nvdp.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-
-def daemon_settings(config: Config) -> DaemonSettings:
-    """Map the resolved v1 config onto what the supervisor needs."""
-    flags = config.flags
-    plugin = flags.plugin
-    if not plugin.kubelet_socket:
-        raise ConfigError("--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path")
-    if config.sharing.strategy == "mps":
-        raise ConfigError(
-            "sharing.mps: MPS sharing is not supported by this version of nvdp (it runs no MPS control "
-            "daemon); use sharing.timeSlicing, or NVIDIA's plugin for MPS"
-        )
-    if flags.device_discovery_strategy == "tegra":
-        raise ConfigError(
-            "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
-            "(accepted here: auto, nvml)"
-        )
-    sharing: list[Replication] = []
-    replicated = config.sharing.replicated
-    if replicated is not None:
-        strategy = config.sharing.strategy
-        for entry in replicated.resources:
-            sharing.append(
-                Replication(
-                    name=entry.name,
-                    replicas=entry.replicas,
-                    rename=entry.rename,
-                    devices=entry.devices,
-                    strategy=strategy,
-                    fail_requests_greater_than_one=bool(replicated.fail_requests_greater_than_one),
-                )
-            )
-    return DaemonSettings(
-        kubelet_socket=Path(plugin.kubelet_socket),
-        mig_strategy=flags.mig_strategy,
-        fail_on_init_error=flags.fail_on_init_error,
-        dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
-        container_driver_root=plugin.container_driver_root,
-        gpu_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.gpus),
-        mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
-        sharing=tuple(sharing),
-        health=health_settings(config),
-        allocation_policy=plugin.shared_devices_allocation_policy,
-        response=ResponseOptions(
-            device_list_strategy=plugin.device_list_strategy,
-            device_id_strategy=plugin.device_id_strategy,
-            pass_device_specs=plugin.pass_device_specs,
-            dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
-            cdi_annotation_prefix=plugin.cdi_annotation_prefix,
-            extra_envs=feature_envs(config),
-        ),
-    )
-
-
-def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
-    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
-    the NVIDIA container toolkit acts on them."""
-    flags = config.flags
-    envs = [
-        (name, "enabled")
-        for name, on in (
-            ("NVIDIA_GDS", flags.gds_enabled),
-            ("NVIDIA_MOFED", flags.mofed_enabled),
-            ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
-        )
-        if on
-    ]
-    if config.imex.channel_ids:
-        envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
-    return tuple(envs)
-
-
-def health_settings(config: Config) -> HealthSettings:
-    h = config.health
-    return HealthSettings(
-        ignored_xids=frozenset(h.ignored_xids),
-        fatal_xids=None if h.fatal_xids is None else frozenset(h.fatal_xids),
-        recovery_quiet_period=h.recovery_quiet_period,
-        probe_interval=h.probe_interval,
-        single_bit_ecc=h.single_bit_ecc,
-    )
+GRPC_WORKERS = 32
 
 
 class TopologyAllocators:
@@ -130,73 +60,78 @@ class TopologyAllocators:
         return Allocator(list(resource.devices.values()), self._topology, policy=policy)
 
 
-class NodeHealth:
-    """One health monitor per node feeding one router; the supervisor's HealthHooks."""
+class GrpcServers:
+    """The supervisor's server factory: DevicePluginServers sharing one gRPC thread pool."""
 
-    def __init__(self, nvml: Nvml, settings: HealthSettings, environ: Mapping[str, str]) -> None:
-        self._nvml = nvml
-        self._settings = settings
-        self._environ = environ
-        self._gpus: list[GpuInfo] = []
-        self.policy = XidPolicy.from_env(environ, settings)
-        node_events = None
-        if self.policy.enabled:
-            from nvdp.kube import node_events_from_env
+    def __init__(self, observer: RpcObserver | None) -> None:
+        self._observer = observer
+        self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc")
 
-            node_events = node_events_from_env(environ)
-        self.router = HealthRouter(node_events=node_events)
-        self.monitor: HealthMonitor | None = None
+    def __call__(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        allocator: PreferredAllocator | None,
+    ) -> DevicePluginServer:
+        return DevicePluginServer(resource, socket_path, options, self._executor, allocator, self._observer)
 
-    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
-        if settings is not None and settings != self._settings:
-            self._settings = settings
-            self.policy = XidPolicy.from_env(self._environ, settings)
-            if self.monitor is not None:
-                self.monitor.update_settings(settings, self.policy)
-        if self.monitor is None:
-            self.monitor = HealthMonitor(
-                self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
-            )
-            self.monitor.start()
-        elif list(gpus) != self._gpus:
-            # Only a changed enumeration re-arms the event set: freeing it drops queued events.
-            self.monitor.update_gpus(gpus)
-        self._gpus = list(gpus)
+    def shutdown(self) -> None:
+        """After the servers stopped: drop what is still queued."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def set_targets(self, servers: Sequence[DevicePluginServer]) -> None:
-        self.router.set_targets(servers)
 
-    # ---- read by metrics and /readyz (nvdp.metrics.HealthView) ----
-    @property
-    def checks_enabled(self) -> bool:
-        return self.policy.enabled
+def node_events_from_env(
+    environ: Mapping[str, str], *, token_file: str = kube.SERVICE_ACCOUNT_TOKEN, max_queue: int = 64
+) -> NodeEventRecorder | None:
+    """A recorder when NODE_NAME is set and in-cluster credentials exist; else None (feature off).
 
-    def monitor_status(self) -> MonitorStatus | None:
-        return self.monitor.status() if self.monitor is not None else None
+    The `kubernetes` client is built (and ssl let in) only when the first event is sent."""
+    node = environ.get("NODE_NAME", "")
+    if not node or not kube.in_cluster(environ, token_file):
+        return None
 
-    def unhealthy(self) -> dict[str, HealthChange]:
-        return self.router.unhealthy()
+    def client() -> kube.KubeNodeEvents:
+        allow_ssl()  # the plugin process blocks ssl until a TLS client is needed
+        return kube.KubeNodeEvents(node)
 
-    def stop(self) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
-        self.router.close()
+    return NodeEventRecorder(client, max_queue=max_queue)
+
+
+def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSettings]:
+    """The supervisor's `reload()`: load the config again (logged as the start-up line is) and map it."""
+
+    def reload() -> DaemonSettings:
+        config = load_config()
+        log_event(log, logging.INFO, "configuration", config=json.loads(config.to_json()))
+        return node_settings(config)
+
+    return reload
+
+
+def node_settings(config: Config) -> DaemonSettings:
+    """The daemon settings with this node's facts read in: the IMEX channels present (with
+    `imex.required`, a missing channel is a ConfigError, as NVIDIA's plugin refuses to start)."""
+    return daemon_settings(config, imex_channels(config))
 
 
 class Daemon:
+    """The plugin process: builds NVML, metrics, node health and the supervisor from `config`;
+    `reload_config` loads the config again on a reload (SIGHUP)."""
+
     def __init__(
         self,
         config: Config,
         *,
         reload_config: Callable[[], Config],
         environ: Mapping[str, str],
-        observer: StatusObserver | None = None,
+        observer: StatusObserver[DevicePluginServer] | None = None,
         nvml: Nvml | None = None,
     ) -> None:
         self.config = config
-        self._reload_config = reload_config
-        self._first = True
-        self.nvml = nvml or open_nvml(config.nvml, config.flags.nvidia_driver_root)
+        self.nvml = nvml or open_nvml(
+            config.nvml, config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root
+        )
         # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.
         self.metrics: Metrics | None = None
@@ -207,12 +142,18 @@ class Daemon:
             self.metrics = Metrics(config.metrics_address)
             counted = self.metrics.count_nvml_errors(self.nvml)
             observer = observer or self.metrics
-        self.health = NodeHealth(counted, health_settings(config), environ)
+        self.health = NodeHealth(
+            counted, health_settings(config), environ, node_events=lambda: node_events_from_env(environ)
+        )
         if self.metrics is not None:
             self.metrics.health = self.health
-        self.supervisor = Supervisor(
+        self._servers = GrpcServers(observer)
+        self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
-            self._settings,
+            node_settings(config),
+            reload=settings_source(reload_config),
+            make_server=self._servers,
+            node_facts=HostFacts(),
             allocator_factory=TopologyAllocators(counted),
             health=self.health,
             observer=observer,
@@ -221,14 +162,6 @@ class Daemon:
             self.metrics.registrations = self.supervisor
         registry = self.metrics.registry if self.metrics is not None else None
         self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
-
-    def _settings(self) -> DaemonSettings:
-        if self._first:
-            self._first = False
-        else:
-            self.config = self._reload_config()
-            log_event(log, logging.INFO, "configuration", config=json.loads(self.config.to_json()))
-        return daemon_settings(self.config)
 
     @property
     def ready(self) -> threading.Event:
@@ -262,5 +195,6 @@ class Daemon:
         finally:
             if self.rescanner is not None:
                 self.rescanner.stop()
+            self._servers.shutdown()
             if self.metrics is not None:
                 self.metrics.stop()

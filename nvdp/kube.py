@@ -1,7 +1,10 @@
 """Talking to the Kubernetes API server: the only importer of the `kubernetes` client.
 
-The client (tens of MB) is imported lazily, inside the functions that need it, and only when a
-feature that talks to the API server is on; importing this module costs nothing.
+A leaf adapter: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small
+protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`). The client (tens of MB) is
+imported lazily, inside the functions that need it, and only when a feature that talks to the API
+server is on; importing this module costs nothing. A process that blocked `ssl`
+(`nvdp.footprint.block_ssl`) lifts the block before it builds a client here.
 
 Node events: a health transition becomes an Event on the node's Node object, as the kubelet records
 its own node events: namespace `default`, involvedObject `{kind: Node, name: <node>, uid: <node>}`
@@ -16,8 +19,6 @@ import os
 import time
 from collections.abc import Mapping
 from typing import Any
-
-from nvdp.health.node_events import NodeEventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ class KubeNodeEvents:
         component: str = EVENT_SOURCE,
         request_timeout: float = 5.0,
     ) -> None:
-        from nvdp.footprint import allow_ssl
-
-        allow_ssl()  # the plugin process blocks ssl until a TLS client is needed
         from kubernetes import client, config  # lazy: only when node events are on
 
         if api_client is None:
@@ -93,13 +91,3 @@ class KubeNodeEvents:
         self._api.create_namespaced_event(
             self._namespace, self.event_body(event_type, reason, message), _request_timeout=self._timeout
         )
-
-
-def node_events_from_env(
-    environ: Mapping[str, str], *, token_file: str = SERVICE_ACCOUNT_TOKEN, max_queue: int = 64
-) -> NodeEventRecorder | None:
-    """A recorder when NODE_NAME is set and in-cluster credentials exist; else None (feature off)."""
-    node = environ.get("NODE_NAME", "")
-    if not node or not in_cluster(environ, token_file):
-        return None
-    return NodeEventRecorder(lambda: KubeNodeEvents(node), max_queue=max_queue)

@@ -1,4 +1,5 @@
-"""Mapping the resolved config onto the daemon (pure), and the settings nvdp refuses."""
+"""Mapping the resolved config onto the daemon (nvdp.settings, pure and total), and the settings nvdp
+refuses (nvdp.config.rules, through resolve: every problem at once)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import argparse
 import pytest
 
 from nvdp.config import add_plugin_flags, parse_text, resolve
-from nvdp.daemon import daemon_settings
 from nvdp.errors import ConfigError
+from nvdp.settings import daemon_settings
 
 
 def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # type: ignore[no-untyped-def]
@@ -74,12 +75,12 @@ def test_time_slicing_rule() -> None:
 )
 def test_refused_settings(argv: list[str], text: str | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        daemon_settings(config_from(argv, text))
+        config_from(argv, text)
 
 
 def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
-    from nvdp.daemon import NodeHealth
     from nvdp.health import HealthSettings
+    from nvdp.health.node import NodeHealth
     from nvdp.nvml import open_nvml
 
     nvml = open_nvml("sim:pcie-4")
@@ -98,3 +99,58 @@ def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
         health.stop()
     finally:
         nvml.shutdown()
+
+
+def test_the_mapping_is_total_even_for_refused_configs() -> None:
+    """Refusing is the config validation's job (nvdp.config.rules); the mapping never raises."""
+    from nvdp.config import Config, Flags, PluginFlags
+
+    config = Config(
+        flags=Flags(
+            device_discovery_strategy="tegra",
+            nvidia_driver_root="/run/nvidia/driver",
+            plugin=PluginFlags(kubelet_socket=""),
+        )
+    )
+    settings = daemon_settings(config)
+    assert settings.dev_root == "/run/nvidia/driver"  # unresolved nvidiaDevRoot follows the driver root
+    assert settings.response.dev_root == settings.dev_root
+
+
+def test_health_section_and_imex_channels() -> None:
+    from nvdp.health import HealthSettings
+
+    text = (
+        "version: v1\nimex:\n  channelIDs: [0]\nhealth:\n  ignoredXids: [13]\n  fatalXids: [79]\n"
+        "  recoveryQuietPeriod: 1m\n  probeInterval: 2s\n  singleBitEcc: true\n"
+    )
+    settings = daemon_settings(config_from(["--gdrcopy-enabled"], text))
+    assert settings.health == HealthSettings(
+        ignored_xids=frozenset({13}),
+        fatal_xids=frozenset({79}),
+        recovery_quiet_period=60.0,
+        probe_interval=2.0,
+        single_bit_ecc=True,
+    )
+    assert settings.response.extra_envs == (("NVIDIA_GDRCOPY", "enabled"), ("NVIDIA_IMEX_CHANNELS", "0"))
+
+
+def test_no_sharing_and_default_health() -> None:
+    from nvdp.health import HealthSettings
+
+    settings = daemon_settings(config_from([]))
+    assert settings.sharing == ()
+    assert settings.health == HealthSettings()
+    assert settings.response.control_devices == ()  # node facts are the supervisor's to read
+
+
+def test_every_refusal_at_once() -> None:
+    text = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
+    with pytest.raises(ConfigError) as caught:
+        config_from(["--kubelet-socket", "", "--device-discovery-strategy", "tegra"], text)
+    assert [p.split(":")[0] for p in caught.value.problems] == [
+        "--kubelet-socket / KUBELET_SOCKET",
+        "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY",
+        "sharing.mps",
+        "sharing.mps",
+    ]

@@ -1,4 +1,5 @@
-"""Node events through nvdp.kube against a local stub API server; API trouble never blocks health."""
+"""Node events through nvdp.kube (wired by nvdp.daemon) against a local stub API server; API trouble
+never blocks health."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from nvdp.daemon import node_events_from_env
 from nvdp.devices import Device, DeviceSet
 from nvdp.health import HealthChange, HealthRouter, NodeEventRecorder
-from nvdp.kube import KubeNodeEvents, node_events_from_env
+from nvdp.kube import KubeNodeEvents
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 NODE = "gpu-node-1"
@@ -174,3 +176,29 @@ def test_kubernetes_is_not_imported_by_default() -> None:
         "sys.exit(1 if 'kubernetes' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
+
+
+def test_the_plugin_imports_kubernetes_only_when_an_event_is_sent(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    code = f"""
+import sys
+from nvdp.footprint import block_ssl
+block_ssl()
+from nvdp.daemon import node_events_from_env
+env = {{"NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "127.0.0.1"}}
+events = node_events_from_env(env, token_file={str(token)!r})
+before = "kubernetes" in sys.modules
+events.record("Warning", "GPUUnhealthy", "device unhealthy")
+assert events.join(60)
+print(before, "kubernetes" in sys.modules, events.sent + events.failed)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "1"]

@@ -12,7 +12,9 @@ from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml import EventType, PcieLevel
-from nvdp.nvml.real import LIBRARY_DIRS, RealNvml, library_path, mig_profile_name, sysfs_bus_id
+from nvdp.nvml.library import LIBRARY_DIRS, library_candidates
+from nvdp.nvml.naming import mig_profile_name, sysfs_bus_id
+from nvdp.nvml.real import RealNvml
 
 GIB = 1024**3
 BUS = ["00000000:07:00.0", "00000000:0F:00.0", "00000000:47:00.0", "00000000:87:00.0"]
@@ -72,7 +74,9 @@ def test_calls_before_init_raise_uninitialized() -> None:
 
 def test_library_not_found_on_default_path() -> None:
     nvml = RealNvml(pynvml=FakePynvml([], library_found=False))
-    with pytest.raises(NvmlLibraryNotFound, match="NVML_ERROR_LIBRARY_NOT_FOUND.*nvidia-driver-root"):
+    with pytest.raises(
+        NvmlLibraryNotFound, match="NVML_ERROR_LIBRARY_NOT_FOUND.*default search.*nvidia-driver-root"
+    ):
         nvml.init()
 
 
@@ -118,24 +122,54 @@ def test_default_driver_root_leaves_loading_to_pynvml() -> None:
     nvml = RealNvml("/", pynvml=lib, load_library=lambda p: pytest.fail(f"loaded {p}"))
     nvml.init()
     assert lib.nvmlLib == "default search path"
-    assert library_path("/") is None
+    assert library_candidates(["/", "", None]) == []
 
 
-def test_missing_library_under_driver_root_names_every_path_tried(tmp_path: Path) -> None:
-    nvml = RealNvml(str(tmp_path), pynvml=FakePynvml([gpu(0)]))
+def test_container_driver_root_comes_before_the_driver_root(tmp_path: Path) -> None:
+    make_lib(tmp_path / "host", "usr/lib64")
+    wanted = make_lib(tmp_path / "ctr", "lib64")
+    loaded: list[str] = []
+    lib = FakePynvml([gpu(0)])
+    nvml = RealNvml(
+        str(tmp_path / "host"),
+        container_driver_root=str(tmp_path / "ctr"),
+        pynvml=lib,
+        load_library=lambda p: loaded.append(p) or p,
+    )
+    nvml.init()
+    assert loaded == [wanted]
+
+
+def test_driver_root_without_the_library_falls_back_to_the_default_search(tmp_path: Path) -> None:
+    lib = FakePynvml([gpu(0)])
+    nvml = RealNvml(str(tmp_path), container_driver_root=str(tmp_path / "ctr"), pynvml=lib)
+    nvml.init()
+    assert lib.nvmlLib == "default search path"
+
+
+def test_missing_library_names_every_path_tried(tmp_path: Path) -> None:
+    nvml = RealNvml(
+        str(tmp_path / "host"),
+        container_driver_root=str(tmp_path / "ctr"),
+        pynvml=FakePynvml([gpu(0)], library_found=False),
+    )
     with pytest.raises(NvmlLibraryNotFound) as info:
         nvml.init()
-    for d in LIBRARY_DIRS:
-        assert str(tmp_path / d / "libnvidia-ml.so.1") in str(info.value)
+    text = str(info.value)
+    tried = [str(tmp_path / root / d / "libnvidia-ml.so.1") for root in ("ctr", "host") for d in LIBRARY_DIRS]
+    positions = [text.index(path) for path in tried]
+    assert positions == sorted(positions), "container root first, then the driver root, in order"
+    assert text.index("libnvidia-ml.so.1 (default search: LD_LIBRARY_PATH, ldconfig cache)") > positions[-1]
 
 
-def test_unloadable_library_is_library_not_found(tmp_path: Path) -> None:
+def test_unloadable_library_is_skipped_and_named(tmp_path: Path) -> None:
     path = make_lib(tmp_path, "usr/lib64")
 
     def refuse(p: str) -> object:
         raise OSError(f"{p}: invalid ELF header")
 
-    nvml = RealNvml(str(tmp_path), pynvml=FakePynvml([gpu(0)]), load_library=refuse)
+    lib = FakePynvml([gpu(0)], library_found=False)
+    nvml = RealNvml(str(tmp_path), pynvml=lib, load_library=refuse)
     with pytest.raises(NvmlLibraryNotFound, match="invalid ELF header") as info:
         nvml.init()
     assert path in str(info.value)
@@ -212,9 +246,38 @@ def test_lost_gpu_keeps_its_last_known_facts_in_enumeration() -> None:
     first = nvml.gpus()
     g.errors["nvmlDeviceGetMemoryInfo"] = fake.NVML_ERROR_GPU_IS_LOST
     assert nvml.gpus() == first
-    fresh = opened(lib)
-    with pytest.raises(GpuLostError):
-        fresh.gpus()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetCudaComputeCapability",
+        "nvmlDeviceGetNumaNodeId",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+    ],
+)
+def test_gpu_failing_at_first_enumeration_is_listed_with_its_fault(call: str) -> None:
+    lost = gpu(1, numa_node=0, errors={call: fake.NVML_ERROR_GPU_IS_LOST})
+    if call == "nvmlDeviceGetMaxMigDeviceCount":
+        lost.mig_mode = fake.NVML_DEVICE_MIG_ENABLE
+    nvml = opened(FakePynvml([gpu(0), lost, gpu(2)]))
+    gpus = nvml.gpus()
+    assert [g.uuid for g in gpus] == ["GPU-0", "GPU-1", "GPU-2"]
+    assert gpus[0].fault is None and gpus[2].fault is None and gpus[2].memory_bytes > 0
+    faulty = gpus[1]
+    assert (faulty.index, faulty.minor, faulty.memory_bytes, faulty.mig_devices) == (1, 1, 0, ())
+    assert faulty.fault is not None
+    assert faulty.fault.startswith(f"{call} failed: NVML_ERROR_GPU_IS_LOST device=GPU-1")
+
+
+def test_gpu_without_a_readable_uuid_is_left_out_and_node_errors_still_raise() -> None:
+    nvml = opened(FakePynvml([gpu(0), gpu(1, errors={"nvmlDeviceGetUUID": fake.NVML_ERROR_GPU_IS_LOST})]))
+    assert [g.uuid for g in nvml.gpus()] == ["GPU-0"]
+    broken = opened(FakePynvml([gpu(0, errors={"nvmlDeviceGetMemoryInfo": fake.NVML_ERROR_UNINITIALIZED})]))
+    with pytest.raises(NvmlError, match="NVML_ERROR_UNINITIALIZED"):
+        broken.gpus()
 
 
 # -- NUMA --------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, open_nvml
 from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
+from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -573,10 +574,13 @@ def test_mig_layout_changes(nodes: list[SimNvml]) -> None:
         ({"xid": 79}, "uuid: required"),
         ({"uuid": 0, "event": "boom"}, "uuid: required"),
         ({"uuid": "@0", "event": "boom"}, "event: unknown 'boom' (accepted: wait-error, single-bit-ecc"),
-        ({"uuid": "@0", "xid": "79"}, "xid: must be an integer >= 0"),
+        ({"uuid": "@0", "xid": "79"}, "xid: must be an integer from 0 to 2**64-1, got '79'"),
+        ({"uuid": "@0", "xid": 2**64}, f"xid: must be an integer from 0 to 2**64-1, got {2**64}"),
+        ({"uuid": "@0", "xid": -1}, "xid: must be an integer from 0 to 2**64-1, got -1"),
         ({"uuid": "@0", "xid": 79, "event": "gpu-lost"}, "needs exactly one of 'xid', 'event' or 'mig'"),
         ({"uuid": "@0", "xid": 79, "color": 1}, "unknown field 'color'"),
-        ({"uuid": "@0", "xid": 79, "gi_id": -1}, "gi_id: must be an integer >= 0"),
+        ({"uuid": "@0", "xid": 79, "gi_id": -1}, "gi_id: must be an integer from 0 to 2**32-2, got -1"),
+        ({"uuid": "@0", "xid": 79, "ci_id": 2**32 - 1}, "ci_id: must be an integer from 0 to 2**32-2"),
         ({"uuid": "@mig", "xid": 79, "gi_id": 1}, "gi_id: the instance comes from the MIG uuid"),
         ({"uuid": "@0", "event": "gpu-lost", "ci_id": 1}, "gi_id/ci_id do not apply to 'gpu-lost'"),
         ({"event": "wait-error", "code": "oops"}, "code: must be an NVML error name"),
@@ -694,6 +698,43 @@ def test_events_file_bad_lines_are_logged_and_skipped(
     assert "line='garbage'" in skipped[0]
     assert "reason=\"uuid: no GPU or MIG device 'GPU-x'" in skipped[1]
     assert "event: unknown 'melt'" in skipped[2]
+
+
+def test_events_file_largest_xid_is_delivered(tmp_path: Path, nodes: list[SimNvml]) -> None:
+    path = tmp_path / "events"
+    node = start(nodes, "pcie-4", path)
+    g = node.gpus()[0].uuid
+    events = node.create_event_set()
+    events.register(g, XID)
+    append(path, {"uuid": g, "xid": 2**64}, {"uuid": g, "xid": 2**64 - 1})
+    assert events.wait(WAIT_MS) == NvmlEvent(g, XID, 2**64 - 1)
+
+
+def test_events_file_overlong_line_is_dropped_with_bounded_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines: list[str] = []
+    path = tmp_path / "events"
+    path.touch()
+    follower = FileFollower(str(path), lines.append, max_line=100)
+    follower.start()
+    follower.stop()  # drive poll() by hand
+    caplog.set_level(logging.WARNING, logger="nvdp.nvml.sim")
+    with path.open("ab") as f:
+        f.write(b"x" * 150)  # no newline yet: more than the limit
+    follower.poll()
+    assert follower._partial == b""
+    with path.open("ab") as f:
+        f.write(b"y" * 10_000 + b'\n{"ok": 1}\n' + b"z" * 99)
+    follower.poll()
+    assert lines == ['{"ok": 1}']
+    assert len(follower._partial) == 99  # a line under the limit is kept until its newline
+    with path.open("ab") as f:
+        f.write(b"\n" + b"w" * 101 + b"\n")
+    follower.poll()
+    assert lines == ['{"ok": 1}', "z" * 99]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"simulated event line too long; skipped file={path} limit_bytes=100"] * 2
 
 
 def test_events_file_created_after_open_truncated_and_replaced(tmp_path: Path, nodes: list[SimNvml]) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nvdp.devices import Device
-from nvdp.plugin.responses import ResponseOptions, container_response, present_control_devices
+from nvdp.plugin.node_facts import present_control_devices
+from nvdp.plugin.responses import ResponseOptions, container_response
 
 
 def dev(i: int, replica: int | None = None, mig: bool = False) -> Device:
@@ -51,9 +52,13 @@ def test_cdi_annotations_and_cri() -> None:
     options = ResponseOptions(device_list_strategy=("cdi-annotations", "cdi-cri"))
     r = container_response([dev(0), dev(1)], options, "abc")
     assert dict(r.annotations) == {
-        "cdi.k8s.io/nvidia-device-plugin_abc": "nvidia.com/gpu=GPU-0,nvidia.com/gpu=GPU-1"
+        "cdi.k8s.io/nvidia-device-plugin_abc": "k8s.device-plugin.nvidia.com/gpu=GPU-0,"
+        "k8s.device-plugin.nvidia.com/gpu=GPU-1"
     }
-    assert [c.name for c in r.cdi_devices] == ["nvidia.com/gpu=GPU-0", "nvidia.com/gpu=GPU-1"]
+    assert [c.name for c in r.cdi_devices] == [
+        "k8s.device-plugin.nvidia.com/gpu=GPU-0",
+        "k8s.device-plugin.nvidia.com/gpu=GPU-1",
+    ]
     assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
 
 

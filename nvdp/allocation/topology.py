@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Protocol
 
+from nvdp.errors import NvmlError
 from nvdp.nvml.types import GpuInfo, GpuLink, PcieLevel
 
 NVLINK_SCORE = 100
@@ -68,7 +69,12 @@ class Topology:
     @classmethod
     def from_nvml(cls, nvml: LinkSource, gpus: Sequence[GpuInfo]) -> Topology:
         """Read every pair's link through the facade (N*(N-1)/2 calls; done once per device set)."""
-        links = {(a.uuid, b.uuid): nvml.link(a.uuid, b.uuid) for a, b in combinations(gpus, 2)}
+        links = {}
+        for a, b in combinations(gpus, 2):
+            try:
+                links[(a.uuid, b.uuid)] = nvml.link(a.uuid, b.uuid)
+            except NvmlError:  # a GPU that does not answer (lost): scored by NUMA node only
+                continue
         return cls({g.uuid: g.numa_node for g in gpus}, links)
 
     @property

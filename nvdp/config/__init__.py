@@ -7,6 +7,8 @@
 - `load`: `load_file(path)`, `parse_text(text)`, `parse(mapping)` validate a file; every problem is
   one line naming the field, all reported at once in a `ConfigError`.
 - `options`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag > env > file > default.
+- `rules`: what the plugin accepts across settings and what this version supports (checked by
+  `resolve`).
 - `values`: scalar checks and Go durations shared by the three.
 """
 

@@ -32,6 +32,9 @@ DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_METRICS_ADDRESS = ":2112"
 DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
+CDI_HOOKS = ("update-ldcache", "create-symlinks", "enable-cuda-compat", "chmod", "all")
 
 Devices = Literal["all"] | int | tuple[str, ...]
 
@@ -214,6 +217,11 @@ class Flags:
     plugin: PluginFlags = _key("plugin", section=PluginFlags, default_factory=PluginFlags)
     gfd: GfdFlags | None = _key("gfd", section=GfdFlags, default=None)
 
+    @property
+    def dev_root(self) -> str:
+        """Where the device nodes are on the host: nvidiaDevRoot, else the driver root (the one default)."""
+        return self.nvidia_dev_root or self.nvidia_driver_root
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -318,6 +326,9 @@ class Config:
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     device_rescan_interval: float = DEFAULT_DEVICE_RESCAN_INTERVAL  # seconds; 0: no live rescans
+    cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
+    cdi_kind: str = CDI_KINDS[0]
+    cdi_disable_hooks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):
@@ -335,6 +346,9 @@ class Config:
             "logLevel": self.log_level,
             "metricsAddress": self.metrics_address,
             "deviceRescanInterval": v.format_go_duration(self.device_rescan_interval),
+            "cdiSpecDir": self.cdi_spec_dir,
+            "cdiKind": self.cdi_kind,
+            "cdiDisableHooks": list(self.cdi_disable_hooks),
         }
         return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
 

@@ -17,6 +17,8 @@ from typing import Any
 from nvdp.config import values as v
 from nvdp.config.load import load_file
 from nvdp.config.model import (
+    CDI_HOOKS,
+    CDI_KINDS,
     DEVICE_DISCOVERY_STRATEGIES,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
@@ -28,6 +30,7 @@ from nvdp.config.model import (
     nvml_spec,
     rescan_interval,
 )
+from nvdp.config.rules import plugin_problems
 from nvdp.errors import ConfigError
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
@@ -222,7 +225,29 @@ OPTIONS: tuple[Option, ...] = (
         "preferred allocation of replicas and MIG devices: "
         f"{_alts(SHARED_DEVICES_ALLOCATION_POLICIES)} (least-used or most-used parent first)",
     ),
+    Option(
+        ("--cdi-disable-hooks",),
+        ("CDI_DISABLE_HOOKS",),
+        "cdi_disable_hooks",
+        _listed(v.list_of(v.choice(*CDI_HOOKS))),
+        f"createContainer hooks left out of generated CDI specs: {_alts(CDI_HOOKS)}",
+        "list",
+    ),
     # nvdp's own
+    Option(
+        ("--cdi-spec-dir",),
+        ("CDI_SPEC_DIR",),
+        "cdi_spec_dir",
+        v.string,
+        "directory the CDI specs are written to (with a cdi-annotations / cdi-cri strategy)",
+    ),
+    Option(
+        ("--cdi-kind",),
+        ("CDI_KIND",),
+        "cdi_kind",
+        v.choice(*CDI_KINDS),
+        f"kind of the GPU CDI devices in specs and answers: {_alts(CDI_KINDS)} (nvidia-ctk's names)",
+    ),
     Option(
         ("--nvml",),
         ("NVDP_NVML",),
@@ -280,7 +305,7 @@ def resolve(
     args: argparse.Namespace, environ: Mapping[str, str], *, file_loader: Callable[[str], Config] = load_file
 ) -> Config:
     """The effective config: flag > env var > config file > default. Raises ConfigError listing
-    every problem (bad flag / env values, the file's problems, rules across settings)."""
+    every problem (bad flag / env values, the file's problems, `nvdp.config.rules`)."""
     problems: list[str] = []
     given: dict[str, object] = {}
     for option in OPTIONS:
@@ -303,11 +328,10 @@ def resolve(
             problems[:0] = [f"{error.source}: {p}" if error.source else p for p in error.problems]
     for target, value in given.items():
         config = _set(config, target, value)
-    config = replace(config, config_file=config_file)
-    if not config.flags.nvidia_dev_root:
-        config = _set(config, "flags.nvidia_dev_root", config.flags.nvidia_driver_root)
+    flags = replace(config.flags, nvidia_dev_root=config.flags.dev_root)
+    config = replace(config, config_file=config_file, flags=flags)
     if file_ok:
-        problems += _check(config)
+        problems += plugin_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
@@ -324,22 +348,6 @@ def _raw_value(
         if env in environ:
             return env, environ[env]
     return None
-
-
-def _check(config: Config) -> list[str]:
-    """The plugin's rules across settings (NVIDIA's validateFlags)."""
-    problems = []
-    if config.sharing.strategy == "mps":
-        if config.flags.mig_strategy == "mixed":
-            problems.append(
-                'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
-                "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
-            )
-        if not config.flags.mps_root:
-            problems.append(
-                "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
-            )
-    return problems
 
 
 def _get(obj: object, target: str) -> object:

@@ -147,7 +147,7 @@ class HealthMonitor:
             **self._policy.describe(),
         )
         self._stop.clear()
-        self._emit(self._try_arm())
+        self._emit(self._state.enumeration_faults(self._clock()) + self._try_arm())
         self._thread = threading.Thread(target=self._run, name="nvdp-health", daemon=True)
         self._thread.start()
 
@@ -207,6 +207,7 @@ class HealthMonitor:
         if pending is not None:
             self._disarm()
             self._state.set_gpus(pending)
+            self._emit(self._state.enumeration_faults(self._clock()))
             self._next_probe = self._rearm_at = 0.0
         now = self._clock()
         rearming = self._event_set is None and self._policy.events_enabled

@@ -2,7 +2,8 @@
 
 `record()` only puts the event on a bounded queue (dropping it, with a warning, when the queue is
 full); a worker thread creates the client lazily and posts the events. A slow or failing API server
-therefore never delays health handling. The client itself lives in `nvdp.kube`.
+therefore never delays health handling. The client is anything with `NodeEventClient`'s one
+method (`nvdp.kube.KubeNodeEvents`, wired in by `nvdp.daemon`).
 """
 
 from __future__ import annotations

@@ -117,6 +117,15 @@ class HealthState:
         """NVML says the GPU is lost (at arming or probing): all its units, fatal."""
         return self._mark(self._gpu_units(gpu_uuid), GPU_LOST_REASON, None, True, now)
 
+    def enumeration_faults(self, now: float) -> list[HealthChange]:
+        """GPUs NVML could not enumerate (`GpuInfo.fault`): Unhealthy and fatal, like a lost GPU."""
+        changes: list[HealthChange] = []
+        for gpu in self._gpus:
+            if gpu.fault is not None:
+                reason = f"GPU enumeration failed: {gpu.fault}"
+                changes += self._mark(self._gpu_units(gpu.uuid), reason, None, True, now)
+        return changes
+
     def probed(self, gpu_uuid: str, outcome: ProbeOutcome, now: float) -> list[HealthChange]:
         """The outcome of one GPU's probe at time `now`: a finding marks, a clean pass may recover."""
         gpu = self._gpu_by_uuid[gpu_uuid]

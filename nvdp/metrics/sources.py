@@ -3,7 +3,7 @@
 The supervisor keeps the registration state and the plugin servers; the node's health keeps device
 health and the monitor's status. Metrics read them at scrape or probe time through these protocols and
 keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer` and
-`nvdp.daemon.NodeHealth` provide them).
+`nvdp.health.node.NodeHealth` provide them).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class RegistrationState(Protocol):
 
 
 class HealthView(Protocol):
-    """The node's health as metrics and /readyz read it (`nvdp.daemon.NodeHealth`)."""
+    """The node's health as metrics and /readyz read it (`nvdp.health.node.NodeHealth`)."""
 
     @property
     def checks_enabled(self) -> bool: ...

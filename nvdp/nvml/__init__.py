@@ -49,8 +49,11 @@ def nvml_error(code: str, call: str, detail: str = "", device: str | None = None
     return _ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
 
 
-def open_nvml(spec: str, driver_root: str = "/") -> Nvml:
+def open_nvml(spec: str, driver_root: str = "/", container_driver_root: str | None = None) -> Nvml:
     """Open (not init) an NVML backend: "real", "sim:NAME" (built-in node) or "sim:/path/node.yaml".
+
+    The real backend looks for libnvidia-ml.so.1 under `container_driver_root`, then `driver_root`,
+    then by the default search (see `nvdp.nvml.library`).
 
     The simulated backend follows the file named by $NVDP_SIM_EVENTS (read now) for fault injection.
     Raises ConfigError for an unknown spec, profile or an invalid node file.
@@ -58,7 +61,7 @@ def open_nvml(spec: str, driver_root: str = "/") -> Nvml:
     if spec == "real":
         from nvdp.nvml.real import RealNvml
 
-        return RealNvml(driver_root=driver_root)
+        return RealNvml(driver_root=driver_root, container_driver_root=container_driver_root)
     if spec.startswith("sim:") and spec[4:]:
         from nvdp.nvml.sim import open_sim
 

@@ -49,7 +49,12 @@ class MigDeviceInfo:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One physical GPU as NVML reports it."""
+    """One physical GPU as NVML reports it.
+
+    `fault` is set when the GPU's queries failed at enumeration (e.g. NVML_ERROR_GPU_IS_LOST): only
+    the facts that could be read are real (uuid, index, minor; memory is 0), and the health monitor
+    holds the GPU Unhealthy with `fault` as the reason, like a lost GPU.
+    """
 
     index: int
     uuid: str  # GPU-xxxxxxxx-...
@@ -62,6 +67,7 @@ class GpuInfo:
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDeviceInfo, ...] = field(default=())
+    fault: str | None = None
 
     @property
     def memory_mib(self) -> int:

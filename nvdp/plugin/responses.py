@@ -1,8 +1,11 @@
-"""Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets."""
+"""Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets.
+
+Node facts (which control device nodes exist) come in as data in `ResponseOptions`; reading them is
+`nvdp.plugin.node_facts`'s job."""
 
 from __future__ import annotations
 
-import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,7 +15,7 @@ from nvdp.devices import Device
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-CDI_KIND = "nvidia.com/gpu"  # the kind `nvidia-ctk cdi generate` writes specs for
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # NVIDIA's plugin's; nvdp.cdi writes its specs
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 
@@ -26,15 +29,14 @@ class ResponseOptions:
     control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
-
-
-def present_control_devices(dev_root: str) -> tuple[str, ...]:
-    """The control device nodes that exist under dev_root (read once when a server starts)."""
-    return tuple(p for p in CONTROL_DEVICES if os.path.exists(host_path(dev_root, p)))
+    cdi_kind: str = CDI_KIND  # or "nvidia.com/gpu" (--cdi-kind), the kind nvidia-ctk writes
+    cdi_devices: tuple[str, ...] = ()  # CDI names every answer adds (gds/mofed/gdrcopy, IMEX)
+    imex_channel_paths: tuple[str, ...] = ()  # passed as device specs with pass_device_specs
 
 
 def host_path(dev_root: str, path: str) -> str:
-    return os.path.join(dev_root, path.lstrip("/")) if dev_root not in ("", "/") else path
+    """`path` (a /dev node) as seen on the host under `dev_root`."""
+    return posixpath.join(dev_root, path.lstrip("/")) if dev_root not in ("", "/") else path
 
 
 def visible_ids(devices: Sequence[Device], id_strategy: str) -> list[str]:
@@ -60,7 +62,7 @@ def container_response(
             response.mounts.add(container_path=f"{VOLUME_MOUNTS_ROOT}/{device_id}", host_path="/dev/null")
     for key, value in options.extra_envs:
         response.envs[key] = value
-    cdi_names = [f"{CDI_KIND}={device_id}" for device_id in ids]
+    cdi_names = [f"{options.cdi_kind}={device_id}" for device_id in ids] + list(options.cdi_devices)
     if "cdi-annotations" in strategies:
         key = f"{options.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{request_id}"
         response.annotations[key] = ",".join(cdi_names)
@@ -68,7 +70,7 @@ def container_response(
         for name in cdi_names:
             response.cdi_devices.add(name=name)
     if options.pass_device_specs:
-        paths: dict[str, None] = dict.fromkeys(options.control_devices)
+        paths: dict[str, None] = dict.fromkeys(options.control_devices + options.imex_channel_paths)
         for device in devices:
             paths.update(dict.fromkeys(device.paths))
         for path in paths:

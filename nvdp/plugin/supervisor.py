@@ -1,118 +1,99 @@
-"""The daemon's main loop: NVML, resources, one server per resource, kubelet registration,
-restart detection and SIGHUP reloads.
+"""The plugin's main loop: resources from NVML, one server per resource, kubelet registration,
+restart detection and reloads by diff.
 
-The supervisor runs on the main thread and sleeps in `DirWatcher.wait`: it wakes only when the
-kubelet's directory changes, a signal arrives, or a registration retry is due.
+The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
+kubelet's directory changes, a stop or reload is requested, or a registration retry is due.
+Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
+directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
+reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Generic
 
+from nvdp.cdi import CdiPublisher
 from nvdp.errors import NvdpError, RegistrationError
-from nvdp.health.types import HealthSettings
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
-from nvdp.plugin.responses import ResponseOptions, present_control_devices
-from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
-from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import (
-    NamePattern,
-    Replication,
-    Resource,
-    ResourceError,
-    build_resources,
-    parse_mig_minors,
+from nvdp.plugin.responses import ResponseOptions
+from nvdp.plugin.server import PreferredAllocator
+from nvdp.plugin.types import (
+    AllocatorFactory,
+    DaemonSettings,
+    HealthHooks,
+    NodeFacts,
+    PluginServer,
+    Registrar,
+    S,
+    ServerFactory,
+    StatusObserver,
+    Watcher,
 )
+from nvdp.plugin.watch import DirWatcher, FileId, file_id
+from nvdp.resources import Resource, ResourceError, build_resources
+
+__all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 2.0
-# procfs shows the host kernel's driver state inside the container too.
-MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    """What the supervisor needs from the resolved configuration."""
-
-    kubelet_socket: Path
-    mig_strategy: str = "none"
-    fail_on_init_error: bool = True
-    dev_root: str = "/"  # the host's root for /dev/nvidia* (device-spec host paths)
-    container_driver_root: str = "/driver-root"  # where the chart mounts the driver root in our container
-    gpu_patterns: tuple[NamePattern, ...] = ()
-    mig_patterns: tuple[NamePattern, ...] = ()
-    sharing: tuple[Replication, ...] = ()
-    response: ResponseOptions = field(default_factory=ResponseOptions)
-    health: HealthSettings | None = None  # passed through to HealthHooks.start
-    allocation_policy: str = "distributed"  # flags.plugin.sharedDevicesAllocationPolicy
-
-
-class AllocatorFactory(Protocol):
-    def __call__(self, resource: Resource, gpus: Sequence[GpuInfo]) -> PreferredAllocator | None: ...
-
-
-class HealthHooks(Protocol):
-    """The health subsystem as the supervisor sees it (nvdp.health provides it)."""
-
-    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
-        """Start monitoring, or on a reload take the new enumeration and settings."""
-        ...
-
-    def set_targets(self, servers: Sequence[DevicePluginServer]) -> None: ...
-    def stop(self) -> None: ...
-
-
-class StatusObserver(RpcObserver, Protocol):
-    """Receives lifecycle facts and every RPC's outcome (metrics, readiness)."""
-
-    def registered(self, resource: str, first: bool) -> None: ...
-    def servers_changed(self, servers: Mapping[str, DevicePluginServer]) -> None: ...
-    def kubelet_lost(self) -> None: ...
-    def reloaded(self, ok: bool) -> None: ...
 
 
 class InitError(NvdpError):
     """NVML could not be initialised and fail-on-init-error is set."""
 
 
-class Supervisor:
+class Supervisor(Generic[S]):
+    """Runs the node's plugin servers (of type S, built by `make_server`) until `request_stop()`.
+
+    `settings` are the initial settings; `reload()` loads new ones when `request_reload()` asks.
+    """
+
     def __init__(
         self,
         nvml: Nvml,
-        load_settings: Callable[[], DaemonSettings],
+        settings: DaemonSettings,
         *,
+        reload: Callable[[], DaemonSettings],
+        make_server: ServerFactory[S],
+        node_facts: NodeFacts,
+        register: Registrar = register,
+        watcher: Callable[[Path], Watcher] = DirWatcher,
+        socket_id: Callable[[Path], FileId | None] = file_id,
         allocator_factory: AllocatorFactory | None = None,
         health: HealthHooks | None = None,
-        observer: StatusObserver | None = None,
+        observer: StatusObserver[S] | None = None,
     ) -> None:
         self._nvml = nvml
-        self._load_settings = load_settings
+        self.settings = settings
+        self._reload_source = reload
+        self._make_server = make_server
+        self._node_facts = node_facts
+        self._cdi = CdiPublisher()
+        self._register = register
+        self._make_watcher = watcher
+        self._socket_id = socket_id
         self._allocator_factory = allocator_factory
         self._health = health
         self._observer = observer
-        self.settings = load_settings()
-        self.plugin_dir = self.settings.kubelet_socket.parent
-        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc")
-        self.servers: dict[str, DevicePluginServer] = {}
+        self.plugin_dir = settings.kubelet_socket.parent
+        self.servers: dict[str, S] = {}
         self._registered_at: dict[str, FileId | None] = {}  # resource -> kubelet.sock registered with
         self._ever_registered: set[str] = set()
         self._stop = threading.Event()
-        self._reload = threading.Event()
+        self._reload_requested = threading.Event()
         self._rescan = threading.Event()  # a device layout change to apply (nvdp.plugin.rescan)
-        self._watcher: DirWatcher | None = None
+        self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
         self.gpus: list[GpuInfo] = []
@@ -125,7 +106,7 @@ class Supervisor:
             self._watcher.wake()
 
     def request_reload(self) -> None:
-        self._reload.set()
+        self._reload_requested.set()
         if self._watcher:
             self._watcher.wake()
 
@@ -133,20 +114,26 @@ class Supervisor:
     def run(self) -> None:
         """Serve until request_stop(). Raises InitError when NVML fails and fail-on-init-error."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._watcher = DirWatcher(self.plugin_dir)
+        self._watcher = self._make_watcher(self.plugin_dir)
         try:
             self._start_nvml()
             if self._nvml_ok:
                 self._initial_apply()
             retry_in: float | None = None
             while not self._stop.is_set():
-                if self._reload.is_set():
-                    self._reload.clear()
+                if self._reload_requested.is_set():
+                    self._reload_requested.clear()
                     self._do_reload()
                 if self._rescan.is_set():
                     self._rescan.clear()
                     self._do_rescan()
-                retry_in = self._sync_registrations(retry_in)
+                kubelet_id = self._socket_id(self.settings.kubelet_socket)
+                if kubelet_id is None:
+                    self._kubelet_gone()
+                    retry_in = None
+                else:
+                    self._restart_wiped_servers()
+                    retry_in = self._register_pending(kubelet_id, retry_in)
                 if self._stop.is_set():
                     break
                 self._watcher.wait(retry_in)
@@ -174,7 +161,6 @@ class Supervisor:
         for server in self.servers.values():
             server.stop(grace=0.2)
         self.servers.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
         if self._watcher is not None:
             self._watcher.close()
         if self._nvml_ok:
@@ -185,12 +171,7 @@ class Supervisor:
     def _build(self, settings: DaemonSettings) -> list[Resource]:
         self.gpus = self._nvml.gpus()
         self._enumerated = True
-        minors = None
-        if any(g.mig_enabled for g in self.gpus):
-            try:
-                minors = parse_mig_minors(MIG_MINORS_FILE.read_text())
-            except OSError:
-                minors = None
+        minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
         return build_resources(
             self.gpus,
             mig_strategy=settings.mig_strategy,
@@ -201,22 +182,36 @@ class Supervisor:
             allocation_policy=settings.allocation_policy,
         )
 
-    @staticmethod
-    def _visible_dev_root(settings: DaemonSettings) -> str:
-        """Where the host's device nodes can be seen from this process: the host root itself when
-        it is "/" (or we run on the host), else the driver root mounted into the container."""
-        if settings.dev_root not in ("", "/") and not os.path.isdir(settings.dev_root):
-            if os.path.isdir(settings.container_driver_root):
-                return settings.container_driver_root
-        return settings.dev_root
+    def _serve(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        allocator: PreferredAllocator | None,
+    ) -> S:
+        """Build and start the server of one resource, in place of any before it (to be registered)."""
+        server = self._make_server(resource, socket_path, options, allocator)
+        server.start()
+        self.servers[resource.name] = server
+        self._registered_at[resource.name] = None
+        return server
+
+    def _servers_changed(self) -> None:
+        """Tell health and the observer which servers run now."""
+        if self._health is not None:
+            self._health.set_targets(list(self.servers.values()))
+        if self._observer is not None:
+            self._observer.servers_changed(dict(self.servers))
 
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         resources = self._build(settings)
+        control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
+        options = replace(settings.response, control_devices=control_devices)
+        if settings.cdi is not None:  # specs on disk before any server registers
+            cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
+            resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
         wanted = {r.name: r for r in resources}
-        options = replace(
-            settings.response, control_devices=present_control_devices(self._visible_dev_root(settings))
-        )
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)
@@ -226,7 +221,7 @@ class Supervisor:
                 and server.options == options
             ):
                 allocator = self._allocator_factory(new, self.gpus) if self._allocator_factory else None
-                server.update_resource(new, allocator)  # a changed device list: same stream and registration
+                server.update_resource(new, allocator)  # changed devices: same stream and registration
                 log_event(log, logging.INFO, "updated devices", resource=name, devices=len(new.devices))
                 continue
             if new is None or new.signature() != server.resource.signature() or server.options != options:
@@ -244,17 +239,7 @@ class Supervisor:
             if name in self.servers:
                 continue
             allocator = self._allocator_factory(resource, self.gpus) if self._allocator_factory else None
-            server = DevicePluginServer(
-                resource,
-                self.plugin_dir / resource.socket_name,
-                options,
-                self._executor,
-                allocator,
-                self._observer,
-            )
-            server.start()
-            self.servers[name] = server
-            self._registered_at[name] = None
+            server = self._serve(resource, self.plugin_dir / resource.socket_name, options, allocator)
             log_event(
                 log,
                 logging.INFO,
@@ -274,9 +259,7 @@ class Supervisor:
         self.ready.clear()
         if self._health is not None:
             self._health.start(self.gpus, settings.health)
-            self._health.set_targets(list(self.servers.values()))
-        if self._observer is not None:
-            self._observer.servers_changed(dict(self.servers))
+        self._servers_changed()
 
     def _initial_apply(self) -> None:
         """Serve the node's resources; when they cannot be built (e.g. a MIG layout the strategy
@@ -299,7 +282,7 @@ class Supervisor:
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
         try:
-            settings = self._load_settings()
+            settings = self._reload_source()
             if not self._nvml_ok:
                 self._start_nvml()
             if self._nvml_ok:
@@ -324,61 +307,52 @@ class Supervisor:
         if self._observer is not None:
             self._observer.reloaded(True)
 
-    # ---- registration -------------------------------------------------------------------------
-    def _kubelet_socket_id(self) -> FileId | None:
-        return file_id(self.settings.kubelet_socket)
+    # ---- kubelet restarts and registration ----------------------------------------------------
+    def _kubelet_gone(self) -> None:
+        """The kubelet's socket is missing: forget every registration and wait for it."""
+        if any(v is not None for v in self._registered_at.values()):
+            log_event(
+                log,
+                logging.WARNING,
+                "kubelet socket gone; waiting for the kubelet",
+                path=str(self.settings.kubelet_socket),
+            )
+            if self._observer is not None:
+                self._observer.kubelet_lost()
+            self.ready.clear()
+        for name in self._registered_at:
+            self._registered_at[name] = None
+        if not self.servers:
+            self.ready.set()
 
-    def _sync_registrations(self, previous_retry: float | None) -> float | None:
-        """Restart servers whose socket was wiped and (re-)register where needed.
+    def _restart_wiped_servers(self) -> None:
+        """Start a new server, same resource and socket, for each one whose socket was removed."""
+        wiped = [server for server in self.servers.values() if not server.socket_is_ours()]
+        for server in wiped:
+            log_event(
+                log, logging.INFO, "plugin socket removed; restarting server", resource=server.resource_name
+            )
+            server.stop(grace=0.0)
+            self._serve(server.resource, server.socket_path, server.options, server.allocator)
+        if wiped:
+            self._servers_changed()
+
+    def _register_pending(self, kubelet_id: FileId, previous_retry: float | None) -> float | None:
+        """Register every server not registered with this kubelet socket yet.
 
         Returns the delay before the next retry, or None when everything is registered.
         """
-        kubelet_id = self._kubelet_socket_id()
-        if kubelet_id is None:
-            if any(v is not None for v in self._registered_at.values()):
-                log_event(
-                    log,
-                    logging.WARNING,
-                    "kubelet socket gone; waiting for the kubelet",
-                    path=str(self.settings.kubelet_socket),
-                )
-                if self._observer is not None:
-                    self._observer.kubelet_lost()
-                self.ready.clear()
-            for name in self._registered_at:
-                self._registered_at[name] = None
-            if not self.servers:
-                self.ready.set()
-            return None
         failed = False
         for name, server in self.servers.items():
-            if not server.socket_is_ours():
-                log_event(log, logging.INFO, "plugin socket removed; restarting server", resource=name)
-                server.stop(grace=0.0)
-                server = DevicePluginServer(
-                    server.resource,
-                    server.socket_path,
-                    server.options,
-                    self._executor,
-                    server.allocator,
-                    self._observer,
-                )
-                server.start()
-                self.servers[name] = server
-                self._registered_at[name] = None
-                if self._health is not None:
-                    self._health.set_targets(list(self.servers.values()))
-                if self._observer is not None:
-                    self._observer.servers_changed(dict(self.servers))
             if self._registered_at.get(name) == kubelet_id:
                 continue
             started = time.monotonic()
             try:
-                accepted_id = register(
+                accepted_id = self._register(
                     self.settings.kubelet_socket,
                     name,
                     server.socket_path.name,
-                    preferred_allocation=server.allocator_available,
+                    preferred_allocation=server.allocator is not None,
                     timeout=REGISTER_TIMEOUT_S,
                 )
             except RegistrationError as error:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from nvdp.nvml.sim.backend import SimEventError, SimEventSet, SimNvml
+from nvdp.nvml.sim.backend import SimEventError, SimNvml
+from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.spec import SimGpu, SimNode, load_node_file, load_profile, profile_names
 
 __all__ = [

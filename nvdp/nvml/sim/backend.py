@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from nvdp.nvml import nvml_error
+from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
 from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
@@ -37,6 +36,8 @@ _PROBE_EVENTS = {
 _STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *_PROBE_EVENTS)
 _EVENT_NAMES = ("wait-error", *_ECC_EVENTS, *_STATE_EVENTS)
 _FIELDS = ("uuid", "xid", "event", "mig", "gi_id", "ci_id", "code")
+XID_MAX = 2**64 - 1  # nvmlEventData_t.eventData is an unsigned long long
+INSTANCE_MAX = 2**32 - 2  # unsigned int; 0xFFFFFFFF means "no instance"
 
 
 class SimEventError(ValueError):
@@ -61,7 +62,9 @@ class SimNvml:
         self._follower: FileFollower | None = None
         self._sets: weakref.WeakSet[SimEventSet] = weakref.WeakSet()
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
-        self._state = [_GpuState(self._mig_devices(gpu, gpu.mig)) for gpu in node.gpus]
+        self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
+        self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
+        self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -100,26 +103,55 @@ class SimNvml:
         return self.node.cuda_driver_version
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU, lost ones included (their facts are known; queries about them fail)."""
+        """Every GPU, lost ones included: with their facts once listed while answering; with `fault`
+        set and only uuid, index, name, minor and bus id when lost before their first listing."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            states = [state.mig for state in self._state]
-        return [
-            GpuInfo(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                name=gpu.name,
-                minor=gpu.minor,
-                memory_bytes=gpu.memory_mib * MIB,
-                compute_capability=gpu.compute_capability,
-                pci_bus_id=gpu.pci_bus_id,
-                numa_node=gpu.numa_node,
-                mig_capable=gpu.mig_capable,
-                mig_enabled=mig is not None,
-                mig_devices=mig or (),
+            states = [(state.mig, state.lost) for state in self._state]
+            gpus = []
+            for gpu, (mig, lost) in zip(self.node.gpus, states, strict=True):
+                if lost and gpu.index not in self._enumerated:
+                    gpus.append(self._faulty(gpu))
+                    continue
+                self._enumerated.add(gpu.index)
+                gpus.append(
+                    GpuInfo(
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        name=gpu.name,
+                        minor=gpu.minor,
+                        memory_bytes=gpu.memory_mib * MIB,
+                        compute_capability=gpu.compute_capability,
+                        pci_bus_id=gpu.pci_bus_id,
+                        numa_node=gpu.numa_node,
+                        mig_capable=gpu.mig_capable,
+                        mig_enabled=mig is not None,
+                        mig_devices=mig or (),
+                    )
+                )
+        return gpus
+
+    def _faulty(self, gpu: SimGpu) -> GpuInfo:
+        error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
+        if gpu.index not in self._faults_logged:
+            self._faults_logged.add(gpu.index)
+            logger.warning(
+                "GPU enumeration failed; advertising it Unhealthy gpu=%s index=%d error=%r",
+                gpu.uuid,
+                gpu.index,
+                str(error),
             )
-            for gpu, mig in zip(self.node.gpus, states, strict=True)
-        ]
+        return GpuInfo(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            minor=gpu.minor,
+            memory_bytes=0,
+            compute_capability=(0, 0),
+            pci_bus_id=gpu.pci_bus_id,
+            numa_node=None,
+            fault=str(error),
+        )
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
         call = "nvmlDeviceGetTopologyCommonAncestor"
@@ -173,8 +205,8 @@ class SimNvml:
                 self._set_mig_layout(gpu, mig, event["mig"])
             elif "xid" in event:
                 xid = event["xid"]
-                if isinstance(xid, bool) or not isinstance(xid, int) or xid < 0:
-                    raise SimEventError(f"xid: must be an integer >= 0, got {xid!r}")
+                if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= XID_MAX:
+                    raise SimEventError(f"xid: must be an integer from 0 to 2**64-1, got {xid!r}")
                 self._deliver(gpu, mig, EventType.XID_CRITICAL, xid, event)
             else:
                 self._apply_event(gpu, mig, event["event"], event)
@@ -237,8 +269,8 @@ class SimNvml:
                 continue
             if mig is not None:
                 raise SimEventError(f"{key}: the instance comes from the MIG uuid; give the GPU uuid instead")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SimEventError(f"{key}: must be an integer >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INSTANCE_MAX:
+                raise SimEventError(f"{key}: must be an integer from 0 to 2**32-2, got {value!r}")
             gi_id, ci_id = (value, ci_id) if key == "gi_id" else (gi_id, value)
         event = NvmlEvent(gpu.uuid, event_type, data, gi_id, ci_id)
         logger.debug(
@@ -325,74 +357,3 @@ class SimNvml:
             )
             for n, d in enumerate(place(layout, gpu.mig_geometry))
         )
-
-
-class SimEventSet:
-    """An event set of the simulated node: events of the GPUs and types registered, in order."""
-
-    def __init__(self, backend: SimNvml) -> None:
-        self._backend = backend
-        self._cond = threading.Condition()
-        self._events: deque[NvmlEvent] = deque()
-        self._types: dict[str, EventType] = {}
-        self._error: str | None = None
-        self._closed = False
-        self._stale = False  # the NVML session it belonged to was shut down
-
-    def register(self, gpu_uuid: str, event_types: EventType) -> EventType:
-        call = "nvmlDeviceRegisterEvents"
-        self._check(call)
-        supported = event_types & self._backend._supported_events(gpu_uuid)
-        if not supported:
-            raise nvml_error("NVML_ERROR_NOT_SUPPORTED", call, f"event types {event_types!r}", gpu_uuid)
-        with self._cond:
-            self._types[gpu_uuid] = self._types.get(gpu_uuid, EventType(0)) | supported
-        return supported
-
-    def wait(self, timeout_ms: int) -> NvmlEvent | None:
-        call = "nvmlEventSetWait_v2"
-        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
-        with self._cond:
-            while True:
-                self._check(call)
-                if self._error is not None:
-                    code, self._error = self._error, None
-                    raise nvml_error(code, call, "injected wait error")
-                if self._events:
-                    return self._events.popleft()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(remaining)
-
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._events.clear()
-            self._cond.notify_all()
-        with self._backend._lock:
-            self._backend._sets.discard(self)
-
-    def _check(self, call: str) -> None:
-        if self._closed:
-            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT", call, "the event set is closed")
-        if self._stale or not self._backend._initialized:
-            raise nvml_error("NVML_ERROR_UNINITIALIZED", call, "NVML was shut down")
-
-    def _offer(self, event: NvmlEvent) -> None:
-        with self._cond:
-            if event.event_type & self._types.get(event.gpu_uuid, EventType(0)):
-                self._events.append(event)
-                self._cond.notify_all()
-
-    def _fail_next_wait(self, code: str) -> None:
-        with self._cond:
-            self._error = code
-            self._cond.notify_all()
-
-    def _invalidate(self) -> None:
-        with self._cond:
-            self._stale = True
-            self._cond.notify_all()

@@ -3,6 +3,8 @@
 The thread polls stat() every `interval_s` (idle cost: one syscall per poll), starts at the file's
 end, and copes with the file appearing later, being truncated, removed, or replaced (renamed over).
 A line is handed over once its newline is written. The callback's failures are logged, never fatal.
+A line longer than `max_line` bytes is dropped with one warning (its rest is skipped up to the next
+newline), so a writer that never ends a line cannot grow the follower's memory without bound.
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 _MAX_READ = 1 << 20
+MAX_LINE = 64 * 1024  # bytes; an events-file line is a small JSON object
 
 
 class FileFollower:
-    def __init__(self, path: str, on_line: Callable[[str], None], interval_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        path: str,
+        on_line: Callable[[str], None],
+        interval_s: float = 0.02,
+        max_line: int = MAX_LINE,
+    ) -> None:
         self._path = path
+        self._max_line = max_line
+        self._skipping = False  # inside an over-long line: drop bytes up to its newline
         self._on_line = on_line
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -66,24 +77,54 @@ class FileFollower:
         try:
             st = os.stat(self._path)
         except FileNotFoundError:
-            self._identity, self._offset, self._partial = None, 0, b""
+            self._identity, self._offset, self._partial, self._skipping = None, 0, b"", False
             return
         identity = (st.st_dev, st.st_ino)
         if identity != self._identity or st.st_size < self._offset:  # new file, or truncated
-            self._identity, self._offset, self._partial = identity, 0, b""
+            self._identity, self._offset, self._partial, self._skipping = identity, 0, b"", False
         if st.st_size == self._offset:
             return
         with open(self._path, "rb") as f:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino) != self._identity:  # replaced between stat and open
-                self._identity, self._offset, self._partial = (st.st_dev, st.st_ino), 0, b""
+                self._identity, self._offset, self._partial, self._skipping = (
+                    (st.st_dev, st.st_ino),
+                    0,
+                    b"",
+                    False,
+                )
             f.seek(self._offset)
             data = f.read(_MAX_READ)
         self._last_error = ""
         self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for raw in lines:
+        for raw in self._complete_lines(data):
             try:
                 self._on_line(raw.decode("utf-8", errors="replace"))
             except Exception:  # one bad line never stops the follower
                 logger.exception("simulated event line failed file=%s", self._path)
+
+    def _complete_lines(self, data: bytes) -> list[bytes]:
+        """The lines `data` completes; an over-long line is dropped (one warning) up to its newline."""
+        lines = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            chunk = data[start:] if end < 0 else data[start:end]
+            if self._skipping:
+                if end >= 0:
+                    self._skipping = False
+            elif len(self._partial) + len(chunk) > self._max_line:
+                logger.warning(
+                    "simulated event line too long; skipped file=%s limit_bytes=%d",
+                    self._path,
+                    self._max_line,
+                )
+                self._partial, self._skipping = b"", end < 0
+            elif end < 0:
+                self._partial += chunk
+            else:
+                lines.append(self._partial + chunk)
+                self._partial = b""
+            if end < 0:
+                return lines
+            start = end + 1

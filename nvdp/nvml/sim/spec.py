@@ -30,7 +30,7 @@ DEFAULT_CUDA_DRIVER_VERSION = "12.4"
 _NODE_FIELDS = ("driver_version", "cuda_driver_version", "uuid_seed", "gpus", "nvswitch", "nvlinks", "pcie")
 _GPU_FIELDS = (
     "name", "count", "memory_mib", "compute_capability", "numa", "numa_nodes", "pci_bus_ids", "uuids",
-    "minors", "ecc", "mig_capable", "mig_slices", "mig",
+    "minors", "ecc", "mig_capable", "mig_slices", "mig", "lost",
 )  # fmt: skip
 _BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
 _VERSION = re.compile(r"^\d+\.\d+$")
@@ -52,6 +52,7 @@ class SimGpu:
     mig_capable: bool
     mig_geometry: MigGeometry
     mig: tuple[str, ...] | None  # None: MIG disabled
+    lost: bool = False  # lost from the start: its queries fail with NVML_ERROR_GPU_IS_LOST
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class _NodeParser:
         bus_ids = self.per_gpu(group, "pci_bus_ids", where, count)
         uuids = self.per_gpu(group, "uuids", where, count)
         minors = self.per_gpu(group, "minors", where, count)
+        lost = self.lost(group, where, count)
 
         gpus = []
         for k in range(count):
@@ -264,9 +266,22 @@ class _NodeParser:
                     mig_capable=mig_capable,
                     mig_geometry=geometry,
                     mig=layout,
+                    lost=lost[k],
                 )
             )
         return gpus
+
+    def lost(self, group: dict[Any, Any], where: str, count: int) -> list[bool]:
+        """`lost: true` (every GPU of the group) or one true/false per GPU."""
+        value = group.get("lost", False)
+        if isinstance(value, bool):
+            return [value] * count
+        values = self.per_gpu(group, "lost", where, count)
+        if values is None or not all(isinstance(v, bool) for v in values):
+            if values is not None:
+                self.fail(f"{where}.lost", f"must be true, false or a list of {count} of them, got {value!r}")
+            return [False] * count
+        return values
 
     def compute_capability(
         self, group: dict[Any, Any], where: str, default: tuple[int, int] | None, name: str, known: str

@@ -1,0 +1,25 @@
+"""CDI specs for the devices the plugin hands out: a pure builder (`spec`), a driver-root scan
+(`scan`), an atomic writer (`writer`) and the glue the supervisor calls (`publisher`)."""
+
+from nvdp.cdi.names import (
+    CDI_VERSION,
+    COMPAT_KIND,
+    VENDOR,
+    CdiSettings,
+    cdi_enabled,
+    qualified_name,
+    spec_file_name,
+)
+from nvdp.cdi.publisher import CdiPublisher, PublishResult
+
+__all__ = [
+    "CDI_VERSION",
+    "COMPAT_KIND",
+    "VENDOR",
+    "CdiPublisher",
+    "CdiSettings",
+    "PublishResult",
+    "cdi_enabled",
+    "qualified_name",
+    "spec_file_name",
+]

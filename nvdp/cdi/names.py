@@ -1,0 +1,82 @@
+"""CDI names and settings (pure): vendor, classes, qualified device names, spec file names.
+
+Names follow NVIDIA's device plugin: vendor `k8s.device-plugin.nvidia.com`, class `gpu` with one
+device per GPU / MIG device named by the device-ID strategy (a UUID, or `3` / `3:1` for index),
+classes `gds`, `mofed`, `gdrcopy` with one device `all`, and class `imex-channel` with devices
+`channel<N>`. `compat_kind` keeps `nvidia.com/gpu=<id>`, the kind `nvidia-ctk cdi generate` writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The CDI specification version written into every spec. 0.5.0 is the lowest version that can
+# express what nvdp writes (device nodes with a `hostPath`, device names that start with a digit
+# for the index strategy) and the one the CDI library's MinimumRequiredVersion picks for such a
+# spec; runtimes whose CDI library predates a newer version would refuse a higher number.
+CDI_VERSION = "0.5.0"
+VENDOR = "k8s.device-plugin.nvidia.com"
+GPU_CLASS = "gpu"
+IMEX_CLASS = "imex-channel"
+MODE_CLASSES = ("gds", "mofed", "gdrcopy")
+COMPAT_KIND = "nvidia.com/gpu"
+DEFAULT_SPEC_DIR = "/var/run/cdi"
+CDI_STRATEGIES = ("cdi-annotations", "cdi-cri")
+HOOK_NAMES = ("update-ldcache", "create-symlinks")
+# The driver's control nodes, offered to every container that gets a GPU when present.
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
+
+# CDI device names: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a letter or digit.
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True)
+class CdiSettings:
+    """What CDI spec generation needs from the resolved configuration."""
+
+    spec_dir: str = DEFAULT_SPEC_DIR
+    gpu_kind: str = f"{VENDOR}/{GPU_CLASS}"  # COMPAT_KIND with --cdi-compat-kind
+    id_strategy: str = "uuid"  # or "index"
+    driver_root: str = "/"  # the host's driver root (host paths in the spec)
+    container_driver_root: str = "/driver-root"  # where that root is mounted in this container
+    dev_root: str = "/"  # the host's root for /dev/nvidia*
+    hook_path: str = "/usr/bin/nvidia-ctk"  # --nvidia-cdi-hook-path
+    disabled_hooks: tuple[str, ...] = ()  # names from HOOK_NAMES, or "all"
+    modes: tuple[str, ...] = ()  # of MODE_CLASSES, from --gds-enabled and friends
+    imex_channels: tuple[int, ...] = ()
+
+    @property
+    def vendor(self) -> str:
+        return self.gpu_kind.partition("/")[0]
+
+    def hook_enabled(self, name: str) -> bool:
+        return "all" not in self.disabled_hooks and name not in self.disabled_hooks
+
+
+def cdi_enabled(device_list_strategy: Sequence[str]) -> bool:
+    return any(s in CDI_STRATEGIES for s in device_list_strategy)
+
+
+def valid_device_name(name: str) -> bool:
+    return _DEVICE_NAME.fullmatch(name) is not None
+
+
+def qualified_name(kind: str, device: str) -> str:
+    """`vendor/class=device`, the name an Allocate answer carries."""
+    return f"{kind}={device}"
+
+
+def spec_file_name(kind: str) -> str:
+    """The file name the CDI library derives for a spec of `kind`: `vendor-class.json`."""
+    return kind.replace("/", "-") + ".json"
+
+
+def imex_channel_name(channel: int) -> str:
+    return f"channel{channel}"
+
+
+def imex_channel_path(channel: int) -> str:
+    return f"{IMEX_CHANNELS_DIR}/channel{channel}"

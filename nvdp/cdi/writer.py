@@ -1,0 +1,58 @@
+"""Writing spec files atomically: a reader (the container runtime) sees the old file or the new
+one, never a partial one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(directory: Path, name: str, content: bytes) -> bool:
+    """Put `content` at directory/name: a temp file in the same directory, fsync, rename, fsync of
+    the directory. Returns False (and writes nothing) when the file already holds `content`.
+    Raises OSError when the directory cannot be created or written."""
+    target = directory / name
+    try:
+        if target.read_bytes() == content:
+            return False
+    except OSError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_dir(directory)
+    return True
+
+
+def remove(directory: Path, name: str) -> bool:
+    """Remove a spec nvdp no longer offers; False when it was not there."""
+    try:
+        (directory / name).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,42 @@
+"""What `nvdp plugin` accepts: its rules across settings and what this version supports.
+
+One list, checked once on the resolved config (`nvdp.config.options.resolve`), every problem one line
+naming the setting; the chart's guards (charts/nvidia-device-plugin/templates/validation.yml) refuse
+the same values with the same words.
+"""
+
+from __future__ import annotations
+
+from nvdp.config.model import Config
+
+KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"
+MPS_UNSUPPORTED = (
+    "sharing.mps: MPS sharing is not supported by this version of nvdp (it runs no MPS control "
+    "daemon); use sharing.timeSlicing, or NVIDIA's plugin for MPS"
+)
+TEGRA_UNSUPPORTED = (
+    "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
+    "(accepted here: auto, nvml)"
+)
+
+
+def plugin_problems(config: Config) -> list[str]:
+    """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits)."""
+    flags = config.flags
+    problems = []
+    if not flags.plugin.kubelet_socket:
+        problems.append(KUBELET_SOCKET_EMPTY)
+    if flags.device_discovery_strategy == "tegra":
+        problems.append(TEGRA_UNSUPPORTED)
+    if config.sharing.strategy == "mps":
+        problems.append(MPS_UNSUPPORTED)
+        if flags.mig_strategy == "mixed":
+            problems.append(
+                'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
+                "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
+            )
+        if not flags.mps_root:
+            problems.append(
+                "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
+            )
+    return problems

@@ -1,0 +1,74 @@
+"""The node's health: one NVML health monitor per node feeding one router to the plugin servers.
+
+This is what the supervisor starts, re-targets on reloads and stops (its `HealthHooks`), and what
+metrics and /readyz read. Kubernetes Node events are an optional sink handed in by the wiring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from nvdp.health.monitor import HealthMonitor
+from nvdp.health.router import HealthRouter, NodeEventSink
+from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
+from nvdp.health.xid import XidPolicy
+from nvdp.nvml.types import GpuInfo, Nvml
+
+
+class NodeHealth:
+    """One health monitor per node feeding one router.
+
+    `node_events` is called once, and only when health checks are on, for the Node event sink (None:
+    no Node events).
+    """
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        settings: HealthSettings,
+        environ: Mapping[str, str],
+        node_events: Callable[[], NodeEventSink | None] | None = None,
+    ) -> None:
+        self._nvml = nvml
+        self._settings = settings
+        self._environ = environ
+        self._gpus: list[GpuInfo] = []
+        self.policy = XidPolicy.from_env(environ, settings)
+        sink = node_events() if node_events is not None and self.policy.enabled else None
+        self.router = HealthRouter(node_events=sink)
+        self.monitor: HealthMonitor | None = None
+
+    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
+        if settings is not None and settings != self._settings:
+            self._settings = settings
+            self.policy = XidPolicy.from_env(self._environ, settings)
+            if self.monitor is not None:
+                self.monitor.update_settings(settings, self.policy)
+        if self.monitor is None:
+            self.monitor = HealthMonitor(
+                self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
+            )
+            self.monitor.start()
+        elif list(gpus) != self._gpus:
+            # Only a changed enumeration re-arms the event set: freeing it drops queued events.
+            self.monitor.update_gpus(gpus)
+        self._gpus = list(gpus)
+
+    def set_targets(self, targets: Sequence[HealthTarget]) -> None:
+        self.router.set_targets(targets)
+
+    # ---- read by metrics and /readyz (nvdp.metrics.HealthView) ----
+    @property
+    def checks_enabled(self) -> bool:
+        return self.policy.enabled
+
+    def monitor_status(self) -> MonitorStatus | None:
+        return self.monitor.status() if self.monitor is not None else None
+
+    def unhealthy(self) -> dict[str, HealthChange]:
+        return self.router.unhealthy()
+
+    def stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        self.router.close()

@@ -1,0 +1,137 @@
+"""Value types and seams of the supervisor: its settings, and the protocols of the parts it drives
+(servers, kubelet registration, directory watch, node facts, health, observer). The real parts live
+beside it in nvdp.plugin and nvdp.health; tests hand in fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from nvdp.cdi import CdiSettings
+from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.responses import ResponseOptions
+from nvdp.plugin.server import PreferredAllocator, RpcObserver
+from nvdp.plugin.watch import FileId
+from nvdp.resources import NamePattern, Replication, Resource
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What the supervisor needs from the resolved configuration (`nvdp.settings` maps it)."""
+
+    kubelet_socket: Path
+    mig_strategy: str = "none"
+    fail_on_init_error: bool = True
+    container_driver_root: str = "/driver-root"  # where the chart mounts the driver root in our container
+    gpu_patterns: tuple[NamePattern, ...] = ()
+    mig_patterns: tuple[NamePattern, ...] = ()
+    sharing: tuple[Replication, ...] = ()
+    response: ResponseOptions = field(default_factory=ResponseOptions)
+    health: HealthSettings | None = None  # passed through to HealthHooks.start
+    cdi: CdiSettings | None = None  # CDI specs are written (nvdp.cdi) when set
+    allocation_policy: str = "distributed"  # flags.plugin.sharedDevicesAllocationPolicy
+
+    @property
+    def dev_root(self) -> str:
+        """The host's root for /dev/nvidia* (device-spec host paths)."""
+        return self.response.dev_root
+
+
+class PluginServer(HealthTarget, Protocol):
+    """One resource's gRPC server as the supervisor drives it (`nvdp.plugin.server.DevicePluginServer`)."""
+
+    @property
+    def resource(self) -> Resource: ...
+    @property
+    def socket_path(self) -> Path: ...
+    @property
+    def options(self) -> ResponseOptions: ...
+    @property
+    def allocator(self) -> PreferredAllocator | None: ...
+    def start(self) -> None: ...
+    def stop(self, grace: float = 0.5) -> None:
+        """Idempotent; removes the server's socket when it is still ours."""
+        ...
+
+    def socket_is_ours(self) -> bool:
+        """False when the socket file was deleted or replaced (a kubelet restart wipes it)."""
+        ...
+
+    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
+        """Serve changed devices of the same resource on the running server (same stream and
+        registration); devices that remain keep their health."""
+        ...
+
+
+S = TypeVar("S", bound=PluginServer)  # the server type a Supervisor runs
+S_co = TypeVar("S_co", bound=PluginServer, covariant=True)
+S_contra = TypeVar("S_contra", bound=PluginServer, contravariant=True)
+
+
+class ServerFactory(Protocol[S_co]):
+    """Builds (does not start) the server for one resource on `socket_path`."""
+
+    def __call__(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        allocator: PreferredAllocator | None,
+    ) -> S_co: ...
+
+
+class Registrar(Protocol):
+    """Registers one server with the kubelet (`nvdp.plugin.registration.register`); returns the identity
+    of the kubelet socket that accepted. Raises RegistrationError."""
+
+    def __call__(
+        self,
+        kubelet_socket: Path,
+        resource_name: str,
+        endpoint: str,
+        *,
+        preferred_allocation: bool = True,
+        timeout: float = 10.0,
+    ) -> FileId: ...
+
+
+class Watcher(Protocol):
+    """Wakes the loop on a change in the kubelet's directory or on `wake()` (`DirWatcher`)."""
+
+    def wait(self, timeout: float | None) -> bool: ...
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class NodeFacts(Protocol):
+    """The node's filesystem as resources and responses need it (`nvdp.plugin.node_facts.HostFacts`)."""
+
+    def control_devices(self, dev_root: str, container_driver_root: str) -> tuple[str, ...]: ...
+    def mig_minors(self) -> Mapping[str, int] | None: ...
+
+
+class AllocatorFactory(Protocol):
+    def __call__(self, resource: Resource, gpus: Sequence[GpuInfo]) -> PreferredAllocator | None: ...
+
+
+class HealthHooks(Protocol):
+    """The health subsystem as the supervisor sees it (`nvdp.health.node.NodeHealth`)."""
+
+    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
+        """Start monitoring, or on a reload take the new enumeration and settings."""
+        ...
+
+    def set_targets(self, targets: Sequence[HealthTarget]) -> None: ...
+    def stop(self) -> None: ...
+
+
+class StatusObserver(RpcObserver, Protocol[S_contra]):
+    """Receives lifecycle facts and every RPC's outcome (metrics, readiness)."""
+
+    def registered(self, resource: str, first: bool) -> None: ...
+    def servers_changed(self, servers: Mapping[str, S_contra]) -> None: ...
+    def kubelet_lost(self) -> None: ...
+    def reloaded(self, ok: bool) -> None: ...

@@ -1,0 +1,450 @@
+"""CDI spec generation: golden specs from a fake driver root, the CDI schema, the publisher's
+writing rules, and the Allocate answers' names resolving in the written specs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nvdp.cdi import CdiPublisher, CdiSettings
+from nvdp.cdi.publisher import answer_names
+from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.cdi.settings import cdi_settings, imex_channels
+from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
+from nvdp.config import Config
+from nvdp.errors import ConfigError
+from nvdp.logs import FIELDS_ATTR, format_fields
+from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.resources import Replication, ResourceError, build_resources, parse_mig_minors
+from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
+from tests.sim import sim_gpus
+
+GOLDEN = Path(__file__).parent / "data" / "cdi" / "golden"
+UPDATE = os.environ.get("NVDP_UPDATE_GOLDEN") == "1"
+MODE_NODES = ("/dev/nvidia-fs0", "/dev/nvidia-fs1", "/dev/infiniband/uverbs0", "/dev/gdrdrv")
+IMEX_NODE = "/dev/nvidia-caps-imex-channels/channel0"
+# gpu0 of dgx-a100-mig has GPU instances 7..13 with compute instance 0: a mig-minors file that
+# places their access nodes apart from the driver's default layout.
+MIG_MINORS = "".join(
+    f"gpu0/gi{gi}/access {500 + 2 * gi}\ngpu0/gi{gi}/ci0/access {501 + 2 * gi}\n" for gi in range(15)
+)
+
+
+def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The records as the text log format writes them, without time and level."""
+    out = []
+    for record in caplog.records:
+        fields = getattr(record, FIELDS_ATTR, {})
+        out.append(record.getMessage() + (" " + format_fields(fields) if fields else ""))
+    return out
+
+
+def first(profile: str, count: int) -> list[GpuInfo]:
+    return sim_gpus(profile)[:count]
+
+
+def generate(
+    root: Path, gpus: Sequence[GpuInfo], cdi: CdiSettings, minors: str | None = None
+) -> dict[str, Any]:
+    driver_here, dev_here = visible_roots(cdi.driver_root, cdi.dev_root, cdi.container_driver_root)
+    files = NodeFiles(scan_driver(driver_here, DRIVER_VERSION), scan_dev(dev_here))
+    parsed = parse_mig_minors(minors) if minors else None
+    built = build_specs(node_devices(gpus, parsed, cdi.id_strategy), files, cdi)
+    assert not built.problems
+    return {
+        name: json.loads(render(spec).decode().replace(str(root), "$ROOT"))
+        for name, spec in built.specs.items()
+    }
+
+
+GOLDEN_CASES = {
+    # id: (profile, gpu count, settings over the fake root (None: the root itself), mig-minors text)
+    "gpus-uuid": ("pcie-4", 2, {}, None),
+    "gpus-index-container-driver-root": (
+        "pcie-4",
+        2,
+        {
+            "id_strategy": "index",
+            "driver_root": "/run/nvidia/driver",
+            "dev_root": "/run/nvidia/driver",
+            "container_driver_root": None,
+            "hook_path": "/usr/local/nvidia/bin/nvidia-cdi-hook",
+        },
+        None,
+    ),
+    "mig-uuid": ("dgx-a100-mig", 2, {}, None),
+    "mig-index-mig-minors": ("dgx-a100-mig", 1, {"id_strategy": "index"}, MIG_MINORS),
+    "hooks-off": ("pcie-4", 1, {"disabled_hooks": ("all",)}, None),
+    "hooks-no-ldcache": ("pcie-4", 1, {"disabled_hooks": ("update-ldcache",)}, None),
+    "gds-mofed-gdrcopy-imex": (
+        "pcie-4",
+        1,
+        {"modes": ("gds", "mofed", "gdrcopy"), "imex_channels": (0,)},
+        None,
+    ),
+    "kind-nvidia-ctk": ("pcie-4", 1, {"gpu_kind": "nvidia.com/gpu"}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(GOLDEN_CASES), ids=list(GOLDEN_CASES))
+def test_golden_spec(case: str, tmp_path: Path) -> None:
+    profile, count, overrides, minors = GOLDEN_CASES[case]
+    gpus = first(profile, count)
+    root = tmp_path / "root"
+    make_node(root, gpus, extra_nodes=(*MODE_NODES, IMEX_NODE), mig_minors=parse_mig_minors(minors or ""))
+    cdi = CdiSettings(driver_root=str(root), dev_root=str(root), container_driver_root=str(tmp_path / "none"))
+    if overrides.get("container_driver_root", "") is None:
+        overrides = {**overrides, "container_driver_root": str(root)}  # the chart's layout
+    specs = generate(root, gpus, replace(cdi, **overrides), minors)
+    golden = GOLDEN / f"{case}.json"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(json.dumps(specs, indent=2) + "\n")
+    assert specs == json.loads(golden.read_text())
+    schema = strict_schema()
+    for name, spec in specs.items():
+        assert validate(spec, load_schema(), strict=False) == [], name
+        assert validate(spec, schema) == [], name
+        assert needs_at_most_v050(spec), name
+
+
+def strict_schema() -> dict[str, Any]:
+    """The published schema plus the spec-level `containerEdits` SPEC.md defines (the schema file
+    leaves it unnamed, which strict validation would otherwise refuse)."""
+    schema = load_schema()
+    schema["properties"]["containerEdits"] = {"$ref": "#/definitions/containerEdits"}
+    return schema
+
+
+def needs_at_most_v050(spec: dict[str, Any]) -> bool:
+    """The CDI library's version rules: 0.6.0 brought annotations and dots in the class, 0.7.0
+    intelRdt and additionalGIDs; nothing of those may appear in a 0.5.0 spec."""
+    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
+    return (
+        spec["cdiVersion"] == "0.5.0"
+        and "annotations" not in spec
+        and all("annotations" not in d for d in spec["devices"])
+        and "." not in spec["kind"].partition("/")[2]
+        and all("intelRdt" not in e and "additionalGids" not in e for e in edits)
+        and all("type" not in m for e in edits for m in e.get("mounts", []))
+    )
+
+
+def test_validator_catches_what_the_schema_forbids() -> None:
+    schema = strict_schema()
+    bad = {
+        "cdiVersion": "0.5.0",
+        "kind": "k/gpu",
+        "devices": [{"name": "x", "containerEdits": {"mounts": [{}]}}],
+    }
+    assert validate(bad, schema) == [
+        "$.devices[0].containerEdits.mounts[0]: missing required 'hostPath'",
+        "$.devices[0].containerEdits.mounts[0]: missing required 'containerPath'",
+    ]
+    assert validate({"kind": 1, "devices": [], "hostpath": "x"}, schema) == [
+        "$: missing required 'cdiVersion'",
+        "$.kind: expected string, got int",
+        "$: unexpected property 'hostpath'",
+    ]
+
+
+def test_scan_finds_driver_files_by_version_and_follows_symlinks(tmp_path: Path) -> None:
+    mknod_ok = make_node(tmp_path, first("pcie-4", 1))
+    files = scan_driver(str(tmp_path), DRIVER_VERSION)
+    lib = "/usr/lib/x86_64-linux-gnu"
+    names = ("libnvidia-ml", "libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-allocator")
+    assert files.libraries == (
+        *((f"{lib}/{n}.so.{DRIVER_VERSION}",) * 2 for n in names),
+        # found through an absolute symlink, resolved inside the root: mounted under its library name
+        (f"{lib}/libnvidia-cfg.so.{DRIVER_VERSION}", "/opt/nvidia/libnvidia-cfg.so.real"),
+    )
+    assert (f"{lib}/libcuda.so.1", f"libcuda.so.{DRIVER_VERSION}") in files.links
+    assert (f"{lib}/libcuda.so", "libcuda.so.1") in files.links
+    assert files.binaries == ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-persistenced")
+    assert files.firmware == (f"/lib/firmware/nvidia/{DRIVER_VERSION}/gsp_ga10x.bin",)
+    assert scan_dev(str(tmp_path)) == {
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia0",
+    }
+    # Character devices when mknod is permitted (root with CAP_MKNOD), files otherwise: either way
+    # the scan sees them, as spec generation only needs the node to exist.
+    assert os.path.exists(tmp_path / "dev/nvidia0") and isinstance(mknod_ok, bool)
+
+
+# ---- the publisher: writing rules ------------------------------------------------------------
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> tuple[Path, list[GpuInfo]]:
+    gpus = sim_gpus("pcie-4")
+    make_node(tmp_path / "root", gpus, extra_nodes=(*MODE_NODES, IMEX_NODE))
+    return tmp_path / "root", gpus
+
+
+def settings_for(root: Path, spec_dir: Path, **overrides: Any) -> CdiSettings:
+    base = CdiSettings(
+        spec_dir=str(spec_dir),
+        driver_root=str(root),
+        dev_root=str(root),
+        container_driver_root=str(root.parent / "no-container-root"),
+    )
+    return replace(base, **overrides)
+
+
+def test_publish_writes_once_and_keeps_unchanged_files(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    cdi = settings_for(root, spec_dir)
+    resources = build_resources(gpus)
+    publisher = CdiPublisher()
+    with caplog.at_level(logging.INFO, logger="nvdp.cdi"):
+        result = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+        spec = spec_dir / "k8s.device-plugin.nvidia.com-gpu.json"
+        before = spec.stat()
+        again = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+    assert result.resources == resources == again.resources
+    assert sorted(os.listdir(spec_dir)) == ["k8s.device-plugin.nvidia.com-gpu.json"]  # no temp file left
+    after = spec.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert log_lines(caplog).count(f"wrote CDI spec path={spec} kind=k8s.device-plugin.nvidia.com/gpu") == 1
+    assert oct(after.st_mode & 0o777) == "0o644"
+
+
+def test_unwritable_spec_dir_is_one_error_and_nothing_advertised(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, gpus = node
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    cdi = settings_for(root, blocker / "cdi")
+    with caplog.at_level(logging.ERROR, logger="nvdp.cdi"):
+        result = CdiPublisher().publish(cdi, gpus, build_resources(gpus), DRIVER_VERSION)
+    assert result.resources == []
+    assert log_lines(caplog) == [
+        "cannot write CDI spec; resources that need it are not advertised "
+        f'path={blocker}/cdi/k8s.device-plugin.nvidia.com-gpu.json error="Not a directory" '
+        "resources=nvidia.com/gpu"
+    ]
+
+
+def test_device_with_missing_node_takes_only_its_resource_off(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, gpus = node
+    (root / "dev/nvidia3").unlink()
+    resources = build_resources(
+        gpus,
+        gpu_patterns=[],
+        sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))],
+    )
+    assert [r.name for r in resources] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
+    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
+        result = CdiPublisher().publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
+    assert [r.name for r in result.resources] == ["nvidia.com/gpu"]
+    assert log_lines(caplog) == [
+        f'CDI spec entry left out problem="device {gpus[3].uuid}: /dev/nvidia3 not found under the dev root"',
+        "not advertising resource: its CDI devices are not in the spec resource=nvidia.com/gpu.shared "
+        f'missing="k8s.device-plugin.nvidia.com/gpu={gpus[3].uuid}"',
+    ]
+
+
+def test_modes_and_imex_names_and_stale_spec_removed(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    on = settings_for(root, spec_dir, modes=("gds", "mofed", "gdrcopy"), imex_channels=(0,))
+    result = CdiPublisher().publish(on, gpus, build_resources(gpus), DRIVER_VERSION)
+    assert result.extra_names == (
+        "k8s.device-plugin.nvidia.com/gds=all",
+        "k8s.device-plugin.nvidia.com/mofed=all",
+        "k8s.device-plugin.nvidia.com/gdrcopy=all",
+        "k8s.device-plugin.nvidia.com/imex-channel=channel0",
+    )
+    assert len(os.listdir(spec_dir)) == 5
+    CdiPublisher().publish(settings_for(root, spec_dir), gpus, build_resources(gpus), DRIVER_VERSION)
+    assert os.listdir(spec_dir) == ["k8s.device-plugin.nvidia.com-gpu.json"]
+
+
+def test_mode_without_device_nodes_is_not_offered(tmp_path: Path) -> None:
+    gpus = sim_gpus("pcie-4")
+    make_node(tmp_path / "root", gpus)
+    cdi = settings_for(tmp_path / "root", tmp_path / "cdi", modes=("gds",))
+    result = CdiPublisher().publish(cdi, gpus, build_resources(gpus), DRIVER_VERSION)
+    assert result.extra_names == () and len(result.resources) == 1
+
+
+def test_replicas_resolve_to_their_gpu_device() -> None:
+    gpus = sim_gpus("pcie-4")
+    [shared] = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 4, devices=("1",))][:1])[-1:]
+    cdi = CdiSettings()
+    names = answer_names(shared, cdi)
+    assert f"k8s.device-plugin.nvidia.com/gpu={gpus[1].uuid}" in names
+    assert len(names) == len(gpus)
+
+
+# ---- settings and IMEX ---------------------------------------------------------------------
+
+
+def test_settings_only_with_a_cdi_strategy() -> None:
+    config = Config()
+    assert cdi_settings(config) is None
+    plugin = replace(
+        config.flags.plugin, device_list_strategy=("envvar", "cdi-cri"), device_id_strategy="index"
+    )
+    flags = replace(config.flags, plugin=plugin, gds_enabled=True, gdrcopy_enabled=True)
+    cdi = cdi_settings(replace(config, flags=flags, cdi_spec_dir="/x"), (0,))
+    assert cdi == CdiSettings(
+        spec_dir="/x",
+        id_strategy="index",
+        modes=("gds", "gdrcopy"),
+        imex_channels=(0,),
+        hook_path="/usr/bin/nvidia-ctk",
+    )
+
+
+def imex_config(dev_root: Path, required: bool) -> Config:
+    config = Config()
+    flags = replace(
+        config.flags,
+        nvidia_driver_root=str(dev_root),
+        plugin=replace(config.flags.plugin, container_driver_root=str(dev_root / "none")),
+    )
+    return replace(config, flags=flags, imex=replace(config.imex, channel_ids=(0,), required=required))
+
+
+def test_imex_required_channel_missing_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        imex_channels(imex_config(tmp_path, required=True))
+    assert str(refused.value) == (
+        "imex.required: IMEX channel 0 not found (/dev/nvidia-caps-imex-channels/channel0 under dev root "
+        f"{tmp_path}); create the channel or set imex.required to false"
+    )
+    assert imex_channels(imex_config(tmp_path, required=False)) == ()
+    (tmp_path / "dev/nvidia-caps-imex-channels").mkdir(parents=True)
+    (tmp_path / "dev/nvidia-caps-imex-channels/channel0").touch()
+    assert imex_channels(imex_config(tmp_path, required=True)) == (0,)
+
+
+def test_imex_channel_nodes_passed_with_device_specs() -> None:
+    gpu = build_resources(sim_gpus("pcie-4"))[0].devices
+    options = ResponseOptions(pass_device_specs=True, imex_channel_paths=(IMEX_NODE,))
+    response = container_response([next(iter(gpu.values()))], options, "")
+    assert [d.container_path for d in response.devices] == [IMEX_NODE, "/dev/nvidia0"]
+
+
+def test_answer_names_use_the_compat_kind_when_asked() -> None:
+    gpus = sim_gpus("pcie-4")
+    device = next(iter(build_resources(gpus)[0].devices.values()))
+    options = ResponseOptions(
+        device_list_strategy=("cdi-cri",), cdi_kind="nvidia.com/gpu", cdi_devices=("v/gds=all",)
+    )
+    response = container_response([device], options, "")
+    assert [c.name for c in response.cdi_devices] == [f"nvidia.com/gpu={gpus[0].uuid}", "v/gds=all"]
+
+
+# ---- property: every name in every answer resolves; every edit names an existing host path ----
+
+# name -> GPUs; GPU 0 of dgx-a100-mig alone is a node MIG strategy `single` accepts (one profile).
+NODES = {
+    "pcie-4": lambda: sim_gpus("pcie-4"),
+    "dgx-a100-mig": lambda: sim_gpus("dgx-a100-mig"),
+    "dgx-a100-mig-gpu0": lambda: sim_gpus("dgx-a100-mig")[:1],
+}
+PROFILES = tuple(NODES)
+
+
+@pytest.fixture(scope="module")
+def roots() -> Iterator[dict[str, Path]]:
+    with tempfile.TemporaryDirectory(prefix="nvdp-cdi-") as base:
+        out = {}
+        for profile, gpus in NODES.items():
+            root = Path(base) / profile
+            make_node(root, gpus(), extra_nodes=(*MODE_NODES, IMEX_NODE))
+            out[profile] = root
+        yield out
+
+
+def test_single_and_mixed_strategies_are_both_exercised() -> None:
+    gpus = NODES["dgx-a100-mig-gpu0"]()
+    assert [r.name for r in build_resources(gpus, mig_strategy="single")] == ["nvidia.com/gpu"]
+    assert [r.name for r in build_resources(gpus, mig_strategy="mixed")] == ["nvidia.com/mig-1g.5gb"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    profile=st.sampled_from(PROFILES),
+    mig_strategy=st.sampled_from(("none", "single", "mixed")),
+    id_strategy=st.sampled_from(("uuid", "index")),
+    replicas=st.sampled_from((0, 2, 3)),
+    modes=st.lists(st.sampled_from(("gds", "mofed", "gdrcopy")), unique=True),
+    imex=st.booleans(),
+    kind=st.sampled_from(("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")),
+    picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+)
+def test_every_answer_name_resolves_in_written_specs(
+    roots: dict[str, Path],
+    profile: str,
+    mig_strategy: str,
+    id_strategy: str,
+    replicas: int,
+    modes: list[str],
+    imex: bool,
+    kind: str,
+    picks: list[int],
+) -> None:
+    gpus = NODES[profile]()
+    try:
+        resources = build_resources(gpus, mig_strategy=mig_strategy)
+    except ResourceError:
+        return  # a layout the strategy refuses: nothing is served, nothing to resolve
+    if replicas:
+        rules = [Replication(r.name, replicas) for r in resources]
+        resources = build_resources(gpus, mig_strategy=mig_strategy, sharing=rules)
+    root = roots[profile]
+    with tempfile.TemporaryDirectory(prefix="nvdp-cdi-specs-") as spec_dir:
+        cdi = settings_for(
+            root,
+            Path(spec_dir),
+            id_strategy=id_strategy,
+            modes=tuple(modes),
+            imex_channels=(0,) if imex else (),
+            gpu_kind=kind,
+        )
+        result = CdiPublisher().publish(cdi, gpus, resources, DRIVER_VERSION)
+        assert result.resources == resources
+        defined: set[str] = set()
+        for name in os.listdir(spec_dir):
+            spec = json.loads((Path(spec_dir) / name).read_text())
+            defined |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+            for edits in [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]:
+                for entry in edits.get("deviceNodes", []) + edits.get("mounts", []):
+                    assert os.path.exists(entry["hostPath"]), entry
+    options = ResponseOptions(
+        device_list_strategy=("cdi-annotations", "cdi-cri"),
+        device_id_strategy=id_strategy,
+        cdi_kind=kind,
+        cdi_devices=result.extra_names,
+    )
+    for resource in result.resources:
+        devices = list(resource.devices.values())
+        chosen = [devices[p % len(devices)] for p in picks]
+        response = container_response(chosen, options, "req")
+        names = [c.name for c in response.cdi_devices]
+        names += [n for value in response.annotations.values() for n in value.split(",")]
+        assert names and set(names) <= defined, (resource.name, set(names) - defined)

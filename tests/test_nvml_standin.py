@@ -1,0 +1,217 @@
+"""`nvdp plugin --nvml real` end to end on the C NVML stand-in (tests/nvml_standin): pynvml's ctypes
+layer, versioned symbols and struct layouts are exercised for discovery, health by event and by probe,
+a GPU lost at start, and the library lookup order. The library is built with the system C compiler."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.harness import Process, start_plugin, wait_until
+from nvdp.kubelet import Kubelet
+
+SOURCE = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"
+LIBRARY = "libnvidia-ml.so.1"
+GPU = "nvidia.com/gpu"
+UUIDS = [f"GPU-{n}{n}{n}{n}{n}{n}{n}{n}-0000-4000-8000-00000000000{n}" for n in range(4)]
+MIGS = [f"MIG-1111111{n}-0000-4000-8000-00000000000{n}" for n in range(2)]
+
+
+def gpu_line(n: int, **fields: object) -> str:
+    values = {"uuid": UUIDS[n], "minor": n, "memory_mib": 40960, "cc": "8.0", "numa": n // 2}
+    values["bus"] = f"00000000:{0x07 + 8 * n:02X}:00.0"
+    values.update(fields)
+    return "gpu " + " ".join(f"{k}={v}" for k, v in values.items()) + " name=NVIDIA A100-SXM4-40GB\n"
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in built once per session; its directory holds libnvidia-ml.so.1."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) on PATH to build the NVML stand-in library")
+    out = tmp_path_factory.mktemp("nvml-standin")
+    build = [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(out / LIBRARY), str(SOURCE), "-lpthread"]
+    subprocess.run(build, check=True, capture_output=True, timeout=120)
+    return out
+
+
+class Node:
+    """A stand-in node: its node file, its commands file and the plugin serving it."""
+
+    def __init__(self, tmp_path: Path, lines: str) -> None:
+        self.node = tmp_path / "node.txt"
+        self.node.write_text("driver 550.54.15\ncuda 12040\n" + lines)
+        self.commands = tmp_path / "commands.txt"
+        self.commands.touch()
+
+    def env(self, library_dir: Path | None) -> dict[str, str]:
+        env = {"NVML_STANDIN_NODE": str(self.node), "NVML_STANDIN_COMMANDS": str(self.commands)}
+        env["LD_LIBRARY_PATH"] = str(library_dir) if library_dir else ""
+        return env
+
+    def command(self, line: str) -> None:
+        with self.commands.open("a") as f:
+            f.write(line + "\n")
+
+
+def start(
+    sock_dir: Path,
+    tmp_path: Path,
+    node: Node,
+    processes: list[Process],
+    library_dir: Path | None,
+    config: str = "version: v1\n",
+    args: tuple[str, ...] = (),
+) -> Process:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config)
+    plugin = start_plugin(sock_dir, "real", config_file=config_file, env=node.env(library_dir), extra=args)
+    processes.append(plugin)
+    return plugin
+
+
+def unhealthy(kubelet: Kubelet, expected: set[str], resource: str = GPU) -> None:
+    kubelet.wait_for_devices(
+        resource, lambda d: {i for i, s in d.items() if s.health != "Healthy"} == expected, timeout=10
+    )
+
+
+def test_discovery_whole_gpus_and_mig_devices(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    node = Node(
+        tmp_path,
+        gpu_line(0, mig=-1)
+        + gpu_line(1, mig=1)
+        + f"mig gpu=1 uuid={MIGS[0]} gi=1 ci=0 gi_slices=3 ci_slices=3 memory_mb=19968 profile=2\n"
+        + f"mig gpu=1 uuid={MIGS[1]} gi=2 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=0\n",
+    )
+    plugin = start(sock_dir, tmp_path, node, processes, standin, args=("--mig-strategy", "mixed"))
+    for resource, ids in (
+        (GPU, {UUIDS[0]}),
+        ("nvidia.com/mig-3g.20gb", {MIGS[0]}),
+        ("nvidia.com/mig-1g.5gb", {MIGS[1]}),
+    ):
+        kubelet.wait_for_registration(resource, timeout=20)
+        assert set(kubelet.wait_for_devices(resource, timeout=10)) == ids
+    assert "NVML initialized driver=550.54.15 library=libnvidia-ml.so.1" in plugin.log()
+
+
+def test_xid_through_event_set_wait_v2_reaches_list_and_watch(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    node = Node(tmp_path, gpu_line(0) + gpu_line(1) + gpu_line(2))
+    plugin = start(sock_dir, tmp_path, node, processes, standin)
+    kubelet.wait_for_registration(GPU, timeout=20)
+    kubelet.wait_for_devices(GPU, lambda d: len(d) == 3, timeout=10)
+    wait_until(lambda: "health monitor starting" in plugin.log(), timeout=10, what="health monitor")
+    node.command("xid 1 79")
+    unhealthy(kubelet, {UUIDS[1]})
+    wait_until(lambda: "device unhealthy" in plugin.log(), timeout=5, what="transition line")
+    line = next(li for li in plugin.log().splitlines() if "device unhealthy" in li)
+    assert line.endswith(
+        f"device unhealthy resource=nvidia.com/gpu device={UUIDS[1]} index=1 xid=79 "
+        'reason="GPU has fallen off the bus" fatal=true'
+    )
+
+
+def test_gpu_lost_at_run_time_is_found_by_the_probe(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    node = Node(tmp_path, gpu_line(0) + gpu_line(1))
+    config = "version: v1\nhealth:\n  probeInterval: 200ms\n"
+    plugin = start(sock_dir, tmp_path, node, processes, standin, config=config)
+    kubelet.wait_for_registration(GPU, timeout=20)
+    kubelet.wait_for_devices(GPU, lambda d: len(d) == 2, timeout=10)
+    node.command("lost 0")
+    unhealthy(kubelet, {UUIDS[0]})
+    assert "NVML_ERROR_GPU_IS_LOST" in plugin.log()
+
+
+def test_gpu_lost_at_start_is_advertised_unhealthy_and_the_others_served(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    node = Node(tmp_path, gpu_line(0) + gpu_line(1, lost=1) + gpu_line(2) + gpu_line(3))
+    plugin = start(sock_dir, tmp_path, node, processes, standin)  # fail-on-init-error: true
+    kubelet.wait_for_registration(GPU, timeout=20)
+    kubelet.wait_for_devices(GPU, lambda d: len(d) == 4, timeout=10)
+    unhealthy(kubelet, {UUIDS[1]})
+    assert plugin.alive()
+    assert (
+        f"GPU enumeration failed; advertising it Unhealthy gpu={UUIDS[1]} index=1 "
+        f"error='nvmlDeviceGetMemoryInfo failed: NVML_ERROR_GPU_IS_LOST device={UUIDS[1]}: GPU is lost'"
+    ) in plugin.log()
+
+
+@pytest.fixture
+def roots(standin: Path, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """ctr: a container driver root with the library; host: a driver root with it; empty: without."""
+    made = {}
+    for name, subdir in (("ctr", "lib64"), ("host", "usr/lib/x86_64-linux-gnu"), ("empty", None)):
+        root = tmp_path / name
+        root.mkdir()
+        if subdir:
+            (root / subdir).mkdir(parents=True)
+            shutil.copy(standin / LIBRARY, root / subdir / LIBRARY)
+        made[name] = root
+    yield made
+
+
+@pytest.mark.parametrize(
+    ("ctr", "host", "default_search", "loaded"),
+    [
+        ("ctr", "host", False, "ctr/lib64"),
+        ("empty", "host", False, "host/usr/lib/x86_64-linux-gnu"),
+        ("empty", "empty", True, None),
+    ],
+    ids=["container-root-first", "then-driver-root", "then-default-search"],
+)
+def test_library_lookup_order(
+    roots: dict[str, Path],
+    standin: Path,
+    sock_dir: Path,
+    tmp_path: Path,
+    processes: list[Process],
+    ctr: str,
+    host: str,
+    default_search: bool,
+    loaded: str | None,
+) -> None:
+    node = Node(tmp_path, gpu_line(0))
+    args = ("--driver-root-ctr-path", str(roots[ctr]), "--nvidia-driver-root", str(roots[host]))
+    plugin = start(sock_dir, tmp_path, node, processes, standin if default_search else None, args=args)
+    wait_until(lambda: "NVML initialized" in plugin.log(), timeout=20, what="NVML initialized")
+    path = "libnvidia-ml.so.1" if loaded is None else f"{tmp_path / loaded}/{LIBRARY}"
+    assert f"library={path}" in plugin.log()
+
+
+def test_library_not_found_names_every_path_tried(
+    roots: dict[str, Path], sock_dir: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    try:
+        ctypes.CDLL(LIBRARY)
+    except OSError:
+        pass
+    else:
+        pytest.skip(f"this machine has a {LIBRARY} in the default search: it would be found")
+    node = Node(tmp_path, gpu_line(0))
+    args = ("--driver-root-ctr-path", str(roots["empty"]), "--nvidia-driver-root", str(tmp_path / "none"))
+    plugin = start(sock_dir, tmp_path, node, processes, None, args=args)
+    assert plugin.wait(timeout=20) == 1
+    last = plugin.log().strip().splitlines()[-1]
+    assert (
+        "failed to initialize NVML: load libnvidia-ml.so.1 failed: NVML_ERROR_LIBRARY_NOT_FOUND: tried "
+        in last
+    )
+    assert f"{roots['empty']}/usr/lib64/{LIBRARY}, " in last
+    assert (
+        f"{tmp_path}/none/usr/lib/{LIBRARY}, {LIBRARY} (default search: LD_LIBRARY_PATH, ldconfig cache)"
+        in last
+    )
+    assert "Traceback" not in plugin.log()

@@ -1,0 +1,388 @@
+"""The supervisor through its seams: hand-written fake servers, registrar, watcher, node facts, health
+and observer around the simulated NVML node (no gRPC, no subprocess, no kubelet)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvdp.devices import DeviceSet
+from nvdp.errors import ConfigError, NvmlError, RegistrationError
+from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.responses import ResponseOptions
+from nvdp.plugin.server import PreferredAllocator
+from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor
+from nvdp.resources import Replication, Resource
+
+GPU = "nvidia.com/gpu"
+CONTROLS = ("/dev/nvidiactl",)
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class FakeServer:
+    def __init__(
+        self,
+        resource: Resource,
+        socket_path: Path,
+        options: ResponseOptions,
+        allocator: PreferredAllocator | None,
+    ) -> None:
+        self.resource = resource
+        self.socket_path = socket_path
+        self.options = options
+        self.allocator = allocator
+        self.started = False
+        self.stopped = False
+        self.wiped = False
+
+    @property
+    def resource_name(self) -> str:
+        return self.resource.name
+
+    @property
+    def devices(self) -> DeviceSet:
+        return self.resource.devices
+
+    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
+        pass
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self, grace: float = 0.5) -> None:
+        self.stopped = True
+
+    def socket_is_ours(self) -> bool:
+        return self.started and not self.stopped and not self.wiped
+
+    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
+        self.resource, self.allocator = resource, allocator
+
+
+class Kubelet:
+    """The kubelet's socket (its identity, None when gone) and a Register that can refuse."""
+
+    def __init__(self) -> None:
+        self.socket_id: tuple[int, int] | None = (1, 1)
+        self.refuse = 0  # refuse this many Register calls
+        self.calls: list[tuple[str, str, bool]] = []
+        self._lock = threading.Lock()
+
+    def register(
+        self,
+        kubelet_socket: Path,
+        resource_name: str,
+        endpoint: str,
+        *,
+        preferred_allocation: bool = True,
+        timeout: float = 10.0,
+    ) -> tuple[int, int]:
+        with self._lock:
+            if self.refuse:
+                self.refuse -= 1
+                raise RegistrationError(f"registering {resource_name} failed: UNAVAILABLE")
+            assert self.socket_id is not None
+            self.calls.append((resource_name, endpoint, preferred_allocation))
+            return self.socket_id
+
+    def registered(self) -> list[str]:
+        with self._lock:
+            return [name for name, _, _ in self.calls]
+
+
+class FakeWatcher:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.timeouts: list[float | None] = []
+        self._woken = threading.Event()
+        self.closed = False
+
+    def wait(self, timeout: float | None) -> bool:
+        self.timeouts.append(timeout)
+        self._woken.wait(timeout)
+        self._woken.clear()
+        return True
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeFacts:
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.minors_asked = 0
+
+    def control_devices(self, dev_root: str, container_driver_root: str) -> tuple[str, ...]:
+        self.asked.append((dev_root, container_driver_root))
+        return CONTROLS
+
+    def mig_minors(self) -> Mapping[str, int] | None:
+        self.minors_asked += 1
+        return None
+
+
+class FakeHealth:
+    def __init__(self) -> None:
+        self.started: list[tuple[int, HealthSettings | None]] = []
+        self.targets: list[list[HealthTarget]] = []
+        self.stopped = False
+
+    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
+        self.started.append((len(gpus), settings))
+
+    def set_targets(self, targets: Sequence[HealthTarget]) -> None:
+        self.targets.append(list(targets))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class FakeObserver:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def rpc_done(self, resource: str, method: str, code: Any, seconds: float) -> None:
+        pass
+
+    def registered(self, resource: str, first: bool) -> None:
+        self.events.append(("registered", (resource, first)))
+
+    def servers_changed(self, servers: Mapping[str, FakeServer]) -> None:
+        self.events.append(("servers_changed", sorted(servers)))
+
+    def kubelet_lost(self) -> None:
+        self.events.append(("kubelet_lost", None))
+
+    def reloaded(self, ok: bool) -> None:
+        self.events.append(("reloaded", ok))
+
+    def of(self, kind: str) -> list[Any]:
+        return [value for k, value in list(self.events) if k == kind]
+
+
+class BrokenNvml:
+    def init(self) -> None:
+        raise NvmlError("NVML_ERROR_DRIVER_NOT_LOADED", "nvmlInit_v2")
+
+
+class Rig:
+    """A supervisor on a thread with every seam faked; `reloads` feeds its reload() source."""
+
+    def __init__(self, tmp_path: Path, settings: DaemonSettings, nvml: Any = None) -> None:
+        self.kubelet = Kubelet()
+        self.facts = FakeFacts()
+        self.health = FakeHealth()
+        self.observer = FakeObserver()
+        self.watchers: list[FakeWatcher] = []
+        self.reloads: list[DaemonSettings | Exception] = []
+        self.made: list[FakeServer] = []
+        self.error: BaseException | None = None
+        self.nvml = nvml if nvml is not None else open_nvml("sim:pcie-4")
+
+        def make_server(
+            resource: Resource,
+            socket_path: Path,
+            options: ResponseOptions,
+            allocator: PreferredAllocator | None,
+        ) -> FakeServer:
+            server = FakeServer(resource, socket_path, options, allocator)
+            self.made.append(server)
+            return server
+
+        def watcher(directory: Path) -> FakeWatcher:
+            self.watchers.append(FakeWatcher(directory))
+            return self.watchers[-1]
+
+        self.supervisor: Supervisor[FakeServer] = Supervisor(
+            self.nvml,
+            settings,
+            reload=self._reload,
+            make_server=make_server,
+            node_facts=self.facts,
+            register=self.kubelet.register,
+            watcher=watcher,
+            socket_id=lambda path: self.kubelet.socket_id,
+            health=self.health,
+            observer=self.observer,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _reload(self) -> DaemonSettings:
+        found = self.reloads.pop(0)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _run(self) -> None:
+        try:
+            self.supervisor.run()
+        except BaseException as error:
+            self.error = error
+
+    def start(self) -> Rig:
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """What inotify does when the kubelet's directory changes."""
+        wait_until(lambda: self.watchers, "the watcher")
+        self.watchers[0].wake()
+
+    def reload(self, found: DaemonSettings | Exception) -> None:
+        self.reloads.append(found)
+        self.supervisor.request_reload()
+
+    def stop(self) -> None:
+        self.supervisor.request_stop()
+        self._thread.join(5)
+        assert not self._thread.is_alive()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> DaemonSettings:
+    return DaemonSettings(
+        kubelet_socket=tmp_path / "kubelet.sock",
+        container_driver_root="/driver-root",
+        response=ResponseOptions(dev_root="/host"),
+    )
+
+
+@pytest.fixture
+def rig(tmp_path: Path, settings: DaemonSettings) -> Iterator[Rig]:
+    rig = Rig(tmp_path, settings)
+    yield rig
+    rig.stop()
+
+
+def test_serves_and_registers_every_resource_once(rig: Rig, tmp_path: Path) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    (server,) = rig.supervisor.servers.values()
+    assert (server.resource_name, len(server.devices), server.started) == (GPU, 4, True)
+    assert server.socket_path == tmp_path / "nvidia-gpu.sock"
+    assert server.options.control_devices == CONTROLS  # node facts reach the responses as data
+    assert rig.facts.asked == [("/host", "/driver-root")]
+    assert rig.facts.minors_asked == 0  # no MIG GPU on pcie-4: procfs is not read
+    assert rig.kubelet.calls == [(GPU, "nvidia-gpu.sock", False)]
+    assert rig.health.started == [(4, None)] and rig.health.targets == [[server]]
+    assert rig.observer.events == [("servers_changed", [GPU]), ("registered", (GPU, True))]
+
+
+def test_kubelet_restart_replaces_wiped_servers_and_registers_again(rig: Rig) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    (old,) = rig.supervisor.servers.values()
+    old.wiped = True  # the restarting kubelet removed our socket
+    rig.kubelet.socket_id = (2, 2)
+    rig.poke()
+    wait_until(lambda: rig.kubelet.registered() == [GPU, GPU], "re-registration")
+    (new,) = rig.supervisor.servers.values()
+    assert new is not old and old.stopped and new.started
+    assert (new.resource, new.socket_path, new.options) == (old.resource, old.socket_path, old.options)
+    assert rig.health.targets[-1] == [new]
+    assert rig.observer.of("servers_changed") == [[GPU], [GPU]]
+    assert rig.observer.of("registered") == [(GPU, True), (GPU, False)]
+
+
+def test_kubelet_gone_then_back(rig: Rig) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    rig.kubelet.socket_id = None
+    rig.poke()
+    wait_until(lambda: rig.observer.of("kubelet_lost"), "kubelet_lost")
+    assert not rig.supervisor.ready.is_set()
+    rig.kubelet.socket_id = (3, 3)
+    rig.poke()
+    wait_until(lambda: rig.supervisor.ready.is_set(), "ready again")
+    assert rig.kubelet.registered() == [GPU, GPU]
+    assert len(rig.made) == 1  # the server itself was fine: not restarted
+
+
+def test_refused_registration_is_retried_with_backoff(rig: Rig) -> None:
+    rig.kubelet.refuse = 2
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    assert rig.kubelet.registered() == [GPU]
+    assert rig.watchers[0].timeouts[:2] == [0.1, 0.2]
+
+
+def test_reload_converges_by_diff(rig: Rig, settings: DaemonSettings) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    (before,) = rig.supervisor.servers.values()
+    shared = replace(
+        settings,
+        sharing=(Replication(name=GPU, replicas=2, rename=None),),
+        health=HealthSettings(probe_interval=1.0),
+    )
+    rig.reload(shared)
+    wait_until(lambda: rig.observer.of("reloaded") == [True], "the reload")
+    (after,) = rig.supervisor.servers.values()
+    # A changed device list goes to the running server: same stream, no re-registration.
+    assert after is before and not before.stopped and len(after.devices) == 8
+    assert rig.health.started[-1] == (4, HealthSettings(probe_interval=1.0))
+    assert rig.supervisor.settings == shared
+    assert rig.kubelet.registered() == [GPU]
+
+    rig.reload(shared)  # same settings: nothing restarts
+    wait_until(lambda: rig.observer.of("reloaded") == [True, True], "the second reload")
+    assert rig.supervisor.servers[GPU] is after and not after.stopped
+
+
+def test_failed_reload_keeps_the_previous_configuration(rig: Rig, settings: DaemonSettings) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    (server,) = rig.supervisor.servers.values()
+    rig.reload(ConfigError(["config.yaml: not YAML"]))
+    wait_until(lambda: rig.observer.of("reloaded") == [False], "the failed reload")
+    assert rig.supervisor.servers == {GPU: server} and not server.stopped
+    assert rig.supervisor.settings == settings
+
+
+def test_kubelet_socket_changes_wait_for_a_restart(
+    rig: Rig, settings: DaemonSettings, tmp_path: Path
+) -> None:
+    rig.start()
+    assert rig.supervisor.ready.wait(5)
+    rig.reload(replace(settings, kubelet_socket=tmp_path / "elsewhere" / "kubelet.sock"))
+    wait_until(lambda: rig.observer.of("reloaded") == [True], "the reload")
+    assert rig.supervisor.settings.kubelet_socket == settings.kubelet_socket
+
+
+def test_nvml_failure_with_fail_on_init_error_ends_run(tmp_path: Path, settings: DaemonSettings) -> None:
+    rig = Rig(tmp_path, settings, nvml=BrokenNvml()).start()
+    rig.stop()
+    assert isinstance(rig.error, InitError)
+    assert str(rig.error).startswith("failed to initialize NVML: nvmlInit_v2 failed")
+    assert rig.health.stopped and rig.watchers[0].closed
+
+
+def test_nvml_failure_without_fail_on_init_error_idles_ready(
+    tmp_path: Path, settings: DaemonSettings
+) -> None:
+    rig = Rig(tmp_path, replace(settings, fail_on_init_error=False), nvml=BrokenNvml()).start()
+    try:
+        assert rig.supervisor.ready.wait(5)
+        assert rig.observer.events == [("servers_changed", [])]
+        assert rig.made == [] and rig.kubelet.calls == []
+    finally:
+        rig.stop()
+    assert rig.error is None
