@@ -41,9 +41,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_abbrev=False,
     )
     _add_simulate_arguments(simulate)
+    gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
+    _add_gfd_arguments(gfd)
+    _add_config_manager_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
+    if args.command == "gfd":
+        return run_gfd(args, os.environ)
+    if args.command == "config-manager":
+        return run_config_manager(args, os.environ)
+    if args.command == "config":
+        return run_config_check(args)
     return run_simulate(args, os.environ)
 
 
@@ -168,6 +177,97 @@ def _remove_dir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+def _add_gfd_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.gfd.options import add_gfd_flags
+
+    add_gfd_flags(parser)
+
+
+def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`nvdp gfd`: NVIDIA's gpu-feature-discovery (see nvdp/gfd)."""
+    from nvdp.gfd.options import resolve_gfd
+    from nvdp.gfd.run import Gfd
+
+    try:
+        settings = resolve_gfd(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    setup_logging(settings.config.log_format, settings.config.log_level)
+    log_event(log, logging.INFO, "gfd starting", config=settings.config.to_dict())
+    gfd = Gfd(settings, reload_settings=lambda: resolve_gfd(args, environ))
+    _install_signal_handlers(gfd.request_stop, gfd.request_reload)
+    try:
+        gfd.run()
+    except NvdpError as error:
+        log_event(log, logging.ERROR, "exiting", error=str(error))
+        return 1
+    return 0
+
+
+# ---- config-manager and config check (nvdp/configmanager) ------------------------------------------
+
+
+def _add_config_manager_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from nvdp.configmanager.settings import add_flags
+
+    manager = sub.add_parser(
+        "config-manager",
+        help="point the plugin's config file at the ConfigMap entry the node label selects",
+        allow_abbrev=False,
+    )
+    add_flags(manager)
+    config = sub.add_parser("config", help="config file tools", allow_abbrev=False)
+    tools = config.add_subparsers(dest="config_command", required=True, metavar="TOOL")
+    check = tools.add_parser(
+        "check", help="strictly validate config files or ConfigMap entry directories", allow_abbrev=False
+    )
+    check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
+    check.add_argument("--nvml", default=None, help="also build the resources on this node (real, sim:NAME)")
+    check.add_argument("--mig-strategy", default=None, choices=("none", "single", "mixed"))
+
+
+def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvdp.configmanager import command
+    from nvdp.configmanager.manager import ConfigManager
+    from nvdp.configmanager.settings import resolve
+    from nvdp.logs import LOG_FORMATS, LOG_LEVELS
+
+    try:
+        settings = resolve(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
+    setup_logging(
+        log_format if log_format in LOG_FORMATS else "text", log_level if log_level in LOG_LEVELS else "info"
+    )
+    stop = threading.Event()
+    try:
+        if settings.oneshot:
+            return command.oneshot(settings)
+        managers: list[ConfigManager] = []
+
+        def reconcile_now() -> None:  # SIGHUP
+            for manager in managers:
+                manager.wake()
+
+        _install_signal_handlers(stop.set, reconcile_now)
+        return command.serve(settings, stop, managers)
+    except NvdpError as error:
+        log_event(log, logging.ERROR, "exiting", error=str(error))
+        return 1
+
+
+def run_config_check(args: argparse.Namespace) -> int:
+    from nvdp.configmanager.check import check
+
+    report = check(args.paths, nvml=args.nvml, mig_strategy=args.mig_strategy)
+    for line in report.lines:
+        print(line)
+    for line in report.errors:
+        print(f"error: {line}", file=sys.stderr)
+    return report.status
 
 
 if __name__ == "__main__":

@@ -52,3 +52,7 @@ class NvmlLibraryNotFound(NvmlError):
 
 class RegistrationError(NvdpError):
     """The kubelet refused or did not answer a Register call."""
+
+
+class KubeError(NvdpError):
+    """The Kubernetes API server could not be reached or refused a request (one line)."""

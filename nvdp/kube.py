@@ -14,11 +14,15 @@ its own node events: namespace `default`, involvedObject `{kind: Node, name: <no
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from nvdp.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +95,373 @@ class KubeNodeEvents:
         self._api.create_namespaced_event(
             self._namespace, self.event_body(event_type, reason, message), _request_timeout=self._timeout
         )
+
+
+# ---- NodeFeature objects (nvdp gfd --use-node-feature-api) -------------------------------------
+
+NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
+NODE_FEATURE_VERSION = "v1alpha1"
+NODE_FEATURE_PLURAL = "nodefeatures"
+NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
+
+
+def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
+    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster.
+    A process that blocked `ssl` lifts the block first (`nvdp.footprint.allow_ssl`)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if host is not None:
+        configuration.host = host
+    elif kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.retries = 0  # the caller retries with backoff
+    return client.CustomObjectsApi(client.ApiClient(configuration))
+
+
+def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A NodeFeature carrying `labels` for `node` (NFD merges it by the node-name label)."""
+    return {
+        "apiVersion": f"{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}",
+        "kind": "NodeFeature",
+        "metadata": {"name": name, "namespace": namespace, "labels": {NODE_FEATURE_NODE_LABEL: node}},
+        "spec": {"features": {}, "labels": dict(labels)},
+    }
+
+
+def apply_node_feature(
+    api: Any,
+    namespace: str,
+    name: str,
+    node: str,
+    labels: Mapping[str, str],
+    timeout: float = 10.0,
+    ignore: tuple[str, ...] = (),
+) -> str:
+    """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
+    or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
+    failures raise NvdpError naming the object and the status."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from nvdp.errors import NvdpError
+
+    args = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, namespace, NODE_FEATURE_PLURAL)
+    body = node_feature_body(name, namespace, node, labels)
+    where = f"NodeFeature {namespace}/{name}"
+    try:
+        try:
+            current = api.get_namespaced_custom_object(*args, name, _request_timeout=timeout)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            api.create_namespaced_custom_object(*args, body, _request_timeout=timeout)
+            return "created"
+        metadata = current.get("metadata", {})
+        spec = current.get("spec") or {}
+
+        def kept(found: Mapping[str, str]) -> dict[str, str]:
+            return {k: v for k, v in found.items() if k not in ignore}
+
+        if (
+            kept(spec.get("labels") or {}) == kept(labels)
+            and spec.get("features") == body["spec"]["features"]
+            and metadata.get("labels") == body["metadata"]["labels"]
+        ):
+            return "unchanged"
+        body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
+        api.replace_namespaced_custom_object(*args, name, body, _request_timeout=timeout)
+        return "updated"
+    except ApiException as error:
+        raise NvdpError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
+    except (HTTPError, OSError) as error:
+        raise NvdpError(f"{where}: cannot reach the API server: {error}") from error
+
+
+# ---- config-manager: the client from a kubeconfig, and a list+watch of one Node -----------------
+
+
+def api_client_from(kubeconfig: str | None, *, retries: int = 1) -> Any:
+    """A `kubernetes.client.ApiClient` from a kubeconfig file (KUBECONFIG / --kubeconfig), else from
+    the in-cluster service account. Raises nvdp.errors.KubeError (one line) when neither works."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError, TypeError) as error:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
+        raise KubeError(f"cannot load {where}: {' '.join(str(error).split())}") from error
+    configuration.retries = retries
+    return client.ApiClient(configuration)
+
+
+def node_labels(api_client: Any, node_name: str, *, timeout: float = 10.0) -> dict[str, str] | None:
+    """The labels of one Node (one GET); None when the Node does not exist. Raises KubeError."""
+    try:
+        node = _get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
+    except _HttpError as error:
+        if error.status == 404:
+            return None
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
+    except Exception as error:  # urllib3 / socket errors: one line, not a traceback
+        raise KubeError(f"cannot read node {node_name}: {_one_line(error)}") from error
+    return _labels(node)
+
+
+class NodeEventPoster:
+    """Posts core/v1 Events on one Node (the body of `KubeNodeEvents`) through a raw request: the
+    typed CoreV1Api costs about 22 MB more RSS (pydantic and its models) in the config-manager."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node_name: str,
+        *,
+        component: str,
+        namespace: str = NODE_EVENTS_NAMESPACE,
+        request_timeout: float = 5.0,
+    ) -> None:
+        self._api_client = api_client
+        self._node = node_name
+        self._component = component
+        self._namespace = namespace
+        self._timeout = request_timeout
+
+    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self._node}.{time.time_ns():x}", "namespace": self._namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node},
+            "type": event_type,
+            "reason": reason,
+            "message": message,
+            "source": {"component": self._component, "host": self._node},
+            "reportingComponent": self._component,
+            "reportingInstance": self._node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = f"/api/v1/namespaces/{self._namespace}/events"
+        try:
+            _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
+        except _HttpError as error:
+            raise KubeError(f"cannot create event on node {self._node}: {error}") from error
+
+
+class NodeWatch:
+    """List+watch one Node (field selector metadata.name=<node>) and hand its labels to `on_labels`
+    (None when the Node is gone). Resumes from the last resourceVersion after the server ends a
+    watch; re-lists on 410 Gone; retries every other failure with capped exponential backoff and
+    never stops until `stop` is set. `on_failure(message, failing_for_seconds)` hears each failure;
+    a line is logged at WARNING, and at ERROR once the watch has been failing for `alarm_after` s.
+    Requests go through the client's ApiClient untyped (JSON), for the memory reason above.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        node_name: str,
+        on_labels: Callable[[dict[str, str] | None], None],
+        *,
+        on_failure: Callable[[str, float], None] | None = None,
+        timeout_seconds: int = 300,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        alarm_after: float = 60.0,
+    ) -> None:
+        self._api_client = api_client
+        self._node = node_name
+        self._on_labels = on_labels
+        self._on_failure = on_failure
+        self._timeout_seconds = timeout_seconds
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._alarm_after = alarm_after
+        self.failing_since: float | None = None  # monotonic time of the first failure in a row
+        self.lists = 0  # full lists done (the first, and one after each 410 Gone)
+
+    @property
+    def selector(self) -> str:
+        return f"metadata.name={self._node}"
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until `stop` is set (checked between requests and events)."""
+        version: str | None = None
+        delay = self._backoff_initial
+        alarmed = False
+        while not stop.is_set():
+            try:
+                if version is None:
+                    nodes = _get_json(self._api_client, "/api/v1/nodes", {"fieldSelector": self.selector}, 30)
+                    self.lists += 1
+                    items = nodes.get("items") or []
+                    self._on_labels(_labels(items[0]) if items else None)
+                    version = str(nodes["metadata"]["resourceVersion"])
+                    self._recovered()
+                    delay, alarmed = self._backoff_initial, False
+                version = self._watch(version, stop)
+                self._recovered()
+                delay, alarmed = self._backoff_initial, False
+                continue
+            except _Gone:
+                log.info("node watch expired (410 Gone); listing again node=%s", self._node)
+                version = None
+                continue
+            except _HttpError as error:
+                message = str(error)
+            except Exception as error:  # connection refused, timeouts, bad answers: retry, never stop
+                message = _one_line(error)
+            now = time.monotonic()
+            if self.failing_since is None:
+                self.failing_since = now
+            failing_for = now - self.failing_since
+            if failing_for >= self._alarm_after and not alarmed:
+                alarmed = True
+                log.error(
+                    "node watch has been failing node=%s for=%.0fs error=%r; the config is not following"
+                    " the node label until it recovers",
+                    self._node,
+                    failing_for,
+                    message,
+                )
+            else:
+                log.warning("node watch failed node=%s error=%r retry_in=%.1fs", self._node, message, delay)
+            if self._on_failure is not None:
+                self._on_failure(message, failing_for)
+            stop.wait(delay)
+            delay = min(delay * 2, self._backoff_max)
+
+    def _watch(self, version: str, stop: threading.Event) -> str:
+        """One watch request from `version` until the server ends it; the last version seen."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        query = {
+            "fieldSelector": self.selector,
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self._timeout_seconds),
+            "watch": "true",
+        }
+        response = _request(self._api_client, "GET", "/api/v1/nodes", query, (10, self._timeout_seconds + 30))
+        try:
+            for line in iter_resp_lines(response):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise _HttpError(int(obj.get("code") or 0), str(obj.get("message") or obj))
+                self._recovered()
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "DELETED":
+                    self._on_labels(None)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self._on_labels(_labels(obj))
+                if stop.is_set():
+                    break
+        finally:
+            response.release_conn()
+        return version
+
+    def _recovered(self) -> None:
+        if self.failing_since is not None:
+            log.info(
+                "node watch recovered node=%s after=%.1fs", self._node, time.monotonic() - self.failing_since
+            )
+            self.failing_since = None
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        super().__init__(f"HTTP {status} {' '.join(detail.split())[:200]}")
+
+
+class _Gone(Exception):
+    """410 Gone: the resourceVersion is too old; list again."""
+
+
+def _request(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    timeout: float | tuple[float, float],
+    body: object = None,
+) -> Any:
+    """One request through the client's ApiClient (auth, TLS, proxies from the kubeconfig); raises
+    _HttpError (or _Gone) on a non-2xx answer. Returns the urllib3 response, body unread (`.data`
+    reads it; `.stream()` follows a watch)."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    if hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
+        serialized = api_client.param_serialize(
+            method,
+            path,
+            query_params=list(query.items()) or None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        method, url, headers, body = serialized[0], serialized[1], serialized[2], serialized[3]
+        response = api_client.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=timeout
+        )
+        raw = response.response
+        if not 200 <= raw.status <= 299:
+            raise _http_error(raw.status, raw.data, raw.reason)
+        return raw
+    from kubernetes.client.exceptions import ApiException  # older clients (swagger-codegen)
+
+    try:
+        return api_client.call_api(
+            path,
+            method,
+            query_params=list(query.items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    except ApiException as error:
+        raise _http_error(int(error.status or 0), error.body, error.reason) from error
+
+
+def _http_error(status: int, body: object, reason: object) -> Exception:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        detail = json.loads(text).get("message") or reason
+    except (ValueError, AttributeError):
+        detail = text or reason
+    return _Gone() if status == 410 else _HttpError(status, str(detail))
+
+
+def _get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    data = json.loads(_request(api_client, "GET", path, query, timeout).data)
+    if not isinstance(data, dict):
+        raise _HttpError(200, f"unexpected answer from {path}")
+    return data
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -18,6 +18,7 @@ from nvdp.api import pb
 from nvdp.config import Config
 from nvdp.daemon import Daemon
 from nvdp.errors import NvdpError
+from nvdp.gfd.discover import describe_labels
 from nvdp.kubelet import Kubelet
 from nvdp.nvml.types import GpuInfo
 
@@ -93,6 +94,9 @@ class Simulation:
                     f"  {device.id:<47} {device.index:<6} {product:<26} "
                     f"{device.memory_bytes / 2**30:>6.1f} GiB  {numa:<4}  {state.health if state else '?'}\n"
                 )
+        out.write(
+            f"\nNode labels (what `nvdp gfd` writes for this node)\n{describe_labels(nvml, self.config)}"
+        )
         name = "nvidia.com/gpu" if "nvidia.com/gpu" in servers else sorted(servers)[0]
         available = list(servers[name].devices)
         shared_one = servers[name].resource.fail_requests_greater_than_one

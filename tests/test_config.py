@@ -26,7 +26,7 @@ UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"
 
 def problems(text: str) -> list[str]:
     with pytest.raises(ConfigError) as caught:
-        parse_text(text)
+        parse_text(text, strict=True)
     return caught.value.problems
 
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from nvdp.config import OPTIONS
+from nvdp.configmanager.selection import select
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "nvidia-device-plugin"
@@ -58,7 +59,8 @@ def kinds(docs: list[Doc]) -> list[str]:
 
 def container(daemonset: Doc) -> Doc:
     containers: list[Doc] = daemonset["spec"]["template"]["spec"]["containers"]
-    assert [c["name"] for c in containers] == [CONTAINER]
+    # The config-manager sidecar runs beside the plugin when a ConfigMap of entries is used.
+    assert [c["name"] for c in containers] in ([CONTAINER], [CONTAINER, "nvidia-device-plugin-sidecar"])
     return containers[0]
 
 
@@ -750,9 +752,11 @@ ENTRY_B = (
 
 
 def config_volume(daemonset: Doc) -> Doc:
+    """The ConfigMap volume of the entries (the config-manager links /config/config.yaml to one)."""
     assert env_of(daemonset)["CONFIG_FILE"] == "/config/config.yaml"
     assert mounts_of(daemonset)["config"]["mountPath"] == "/config"
-    config_map: Doc = volume(daemonset, "config")["configMap"]
+    assert volume(daemonset, "config") == {"name": "config", "emptyDir": {}}
+    config_map: Doc = volume(daemonset, "available-configs")["configMap"]
     return config_map
 
 
@@ -779,13 +783,11 @@ def test_chart_config_map(render: Callable[..., Rendered], config: Doc, entry: s
     daemonset = out.daemonset
     check_plugin_daemonset(daemonset)
     assert "checksum/config" in daemonset["spec"]["template"]["metadata"]["annotations"]
-    if entry is None:
-        assert "CONFIG_FILE" not in env_of(daemonset) and "config" not in mounts_of(daemonset)
-        return
-    assert config_volume(daemonset) == {
-        "name": config_map["metadata"]["name"],
-        "items": [{"key": entry, "path": "config.yaml"}],
-    }
+    assert config_volume(daemonset) == {"name": config_map["metadata"]["name"]}
+    (init,) = daemonset["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    fallbacks = [f for f in env["FALLBACK_STRATEGIES"].split(",") if f]
+    assert select(None, sorted(config["map"]), env["DEFAULT_CONFIG"], fallbacks) == (entry or "")
 
 
 def test_chart_config_entry_given_as_mapping(render: Callable[..., Rendered]) -> None:
@@ -804,16 +806,17 @@ def test_chart_config_entry_given_as_mapping(render: Callable[..., Rendered]) ->
 def test_chart_external_config(render: Callable[..., Rendered], config: Doc, entry: str) -> None:
     out = render({"config": config})
     assert "ConfigMap" not in out.kinds()
-    assert config_volume(out.daemonset) == {
-        "name": "site-configs",
-        "items": [{"key": entry, "path": "config.yaml"}],
-    }
+    assert config_volume(out.daemonset) == {"name": "site-configs"}
+    (init,) = out.daemonset["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    fallbacks = [f for f in env["FALLBACK_STRATEGIES"].split(",") if f]
+    assert select(None, ["a100", "default", "other"], env["DEFAULT_CONFIG"], fallbacks) == entry
 
 
-def test_chart_notes_tell_the_config_manager_limitation(render: Callable[..., Rendered]) -> None:
+def test_chart_notes_tell_how_to_switch_a_node(render: Callable[..., Rendered]) -> None:
     notes = render({"config": {"map": {"default": ENTRY_A, "shared": ENTRY_B}}}).notes
-    assert "nvidia.com/device-plugin.config does NOT select other entries" in notes
-    assert "nvidia.com/device-plugin.config" not in render({"config": {"map": {"only": ENTRY_A}}}).notes
+    assert "kubectl label node <node> nvidia.com/device-plugin.config=<entry>" in notes
+    assert "nvidia.com/device-plugin.config" not in render().notes
 
 
 @pytest.mark.parametrize(
@@ -842,7 +845,6 @@ def test_chart_notes_tell_the_config_manager_limitation(render: Callable[..., Re
             'deviceListStrategy: invalid value "mounts"',
             id="deviceListStrategy",
         ),
-        pytest.param({"gfd": {"enabled": True}}, "gfd.enabled", id="gfd"),
         pytest.param(
             {"devicePlugin": {"enabled": False}}, "devicePlugin.enabled", id="devicePlugin-disabled"
         ),

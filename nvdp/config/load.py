@@ -3,14 +3,18 @@
 The walk is driven by the dataclass field metadata in `nvdp.config.model`: unknown keys, wrong
 types and invalid values each add one line naming the field path, and every problem is reported
 at once in one `ConfigError`. `null` means "not set". Like NVIDIA's plugin, an empty file and a
-file without `version` are v1 with defaults. Unlike it, unknown keys, duplicate keys and sharing
-with both time-slicing and MPS are refused instead of silently ignored.
+file without `version` are v1 with defaults. Unknown keys are lenient by default, the Kubernetes
+way: each one is a WARNING line (with a "did you mean" hint) and the file loads, so a file written
+for a newer NVIDIA release still runs; `strict=True` (`--strict-config`, `nvdp config check`) makes
+them errors. Unlike NVIDIA's plugin, duplicate keys and sharing with both time-slicing and MPS are
+refused instead of silently ignored.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -23,34 +27,38 @@ import yaml
 from nvdp.config.model import SHARED_SUFFIX, Config, Health, ReplicatedResources, Sharing
 from nvdp.config.values import InvalidValue, show
 from nvdp.errors import ConfigError
+from nvdp.logs import log_event
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
 
+log = logging.getLogger(__name__)
 
-def load_file(path: str | Path) -> Config:
-    """Read and validate a config file. Raises ConfigError (source = the path) on any problem."""
+
+def load_file(path: str | Path, *, strict: bool = False) -> Config:
+    """Read and validate a config file. Raises ConfigError (source = the path) on any problem;
+    unknown keys are problems only when `strict`, else one WARNING line each."""
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read config file: {error.strerror or error}", source=str(path)) from error
     except UnicodeDecodeError as error:
         raise ConfigError(f"config file is not UTF-8 text (byte {error.start})", source=str(path)) from error
-    return parse_text(text, source=str(path))
+    return parse_text(text, source=str(path), strict=strict)
 
 
-def parse_text(text: str, source: str | None = None) -> Config:
+def parse_text(text: str, source: str | None = None, *, strict: bool = False) -> Config:
     """Parse YAML or JSON text (JSON is tried first when the text starts with `{`)."""
     try:
         data = _decode(text)
     except (yaml.YAMLError, ValueError, RecursionError) as error:
         raise ConfigError(_syntax_problem(error), source=source) from error
-    return parse(data, source)
+    return parse(data, source, strict=strict)
 
 
-def parse(data: object, source: str | None = None) -> Config:
+def parse(data: object, source: str | None = None, *, strict: bool = False) -> Config:
     """Validate decoded file content (a mapping; None is an empty file) into a Config."""
     if data is None:
         data = {}
@@ -59,9 +67,13 @@ def parse(data: object, source: str | None = None) -> Config:
             f"the config must be a mapping (version, flags, resources, ...), got {show(data)}", source=source
         )
     problems: list[str] = []
-    config = _build(Config, data, "", problems)
+    unknown: list[str] = problems if strict else []
+    config = _build(Config, data, "", problems, unknown)
     if problems or config is None:
         raise ConfigError(problems, source=source)
+    prefix = f"{source}: " if source else ""
+    for line in unknown:  # lenient: one line each, the plugin runs
+        log_event(log, logging.WARNING, f"{prefix}{line}; ignored (--strict-config refuses it)")
     return config
 
 
@@ -135,8 +147,9 @@ def _join(path: str, key: object) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _build(cls: type[T], value: object, path: str, problems: list[str]) -> T | None:
-    """Build `cls` from a mapping, adding a line to `problems` for each problem; None if any."""
+def _build(cls: type[T], value: object, path: str, problems: list[str], unknown: list[str]) -> T | None:
+    """Build `cls` from a mapping, adding a line to `problems` for each problem; None if any.
+    Unknown keys go to `unknown` (the same list as `problems` when strict)."""
     if not isinstance(value, Mapping):
         problems.append(f"{path}: must be a mapping, got {show(value)}")
         return None
@@ -146,12 +159,12 @@ def _build(cls: type[T], value: object, path: str, problems: list[str]) -> T | N
         if key not in by_key:
             close = difflib.get_close_matches(str(key), list(by_key), n=1)
             hint = f" (did you mean {close[0]}?)" if close else f" (accepted: {', '.join(by_key)})"
-            problems.append(f"{_join(path, key)}: unknown field{hint}")
+            unknown.append(f"{_join(path, key)}: unknown field{hint}")
     kwargs: dict[str, Any] = {}
     for key, f in by_key.items():
         raw = value.get(key)
         if raw is not None:
-            kwargs[f.name] = _convert(f.metadata, raw, _join(path, key), problems)
+            kwargs[f.name] = _convert(f.metadata, raw, _join(path, key), problems, unknown)
         elif f.default is MISSING and f.default_factory is MISSING:
             problems.append(f"{_join(path, key)}: required field is missing")
     if len(problems) > start:
@@ -161,14 +174,18 @@ def _build(cls: type[T], value: object, path: str, problems: list[str]) -> T | N
     return finish(built, path, problems) if finish else built
 
 
-def _convert(meta: Mapping[str, Any], raw: object, path: str, problems: list[str]) -> object:
+def _convert(
+    meta: Mapping[str, Any], raw: object, path: str, problems: list[str], unknown: list[str]
+) -> object:
     if meta["section"] is not None:
-        return _build(meta["section"], raw, path, problems)
+        return _build(meta["section"], raw, path, problems, unknown)
     if meta["items"] is not None:
         if not isinstance(raw, list):
             problems.append(f"{path}: must be a list, got {show(raw)}")
             return None
-        return tuple(_build(meta["items"], item, f"{path}[{i}]", problems) for i, item in enumerate(raw))
+        return tuple(
+            _build(meta["items"], item, f"{path}[{i}]", problems, unknown) for i, item in enumerate(raw)
+        )
     try:
         return meta["convert"](raw)
     except InvalidValue as error:

@@ -329,6 +329,7 @@ class Config:
     cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
     cdi_kind: str = CDI_KINDS[0]
     cdi_disable_hooks: tuple[str, ...] = ()
+    strict_config: bool = False  # unknown file keys are errors, not warnings
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):

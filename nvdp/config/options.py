@@ -283,6 +283,14 @@ OPTIONS: tuple[Option, ...] = (
         rescan_interval,
         'how often MIG layouts and GPUs are re-read to serve changes without a signal ("10s"; 0 disables)',
     ),
+    Option(
+        ("--strict-config",),
+        ("STRICT_CONFIG",),
+        "strict_config",
+        v.parse_bool,
+        "refuse a config file with unknown keys (by default each one is a warning and is ignored)",
+        "bool",
+    ),
 )
 
 
@@ -318,11 +326,12 @@ def resolve(
         except v.InvalidValue as error:
             problems.extend(f"{option.label(env)}: {message}" for _, message in error.problems)
     config_file = str(given.pop("config_file", "")) or None
+    strict = given.get("strict_config") is True
     config = Config()
     file_ok = True
     if config_file:
         try:
-            config = file_loader(config_file)
+            config = load_file(config_file, strict=True) if strict else file_loader(config_file)
         except ConfigError as error:
             file_ok = False
             problems[:0] = [f"{error.source}: {p}" if error.source else p for p in error.problems]

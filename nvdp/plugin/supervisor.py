@@ -38,7 +38,7 @@ from nvdp.plugin.types import (
     Watcher,
 )
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import Resource, ResourceError, build_resources
+from nvdp.resources import Resource, ResourceError
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
@@ -172,15 +172,7 @@ class Supervisor(Generic[S]):
         self.gpus = self._nvml.gpus()
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        return build_resources(
-            self.gpus,
-            mig_strategy=settings.mig_strategy,
-            gpu_patterns=settings.gpu_patterns,
-            mig_patterns=settings.mig_patterns,
-            sharing=settings.sharing,
-            mig_minors=minors,
-            allocation_policy=settings.allocation_policy,
-        )
+        return settings.resources(self.gpus, minors)
 
     def _serve(
         self,

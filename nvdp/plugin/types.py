@@ -15,7 +15,7 @@ from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator, RpcObserver
 from nvdp.plugin.watch import FileId
-from nvdp.resources import NamePattern, Replication, Resource
+from nvdp.resources import NamePattern, Replication, Resource, build_resources
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,21 @@ class DaemonSettings:
     def dev_root(self) -> str:
         """The host's root for /dev/nvidia* (device-spec host paths)."""
         return self.response.dev_root
+
+    def resources(
+        self, gpus: Sequence[GpuInfo], mig_minors: Mapping[str, int] | None = None
+    ) -> list[Resource]:
+        """The resources these settings make of `gpus` (the plugin, gfd and `config check` share it).
+        Raises ResourceError for a layout the MIG strategy cannot serve."""
+        return build_resources(
+            gpus,
+            mig_strategy=self.mig_strategy,
+            gpu_patterns=self.gpu_patterns,
+            mig_patterns=self.mig_patterns,
+            sharing=self.sharing,
+            mig_minors=mig_minors,
+            allocation_policy=self.allocation_policy,
+        )
 
 
 class PluginServer(HealthTarget, Protocol):

@@ -1,0 +1,59 @@
+{{/*
+The config-manager (nvdp config-manager), as in NVIDIA's chart: when the pods use a ConfigMap of
+config entries (config.name or config.map), an init container links /config/config.yaml to the
+entry the node label nvidia.com/device-plugin.config selects (else config.default, else
+config.fallbackStrategies), and a sidecar keeps following the label and the ConfigMap's content,
+signalling the plugin (SIGHUP; the pod shares one process namespace) when the file changed.
+"configManager" is "true" when it is used.
+*/}}
+{{- define "nvidia-device-plugin.configManager" -}}
+{{- ne (include "nvidia-device-plugin.configMapName" .) "" }}
+{{- end }}
+
+{{/* One config-manager container; call with (dict "root" $ "oneshot" true|false). */}}
+{{- define "nvidia-device-plugin.configManagerContainer" -}}
+{{- $root := .root }}
+- name: {{ .oneshot | ternary "nvidia-device-plugin-init" "nvidia-device-plugin-sidecar" }}
+  image: {{ include "nvidia-device-plugin.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["nvdp", "config-manager"]
+  env:
+    - name: ONESHOT
+      value: {{ .oneshot | quote }}
+    - name: KUBECONFIG
+      value: ""
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+    - name: NODE_LABEL
+      value: "nvidia.com/device-plugin.config"
+    - name: CONFIG_FILE_SRCDIR
+      value: /available-configs
+    - name: CONFIG_FILE_DST
+      value: /config/config.yaml
+    - name: DEFAULT_CONFIG
+      value: {{ $root.Values.config.default | default "" | quote }}
+    - name: FALLBACK_STRATEGIES
+      value: {{ $root.Values.config.fallbackStrategies | default list | join "," | quote }}
+    - name: SEND_SIGNAL
+      value: {{ not .oneshot | quote }}
+    - name: SIGNAL
+      value: "1"
+    - name: PROCESS_TO_SIGNAL
+      value: nvidia-device-plugin
+  securityContext:
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: ["ALL"]
+  {{- with ($root.Values.config.managerResources | default dict) }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: available-configs
+      mountPath: /available-configs
+      readOnly: true
+    - name: config
+      mountPath: /config
+{{- end }}

@@ -1,0 +1,16 @@
+{{/* GPU feature discovery: names and whether labels go through the Node Feature API. */}}
+{{- define "nvidia-device-plugin.gfdName" -}}
+{{- printf "%s-gpu-feature-discovery" (include "nvidia-device-plugin.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "nvidia-device-plugin.gfdSelectorLabels" -}}
+app.kubernetes.io/name: gpu-feature-discovery
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* "true" when gfd.enabled and NVIDIA's nfd.enableNodeFeatureApi (or nvdp's gfd.useNodeFeatureAPI). */}}
+{{- define "nvidia-device-plugin.gfdNodeFeatureAPI" -}}
+{{- $gfd := .Values.gfd | default dict }}
+{{- $nfd := .Values.nfd | default dict }}
+{{- and $gfd.enabled (or $nfd.enableNodeFeatureApi $gfd.useNodeFeatureAPI) | toString }}
+{{- end }}

@@ -1,0 +1,98 @@
+"""`nvdp config check FILE... [--nvml SPEC] [--mig-strategy S]`: what an operator runs in CI before
+rolling a ConfigMap out.
+
+Each FILE is a config file or a directory of ConfigMap entries (names starting with `..` skipped).
+Every file is validated strictly (unknown keys are errors here, so typos are caught even though the
+plugin only warns about them); with `--nvml` the resources the file would produce on that node
+(simulated or real) are built and printed. Returns the lines to print and the exit status.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from nvdp.config import Config, load_file
+from nvdp.configmanager.selection import list_entries
+from nvdp.errors import ConfigError, NvdpError
+from nvdp.nvml.types import GpuInfo
+
+
+@dataclass(frozen=True)
+class Report:
+    lines: list[str]
+    errors: list[str]
+
+    @property
+    def status(self) -> int:
+        return 1 if self.errors else 0
+
+
+def expand(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Files named, with directories replaced by their entries; and the problems found."""
+    found: list[str] = []
+    problems: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            try:
+                entries = list_entries(path)
+            except NvdpError as error:
+                problems.append(str(error))
+                continue
+            if not entries:
+                problems.append(f"{path}: no config entries in this directory")
+            found.extend(os.path.join(path, name) for name in entries)
+        else:
+            found.append(path)
+    return found, problems
+
+
+def check(paths: Sequence[str], nvml: str | None = None, mig_strategy: str | None = None) -> Report:
+    files, errors = expand(paths)
+    lines: list[str] = []
+    gpus = None
+    if nvml is not None and files:
+        try:
+            gpus = _gpus(nvml)
+        except NvdpError as error:
+            return Report(lines, [*errors, f"--nvml {nvml}: {error}"])
+    for path in files:
+        try:
+            config = load_file(path, strict=True)
+            if mig_strategy is not None:
+                config = replace(config, flags=replace(config.flags, mig_strategy=mig_strategy))
+        except ConfigError as error:
+            errors.extend(f"{error.source or path}: {p}" for p in error.problems)
+            continue
+        if gpus is None:
+            lines.append(f"{path}: ok")
+            continue
+        try:
+            lines.extend(_resources(path, config, gpus))
+        except NvdpError as error:
+            errors.extend(f"{path}: {line}" for line in str(error).split("; "))
+    return Report(lines, errors)
+
+
+def _gpus(spec: str) -> list[GpuInfo]:
+    from nvdp.nvml import open_nvml
+
+    nvml = open_nvml(spec)
+    nvml.init()
+    try:
+        return list(nvml.gpus())
+    finally:
+        nvml.shutdown()
+
+
+def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
+    from nvdp.settings import daemon_settings
+
+    settings = daemon_settings(config)
+    resources = settings.resources(gpus)
+    lines = [f"{path}: ok, {len(resources)} resource(s) (migStrategy {settings.mig_strategy})"]
+    for resource in resources:
+        sharing = f" {resource.sharing} x{resource.replicas}" if resource.sharing else ""
+        lines.append(f"  {resource.name}: {len(resource.devices)} device(s){sharing}")
+    return lines

@@ -1,0 +1,85 @@
+"""Running `nvdp config-manager`: the Kubernetes client, the Node watch thread and the loop.
+
+The CLI (nvdp/cli.py) parses, prints and installs signal handlers; this module does the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from nvdp import kube
+from nvdp.configmanager.manager import ConfigManager
+from nvdp.configmanager.settings import Settings
+from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
+from nvdp.errors import KubeError
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+EVENT_COMPONENT = "nvidia-device-plugin-config-manager"
+ALARM_AFTER = 60.0  # seconds of failing watch before the ERROR line and /readyz 503
+
+
+def connect(settings: Settings) -> tuple[object, ConfigManager]:
+    """The API client and a manager that records Events on the Node. Raises KubeError."""
+    client = kube.api_client_from(settings.kubeconfig)
+    events = kube.NodeEventPoster(client, settings.node_name, component=EVENT_COMPONENT)
+    return client, ConfigManager(settings, events)
+
+
+def oneshot(settings: Settings) -> int:
+    """Read the label once, apply, exit: 0 when a config is in place, 1 otherwise."""
+    client, manager = connect(settings)
+    manager.set_labels(kube.node_labels(client, settings.node_name))
+    outcome = manager.reconcile()
+    return 0 if outcome.entry is not None else 1
+
+
+def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigManager] | None = None) -> int:
+    """Watch the Node and reconcile until `stop` is set."""
+    client, manager = connect(settings)
+    if manager_ready is not None:
+        manager_ready.append(manager)
+    watch = kube.NodeWatch(client, settings.node_name, manager.set_labels, alarm_after=ALARM_AFTER)
+    status = None
+    if settings.metrics_address:
+
+        def snapshot() -> Snapshot:
+            return Snapshot(
+                applied=manager.entry is not None,
+                applied_total=manager.applied_total,
+                refused_total=manager.refused_total,
+                signals_total=manager.signals_sent,
+                watch_failing_for=failing_for(watch.failing_since),
+            )
+
+        status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()
+    thread = threading.Thread(target=_watch, args=(watch, stop), name="node-watch", daemon=True)
+    log_event(
+        log,
+        logging.INFO,
+        "watching node label",
+        node=settings.node_name,
+        label=settings.node_label,
+        srcdir=settings.config_file_srcdir,
+        dst=settings.config_file_dst,
+    )
+    thread.start()
+    try:
+        manager.run(stop)
+    finally:
+        if status is not None:
+            status.stop()
+    return 0
+
+
+def _watch(watch: kube.NodeWatch, stop: threading.Event) -> None:
+    try:
+        watch.run(stop)
+    except BaseException as error:  # NodeWatch.run never returns early; if it did, say so loudly
+        log_event(log, logging.ERROR, "node watch ended", error=str(error))
+        raise
+
+
+__all__ = ["KubeError", "connect", "oneshot", "serve"]

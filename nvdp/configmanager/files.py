@@ -1,0 +1,81 @@
+"""The candidate file, checked with the plugin's own loader, and the atomic symlink swap.
+
+The destination is a symlink to `<srcdir>/<entry>` (through the ConfigMap's `..data` link, so an edit
+of the ConfigMap shows through it) or to /dev/null for the empty config. It is replaced with
+rename(2) of a fresh link: the plugin never sees a missing or half-written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvdp.config import parse_text
+from nvdp.errors import ConfigError, NvdpError
+
+DEV_NULL = "/dev/null"
+
+
+class CandidateError(NvdpError):
+    """The selected entry cannot be read, or the plugin's loader refuses it."""
+
+
+@dataclass(frozen=True)
+class Effective:
+    """What the destination points at, and a digest of the content the plugin would read."""
+
+    target: str
+    digest: str
+
+
+def read_candidate(srcdir: str, entry: str) -> tuple[Effective, bytes]:
+    """The link target and content of an entry ("" = the empty config). Raises CandidateError."""
+    if not entry:
+        return Effective(DEV_NULL, _digest(b"")), b""
+    target = os.path.join(srcdir, entry)
+    try:
+        content = Path(target).read_bytes()
+    except OSError as error:
+        raise CandidateError(f"cannot read entry {entry!r}: {error.strerror or error}") from error
+    return Effective(target, _digest(content)), content
+
+
+def validate(entry: str, content: bytes, *, strict: bool = False) -> None:
+    """The plugin's loader accepts it (lenient about unknown keys, as the plugin is by default;
+    `strict` as the plugin is with --strict-config)."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CandidateError(f"entry {entry!r} is not UTF-8 text (byte {error.start})") from error
+    try:
+        parse_text(text, source=entry or None, strict=strict)
+    except ConfigError as error:
+        raise CandidateError(str(error)) from error
+
+
+def current(dst: str) -> Effective | None:
+    """What `dst` points at now (None when it does not exist or cannot be read)."""
+    try:
+        target = os.readlink(dst) if os.path.islink(dst) else os.path.abspath(dst)
+        return Effective(target, _digest(Path(dst).read_bytes()))
+    except OSError:
+        return None
+
+
+def link(dst: str, target: str) -> None:
+    """Point `dst` at `target` atomically (a new link renamed over the old one)."""
+    folder = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(dst)}.{os.getpid()}.tmp")
+    try:
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, temporary)
+    os.replace(temporary, dst)
+
+
+def _digest(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()

@@ -1,0 +1,192 @@
+"""The reconcile loop of `nvdp config-manager`.
+
+Inputs: the node's label value (from the Node watch thread, or one GET with --oneshot) and the
+mounted ConfigMap directory (re-read every poll interval, so an edit of the ConfigMap is applied
+without a restart). Each pass selects an entry, reads it, and when the effective file (link target
+or content) differs from what the destination serves: validates it with the plugin's loader, swaps
+the symlink and signals the plugin once. A problem (unknown label value, unreadable or invalid
+entry) is one log line naming the node, label value and reason, plus a Warning Event on the Node;
+the current config stays and watching goes on. The same problem is reported once, not every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from nvdp.configmanager import files, process
+from nvdp.configmanager.selection import EMPTY, SelectionError, list_entries, select
+from nvdp.configmanager.settings import Settings
+from nvdp.errors import NvdpError
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+EVENT_REASON_REFUSED = "DevicePluginConfigRefused"
+EVENT_REASON_APPLIED = "DevicePluginConfigApplied"
+
+
+class NodeEvents(Protocol):
+    def create_node_event(self, event_type: str, reason: str, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    changed: bool  # the destination now serves a different file
+    entry: str | None  # the entry served after this pass (None: nothing applied yet)
+    problem: str | None = None
+
+
+class ConfigManager:
+    """One node's config selection. `reconcile()` runs a pass; `set_label()` is thread-safe and
+    wakes `run()`."""
+
+    def __init__(self, settings: Settings, events: NodeEvents | None = None) -> None:
+        self.settings = settings
+        self._events = events
+        self._label: str | None = None
+        self._label_known = False
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._reported: str | None = None
+        self.entry: str | None = None
+        self.signals_sent = 0
+        self.applied_total = 0
+        self.refused_total = 0
+        # What the plugin was last given (the link target and a digest of the content then). The
+        # destination is a link through the ConfigMap's ..data, so its content follows an edit: the
+        # digest remembered here is what tells that the plugin has not seen the edit yet.
+        self._applied: files.Effective | None = None
+        self._baseline_taken = False
+
+    # ---- inputs ----------------------------------------------------------------------------------
+
+    def set_labels(self, labels: dict[str, str] | None) -> None:
+        """The node's labels (None: the Node is gone). Wakes the loop when the value changed."""
+        value = (labels or {}).get(self.settings.node_label) or None
+        with self._lock:
+            changed = not self._label_known or value != self._label
+            self._label, self._label_known = value, True
+        if changed:
+            log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
+            self._wake.set()
+
+    @property
+    def label(self) -> str | None:
+        with self._lock:
+            return self._label
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile on each label change and every poll interval until `stop` is set."""
+        while not stop.is_set():
+            if self._label_known:
+                self.reconcile()
+            self._wake.wait(self.settings.poll_interval)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def reconcile(self) -> Outcome:
+        s = self.settings
+        label = self.label
+        if not self._baseline_taken:  # what the plugin read when it started (the init container's link)
+            self._applied, self._baseline_taken = files.current(s.config_file_dst), True
+        now = self._applied
+        try:
+            entries = list_entries(s.config_file_srcdir)
+            try:
+                entry = select(label, entries, s.default_config, s.fallback_strategies)
+            except SelectionError as error:
+                if now is not None or not label:
+                    raise
+                # Nothing served yet (first start): a bad label must not leave the plugin without a
+                # config; use what the node would get without the label, and still report the label.
+                try:
+                    entry = select(None, entries, s.default_config, s.fallback_strategies)
+                except SelectionError as fallback:
+                    raise SelectionError(f"{error}; without the label: {fallback}") from fallback
+                self._report(label, f"no config entry named {label!r}; using {entry or 'the empty config'}")
+            wanted, content = files.read_candidate(s.config_file_srcdir, entry)
+            if now == wanted:
+                self._clear()
+                self.entry = entry
+                return Outcome(False, entry)
+            files.validate(entry, content, strict=s.strict_config)
+            files.link(s.config_file_dst, wanted.target)
+            self._applied = wanted
+        except (NvdpError, OSError) as error:
+            reason = str(error) if isinstance(error, NvdpError) else f"{error.strerror or error}"
+            self._report(label, reason)
+            return Outcome(False, self.entry, reason)
+        self._clear()
+        self.applied_total += 1
+        previous, self.entry = self.entry, entry
+        log_event(
+            log,
+            logging.INFO,
+            "config applied",
+            node=s.node_name,
+            label=label or "",
+            entry=entry or "(empty)",
+            file=s.config_file_dst,
+            target=wanted.target,
+        )
+        if previous is not None or now is not None:
+            self._emit("Normal", EVENT_REASON_APPLIED, f"device plugin config {entry or '(empty)'} applied")
+        if s.send_signal:
+            self._signal()
+        return Outcome(True, entry)
+
+    # ---- outputs ---------------------------------------------------------------------------------
+
+    def _signal(self) -> None:
+        s = self.settings
+        sent = process.signal_by_name(s.process_to_signal, s.signal)
+        if sent:
+            self.signals_sent += 1
+            log_event(log, logging.INFO, "signalled", process=s.process_to_signal, signal=s.signal, pids=sent)
+        else:
+            log_event(
+                log,
+                logging.WARNING,
+                "no process to signal; it reads the file when it starts",
+                process=s.process_to_signal,
+            )
+
+    def _report(self, label: str | None, reason: str) -> None:
+        if reason == self._reported:
+            return
+        self._reported = reason
+        self.refused_total += 1
+        kept = self.entry if self.entry is not None else "(none yet)"
+        log_event(
+            log,
+            logging.ERROR,
+            "config not applied; keeping the current config",
+            node=self.settings.node_name,
+            label=label or "",
+            current=kept or "(empty)",
+            reason=reason,
+        )
+        self._emit(
+            "Warning", EVENT_REASON_REFUSED, f"label {self.settings.node_label}={label or ''}: {reason}"
+        )
+
+    def _clear(self) -> None:
+        self._reported = None
+
+    def _emit(self, event_type: str, reason: str, message: str) -> None:
+        if self._events is None:
+            return
+        try:
+            self._events.create_node_event(event_type, reason, message)
+        except Exception as error:  # an event is best effort; the config work goes on
+            log_event(log, logging.WARNING, "cannot create node event", reason=reason, error=str(error))
+
+
+__all__ = ["EMPTY", "ConfigManager", "NodeEvents", "Outcome"]

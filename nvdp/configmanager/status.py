@@ -1,0 +1,116 @@
+"""`/metrics`, `/healthz` and `/readyz` of `nvdp config-manager` (`--metrics-address`, off by default).
+
+/readyz answers 503 while no config has been applied yet, or while the Node watch has been failing
+for longer than the alarm time (the config is then not following the label): the readiness signal
+beside the ERROR log line. The metrics are a handful of gauges and counters, written out by hand.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    applied: bool  # a config is in place
+    applied_total: int
+    refused_total: int
+    signals_total: int
+    watch_failing_for: float  # seconds; 0 when the watch is fine
+
+
+def render(s: Snapshot, alarm_after: float) -> bytes:
+    failing = s.watch_failing_for
+    lines = [
+        "# HELP nvdp_config_manager_config_applied 1 when a config file is in place for the plugin.",
+        "# TYPE nvdp_config_manager_config_applied gauge",
+        f"nvdp_config_manager_config_applied {int(s.applied)}",
+        "# HELP nvdp_config_manager_applied_total Config changes applied (link swapped or content changed).",
+        "# TYPE nvdp_config_manager_applied_total counter",
+        f"nvdp_config_manager_applied_total {s.applied_total}",
+        "# HELP nvdp_config_manager_refused_total Selections refused (unknown label value, invalid entry).",
+        "# TYPE nvdp_config_manager_refused_total counter",
+        f"nvdp_config_manager_refused_total {s.refused_total}",
+        "# HELP nvdp_config_manager_signals_total Signals sent to the plugin process.",
+        "# TYPE nvdp_config_manager_signals_total counter",
+        f"nvdp_config_manager_signals_total {s.signals_total}",
+        "# HELP nvdp_config_manager_watch_failing_seconds Seconds the Node watch has been failing (0: fine).",
+        "# TYPE nvdp_config_manager_watch_failing_seconds gauge",
+        f"nvdp_config_manager_watch_failing_seconds {failing:.3f}",
+        "# HELP nvdp_config_manager_watch_healthy 0 once the watch has failed for over the alarm time.",
+        "# TYPE nvdp_config_manager_watch_healthy gauge",
+        f"nvdp_config_manager_watch_healthy {int(failing < alarm_after)}",
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def not_ready(s: Snapshot, alarm_after: float) -> str | None:
+    if not s.applied:
+        return "no config applied yet"
+    if s.watch_failing_for >= alarm_after:
+        return f"node watch failing for {s.watch_failing_for:.0f}s"
+    return None
+
+
+class StatusServer:
+    """Serves the snapshot `read()` returns. `start()` binds; `stop()` is idempotent."""
+
+    def __init__(self, address: str, read: Callable[[], Snapshot], alarm_after: float) -> None:
+        host, _, port = address.rpartition(":")
+        self._bind = (host.removeprefix("[").removesuffix("]"), int(port))
+        self._read = read
+        self._alarm_after = alarm_after
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def start(self) -> StatusServer:
+        status = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                snapshot = status._read()
+                if self.path == "/metrics":
+                    self._send(200, render(snapshot, status._alarm_after), CONTENT_TYPE)
+                elif self.path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif self.path == "/readyz":
+                    reason = not_ready(snapshot, status._alarm_after)
+                    self._send(503 if reason else 200, f"{reason or 'ok'}\n".encode())
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(self._bind, Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def failing_for(since: float | None) -> float:
+    return 0.0 if since is None else time.monotonic() - since

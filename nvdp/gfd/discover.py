@@ -1,0 +1,110 @@
+"""One labelling pass: NVML facts + the plugin's resources -> labels (thin shell over `labels`).
+
+The resources come from `nvdp.resources.build_resources` with the settings the plugin derives from
+the same config (`nvdp.settings.daemon_settings`), so the labels describe exactly what the plugin
+advertises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from nvdp.config import Config
+from nvdp.errors import NvdpError
+from nvdp.gfd.labels import MACHINE_UNKNOWN, LabelResult, NodeFacts, invalid_mig_labels, node_labels
+from nvdp.logs import log_event
+from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.resources import Resource, ResourceError
+from nvdp.settings import daemon_settings
+
+log = logging.getLogger(__name__)
+
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+# PCI class codes of NVIDIA GPUs: VGA controller (display enabled) and 3D controller (compute only).
+_PCI_MODES = {"0x0300": "graphics", "0x0302": "compute"}
+
+
+def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[list[Resource], frozenset[str]]:
+    """What the plugin would advertise for these GPUs and config, and the renamed resource names.
+
+    Raises ConfigError for a config the plugin refuses, ResourceError for an unservable layout.
+    """
+    settings = daemon_settings(config)
+    resources = settings.resources(gpus)
+    return resources, frozenset(r.rename for r in settings.sharing if r.rename)
+
+
+def read_machine_type(path: str) -> str:
+    """The DMI product name, "unknown" (with a warning) when the file cannot be read."""
+    if not path:
+        return MACHINE_UNKNOWN
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or MACHINE_UNKNOWN
+    except OSError as error:
+        log_event(log, logging.WARNING, "cannot read the machine type", file=path, error=error.strerror)
+        return MACHINE_UNKNOWN
+
+
+def pci_mode(pci_bus_id: str, sysfs: Path = SYSFS_PCI) -> str:
+    """`compute` / `graphics` from the GPU's PCI class in sysfs; `unknown` when unreadable."""
+    domain, _, rest = pci_bus_id.lower().partition(":")
+    address = f"{domain[-4:]}:{rest}"
+    try:
+        klass = (sysfs / address / "class").read_text().strip()
+    except OSError:
+        return "unknown"
+    return _PCI_MODES.get(klass[:6], "unknown")
+
+
+def discover(
+    nvml: Nvml,
+    config: Config,
+    *,
+    machine_type_file: str,
+    mode_of: Callable[[GpuInfo], str] | None = None,
+) -> LabelResult:
+    """Labels for the node behind an initialised NVML. Raises NvdpError (bad config, NVML failure)."""
+    gpus = nvml.gpus()
+    facts = NodeFacts(
+        gpus=tuple(gpus),
+        driver_version=nvml.driver_version(),
+        cuda_driver_version=nvml.cuda_driver_version(),
+        machine=read_machine_type(machine_type_file),
+        modes={g.uuid: mode_of(g) for g in gpus} if mode_of else None,
+    )
+    if not gpus:
+        return LabelResult({}, ("no GPUs found on the node; no labels generated",))
+    strategy = config.flags.mig_strategy
+    try:
+        resources, renamed = plugin_resources(gpus, config)
+    except ResourceError as error:
+        if strategy != "single":
+            raise
+        try:
+            return invalid_mig_labels(facts, str(error))
+        except ValueError as bad:
+            raise NvdpError(f"cannot label the node: {bad}") from bad
+    try:
+        return node_labels(
+            facts,
+            resources,
+            mig_strategy=strategy,
+            sharing_strategy=config.sharing.strategy,
+            renamed=renamed,
+        )
+    except ValueError as error:
+        raise NvdpError(f"cannot label the node: {error}") from error
+
+
+def describe_labels(nvml: Nvml, config: Config) -> str:
+    """The labels `nvdp gfd` would give this node, as an indented block (for `nvdp simulate`)."""
+    from nvdp.gfd.labels import format_labels
+
+    try:
+        result = discover(nvml, config, machine_type_file="")
+    except NvdpError as error:
+        return f"  cannot label the node: {error}\n"
+    lines = [f"  {line}\n" for line in format_labels(result.labels).splitlines()]
+    return "".join(lines + [f"  warning: {w}\n" for w in result.warnings])

@@ -1,0 +1,166 @@
+"""Where labels go: NFD's local feature file, or a NodeFeature object through the API server.
+
+The feature file is replaced atomically (a temp file in the same directory, then rename), so NFD
+never reads half of it, and only when the labels changed: the timestamp label alone changing does
+not rewrite it. The NodeFeature is created or replaced through `nvdp.kube`, retried with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from nvdp.errors import NvdpError
+from nvdp.gfd.labels import TIMESTAMP_LABEL, format_labels
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+NODE_FEATURE_PREFIX = "nvidia-features-for-"
+
+
+class Output(Protocol):
+    def write(self, labels: Mapping[str, str]) -> bool:
+        """Publish the labels; True when something was written. Raises NvdpError."""
+        ...
+
+    def remove(self) -> None:
+        """Withdraw the labels on exit (the loop mode). Idempotent, never raises."""
+        ...
+
+
+def _without_timestamp(text: str) -> str:
+    return "".join(line for line in text.splitlines(True) if not line.startswith(TIMESTAMP_LABEL + "="))
+
+
+class FileOutput:
+    """The NFD local feature file (`features.d/gfd`); "" writes to stdout as NVIDIA does."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path) if path else None
+
+    def write(self, labels: Mapping[str, str]) -> bool:
+        text = format_labels(labels)
+        if self.path is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return True
+        try:  # what is on disk now: someone may have removed or edited the file
+            current: str | None = _without_timestamp(self.path.read_text(encoding="utf-8"))
+        except OSError:
+            current = None
+        if current == _without_timestamp(text):
+            return False
+        write_atomically(self.path, text)
+        log_event(log, logging.INFO, "labels written", file=str(self.path), labels=len(labels))
+        return True
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace `path` by a file holding `text` in one rename. Raises NvdpError (one line)."""
+    directory = path.parent
+    tmp_name = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}-", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as error:
+        raise NvdpError(f"cannot write labels to {path}: {error.strerror or error}") from error
+    finally:
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass
+
+
+class NodeFeatureOutput:
+    """A NodeFeature object `nvidia-features-for-<node>` in `namespace`, through `nvdp.kube`.
+
+    Each write retries API errors with exponential backoff (`backoff` doubling up to `max_backoff`)
+    for at most `attempts` tries; `sleep(delay)` waits and says whether to stop instead.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        namespace: str,
+        *,
+        api_factory: Callable[[], Any],
+        attempts: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        sleep: Callable[[float], bool] | None = None,
+    ) -> None:
+        self.node = node
+        self.namespace = namespace
+        self.name = NODE_FEATURE_PREFIX + node
+        self._api_factory = api_factory
+        self._api: Any = None
+        self._attempts = attempts
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._sleep = sleep or threading.Event().wait
+        self._last: dict[str, str] | None = None
+
+    def write(self, labels: Mapping[str, str]) -> bool:
+        from nvdp.kube import apply_node_feature
+
+        compare = {k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}
+        if compare == self._last:
+            return False
+        delay = self._backoff
+        for attempt in range(1, self._attempts + 1):
+            try:
+                if self._api is None:
+                    self._api = self._api_factory()
+                outcome = apply_node_feature(
+                    self._api, self.namespace, self.name, self.node, labels, ignore=(TIMESTAMP_LABEL,)
+                )
+            except NvdpError as error:
+                if attempt == self._attempts:
+                    raise
+                log_event(
+                    log, logging.WARNING, "NodeFeature update failed; retrying",
+                    error=str(error), attempt=attempt, retry_in=f"{delay:g}s",
+                )  # fmt: skip
+                if self._sleep(delay):
+                    raise NvdpError(
+                        f"NodeFeature {self.namespace}/{self.name}: stopped while retrying"
+                    ) from error
+                delay = min(delay * 2, self._max_backoff)
+                continue
+            self._last = compare
+            log_event(
+                log, logging.INFO, f"NodeFeature {outcome}",
+                name=self.name, namespace=self.namespace, labels=len(labels),
+            )  # fmt: skip
+            return outcome != "unchanged"
+        raise AssertionError("unreachable")
+
+    def remove(self) -> None:
+        """NVIDIA leaves the NodeFeature in place on exit; so do we."""
+
+
+def now_seconds() -> int:
+    return int(time.time())

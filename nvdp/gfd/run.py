@@ -1,0 +1,188 @@
+"""The `nvdp gfd` loop: label, publish, sleep on the interval (or a signal), repeat.
+
+SIGHUP (`request_reload`) re-reads the configuration and labels at once; SIGTERM / SIGINT
+(`request_stop`) end the loop, and the feature file is removed so stale labels do not outlive the
+DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from collections.abc import Callable
+
+from nvdp.errors import NvdpError
+from nvdp.gfd.discover import discover, pci_mode
+from nvdp.gfd.labels import TIMESTAMP_LABEL, Labels
+from nvdp.gfd.options import GfdSettings
+from nvdp.gfd.output import FileOutput, NodeFeatureOutput, Output
+from nvdp.logs import log_event
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import Nvml
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], bool]  # sleep up to N seconds; True when a stop was requested
+
+
+class Waker:
+    """Sleep until a timeout or a signal, safely woken from a signal handler.
+
+    A handler may interrupt the main thread anywhere, even inside a `threading.Event`'s own lock,
+    so `Event.set()` from a handler can deadlock. The handler here only sets flags and writes a byte
+    to a pipe (async-signal-safe); the sleeper waits on the pipe with select().
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self.stopping = False
+        self.reload_requested = False
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write, b"x")
+        except (BlockingIOError, OSError):
+            pass  # a full pipe already wakes the sleeper; a closed one has nobody to wake
+
+    def sleep(self, timeout: float) -> bool:
+        if not self.stopping:
+            select.select([self._read], [], [], timeout)
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        return self.stopping
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Gfd:
+    def __init__(
+        self,
+        settings: GfdSettings,
+        *,
+        reload_settings: Callable[[], GfdSettings],
+        output_factory: Callable[[GfdSettings, Sleep], Output] | None = None,
+        nvml_factory: Callable[[GfdSettings], Nvml] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._reload_settings = reload_settings
+        self._output_factory = output_factory or default_output
+        self._nvml_factory = nvml_factory or _open_nvml
+        self._clock = clock
+        self._waker = Waker()
+        self.passes = 0
+
+    # ---- signals (called from signal handlers: set flags and write to a pipe, nothing else) -----
+    def request_stop(self) -> None:
+        self._waker.stopping = True
+        self._waker.wake()
+
+    def request_reload(self) -> None:
+        self._waker.reload_requested = True
+        self._waker.wake()
+
+    # ---- loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        settings = self.settings
+        waker = self._waker
+        output = self._output_factory(settings, waker.sleep)
+        try:
+            while True:
+                self.label_once(settings, output)
+                if settings.oneshot:
+                    return
+                if waker.sleep(settings.sleep_interval):
+                    log_event(log, logging.INFO, "stopping")
+                    return
+                if waker.reload_requested:
+                    waker.reload_requested = False
+                    settings, output = self._apply_reload(settings, output)
+        finally:
+            if not settings.oneshot:
+                output.remove()
+            waker.close()
+
+    def _apply_reload(self, settings: GfdSettings, output: Output) -> tuple[GfdSettings, Output]:
+        try:
+            fresh = self._reload_settings()
+        except NvdpError as error:
+            log_event(
+                log, logging.ERROR, "reload failed; keeping the current configuration", error=str(error)
+            )
+            return settings, output
+        log_event(log, logging.INFO, "configuration reloaded", config=fresh.config.to_dict())
+        if (fresh.output_file, fresh.use_node_feature_api) != (
+            settings.output_file,
+            settings.use_node_feature_api,
+        ):
+            output.remove()
+            output = self._output_factory(fresh, self._waker.sleep)
+        self.settings = fresh
+        return fresh, output
+
+    def label_once(self, settings: GfdSettings, output: Output) -> Labels:
+        labels = self.compute(settings)
+        if not settings.no_timestamp:
+            labels[TIMESTAMP_LABEL] = str(int(self._clock()))
+        output.write(labels)
+        self.passes += 1
+        return labels
+
+    def compute(self, settings: GfdSettings) -> Labels:
+        """This pass's labels (no timestamp). NVML init failures are fatal with fail-on-init-error,
+        else logged and the node gets no labels but the timestamp (NVIDIA's behaviour)."""
+        config = settings.config
+        nvml = self._nvml_factory(settings)
+        try:
+            nvml.init()
+        except NvdpError as error:
+            if config.flags.fail_on_init_error:
+                raise NvdpError(f"NVML init failed: {error}") from error
+            log_event(log, logging.WARNING, "NVML init failed; no GPU labels", error=str(error))
+            return {}
+        try:
+            real = config.nvml == "real"
+            result = discover(
+                nvml,
+                config,
+                machine_type_file=settings.machine_type_file,
+                mode_of=(lambda g: pci_mode(g.pci_bus_id)) if real else None,
+            )
+        finally:
+            nvml.shutdown()
+        for warning in result.warnings:
+            log_event(log, logging.WARNING, warning)
+        return dict(result.labels)
+
+
+def _open_nvml(settings: GfdSettings) -> Nvml:
+    flags = settings.config.flags
+    return open_nvml(settings.config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root)
+
+
+def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
+    if not settings.use_node_feature_api:
+        return FileOutput(settings.output_file)
+    from nvdp.footprint import allow_ssl
+    from nvdp.kube import custom_objects_api
+
+    kubeconfig = settings.kubeconfig or None
+    allow_ssl()  # no-op unless this process blocked ssl: the API server speaks TLS
+    return NodeFeatureOutput(
+        settings.node_name,
+        settings.namespace,
+        api_factory=lambda: custom_objects_api(kubeconfig=kubeconfig),
+        sleep=sleep,
+    )

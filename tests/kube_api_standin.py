@@ -1,0 +1,365 @@
+"""A stand-in for the Kubernetes API server on 127.0.0.1, for tests that run a real `kubernetes`
+client (in a child process or in process) against it.
+
+Generic: objects are kept by their URL path (`/api/v1/nodes/node-a`,
+`/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/ns/nodefeatures/x`); a collection path (the object path
+less its last segment) lists them, `fieldSelector=metadata.name=X` filters, and `watch=true` streams
+ADDED / MODIFIED / DELETED events as chunked JSON lines from `resourceVersion` on, ending after
+`timeoutSeconds`. One resourceVersion counter for everything, as etcd has.
+
+Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, labels)`, `delete(path)`;
+`fail(status, count, method=None, path_prefix=None)` answers the next requests with an error Status
+(500, 410, ...); `expire()` forgets the event history, so a watch resuming from an older version
+gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
+open watch streams (a dropped connection). POST creates an object in the collection (Events) and
+records it in `created`. `requests` logs (method, path, query) of every request.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class _Failure:
+    status: int
+    count: int
+    method: str | None
+    path_prefix: str | None
+    watch: bool | None
+
+
+@dataclass
+class _Event:
+    version: int
+    kind: str
+    path: str
+    obj: Obj
+
+
+@dataclass
+class KubeApiStandin:
+    """Start with `with KubeApiStandin() as api:`; `api.url` is `http://127.0.0.1:<port>`."""
+
+    objects: dict[str, Obj] = field(default_factory=dict)
+    created: list[Obj] = field(default_factory=list)
+    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Condition()
+        self._version = 100
+        self._events: list[_Event] = []
+        self._oldest = 0  # watches from before this version get 410 Gone
+        self._failures: list[_Failure] = []
+        self._generation = 0  # bumped by end_watches()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> KubeApiStandin:
+        standin = self
+
+        class Handler(_Handler):
+            api = standin
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="kube-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self.end_watches()
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> KubeApiStandin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file (JSON is YAML) pointing at this server."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "standin", "user": {"token": "standin-token"}}],
+            "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "standin"}}],
+            "current-context": "standin",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # ---- objects ---------------------------------------------------------------------------------
+
+    def put(self, path: str, obj: Obj) -> Obj:
+        """Create or replace the object at `path` (a new resourceVersion; watchers see it)."""
+        with self._lock:
+            kind = "MODIFIED" if path in self.objects else "ADDED"
+            return self._store(kind, path, copy.deepcopy(obj))
+
+    def patch_labels(self, path: str, labels: Mapping[str, str | None]) -> Obj:
+        """Set labels (None removes one) on the object at `path`."""
+        with self._lock:
+            obj = copy.deepcopy(self.objects[path])
+            current = obj.setdefault("metadata", {}).setdefault("labels", {})
+            for key, value in labels.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            return self._store("MODIFIED", path, obj)
+
+    def delete(self, path: str) -> None:
+        with self._lock:
+            obj = self.objects.pop(path)
+            self._version += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._version)
+            self._events.append(_Event(self._version, "DELETED", path, obj))
+            self._lock.notify_all()
+
+    def _store(self, kind: str, path: str, obj: Obj) -> Obj:
+        self._version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        self.objects[path] = obj
+        self._events.append(_Event(self._version, kind, path, copy.deepcopy(obj)))
+        self._lock.notify_all()
+        return obj
+
+    # ---- faults ----------------------------------------------------------------------------------
+
+    def fail(
+        self,
+        status: int,
+        count: int = 1,
+        *,
+        method: str | None = None,
+        path_prefix: str | None = None,
+        watch: bool | None = None,
+    ) -> None:
+        """Answer the next `count` matching requests with HTTP `status` and a Status body."""
+        with self._lock:
+            self._failures.append(_Failure(status, count, method, path_prefix, watch))
+
+    def clear_failures(self) -> None:
+        """Answer normally again."""
+        with self._lock:
+            self._failures.clear()
+
+    def expire(self) -> None:
+        """Forget the event history: a watch from an older resourceVersion gets 410 Gone."""
+        with self._lock:
+            self._version += 1  # the compaction point: a list now returns a version watchable again
+            self._oldest = self._version
+            self._events.clear()
+
+    def end_watches(self) -> None:
+        """Close every open watch stream (the client sees the connection end)."""
+        with self._lock:
+            self._generation += 1
+            self._lock.notify_all()
+
+    def count(self, method: str, path: str, *, watch: bool | None = None) -> int:
+        with self._lock:
+            return sum(
+                1
+                for m, p, q in self.requests
+                if m == method and p == path and (watch is None or (q.get("watch") in ("true", "1")) == watch)
+            )
+
+    def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} within {timeout}s")
+            time.sleep(0.01)
+
+    # ---- request handling (called from the handler threads) --------------------------------------
+
+    def _take_failure(self, method: str, path: str, watch: bool) -> int | None:
+        with self._lock:
+            for failure in self._failures:
+                if failure.method not in (None, method):
+                    continue
+                if failure.path_prefix is not None and not path.startswith(failure.path_prefix):
+                    continue
+                if failure.watch is not None and failure.watch != watch:
+                    continue
+                failure.count -= 1
+                if failure.count <= 0:
+                    self._failures.remove(failure)
+                return failure.status
+        return None
+
+    def _collection(self, path: str, query: Mapping[str, str]) -> list[Obj]:
+        name = _field_name(query)
+        prefix = path.rstrip("/") + "/"
+        return [
+            copy.deepcopy(obj)
+            for p, obj in sorted(self.objects.items())
+            if p.startswith(prefix)
+            and "/" not in p[len(prefix) :]
+            and (name is None or p.endswith("/" + name))
+        ]
+
+    def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:
+        """Events for the collection at `path` after `resourceVersion`, until the timeout."""
+        name = _field_name(query)
+        prefix = path.rstrip("/") + "/"
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            since = int(query.get("resourceVersion") or self._version)
+            generation = self._generation
+        while True:
+            with self._lock:
+                if since < self._oldest:
+                    yield {"type": "ERROR", "object": _status(410, f"too old resource version: {since}")}
+                    return
+                pending = [e for e in self._events if e.version > since]
+                if not pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or generation != self._generation:
+                        return
+                    self._lock.wait(min(remaining, 0.5))
+                    if generation != self._generation:
+                        return
+                    continue
+            for event in pending:
+                since = event.version
+                rest = event.path[len(prefix) :] if event.path.startswith(prefix) else None
+                if rest is None or "/" in rest or (name is not None and rest != name):
+                    continue
+                yield {"type": event.kind, "object": event.obj}
+
+    def _create(self, path: str, body: Obj) -> Obj:
+        with self._lock:
+            name = body.get("metadata", {}).get("name") or f"obj-{self._version + 1}"
+            stored = self._store("ADDED", f"{path.rstrip('/')}/{name}", copy.deepcopy(body))
+            self.created.append(copy.deepcopy(stored))
+            return stored
+
+
+def _field_name(query: Mapping[str, str]) -> str | None:
+    selector = query.get("fieldSelector", "")
+    for term in selector.split(","):
+        key, _, value = term.partition("=")
+        if key == "metadata.name":
+            return value.lstrip("=")
+    return None
+
+
+def _status(code: int, message: str) -> Obj:
+    reasons = {404: "NotFound", 410: "Expired", 500: "InternalError", 409: "AlreadyExists"}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reasons.get(code, "Unknown"),
+        "code": code,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: KubeApiStandin
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _parse(self) -> tuple[str, dict[str, str]]:
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        with self.api._lock:
+            self.api.requests.append((self.command, parts.path, query))
+        return parts.path, query
+
+    def _send_json(self, code: int, body: Obj) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _failed(self, path: str, watch: bool) -> bool:
+        status = self.api._take_failure(self.command, path, watch)
+        if status is None:
+            return False
+        self._send_json(status, _status(status, f"injected failure {status}"))
+        return True
+
+    def do_GET(self) -> None:
+        path, query = self._parse()
+        watch = query.get("watch") in ("true", "1")
+        if self._failed(path, watch):
+            return
+        if watch:
+            self._stream(path, query)
+            return
+        with self.api._lock:
+            obj = copy.deepcopy(self.api.objects.get(path))
+            items = self.api._collection(path, query)
+            version = str(self.api._version)
+        if obj is not None:
+            self._send_json(200, obj)
+        elif _looks_like_object(path):
+            self._send_json(404, _status(404, f"{path} not found"))
+        else:
+            meta = {"resourceVersion": version}
+            self._send_json(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items})
+
+    def do_POST(self) -> None:
+        path, _ = self._parse()
+        if self._failed(path, False):
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self._send_json(201, self.api._create(path, body))
+
+    def _stream(self, path: str, query: Mapping[str, str]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in self.api._watch(path, query):
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+def _looks_like_object(path: str) -> bool:
+    """After /api/v1 or /apis/<group>/<version>: an even number of segments names an object
+    (`nodes/x`, `namespaces/ns/events/x`), an odd number a collection (`nodes`, `namespaces/ns/events`)."""
+    segments = [s for s in path.split("/") if s]
+    base = 2 if segments[:1] == ["api"] else 3
+    return (len(segments) - base) % 2 == 0 and len(segments) > base

@@ -1,0 +1,164 @@
+"""The config-manager in the chart and the static manifest: init container + sidecar, shared process
+namespace, the ConfigMap as the source dir and an emptyDir as the destination, NODE_NAME from the
+downward API, RBAC to list and watch nodes: exactly when a ConfigMap of entries is used."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvdp.configmanager.settings import _OPTIONS, add_flags, resolve
+from tests import test_deploy
+from tests.test_deploy import (
+    CONTAINER,
+    ENTRY_A,
+    ENTRY_B,
+    Doc,
+    Rendered,
+    check_plugin_daemonset,
+    check_schema,
+    load_docs,
+    only,
+)
+
+# test_deploy's fixtures, used here by name
+renderer = test_deploy.renderer
+render = test_deploy.render
+
+STATIC = (
+    Path(__file__).resolve().parent.parent
+    / "deployments"
+    / "static"
+    / "nvidia-device-plugin-config-manager.yml"
+)
+MANAGER_ENV = frozenset(option[1] for option in _OPTIONS)
+SIDECAR = "nvidia-device-plugin-sidecar"
+INIT = "nvidia-device-plugin-init"
+
+
+def pod(daemonset: Doc) -> Doc:
+    spec: Doc = daemonset["spec"]["template"]["spec"]
+    return spec
+
+
+def env(ctr: Doc) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ctr["env"]}
+
+
+def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
+    """The layout NVIDIA's chart uses; returns the sidecar's env."""
+    for doc in docs:
+        check_schema(doc)
+    daemonset = only(docs, "DaemonSet")
+    check_plugin_daemonset(daemonset)
+    spec = pod(daemonset)
+    assert spec["shareProcessNamespace"] is True
+    (init,) = spec["initContainers"]
+    assert [c["name"] for c in spec["containers"]] == [CONTAINER, SIDECAR]
+    sidecar = spec["containers"][1]
+    assert init["name"] == INIT
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["available-configs"]["configMap"] == {"name": configmap}
+    assert volumes["config"] == {"name": "config", "emptyDir": {}}
+    plugin = spec["containers"][0]
+    assert env(plugin)["CONFIG_FILE"] == "/config/config.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["config"] == "/config" and mounts["available-configs"] == "/available-configs"
+    for ctr, oneshot in ((init, "true"), (sidecar, "false")):
+        assert ctr["command"] == ["nvdp", "config-manager"]
+        e = env(ctr)
+        assert set(e) <= MANAGER_ENV, sorted(set(e) - MANAGER_ENV)
+        assert e["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert e["ONESHOT"] == oneshot and e["SEND_SIGNAL"] == ("false" if oneshot == "true" else "true")
+        assert (
+            e["CONFIG_FILE_SRCDIR"] == "/available-configs" and e["CONFIG_FILE_DST"] == "/config/config.yaml"
+        )
+        assert e["PROCESS_TO_SIGNAL"] == "nvidia-device-plugin" and e["SIGNAL"] == "1"
+        assert {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]} == mounts_of_manager()
+        assert ctr["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        # The env the manifests set is what the command accepts.
+        parser = argparse.ArgumentParser()
+        add_flags(parser)
+        resolve(
+            parser.parse_args([]), {k: v for k, v in e.items() if isinstance(v, str)} | {"NODE_NAME": "n"}
+        )
+    role = only(docs, "ClusterRole")
+    nodes = [r for r in role["rules"] if "nodes" in r["resources"]]
+    assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "watch"]]
+    return env(sidecar)
+
+
+def mounts_of_manager() -> dict[str, str]:
+    return {"available-configs": "/available-configs", "config": "/config"}
+
+
+@pytest.mark.parametrize(
+    ("config", "configmap", "default", "fallbacks"),
+    [
+        pytest.param(
+            {"map": {"default": ENTRY_A, "shared": ENTRY_B}},
+            "nvdp-nvidia-device-plugin-configs",
+            "",
+            "named,single",
+            id="map",
+        ),
+        pytest.param(
+            {"map": {"a": ENTRY_A, "b": ENTRY_B}, "default": "b", "fallbackStrategies": ["empty"]},
+            "nvdp-nvidia-device-plugin-configs",
+            "b",
+            "empty",
+            id="map-default",
+        ),
+        pytest.param(
+            {"name": "site-configs", "default": "a100"}, "site-configs", "a100", "named,single", id="name"
+        ),
+    ],
+)
+def test_chart_runs_the_config_manager_with_a_configmap(
+    render: Callable[..., Rendered],
+    config: Doc,
+    configmap: str,
+    default: str,
+    fallbacks: str,
+) -> None:
+    out = render({"config": config})
+    sidecar_env = check_config_manager(out.docs, configmap)
+    assert sidecar_env["DEFAULT_CONFIG"] == default and sidecar_env["FALLBACK_STRATEGIES"] == fallbacks
+
+
+def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., Rendered]) -> None:
+    out = render()
+    spec = pod(out.daemonset)
+    assert "shareProcessNamespace" not in spec and "initContainers" not in spec
+    assert [c["name"] for c in spec["containers"]] == [CONTAINER]
+    assert "CONFIG_FILE" not in env(spec["containers"][0])
+    nodes = [r for r in out.only("ClusterRole")["rules"] if "nodes" in r["resources"]]
+    assert [r["verbs"] for r in nodes] == [["get"]]
+
+
+def test_chart_config_manager_resources(render: Callable[..., Rendered]) -> None:
+    limits = {"limits": {"memory": "80Mi"}}
+    out = render({"config": {"map": {"default": ENTRY_A}, "managerResources": limits}})
+    spec = pod(out.daemonset)
+    assert spec["initContainers"][0]["resources"] == limits == spec["containers"][1]["resources"]
+
+
+def test_static_manifest_with_config_manager() -> None:
+    docs = load_docs(STATIC.read_text())
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "ServiceAccount",
+    ]
+    sidecar_env = check_config_manager(docs, "nvidia-device-plugin-configs")
+    assert sidecar_env["FALLBACK_STRATEGIES"] == "named,single"
+    assert set(only(docs, "ConfigMap")["data"]) == {"default", "shared"}

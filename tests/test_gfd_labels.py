@@ -1,0 +1,247 @@
+"""GPU feature labels: golden label files per simulated node x MIG strategy x sharing, the agreement
+of labels with what the plugin advertises to a kubelet, and the pure label rules.
+
+Regenerate the golden files after an intended change: `NVDP_UPDATE_GOLDEN=1 pytest tests/test_gfd_labels.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvdp.config import Config, resolve
+from nvdp.daemon import Daemon
+from nvdp.devices import AnnotatedID
+from nvdp.gfd.discover import discover, pci_mode
+from nvdp.gfd.labels import (
+    GPU_RESOURCE,
+    NodeFacts,
+    format_labels,
+    gpu_family,
+    node_labels,
+    sanitise,
+    version_labels,
+)
+from nvdp.kubelet import Kubelet
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo
+
+DATA = Path(__file__).resolve().parent / "data" / "gfd"
+PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
+MACHINE_FILE = DATA / "product_name"
+
+
+def _node(name: str) -> str:
+    return (
+        f"sim:{DATA / 'nodes' / (name + '.yaml')}"
+        if (DATA / "nodes" / f"{name}.yaml").exists()
+        else f"sim:{name}"
+    )
+
+
+# (node, MIG strategy, sharing config or None)
+CASES: list[tuple[str, str, str | None]] = [
+    (p, m, None) for p in PROFILES for m in ("none", "single", "mixed")
+]
+CASES += [
+    ("a100-mig-single", "single", None),
+    ("h100-mig-mixed", "mixed", None),
+    ("mixed-models", "none", None),
+    ("dgx-a100", "none", "ts"),
+    ("dgx-a100", "none", "ts-renamed"),
+    ("dgx-a100", "none", "ts-partial"),
+    ("dgx-a100", "none", "ts-partial-renamed"),
+    ("dgx-a100-mig", "mixed", "ts-mig"),
+    ("dgx-h100", "single", "ts"),
+]
+
+
+def _case_id(case: tuple[str, str, str | None]) -> str:
+    node, mig, sharing = case
+    return f"{node}-{mig}" + (f"-{sharing}" if sharing else "")
+
+
+def _config(
+    node: str, mig: str, sharing: str | None, kubelet_socket: str = "/tmp/unused/kubelet.sock"
+) -> Config:
+    args = argparse.Namespace(
+        nvml=_node(node),
+        mig_strategy=mig,
+        config_file=str(DATA / "configs" / f"{sharing}.yaml") if sharing else None,
+        kubelet_socket=kubelet_socket,
+        metrics_address="",
+    )
+    return resolve(args, {})
+
+
+def _labels(config: Config) -> dict[str, str]:
+    nvml = open_nvml(config.nvml)
+    nvml.init()
+    try:
+        return discover(nvml, config, machine_type_file=str(MACHINE_FILE)).labels
+    finally:
+        nvml.shutdown()
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_golden_label_file(case: tuple[str, str, str | None]) -> None:
+    text = format_labels(_labels(_config(*case)))
+    golden = DATA / f"{_case_id(case)}.labels"
+    if os.environ.get("NVDP_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"labels differ from {golden.name}"
+
+
+# ---- agreement with the plugin, through the kubelet stand-in ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="nvdp-gfd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _advertised(config: Config, plugin_dir: Path) -> dict[str, list[str]]:
+    """Resource name -> device IDs, as the kubelet stand-in sees them from the real plugin daemon."""
+    with Kubelet(plugin_dir) as kubelet:
+        daemon = Daemon(config, reload_config=lambda: config, environ={})
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(20), "the plugin did not register"
+            names = list(daemon.supervisor.servers)
+            return {name: list(kubelet.wait_for_devices(name, timeout=20)) for name in names}
+        finally:
+            daemon.request_stop()
+            thread.join(10)
+
+
+VALID_CASES = [c for c in CASES if c[:2] != ("dgx-a100-mig", "single")]
+
+
+@pytest.mark.parametrize("case", VALID_CASES, ids=_case_id)
+def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None], short_dir: Path) -> None:
+    plugin_dir = short_dir / _case_id(case)[:40]
+    plugin_dir.mkdir()
+    config = _config(*case, kubelet_socket=str(plugin_dir / "kubelet.sock"))
+    labels = _labels(config)
+    advertised = _advertised(config, plugin_dir)
+    assert advertised, "the plugin advertised nothing"
+    for name, ids in advertised.items():
+        units: dict[str, int] = {}
+        for device_id in ids:
+            parsed = AnnotatedID.parse(device_id)
+            units[parsed.uuid] = units.get(parsed.uuid, 0) + 1
+        assert labels[f"{name}.count"] == str(len(units)), name
+        assert labels[f"{name}.replicas"] == str(max(units.values())), name
+        shared = max(units.values()) > 1
+        assert (labels[f"{name}.sharing-strategy"] != "none") == shared, name
+    # Every resource the labels count is one the kubelet sees (nvidia.com/gpu may say 0).
+    counted = {k[: -len(".count")] for k, v in labels.items() if k.endswith(".count") and v != "0"}
+    assert counted == set(advertised)
+    if GPU_RESOURCE not in advertised:
+        assert labels[f"{GPU_RESOURCE}.count"] == "0" and labels[f"{GPU_RESOURCE}.replicas"] == "0"
+
+
+def test_single_strategy_that_the_plugin_refuses_is_labelled_invalid() -> None:
+    labels = _labels(_config("dgx-a100-mig", "single", None))
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("0", "0")
+
+
+# ---- pure rules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capability", "family"),
+    [
+        pytest.param((3, 7), "kepler", id="kepler"),
+        pytest.param((6, 0), "pascal", id="pascal"),
+        pytest.param((7, 0), "volta", id="volta"),
+        pytest.param((7, 5), "turing", id="turing"),
+        pytest.param((8, 6), "ampere", id="ampere"),
+        pytest.param((8, 9), "ada-lovelace", id="ada"),
+        pytest.param((9, 0), "hopper", id="hopper"),
+        pytest.param((10, 0), "blackwell", id="blackwell"),
+        pytest.param((12, 0), "blackwell", id="blackwell-rtx"),
+        pytest.param((4, 0), "undefined", id="unknown"),
+    ],
+)
+def test_family_from_compute_capability(capability: tuple[int, int], family: str) -> None:
+    assert gpu_family(*capability) == family
+
+
+def test_product_is_sanitised() -> None:
+    assert sanitise("NVIDIA  A100-SXM4-40GB (rev/2)") == "NVIDIA-A100-SXM4-40GB-rev2"
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda", "error"),
+    [
+        pytest.param("550", "12.4", 'driver version "550" does not match the format X.Y[.Z]', id="short"),
+        pytest.param(
+            "550.1.2.3", "12.4", 'driver version "550.1.2.3" does not match the format X.Y[.Z]', id="long"
+        ),
+        pytest.param(
+            "550.54", "twelve", 'CUDA driver version "twelve" does not match the format X.Y', id="cuda"
+        ),
+    ],
+)
+def test_bad_versions_are_one_line(driver: str, cuda: str, error: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        version_labels(driver, cuda)
+    assert str(raised.value) == error
+
+
+def test_two_part_driver_version_has_an_empty_revision() -> None:
+    labels = version_labels("550.54", "12.4")
+    assert labels["nvidia.com/cuda.driver-version.revision"] == ""
+    assert labels["nvidia.com/cuda.driver.rev"] == ""
+
+
+def test_no_gpus_no_labels() -> None:
+    result = node_labels(NodeFacts((), "550.54.15", "12.4"), (), mig_strategy="none", sharing_strategy="none")
+    assert result.labels == {} and result.warnings
+
+
+def test_graphics_mode_from_the_pci_class(tmp_path: Path) -> None:
+    (tmp_path / "0000:07:00.0").mkdir()
+    (tmp_path / "0000:07:00.0" / "class").write_text("0x030000\n")
+    assert pci_mode("00000000:07:00.0", tmp_path) == "graphics"
+    (tmp_path / "0000:07:00.0" / "class").write_text("0x030200\n")
+    assert pci_mode("00000000:07:00.0", tmp_path) == "compute"
+    assert pci_mode("00000000:08:00.0", tmp_path) == "unknown"
+
+
+def test_mode_label_uses_the_reader() -> None:
+    gpu = GpuInfo(0, "GPU-0", "Tesla T4", 0, 15360 * 2**20, (7, 5), "00000000:07:00.0", None)
+    from nvdp.resources import build_resources
+
+    facts = NodeFacts((gpu,), "550.54.15", "12.4", modes={"GPU-0": "graphics"})
+    labels = node_labels(facts, build_resources([gpu]), mig_strategy="none", sharing_strategy="none").labels
+    assert labels["nvidia.com/gpu.mode"] == "graphics"
+    assert labels["nvidia.com/gpu.family"] == "turing"
+
+
+@pytest.mark.parametrize(
+    ("machine", "label"),
+    [
+        pytest.param("NVIDIA DGX A100\n", "NVIDIA-DGX-A100", id="spaces"),
+        pytest.param("Standard PC (Q35 + ICH9, 2009)", "Standard-PC-Q35-ICH9-2009", id="qemu"),
+        pytest.param("x" * 70, "x" * 63, id="long"),
+        pytest.param("  ", "unknown", id="empty"),
+    ],
+)
+def test_machine_type_is_a_valid_label_value(machine: str, label: str) -> None:
+    from nvdp.gfd.labels import sanitise_machine
+
+    assert sanitise_machine(machine) == label
