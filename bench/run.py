@@ -23,6 +23,7 @@ process boundary; the client is the kubelet stand-in's channel in this process:
 - Peak RSS (VmHWM) of each plugin process after its load (budget 45 MB = 45e6 bytes).
 - CPU time and context switches (wake-ups) of idle plugin processes over --idle-seconds.
 - The in-process allocation tables of bench/allocation.py, when it is there.
+- The device rescan's CPU per tick and per minute while nothing changes (bench/rescan.py, in process).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ IDLE_BUDGET_PCT = 0.5  # of one core: "~0", with room for gRPC's 200 ms wake-ups
 WORST_ACCEPT_DELAY_S = 0.25
 RESTART_PACING_S = 0.2
 DEVICES_PER_ALLOCATE = 4
+RESCAN_BUDGET_MS = 3.0  # CPU per minute at the default 10 s interval: "a few ms"
 
 
 @contextlib.contextmanager
@@ -352,6 +354,7 @@ class Bench:
         self.idle()
         if self.o.allocation_rows:
             self.allocation_tables()
+        self.rescan_table()
         return self.table
 
     def device_set(
@@ -631,6 +634,20 @@ class Bench:
                     total = r.get("requests")
                     value = ", ".join(f"{k.replace('_', ' ')} {v}/{total}" for k, v in rest.items())
                     rows.append(Row(str(r["case"]), "in-proc", str(total or ""), value=value))
+
+    def rescan_table(self) -> None:
+        from bench import rescan
+
+        self.progress("device rescan CPU (bench/rescan.py)")
+        rows = self.table.section("device rescan, nothing changing (bench/rescan.py, in process)")
+        for r in rescan.rows():
+            value = (
+                f"{r.enumerate_us + r.compare_us:.0f} µs CPU/tick, "
+                f"{r.per_minute_10s_ms:.2f} ms CPU/min at 10 s; real NVML adds {r.nvml_calls} calls/tick"
+            )
+            row = Row(f"rescan, {r.node}", "nvdp", str(rescan.TICKS), value=value)
+            row.budget, row.ok = f"{RESCAN_BUDGET_MS} ms/min", r.per_minute_10s_ms <= RESCAN_BUDGET_MS
+            rows.append(row)
 
 
 # ---- command line -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvdp import kube
-from nvdp.allocation import Allocator, Topology
+from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
 from nvdp.errors import NvdpError
@@ -26,6 +26,7 @@ from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.node_facts import HostFacts
+from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
@@ -54,7 +55,8 @@ class TopologyAllocators:
         if key != self._key or self._topology is None:
             self._topology = Topology.from_nvml(self._nvml, gpus)
             self._key = key
-        return Allocator(list(resource.devices.values()), self._topology)
+        policy = AllocationPolicy(resource.allocation_policy or AllocationPolicy.DISTRIBUTED.value)
+        return Allocator(list(resource.devices.values()), self._topology, policy=policy)
 
 
 class GrpcServers:
@@ -156,6 +158,8 @@ class Daemon:
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
+        registry = self.metrics.registry if self.metrics is not None else None
+        self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 
     @property
     def ready(self) -> threading.Event:
@@ -182,9 +186,13 @@ class Daemon:
                     error=str(error),
                 )
                 self.metrics = None
+        if self.rescanner is not None:
+            self.rescanner.start()
         try:
             self.supervisor.run()
         finally:
+            if self.rescanner is not None:
+                self.rescanner.stop()
             self._servers.shutdown()
             if self.metrics is not None:
                 self.metrics.stop()

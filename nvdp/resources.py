@@ -8,14 +8,17 @@ Follows NVIDIA's device-plugin rules:
 - `mixed`: whole GPUs as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
 Every GPU / MIG device must match a pattern; every MIG-enabled GPU must have MIG devices.
 Sharing (time-slicing, MPS) then replaces a resource's devices by replicas `<uuid>::<n>`, under the
-same name or a `rename`.
+same name or a `rename`. Several sharing entries may name one resource when their `devices`
+selections are disjoint, each with its own `replicas` (per-GPU replica counts under one name);
+devices no entry selects stay whole under the unshared name; `replicas: 1` keeps a device whole
+(no `::` ID). An entry whose name is no resource of the node is refused, naming the node's resources.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nvdp.devices import AnnotatedID, Device, DeviceSet
 from nvdp.errors import ConfigError
@@ -54,7 +57,13 @@ class Replication:
 
 @dataclass(frozen=True)
 class Resource:
-    """One resource name served by one gRPC device plugin."""
+    """One resource name served by one gRPC device plugin.
+
+    `replica_counts` maps each shared unit (GPU or MIG uuid) to its replica count; units not in it
+    are whole (one device). `replicas` is the count of every shared unit when they agree, else the
+    smallest. `allocation_policy` (NVIDIA's sharedDevicesAllocationPolicy) is set on resources of
+    replicas or MIG devices, the ones it applies to; None on whole GPUs.
+    """
 
     name: str
     devices: DeviceSet
@@ -62,6 +71,12 @@ class Resource:
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
+    replica_counts: Mapping[str, int] = field(default_factory=dict)
+    allocation_policy: str | None = None
+
+    def replicas_of(self, uuid: str) -> int:
+        """How many devices of this resource the GPU or MIG device `uuid` is advertised as."""
+        return self.replica_counts.get(uuid, 1)
 
     @property
     def short_name(self) -> str:
@@ -80,6 +95,8 @@ class Resource:
             self.sharing,
             self.replicas,
             self.fail_requests_greater_than_one,
+            tuple(sorted(self.replica_counts.items())),
+            self.allocation_policy,
         )
 
 
@@ -157,6 +174,7 @@ def build_resources(
     mig_patterns: Sequence[NamePattern] = (),
     sharing: Sequence[Replication] = (),
     mig_minors: Mapping[str, int] | None = None,
+    allocation_policy: str = "distributed",
 ) -> list[Resource]:
     """Map the node's GPUs onto resources. Raises ResourceError with every problem found."""
     if mig_strategy not in MIG_STRATEGIES:
@@ -211,21 +229,34 @@ def build_resources(
         raise ResourceError("; ".join(problems))
 
     resources = {name: Resource(name, DeviceSet(devs)) for name, devs in by_name.items()}
-    return _apply_sharing(resources, sharing)
+    return [_with_policy(r, allocation_policy) for r in _apply_sharing(resources, sharing)]
+
+
+def _with_policy(resource: Resource, policy: str) -> Resource:
+    devices = resource.devices.values()
+    if any(d.replica is not None or d.is_mig for d in devices):
+        return replace(resource, allocation_policy=policy)
+    return resource
 
 
 def _indices(gpus: Sequence[GpuInfo]) -> str:
     return ",".join(str(g.index) for g in gpus)
 
 
-def _select_shared(resource: Resource, rule: Replication) -> list[Device]:
+def _entry(rule: Replication, i: int) -> str:
+    """The config path of sharing entry i: `sharing.timeSlicing.resources[i]`."""
+    section = "mps" if rule.strategy == "mps" else "timeSlicing"
+    return f"sharing.{section}.resources[{i}]"
+
+
+def _select_shared(resource: Resource, rule: Replication, entry: str) -> list[Device]:
     devices = list(resource.devices.values())
     if rule.devices == "all":
         return devices
     if isinstance(rule.devices, int):
         if rule.devices > len(devices):
             raise ResourceError(
-                f"sharing: {rule.name}: {rule.devices} devices requested to be shared, "
+                f"{entry}: {rule.name}: {rule.devices} devices requested to be shared, "
                 f"but only {len(devices)} available"
             )
         return devices[: rule.devices]
@@ -233,48 +264,92 @@ def _select_shared(resource: Resource, rule: Replication) -> list[Device]:
     for ref in rule.devices:
         found = next((d for d in devices if ref in (d.uuid, d.index)), None)
         if found is None:
-            raise ResourceError(f"sharing: {rule.name}: no device with index or UUID {ref!r}")
+            raise ResourceError(f"{entry}: {rule.name}: no device with index or UUID {ref!r}")
         if found not in chosen:
             chosen.append(found)
     return chosen
 
 
+def _device_names(devices: Sequence[Device]) -> str:
+    whole = [d.index for d in devices if not d.is_mig]
+    migs = [d.index for d in devices if d.is_mig]
+    parts = []
+    if whole:
+        parts.append(("GPU " if len(whole) == 1 else "GPUs ") + ", ".join(whole))
+    if migs:
+        parts.append(("MIG device " if len(migs) == 1 else "MIG devices ") + ", ".join(migs))
+    return " and ".join(parts)
+
+
 def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication]) -> list[Resource]:
     out: dict[str, list[Device]] = {n: list(r.devices.values()) for n, r in resources.items()}
     meta: dict[str, Replication] = {}
-    for rule in sharing:
+    counts: dict[str, dict[str, int]] = {}
+    claimed: dict[str, tuple[int, str]] = {}  # device id -> (entry index, entry path)
+    problems: list[str] = []
+    for i, rule in enumerate(sharing):
+        entry = _entry(rule, i)
         source = resources.get(rule.name)
         if source is None:
-            continue  # NVIDIA skips rules for resources this node does not have
-        shared = _select_shared(source, rule)
+            problems.append(
+                f"{entry}: {rule.name} matches no resource on this node "
+                f"(it could match: {', '.join(sorted(resources)) or 'none, the node has no devices'})"
+            )
+            continue
+        shared = _select_shared(source, rule, entry)
+        overlap: dict[str, list[Device]] = {}
+        for device in shared:
+            if device.id in claimed:
+                overlap.setdefault(claimed[device.id][1], []).append(device)
+        for other, both in overlap.items():
+            problems.append(
+                f"{entry}: selects {_device_names(both)} of {rule.name}, also selected by {other}; "
+                "entries with the same name need disjoint devices"
+            )
+        if overlap:
+            continue
+        claimed.update({d.id: (i, entry) for d in shared})
         shared_ids = {d.id for d in shared}
         out[rule.name] = [d for d in out[rule.name] if d.id not in shared_ids]
         target = rule.rename or rule.name
-        replicas = out.setdefault(target, [])
+        members = out.setdefault(target, [])
         for device in shared:
+            if rule.replicas == 1:
+                members.append(device)
+                continue
+            counts.setdefault(target, {})[device.uuid] = rule.replicas
             for n in range(rule.replicas):
-                rid = str(AnnotatedID(device.uuid, n))
-                replicas.append(_replica(device, rid, n))
-        meta[target] = rule
+                members.append(_replica(device, str(AnnotatedID(device.uuid, n)), n))
+        if rule.replicas > 1:
+            meta[target] = rule
+    if problems:
+        raise ResourceError("; ".join(problems))
     result: list[Resource] = []
     for name, devices in out.items():
         if not devices:
             continue
         rule_for = meta.get(name)
         if rule_for is None:
-            result.append(Resource(name, DeviceSet(devices)))
+            result.append(Resource(name, DeviceSet(sorted(devices, key=_device_order))))
         else:
+            per_unit = counts[name]
             result.append(
                 Resource(
                     name,
-                    DeviceSet(devices),
+                    DeviceSet(sorted(devices, key=_device_order)),
                     sharing=rule_for.strategy,
-                    replicas=rule_for.replicas,
+                    replicas=min(per_unit.values()),
                     fail_requests_greater_than_one=rule_for.fail_requests_greater_than_one,
+                    replica_counts=per_unit,
                 )
             )
     result.sort(key=lambda r: r.name)
     return result
+
+
+def _device_order(device: Device) -> tuple[int, int, int]:
+    mig = device.mig.index if device.mig is not None else -1
+    return (device.gpu_index, mig, device.replica if device.replica is not None else -1)
 
 
 def _replica(device: Device, replica_id: str, n: int) -> Device:

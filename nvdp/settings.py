@@ -32,6 +32,7 @@ def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> Daem
         mig_patterns=tuple(NamePattern(r.pattern, r.name) for r in config.resources.mig),
         sharing=sharing_rules(config),
         health=health_settings(config),
+        allocation_policy=plugin.shared_devices_allocation_policy,
         response=ResponseOptions(
             device_list_strategy=plugin.device_list_strategy,
             device_id_strategy=plugin.device_id_strategy,

@@ -7,7 +7,7 @@ from itertools import combinations
 
 import pytest
 
-from nvdp.allocation import NVLINK_SCORE, PCIE_SCORE, Allocator, ReplicaPolicy, Topology, pair_score
+from nvdp.allocation import NVLINK_SCORE, PCIE_SCORE, AllocationPolicy, Allocator, Topology, pair_score
 from nvdp.allocation.synthetic import gpu_devices
 from nvdp.devices import Device
 from nvdp.errors import RequestError
@@ -231,10 +231,10 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
     ("policy", "available", "must", "size", "want"),
     [
         pytest.param(
-            ReplicaPolicy.SPREAD, ALL_4x4, [], 3, [rid(0, 0), rid(1, 0), rid(2, 0)], id="spread-fresh"
+            AllocationPolicy.DISTRIBUTED, ALL_4x4, [], 3, [rid(0, 0), rid(1, 0), rid(2, 0)], id="spread-fresh"
         ),
         pytest.param(
-            ReplicaPolicy.SPREAD,
+            AllocationPolicy.DISTRIBUTED,
             [r for r in ALL_4x4 if r not in (rid(0, 0), rid(0, 1), rid(1, 0))],
             [],
             3,
@@ -242,7 +242,7 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="spread-least-used-first",
         ),
         pytest.param(
-            ReplicaPolicy.SPREAD,
+            AllocationPolicy.DISTRIBUTED,
             ALL_4x4,
             [rid(1, 2)],
             2,
@@ -250,7 +250,7 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="spread-must-counts-as-used",
         ),
         pytest.param(
-            ReplicaPolicy.SPREAD,
+            AllocationPolicy.DISTRIBUTED,
             [rid(0, 3), rid(1, 0), rid(1, 1), rid(1, 2), rid(1, 3)],
             [],
             3,
@@ -258,7 +258,7 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="spread-stays-on-the-free-gpu",
         ),
         pytest.param(
-            ReplicaPolicy.SPREAD,
+            AllocationPolicy.DISTRIBUTED,
             [rid(0, 0), rid(1, 2), rid(1, 3)],
             [],
             2,
@@ -266,7 +266,7 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="spread-tie-lowest",
         ),
         pytest.param(
-            ReplicaPolicy.SPREAD,
+            AllocationPolicy.DISTRIBUTED,
             ALL_4x4,
             [],
             6,
@@ -274,7 +274,7 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="spread-round-robin",
         ),
         pytest.param(
-            ReplicaPolicy.PACK,
+            AllocationPolicy.PACKED,
             [r for r in ALL_4x4 if r not in (rid(2, 0),)],
             [],
             3,
@@ -282,14 +282,14 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
             id="pack-most-used-first",
         ),
         pytest.param(
-            ReplicaPolicy.PACK, ALL_4x4, [], 6, [*ALL_4x4[0:6]], id="pack-fills-a-gpu-then-the-next"
+            AllocationPolicy.PACKED, ALL_4x4, [], 6, [*ALL_4x4[0:6]], id="pack-fills-a-gpu-then-the-next"
         ),
     ],
 )
 def test_replica_policies(
-    policy: ReplicaPolicy, available: list[str], must: list[str], size: int, want: list[str]
+    policy: AllocationPolicy, available: list[str], must: list[str], size: int, want: list[str]
 ) -> None:
-    allocator = Allocator(replicas(4, 4), replica_policy=policy)
+    allocator = Allocator(replicas(4, 4), policy=policy)
     assert allocator.kind == "replicas"
     assert allocator.preferred(available, must, size) == want
 
@@ -298,13 +298,16 @@ def test_replicas_over_512_devices_spread_like_nvidia() -> None:
     allocator = Allocator(replicas(8, 64))
     available = [rid(g, n) for g in range(8) for n in range(64) if n >= g]  # GPU g has g replicas in use
     assert allocator.preferred(available, [], 3) == [rid(0, 0), rid(0, 1), rid(1, 1)]
-    # NVIDIA's distributedAlloc: one at a time, from the GPU with the fewest replicas in use.
+    # NVIDIA's greedyAlloc (distributed): one at a time, from the GPU with the fewest replicas in
+    # use, then the fewest taken by this request.
     used = list(range(8))
+    picked = [0] * 8
     want = []
     for _ in range(40):
-        gpu = min(range(8), key=lambda g: (used[g], g))
+        gpu = min(range(8), key=lambda g: (used[g], picked[g], g))
         want.append(rid(gpu, used[gpu]))
         used[gpu] += 1
+        picked[gpu] += 1
     assert allocator.preferred(available, [], 40) == sorted(want)
 
 
@@ -326,18 +329,91 @@ MIG_LAYOUT = [(0, 0, 7), (2, 0, 1), (5, 1, 2)]
 MIG_ALL = [d.id for d in mig_devices(MIG_LAYOUT)]
 
 
+MIG_NUMA = [(0, 0, 2), (5, 1, 2), (6, 1, 2)]
+D, P = AllocationPolicy.DISTRIBUTED, AllocationPolicy.PACKED
+# The kubelet's view: GPU 0 has 5 of its 7 MIG devices in use, GPU 2's one is in use.
+MIG_PARTIAL = ["MIG-0-5", "MIG-0-6", "MIG-5-0", "MIG-5-1"]
+
+
 @pytest.mark.parametrize(
-    ("available", "must", "size", "want"),
+    ("policy", "layout", "available", "must", "size", "want"),
     [
-        pytest.param(MIG_ALL, [], 1, ["MIG-5-0"], id="best-fit-numa-node-and-parent"),
-        pytest.param(MIG_ALL, [], 2, ["MIG-5-0", "MIG-5-1"], id="one-parent-fits"),
-        pytest.param(MIG_ALL, [], 3, ["MIG-0-0", "MIG-0-1", "MIG-0-2"], id="smallest-parent-that-fits"),
-        pytest.param(MIG_ALL, ["MIG-2-0"], 2, ["MIG-0-0", "MIG-2-0"], id="same-numa-as-must"),
-        pytest.param(MIG_ALL, ["MIG-0-3"], 2, ["MIG-0-0", "MIG-0-3"], id="same-parent-as-must"),
-        pytest.param(MIG_ALL, [], 9, [*MIG_ALL[:8], "MIG-5-0"], id="largest-first-then-new-numa-node"),
+        pytest.param(D, MIG_LAYOUT, MIG_ALL, [], 1, ["MIG-0-0"], id="distributed-fresh-lowest"),
+        pytest.param(
+            D, MIG_LAYOUT, MIG_ALL, [], 3, ["MIG-0-0", "MIG-2-0", "MIG-5-0"], id="distributed-one-per-parent"
+        ),
+        pytest.param(
+            D,
+            MIG_LAYOUT,
+            MIG_ALL,
+            [],
+            5,
+            [*MIG_ALL[:2], "MIG-2-0", *MIG_ALL[-2:]],
+            id="distributed-round-robin",
+        ),
+        pytest.param(
+            D, MIG_LAYOUT, MIG_PARTIAL, [], 2, ["MIG-5-0", "MIG-5-1"], id="distributed-least-used-parent"
+        ),
+        pytest.param(
+            D, MIG_LAYOUT, MIG_PARTIAL, [], 3, ["MIG-0-5", "MIG-5-0", "MIG-5-1"], id="distributed-then-next"
+        ),
+        pytest.param(
+            D,
+            MIG_LAYOUT,
+            MIG_ALL,
+            ["MIG-5-0"],
+            2,
+            ["MIG-0-0", "MIG-5-0"],
+            id="distributed-must-counts-as-used",
+        ),
+        pytest.param(
+            D,
+            MIG_LAYOUT,
+            MIG_PARTIAL,
+            ["MIG-5-1"],
+            3,
+            ["MIG-0-5", "MIG-5-0", "MIG-5-1"],
+            id="distributed-must-on-least-used",
+        ),
+        pytest.param(P, MIG_LAYOUT, MIG_ALL, [], 2, ["MIG-0-0", "MIG-0-1"], id="packed-fresh-fills-lowest"),
+        pytest.param(
+            P, MIG_LAYOUT, MIG_PARTIAL, [], 3, ["MIG-0-5", "MIG-0-6", "MIG-5-0"], id="packed-most-used-first"
+        ),
+        pytest.param(
+            P, MIG_LAYOUT, MIG_ALL, ["MIG-5-0"], 2, ["MIG-5-0", "MIG-5-1"], id="packed-must-parent-first"
+        ),
+        pytest.param(
+            P,
+            MIG_LAYOUT,
+            MIG_PARTIAL,
+            ["MIG-5-0"],
+            2,
+            ["MIG-0-5", "MIG-5-0"],
+            id="packed-most-used-beats-must-parent",
+        ),
+        pytest.param(
+            P,
+            MIG_NUMA,
+            ["MIG-0-0", "MIG-0-1", "MIG-5-0", "MIG-5-1", "MIG-6-0"],
+            ["MIG-6-0"],
+            2,
+            ["MIG-5-0", "MIG-6-0"],
+            id="packed-tie-same-numa-node",
+        ),
     ],
 )
-def test_mig_packing(available: list[str], must: list[str], size: int, want: list[str]) -> None:
-    allocator = Allocator(mig_devices(MIG_LAYOUT))
+def test_mig_policies(
+    policy: AllocationPolicy,
+    layout: list[tuple[int, int, int]],
+    available: list[str],
+    must: list[str],
+    size: int,
+    want: list[str],
+) -> None:
+    allocator = Allocator(mig_devices(layout), policy=policy)
     assert allocator.kind == "mig"
     assert allocator.preferred(available, must, size) == want
+
+
+def test_mig_default_is_distributed() -> None:
+    assert Allocator(mig_devices(MIG_LAYOUT)).policy is AllocationPolicy.DISTRIBUTED

@@ -120,6 +120,23 @@ def test_resource_names_get_the_default_prefix() -> None:
     assert ts.resources[1].devices == 2 and ts.resources[1].rename is None
 
 
+def test_same_name_with_disjoint_devices_and_one_replica() -> None:
+    config = parse_text(
+        _ts(
+            "{name: gpu, replicas: 2, devices: [0, 1, 2, 3]}, "
+            "{name: gpu, replicas: 4, devices: [4, 5, 6, 7]}, "
+            "{name: gpu, replicas: 1, devices: [GPU-8a1b2c3d-0000-4000-8000-000000000000]}"
+        )
+    )
+    ts = config.sharing.time_slicing
+    assert ts is not None
+    assert [(r.name, r.replicas, r.devices) for r in ts.resources] == [
+        ("nvidia.com/gpu", 2, ("0", "1", "2", "3")),
+        ("nvidia.com/gpu", 4, ("4", "5", "6", "7")),
+        ("nvidia.com/gpu", 1, ("GPU-8a1b2c3d-0000-4000-8000-000000000000",)),
+    ]
+
+
 def test_every_nvidia_key() -> None:
     config = load_file(DATA / "full.yaml")
     flags = config.flags
@@ -132,6 +149,7 @@ def test_every_nvidia_key() -> None:
     assert plugin.pass_device_specs and plugin.device_list_strategy == ("volume-mounts", "cdi-cri")
     assert (plugin.device_id_strategy, plugin.nvidia_ctk_path) == ("index", "/usr/local/bin/nvidia-ctk")
     assert plugin.cdi_feature_flags == ("disable-multiple-csv-devices",)
+    assert plugin.shared_devices_allocation_policy == "packed"
     assert flags.gfd is not None and flags.gfd.sleep_interval == 60.0 and flags.gfd.no_timestamp is True
     assert (config.imex.channel_ids, config.imex.required) == ((0,), True)
 
@@ -199,6 +217,7 @@ def test_defaults() -> None:
         "/driver-root",
     )
     assert plugin.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
+    assert plugin.shared_devices_allocation_policy == "distributed"
     assert config.health == Health((), None, 300.0, 5.0, False)
     assert (config.nvml, config.log_format, config.log_level, config.metrics_address) == (
         "real",
@@ -214,7 +233,7 @@ _ACCEPTED_TOP = "(accepted: version, flags, resources, sharing, imex, health)"
 _NOT_A_DEVICE = 'is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID'
 _ACCEPTED_PLUGIN = (
     "(accepted: passDeviceSpecs, deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, "
-    "nvidiaCTKPath, containerDriverRoot, kubeletSocket, cdiFeatureFlags)"
+    "nvidiaCTKPath, containerDriverRoot, kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy)"
 )
 _BAD_NAME = (
     "after the nvidia.com/ prefix it must be a lowercase DNS subdomain "
@@ -299,15 +318,15 @@ MESSAGES = {
     ),
     "replicas-type": (
         _ts("{name: gpu, replicas: x}"),
-        'sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got "x"',
+        'sharing.timeSlicing.resources[0].replicas: must be an integer >= 1, got "x"',
     ),
-    "replicas-one": (
-        _ts("{name: gpu, replicas: 1}"),
-        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 1",
+    "replicas-zero": (
+        _ts("{name: gpu, replicas: 0}"),
+        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 1, got 0",
     ),
     "replicas-float": (
         _ts("{name: gpu, replicas: 2.0}"),
-        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got 2.0",
+        "sharing.timeSlicing.resources[0].replicas: must be an integer >= 1, got 2.0",
     ),
     "replicas-missing": (
         _ts("{name: gpu}"),
@@ -334,9 +353,24 @@ MESSAGES = {
         "sharing: {timeSlicing: {}}",
         "sharing.timeSlicing.resources: must list at least one resource",
     ),
-    "duplicate-resource": (
-        _ts("{name: gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3}"),
-        'sharing.timeSlicing.resources[1].name: "nvidia.com/gpu" is listed more than once',
+    "same-name-all": (
+        _ts("{name: gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3, devices: [4]}"),
+        "sharing.timeSlicing.resources[1].devices: overlaps resources[0] of the same name nvidia.com/gpu "
+        'on every device ("all"); entries with the same name need disjoint devices',
+    ),
+    "same-name-counts": (
+        _ts("{name: gpu, replicas: 2, devices: 2}, {name: gpu, replicas: 3, devices: 4}"),
+        "sharing.timeSlicing.resources[1].devices: overlaps resources[0] of the same name nvidia.com/gpu "
+        "on the first 2 devices (both are counts); entries with the same name need disjoint devices",
+    ),
+    "same-name-lists": (
+        _ts("{name: gpu, replicas: 2, devices: [0, 1, 2]}, {name: gpu, replicas: 4, devices: [2, 3, 1]}"),
+        "sharing.timeSlicing.resources[1].devices: overlaps resources[0] of the same name nvidia.com/gpu "
+        "on devices 2, 1; entries with the same name need disjoint devices",
+    ),
+    "allocation-policy": (
+        "flags: {plugin: {sharedDevicesAllocationPolicy: spread}}",
+        'flags.plugin.sharedDevicesAllocationPolicy: invalid value "spread" (accepted: distributed, packed)',
     ),
     "both-strategies": (
         "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}, "
@@ -406,7 +440,7 @@ health: {probeInterval: 0}
         'flags.migStrategy: invalid value "foo" (accepted: none, single, mixed)',
         f"flags.plugin.unknownKey: unknown field {_ACCEPTED_PLUGIN}",
         "flags.plugin.passDeviceSpecs: must be true or false, got 1",
-        'sharing.timeSlicing.resources[0].replicas: must be an integer >= 2, got "x"',
+        'sharing.timeSlicing.resources[0].replicas: must be an integer >= 1, got "x"',
         "sharing.timeSlicing.resources[1].name: required field is missing",
         f"sharing.timeSlicing.resources[1].devices[1]: true {_NOT_A_DEVICE}",
         "health.probeInterval: must be > 0, got 0",

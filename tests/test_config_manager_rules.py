@@ -304,7 +304,7 @@ def test_find_in_proc_sees_a_python_script(tmp_path: Path) -> None:
 
 # ---- config leniency ----------------------------------------------------------------------------
 
-NEWER = "version: v1\nflags:\n  migstrategy: none\n  plugin:\n    sharedDevicesAllocationPolicy: spread\n"
+NEWER = "version: v1\nflags:\n  migstrategy: none\n  plugin:\n    gpuSharingOrder: spread\n"
 
 
 def test_unknown_keys_warn_once_each_and_load(caplog: pytest.LogCaptureFixture) -> None:
@@ -313,9 +313,10 @@ def test_unknown_keys_warn_once_each_and_load(caplog: pytest.LogCaptureFixture) 
     assert [r.getMessage() for r in caplog.records] == [
         "c.yaml: flags.migstrategy: unknown field (did you mean migStrategy?);"
         " ignored (--strict-config refuses it)",
-        "c.yaml: flags.plugin.sharedDevicesAllocationPolicy: unknown field (accepted: passDeviceSpecs, "
+        "c.yaml: flags.plugin.gpuSharingOrder: unknown field (accepted: passDeviceSpecs, "
         "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
-        "kubeletSocket, cdiFeatureFlags); ignored (--strict-config refuses it)",
+        "kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy);"
+        " ignored (--strict-config refuses it)",
     ]
 
 
@@ -464,9 +465,9 @@ def test_strict_config_refuses_entries_with_unknown_keys(tmp_path: Path) -> None
     outcome = manager.reconcile()
     assert outcome.entry is None and not dst.exists()
     assert outcome.problem == "newer: flags.migstrategy: unknown field (did you mean migStrategy?); " + (
-        "newer: flags.plugin.sharedDevicesAllocationPolicy: unknown field (accepted: passDeviceSpecs, "
+        "newer: flags.plugin.gpuSharingOrder: unknown field (accepted: passDeviceSpecs, "
         "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
-        "kubeletSocket, cdiFeatureFlags)"
+        "kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy)"
     )
     (tmp_path / "lenient").mkdir()
     lenient, _, dst2 = _manager(tmp_path / "lenient")

@@ -157,6 +157,17 @@ FIELDS = [
         (),
         id="imex-channels",
     ),
+    pytest.param(
+        ["--shared-devices-allocation-policy=packed"],
+        {"SHARED_DEVICES_ALLOCATION_POLICY": "distributed"},
+        "flags: {plugin: {sharedDevicesAllocationPolicy: packed}}",
+        "flags.plugin.shared_devices_allocation_policy",
+        "packed",
+        "distributed",
+        "packed",
+        "distributed",
+        id="shared-devices-allocation-policy",
+    ),
 ]
 
 
@@ -402,6 +413,18 @@ FLAG_ERRORS: dict[str, tuple[list[str], dict[str, str], str]] = {
         ["--metrics-address=localhost"],
         {},
         f'--metrics-address / METRICS_ADDRESS: invalid address "localhost" {_ADDRESS}',
+    ),
+    "allocation-policy-flag": (
+        ["--shared-devices-allocation-policy=spread"],
+        {},
+        "--shared-devices-allocation-policy / SHARED_DEVICES_ALLOCATION_POLICY: "
+        'invalid value "spread" (accepted: distributed, packed)',
+    ),
+    "allocation-policy-env": (
+        [],
+        {"SHARED_DEVICES_ALLOCATION_POLICY": "Packed"},
+        "--shared-devices-allocation-policy / SHARED_DEVICES_ALLOCATION_POLICY: "
+        'invalid value "Packed" (accepted: distributed, packed)',
     ),
     "port": (
         ["--metrics-address=:99999"],

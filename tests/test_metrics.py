@@ -390,7 +390,9 @@ def test_rpc_counters_and_latency_are_exact(plugin: Plugin, kubelet: Kubelet) ->
         "nvdp_listandwatch_streams": "gauge",
         "nvdp_health_events_total": "counter",
         "nvdp_health_monitor_degraded": "gauge",
+        "nvdp_device_layout_changes_total": "counter",
     }
+    assert value(text, "nvdp_device_layout_changes_total", kind="mig") == 0
 
 
 def test_xid_and_nvml_errors_show_up(plugin: Plugin, kubelet: Kubelet, events: Path) -> None:

@@ -161,3 +161,95 @@ def test_mig_minors_from_file_and_layout() -> None:
 def test_qualify() -> None:
     assert qualify("gpu") == "nvidia.com/gpu"
     assert qualify("example.com/gpu") == "example.com/gpu"
+
+
+# ---- per-GPU replica counts under one name, unmatched entries, allocation policy -----------------
+
+
+def _mixed(gpus: list[GpuInfo]) -> list[Replication]:
+    return [
+        Replication("nvidia.com/gpu", 2, devices=("0", "1")),
+        Replication("nvidia.com/gpu", 4, devices=(gpus[2].uuid,)),
+        Replication("nvidia.com/gpu", 1, devices=("3",)),
+    ]
+
+
+def test_per_gpu_replica_counts_under_one_name() -> None:
+    gpus = [gpu(i) for i in range(5)]
+    (resource,) = build_resources(gpus, sharing=_mixed(gpus))
+    u = [g.uuid for g in gpus]
+    assert list(resource.devices) == [
+        f"{u[0]}::0",
+        f"{u[0]}::1",
+        f"{u[1]}::0",
+        f"{u[1]}::1",
+        *(f"{u[2]}::{n}" for n in range(4)),
+        u[3],  # replicas: 1 is not shared: no `::` ID
+        u[4],  # selected by no entry: whole
+    ]
+    assert resource.sharing == "time-slicing"
+    assert resource.replica_counts == {u[0]: 2, u[1]: 2, u[2]: 4}
+    assert [resource.replicas_of(x) for x in u] == [2, 2, 4, 1, 1]
+    assert resource.replicas == 2
+    assert resource.allocation_policy == "distributed"
+
+
+def test_unselected_gpus_stay_whole_under_the_unshared_name() -> None:
+    gpus = [gpu(i) for i in range(4)]
+    rules = [
+        Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("0",)),
+        Replication("nvidia.com/gpu", 3, rename="nvidia.com/gpu.shared", devices=("1",)),
+    ]
+    resources = {r.name: r for r in build_resources(gpus, sharing=rules, allocation_policy="packed")}
+    assert names(list(resources.values())) == {"nvidia.com/gpu": 2, "nvidia.com/gpu.shared": 5}
+    assert resources["nvidia.com/gpu"].sharing is None
+    assert resources["nvidia.com/gpu"].allocation_policy is None  # whole GPUs: topology, not the policy
+    shared = resources["nvidia.com/gpu.shared"]
+    assert shared.replica_counts == {gpus[0].uuid: 2, gpus[1].uuid: 3}
+    assert shared.allocation_policy == "packed"
+
+
+def test_one_replica_alone_is_not_shared() -> None:
+    (resource,) = build_resources([gpu(0), gpu(1)], sharing=[Replication("nvidia.com/gpu", 1)])
+    assert list(resource.devices) == [gpu(0).uuid, gpu(1).uuid]
+    assert (resource.sharing, resource.replica_counts, resource.allocation_policy) == (None, {}, None)
+
+
+def test_overlapping_selections_of_one_name_are_refused_naming_the_gpus() -> None:
+    gpus = [gpu(i) for i in range(4)]
+    rules = [
+        Replication("nvidia.com/gpu", 2, devices=("0", "1", "2")),
+        Replication("nvidia.com/gpu", 4, devices=(gpus[1].uuid, "3", gpus[2].uuid)),
+    ]
+    with pytest.raises(ResourceError) as info:
+        build_resources(gpus, sharing=rules)
+    assert str(info.value) == (
+        "sharing.timeSlicing.resources[1]: selects GPUs 1, 2 of nvidia.com/gpu, also selected by "
+        "sharing.timeSlicing.resources[0]; entries with the same name need disjoint devices"
+    )
+
+
+def test_entry_matching_no_resource_is_refused_naming_what_it_could_match() -> None:
+    gpus = [gpu(0, name="NVIDIA A100-SXM4-40GB"), gpu(1, name="Tesla T4")]
+    patterns = [NamePattern("*A100*", "nvidia.com/a100"), NamePattern("*", "nvidia.com/other")]
+    rules = [Replication("nvidia.com/a100", 2), Replication("nvidia.com/gpu", 2, strategy="mps")]
+    with pytest.raises(ResourceError) as info:
+        build_resources(gpus, gpu_patterns=patterns, sharing=rules)
+    assert str(info.value) == (
+        "sharing.mps.resources[1]: nvidia.com/gpu matches no resource on this node "
+        "(it could match: nvidia.com/a100, nvidia.com/other)"
+    )
+
+
+def test_mig_resources_carry_the_policy() -> None:
+    gpus = [gpu(0, migs=("1g.5gb", "1g.5gb")), gpu(1)]
+    resources = {r.name: r for r in build_resources(gpus, mig_strategy="mixed", allocation_policy="packed")}
+    assert resources["nvidia.com/mig-1g.5gb"].allocation_policy == "packed"
+    assert resources["nvidia.com/gpu"].allocation_policy is None
+    changed = build_resources(gpus, mig_strategy="mixed")
+    assert {r.name: r.signature() for r in changed}["nvidia.com/gpu"] == resources[
+        "nvidia.com/gpu"
+    ].signature()
+    assert {r.name: r.signature() for r in changed}["nvidia.com/mig-1g.5gb"] != (
+        resources["nvidia.com/mig-1g.5gb"].signature()
+    )

@@ -70,6 +70,9 @@ class FakeServer:
     def socket_is_ours(self) -> bool:
         return self.started and not self.stopped and not self.wiped
 
+    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
+        self.resource, self.allocator = resource, allocator
+
 
 class Kubelet:
     """The kubelet's socket (its identity, None when gone) and a Register that can refuse."""
@@ -333,10 +336,11 @@ def test_reload_converges_by_diff(rig: Rig, settings: DaemonSettings) -> None:
     rig.reload(shared)
     wait_until(lambda: rig.observer.of("reloaded") == [True], "the reload")
     (after,) = rig.supervisor.servers.values()
-    assert before.stopped and after is not before and len(after.devices) == 8
+    # A changed device list goes to the running server: same stream, no re-registration.
+    assert after is before and not before.stopped and len(after.devices) == 8
     assert rig.health.started[-1] == (4, HealthSettings(probe_interval=1.0))
     assert rig.supervisor.settings == shared
-    wait_until(lambda: rig.kubelet.registered() == [GPU, GPU], "registration of the new server")
+    assert rig.kubelet.registered() == [GPU]
 
     rig.reload(shared)  # same settings: nothing restarts
     wait_until(lambda: rig.observer.of("reloaded") == [True, True], "the second reload")
@@ -382,3 +386,27 @@ def test_nvml_failure_without_fail_on_init_error_idles_ready(
     finally:
         rig.stop()
     assert rig.error is None
+
+
+def test_rescan_applies_a_new_mig_layout_with_the_current_settings(
+    tmp_path: Path, settings: DaemonSettings
+) -> None:
+    rig = Rig(tmp_path, replace(settings, mig_strategy="mixed"), nvml=open_nvml("sim:dgx-a100-mig"))
+    assert rig.supervisor.served_gpus() is None  # nothing enumerated yet: no rescan compares
+    rig.start()
+    try:
+        assert rig.supervisor.ready.wait(5)
+        before = dict(rig.supervisor.servers)
+        served = rig.supervisor.served_gpus()
+        assert served is not None and served[3].mig_devices[0].profile == "7g.40gb"
+        rig.nvml.inject({"uuid": served[3].uuid, "mig": ["4g.20gb", "3g.20gb"]})
+        rig.supervisor.request_rescan()
+        wait_until(lambda: "nvidia.com/mig-4g.20gb" in rig.supervisor.servers, "the new profile")
+        servers = rig.supervisor.servers
+        assert "nvidia.com/mig-7g.40gb" not in servers and before["nvidia.com/mig-7g.40gb"].stopped
+        assert servers["nvidia.com/mig-3g.20gb"] is before["nvidia.com/mig-3g.20gb"]  # updated in place
+        assert len(servers["nvidia.com/mig-3g.20gb"].devices) == 2
+        assert all(servers[n] is before[n] and not before[n].stopped for n in (GPU, "nvidia.com/mig-1g.5gb"))
+        assert rig.observer.of("reloaded") == []  # not a config reload
+    finally:
+        rig.stop()

@@ -5,7 +5,7 @@ calls; `Topology` and `pair_score` are the scoring, exposed for tests, benchmark
 """
 
 from nvdp.allocation.allocator import Allocator
-from nvdp.allocation.shared import ReplicaPolicy
+from nvdp.allocation.shared import AllocationPolicy
 from nvdp.allocation.topology import NVLINK_SCORE, PCIE_SCORE, Topology, pair_score
 
-__all__ = ["NVLINK_SCORE", "PCIE_SCORE", "Allocator", "ReplicaPolicy", "Topology", "pair_score"]
+__all__ = ["NVLINK_SCORE", "PCIE_SCORE", "AllocationPolicy", "Allocator", "Topology", "pair_score"]

@@ -1,8 +1,8 @@
 """GetPreferredAllocation for one resource: validation, then the policy its devices call for.
 
 - whole GPUs: topology score, fewest NUMA nodes, least fragmentation, lowest index (`gpus`);
-- replicas (`<uuid>::<n>`): SPREAD (default) or PACK over the replicated devices (`shared`);
-- MIG devices: packed onto few parent GPUs and NUMA nodes (`shared`).
+- replicas (`<uuid>::<n>`) and MIG devices: NVIDIA's `sharedDevicesAllocationPolicy`, DISTRIBUTED
+  (default) or PACKED, over the replicated devices or the MIG devices' parent GPUs (`shared`).
 
 Per-device-set data (order, weights, groups) is computed once in `Allocator.__init__`.
 Duplicate IDs in `available` or `must_include` are dropped silently: the kubelet means sets.
@@ -16,12 +16,10 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from nvdp.allocation.gpus import choose_gpus
-from nvdp.allocation.shared import ReplicaPolicy, choose_packed, choose_replicas
+from nvdp.allocation.shared import NO_NUMA, AllocationPolicy, choose_shared
 from nvdp.allocation.topology import Topology, pair_score
 from nvdp.devices import Device, format_ids
 from nvdp.errors import RequestError
-
-_NO_NUMA = -1
 
 
 def _order(device: Device) -> tuple[int, int, int]:
@@ -42,28 +40,27 @@ class Allocator:
         devices: Iterable[Device],
         topology: Topology | None = None,
         *,
-        replica_policy: ReplicaPolicy = ReplicaPolicy.SPREAD,
+        policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
     ) -> None:
         ordered = sorted(devices, key=_order)
         self._ids = [d.id for d in ordered]
         self._position = {device_id: p for p, device_id in enumerate(self._ids)}
         if len(self._position) != len(self._ids):
             raise ValueError("duplicate device IDs")
-        self.replica_policy = replica_policy
+        self.policy = policy
         gpu_uuids = [d.gpu_uuid for d in ordered]
-        if any(d.replica is not None for d in ordered):
-            self.kind: Literal["gpus", "replicas", "mig"] = "replicas"
+        replicated = any(d.replica is not None for d in ordered)
+        if replicated or any(d.is_mig for d in ordered) or len(set(gpu_uuids)) != len(gpu_uuids):
+            # Replicas group by the device they replicate, MIG devices by their parent GPU.
+            self.kind: Literal["gpus", "replicas", "mig"] = "replicas" if replicated else "mig"
+            keys = [d.uuid for d in ordered] if replicated else gpu_uuids
             groups: dict[str, int] = {}
-            self._groups = [groups.setdefault(d.uuid, len(groups)) for d in ordered]
+            self._groups = [groups.setdefault(k, len(groups)) for k in keys]
             sizes = Counter(self._groups)
             self._group_sizes = [sizes[g] for g in range(len(groups))]
-        elif any(d.is_mig for d in ordered) or len(set(gpu_uuids)) != len(gpu_uuids):
-            self.kind = "mig"
-            parents: dict[str, int] = {}
-            self._parents = [parents.setdefault(d.gpu_uuid, len(parents)) for d in ordered]
-            self._parent_numa = [_NO_NUMA] * len(parents)
-            for d, parent in zip(ordered, self._parents, strict=True):
-                self._parent_numa[parent] = _numa(d, topology)
+            self._group_numa = [NO_NUMA] * len(groups)
+            for d, g in zip(ordered, self._groups, strict=True):
+                self._group_numa[g] = _numa(d, topology)
         else:
             self.kind = "gpus"
             numa = {d.gpu_uuid: d.numa_node for d in ordered}
@@ -104,12 +101,15 @@ class Allocator:
             required = set(must_pos)
             candidates = [p for p in avail_pos if p not in required]
             need = size - len(must_pos)
-            if self.kind == "replicas":
-                extra = choose_replicas(
-                    self._groups, self._group_sizes, candidates, need, self.replica_policy
-                )
-            else:
-                extra = choose_packed(self._parents, self._parent_numa, candidates, must_pos, need)
+            extra = choose_shared(
+                self._groups,
+                self._group_sizes,
+                self._group_numa,
+                candidates,
+                must_pos,
+                need,
+                self.policy,
+            )
             chosen = sorted(must_pos + extra)
         return [self._ids[p] for p in chosen]
 
@@ -118,4 +118,4 @@ def _numa(device: Device, topology: Topology | None) -> int:
     node = topology.numa_nodes.get(device.gpu_uuid) if topology is not None else None
     if node is None:
         node = device.numa_node
-    return _NO_NUMA if node is None else node
+    return NO_NUMA if node is None else node

@@ -1,100 +1,73 @@
-"""Choosing devices that share a parent: replicas of one GPU, MIG devices of one GPU (pure).
+"""Choosing devices that share a parent: replicas of one device, MIG devices of one GPU (pure).
 
-Replicas (`<uuid>::<n>`) are grouped by the device they replicate. SPREAD (the default, as
-NVIDIA's plugin does for time-slicing) takes each replica from the group with the fewest replicas in
-use, where in use means not available or required by this request; PACK takes from the group with
-the most in use, keeping whole groups free for later requests. Ties go to the lowest group.
+NVIDIA's `sharedDevicesAllocationPolicy` (internal/rm/allocate.go, greedy over physical devices):
 
-MIG devices are packed: first the parents of the required devices, then parents on a NUMA node
-already used, then a new NUMA node. A new NUMA node or parent is chosen best-fit: the one with the
-fewest free devices that still covers what is left, else the one with the most.
+- a *group* is what the request's devices share: the device a replica (`<uuid>::<n>`) replicates,
+  or the parent GPU of a MIG device. Each group counts its devices *in use*: those of the resource
+  that are neither available nor candidates of this request (so `must_include` devices count as in
+  use, as the kubelet passes them: in the request but not free for the policy to choose);
+- the request takes one device at a time from the best group, which then counts one more in use:
+  - DISTRIBUTED (the default): the group with the fewest in use, so a request and successive
+    requests spread over the least-used parents;
+  - PACKED: the group with the most in use, so the most-used parent fills first and whole parents
+    stay free for later requests;
+- ties: the group this request has taken fewer devices from (`must_include` counted), then a group
+  on a NUMA node the request already touches (nvdp's addition; NVIDIA has no NUMA tie-break), then
+  the lowest group (GPU order). Within a group devices are taken in device order.
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 from collections.abc import Sequence
 
-
-class ReplicaPolicy(enum.Enum):
-    SPREAD = "spread"
-    PACK = "pack"
+NO_NUMA = -1
 
 
-def choose_replicas(
+class AllocationPolicy(enum.Enum):
+    """`flags.plugin.sharedDevicesAllocationPolicy` values."""
+
+    DISTRIBUTED = "distributed"
+    PACKED = "packed"
+
+
+POLICY_NAMES = tuple(p.value for p in AllocationPolicy)
+
+
+def choose_shared(
     groups: Sequence[int],
     group_sizes: Sequence[int],
+    group_numa: Sequence[int],
     candidates: Sequence[int],
+    must: Sequence[int],
     need: int,
-    policy: ReplicaPolicy,
+    policy: AllocationPolicy,
 ) -> list[int]:
     """`need` device positions from `candidates` (sorted positions, required ones excluded).
 
-    `groups[position]` is each device's group; `group_sizes[g]` counts every device of group g.
+    `groups[position]` is each device's group (numbered in GPU order); `group_sizes[g]` counts every
+    device of group g in the resource; `group_numa[g]` is its NUMA node (NO_NUMA when unknown).
     """
     free: dict[int, list[int]] = {}
     for position in candidates:
         free.setdefault(groups[position], []).append(position)
-    sign = 1 if policy is ReplicaPolicy.SPREAD else -1
-    heap = [(sign * (group_sizes[g] - len(left)), g) for g, left in free.items()]
-    heapq.heapify(heap)
-    taken = {g: 0 for g in free}
+    in_use = {g: group_sizes[g] - len(left) for g, left in free.items()}
+    picked = dict.fromkeys(free, 0)
+    touched = {group_numa[groups[p]] for p in must}
+    for position in must:
+        if groups[position] in picked:
+            picked[groups[position]] += 1
+    sign = 1 if policy is AllocationPolicy.DISTRIBUTED else -1
+    taken = dict.fromkeys(free, 0)
     chosen: list[int] = []
     while len(chosen) < need:
-        used, g = heap[0]
+        g = min(
+            (g for g in free if taken[g] < len(free[g])),
+            key=lambda g: (sign * in_use[g], picked[g], group_numa[g] not in touched, g),
+        )
         chosen.append(free[g][taken[g]])
         taken[g] += 1
-        if taken[g] == len(free[g]):
-            heapq.heappop(heap)
-        else:
-            heapq.heapreplace(heap, (used + sign, g))
+        in_use[g] += 1
+        picked[g] += 1
+        touched.add(group_numa[g])
     return chosen
-
-
-def choose_packed(
-    parents: Sequence[int],
-    parent_numa: Sequence[int],
-    candidates: Sequence[int],
-    must: Sequence[int],
-    need: int,
-) -> list[int]:
-    """`need` device positions from `candidates`, packed onto few parents and NUMA nodes.
-
-    `parents[position]` is a device's parent GPU (ordered by GPU index); `parent_numa[parent]` its
-    NUMA node.
-    """
-    free: dict[int, list[int]] = {}
-    for position in candidates:
-        free.setdefault(parents[position], []).append(position)
-    used_parents = {parents[p] for p in must}
-    used_nodes = {parent_numa[g] for g in used_parents}
-    chosen: list[int] = []
-
-    def take(g: int) -> None:
-        left = need - len(chosen)
-        chosen.extend(free.pop(g)[:left])
-        used_nodes.add(parent_numa[g])
-
-    for g in sorted(used_parents & free.keys()):
-        if len(chosen) < need:
-            take(g)
-    while len(chosen) < need:
-        left = need - len(chosen)
-        pool = [g for g in free if parent_numa[g] in used_nodes]
-        if not pool:
-            node_free: dict[int, int] = {}
-            for g, devices in free.items():
-                node_free[parent_numa[g]] = node_free.get(parent_numa[g], 0) + len(devices)
-            node = _best_fit(node_free, left)
-            pool = [g for g in free if parent_numa[g] == node]
-        take(_best_fit({g: len(free[g]) for g in pool}, left))
-    return chosen
-
-
-def _best_fit(sizes: dict[int, int], want: int) -> int:
-    """The key whose size is the smallest still >= want, else the largest; ties to the lowest key."""
-    fits = [k for k, size in sizes.items() if size >= want]
-    if fits:
-        return min(fits, key=lambda k: (sizes[k], k))
-    return min(sizes, key=lambda k: (-sizes[k], k))

@@ -199,11 +199,15 @@ def _convert(
 def _finish_replicated(section: ReplicatedResources, path: str, problems: list[str]) -> ReplicatedResources:
     if not section.resources:
         problems.append(f"{path}.resources: must list at least one resource")
-    seen: set[str] = set()
-    for i, resource in enumerate(section.resources):
-        if resource.name in seen:
-            problems.append(f"{path}.resources[{i}].name: {show(resource.name)} is listed more than once")
-        seen.add(resource.name)
+    for j, resource in enumerate(section.resources):
+        for i, earlier in enumerate(section.resources[:j]):
+            if earlier.name == resource.name:
+                overlap = _overlap(earlier.devices, resource.devices)
+                if overlap:
+                    problems.append(
+                        f"{path}.resources[{j}].devices: overlaps resources[{i}] of the same name "
+                        f"{resource.name} on {overlap}; entries with the same name need disjoint devices"
+                    )
     if not section.rename_by_default:
         return section
     return replace(
@@ -212,6 +216,20 @@ def _finish_replicated(section: ReplicatedResources, path: str, problems: list[s
             r if r.rename else replace(r, rename=r.name + SHARED_SUFFIX) for r in section.resources
         ),
     )
+
+
+def _overlap(a: object, b: object) -> str | None:
+    """Devices two selections of one resource certainly share, in words; None when they may be
+    disjoint (indices against UUIDs, or a count against a list, are checked on the node)."""
+    if a == "all" or b == "all":
+        return 'every device ("all")'
+    if isinstance(a, int) and isinstance(b, int):
+        return f"the first {min(a, b)} device{'s' if min(a, b) > 1 else ''} (both are counts)"
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        common = [ref for ref in b if ref in a]
+        if common:
+            return f"devices {', '.join(dict.fromkeys(common))}"
+    return None
 
 
 def _finish_sharing(sharing: Sharing, path: str, problems: list[str]) -> Sharing:

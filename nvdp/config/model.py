@@ -25,11 +25,13 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+SHARED_DEVICES_ALLOCATION_POLICIES = ("distributed", "packed")
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 DEFAULT_METRICS_ADDRESS = ":2112"
+DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
 CDI_HOOKS = ("update-ldcache", "create-symlinks", "enable-cuda-compat", "chmod", "all")
@@ -149,6 +151,13 @@ _strings = v.list_of(v.string, single=True)
 _seconds = v.duration()
 
 
+def rescan_interval(value: object) -> float:
+    """`--device-rescan-interval`: a Go duration ("10s", "1m") or a number of seconds; 0 disables."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        value = float(value)
+    return _seconds(value)
+
+
 def _go(value: object) -> object:
     return v.format_go_duration(value) if isinstance(value, float) else value
 
@@ -172,6 +181,9 @@ class PluginFlags:
     container_driver_root: str = _key("containerDriverRoot", v.string, default=DEFAULT_CONTAINER_DRIVER_ROOT)
     kubelet_socket: str = _key("kubeletSocket", v.string, default=DEFAULT_KUBELET_SOCKET)
     cdi_feature_flags: tuple[str, ...] = _key("cdiFeatureFlags", _strings, default=())
+    shared_devices_allocation_policy: str = _key(
+        "sharedDevicesAllocationPolicy", v.choice(*SHARED_DEVICES_ALLOCATION_POLICIES), default="distributed"
+    )
 
 
 @dataclass(frozen=True)
@@ -230,11 +242,12 @@ class ReplicatedResource:
     """A `sharing.<timeSlicing|mps>.resources` entry.
 
     `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
-    strings. `rename` is already `<name>.shared` when the section has `renameByDefault`.
+    strings. `rename` is already `<name>.shared` when the section has `renameByDefault`. Several
+    entries may have one name when their devices are disjoint (per-GPU replica counts).
     """
 
     name: str = _key("name", resource_name)
-    replicas: int = _key("replicas", v.integer(2))
+    replicas: int = _key("replicas", v.integer(1))  # 1: not shared (no `::` IDs)
     rename: str | None = _key("rename", resource_name, default=None)
     devices: Devices = _key("devices", replicated_devices, default="all")
 
@@ -312,6 +325,7 @@ class Config:
     log_format: str = "text"
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    device_rescan_interval: float = DEFAULT_DEVICE_RESCAN_INTERVAL  # seconds; 0: no live rescans
     cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
     cdi_kind: str = CDI_KINDS[0]
     cdi_disable_hooks: tuple[str, ...] = ()
@@ -332,6 +346,7 @@ class Config:
             "logFormat": self.log_format,
             "logLevel": self.log_level,
             "metricsAddress": self.metrics_address,
+            "deviceRescanInterval": v.format_go_duration(self.device_rescan_interval),
             "cdiSpecDir": self.cdi_spec_dir,
             "cdiKind": self.cdi_kind,
             "cdiDisableHooks": list(self.cdi_disable_hooks),

@@ -23,10 +23,12 @@ from nvdp.config.model import (
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
     MIG_STRATEGIES,
+    SHARED_DEVICES_ALLOCATION_POLICIES,
     Config,
     imex_channel_ids,
     listen_address,
     nvml_spec,
+    rescan_interval,
 )
 from nvdp.config.rules import plugin_problems
 from nvdp.errors import ConfigError
@@ -216,6 +218,14 @@ OPTIONS: tuple[Option, ...] = (
         "list",
     ),
     Option(
+        ("--shared-devices-allocation-policy",),
+        ("SHARED_DEVICES_ALLOCATION_POLICY",),
+        "flags.plugin.shared_devices_allocation_policy",
+        v.choice(*SHARED_DEVICES_ALLOCATION_POLICIES),
+        "preferred allocation of replicas and MIG devices: "
+        f"{_alts(SHARED_DEVICES_ALLOCATION_POLICIES)} (least-used or most-used parent first)",
+    ),
+    Option(
         ("--cdi-disable-hooks",),
         ("CDI_DISABLE_HOOKS",),
         "cdi_disable_hooks",
@@ -265,6 +275,13 @@ OPTIONS: tuple[Option, ...] = (
         "metrics_address",
         listen_address,
         'listen address of /metrics, /healthz and /readyz ("" disables)',
+    ),
+    Option(
+        ("--device-rescan-interval",),
+        ("DEVICE_RESCAN_INTERVAL",),
+        "device_rescan_interval",
+        rescan_interval,
+        'how often MIG layouts and GPUs are re-read to serve changes without a signal ("10s"; 0 disables)',
     ),
     Option(
         ("--strict-config",),

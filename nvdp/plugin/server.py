@@ -288,3 +288,17 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+    # ---- live device changes (reloads and rescans) --------------------------------------------
+    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
+        """Serve `resource` (same name, changed devices) without a restart: open ListAndWatch
+        streams get the new list, the registration stays. Devices that remain keep their health."""
+        if resource.name != self.resource.name or (allocator is None) != (self._allocator is None):
+            raise ValueError(f"{self.resource.name}: an update cannot change the name or the options")
+        with self._cond:
+            self._health = {i: self._health.get(i, True) for i in resource.devices}
+            self.resource = resource
+            self._allocator = allocator
+            self._version += 1
+            self._list_response = self._build_list()
+            self._cond.notify_all()

@@ -88,10 +88,12 @@ class Supervisor(Generic[S]):
         self._ever_registered: set[str] = set()
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
+        self._rescan = threading.Event()  # a device layout change to apply (nvdp.plugin.rescan)
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
         self.gpus: list[GpuInfo] = []
+        self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -118,6 +120,9 @@ class Supervisor(Generic[S]):
                 if self._reload_requested.is_set():
                     self._reload_requested.clear()
                     self._do_reload()
+                if self._rescan.is_set():
+                    self._rescan.clear()
+                    self._do_rescan()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 if kubelet_id is None:
                     self._kubelet_gone()
@@ -161,6 +166,7 @@ class Supervisor(Generic[S]):
     # ---- resources and servers ----------------------------------------------------------------
     def _build(self, settings: DaemonSettings) -> list[Resource]:
         self.gpus = self._nvml.gpus()
+        self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
         return settings.resources(self.gpus, minors)
 
@@ -197,6 +203,15 @@ class Supervisor(Generic[S]):
         for name in list(self.servers):
             server = self.servers[name]
             new = wanted.get(name)
+            if (
+                new is not None
+                and new.signature() != server.resource.signature()
+                and server.options == options
+            ):
+                allocator = self._allocator_factory(new, self.gpus) if self._allocator_factory else None
+                server.update_resource(new, allocator)  # changed devices: same stream and registration
+                log_event(log, logging.INFO, "updated devices", resource=name, devices=len(new.devices))
+                continue
             if new is None or new.signature() != server.resource.signature() or server.options != options:
                 server.stop(grace=0.2)
                 del self.servers[name]
@@ -359,3 +374,29 @@ class Supervisor(Generic[S]):
         """Resource -> registered with the running kubelet, for every resource served. A snapshot
         that any thread may take (the list() is one step under the GIL)."""
         return {name: at is not None for name, at in list(self._registered_at.items())}
+
+    # ---- device layout changes (nvdp.plugin.rescan) ----------------------------------------------
+    def request_rescan(self) -> None:
+        """Apply the node's current layout with the current settings, as a reload does."""
+        self._rescan.set()
+        if self._watcher:
+            self._watcher.wake()
+
+    def served_gpus(self) -> list[GpuInfo] | None:
+        """The enumeration the served resources come from; None before the first one."""
+        return self.gpus if self._enumerated else None
+
+    def _do_rescan(self) -> None:
+        try:
+            self._apply(self.settings)
+        except NvdpError as error:
+            log_event(
+                log,
+                logging.ERROR,
+                "device layout change not served; keeping the previous resources",
+                error=str(error),
+            )
+            return
+        log_event(
+            log, logging.INFO, "device layout applied", resources=",".join(sorted(self.servers)) or "none"
+        )

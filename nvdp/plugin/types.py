@@ -32,6 +32,7 @@ class DaemonSettings:
     response: ResponseOptions = field(default_factory=ResponseOptions)
     health: HealthSettings | None = None  # passed through to HealthHooks.start
     cdi: CdiSettings | None = None  # CDI specs are written (nvdp.cdi) when set
+    allocation_policy: str = "distributed"  # flags.plugin.sharedDevicesAllocationPolicy
 
     @property
     def dev_root(self) -> str:
@@ -50,6 +51,7 @@ class DaemonSettings:
             mig_patterns=self.mig_patterns,
             sharing=self.sharing,
             mig_minors=mig_minors,
+            allocation_policy=self.allocation_policy,
         )
 
 
@@ -71,6 +73,11 @@ class PluginServer(HealthTarget, Protocol):
 
     def socket_is_ours(self) -> bool:
         """False when the socket file was deleted or replaced (a kubelet restart wipes it)."""
+        ...
+
+    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
+        """Serve changed devices of the same resource on the running server (same stream and
+        registration); devices that remain keep their health."""
         ...
 
 

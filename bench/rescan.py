@@ -1,0 +1,147 @@
+"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.plugin.rescan).
+
+Run alone: `python -m bench.rescan` prints the table.
+
+Per simulated node (dgx-a100: 8 whole GPUs; dgx-a100-mig: 4 MIG GPUs with 14 MIG devices, 4 whole),
+the CPU time (thread time, so other threads and processes do not count) of one rescan tick while
+nothing changes, split into the enumeration (`Nvml.gpus()`) and the rest (layouts built and
+compared), best of 5 runs of 2000 ticks; then the CPU per minute at the default 10 s interval
+(6 ticks) and at 1 s. The simulated node answers from memory, so its enumeration is the Python side
+only; the NVML calls one tick makes on the real backend are counted over the fake pynvml of the
+tests (the same node shapes), each a driver query a real node adds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.rescan import LayoutRescanner, layout_of
+
+TICKS = 2000
+RUNS = 5
+
+
+@dataclass(frozen=True)
+class Row:
+    node: str
+    gpus: int
+    mig_devices: int
+    enumerate_us: float
+    compare_us: float
+    per_minute_10s_ms: float
+    per_minute_1s_ms: float
+    nvml_calls: int | None
+
+
+def _cpu_us(fn: Callable[[], object], ticks: int = TICKS) -> float:
+    best = float("inf")
+    for _ in range(RUNS):
+        start = time.thread_time()
+        for _ in range(ticks):
+            fn()
+        best = min(best, time.thread_time() - start)
+    return best / ticks * 1e6
+
+
+def measure(profile: str) -> Row:
+    nvml = open_nvml(f"sim:{profile}")
+    nvml.init()
+    try:
+        served = nvml.gpus()
+        requests: list[None] = []
+        scan = LayoutRescanner(nvml.gpus, lambda: served, lambda: requests.append(None), 10.0)
+        tick_us = _cpu_us(scan.check)
+        enumerate_us = _cpu_us(nvml.gpus)
+        assert not requests, "no change: no rescan request"
+    finally:
+        nvml.shutdown()
+    return Row(
+        profile,
+        len(served),
+        sum(len(g.mig_devices) for g in served),
+        enumerate_us,
+        max(0.0, tick_us - enumerate_us),
+        tick_us * 6 / 1000,
+        tick_us * 60 / 1000,
+        _real_nvml_calls(served),
+    )
+
+
+def _real_nvml_calls(gpus: list[GpuInfo]) -> int | None:
+    """NVML calls of one enumeration by the real backend over the tests' fake pynvml, same shape."""
+    try:
+        from tests import fake_pynvml as fake
+    except ImportError:
+        return None
+    from nvdp.nvml.real import RealNvml
+
+    fakes = []
+    for g in gpus:
+        slots = {
+            m.index: fake.FakeMig(m.uuid, m.gi_id, m.ci_id, int(m.profile[0]), int(m.profile[0]), 5120)
+            for m in g.mig_devices
+        }
+        mode = (
+            (fake.NVML_DEVICE_MIG_ENABLE if g.mig_enabled else fake.NVML_DEVICE_MIG_DISABLE)
+            if g.mig_capable
+            else None
+        )
+        fakes.append(fake.FakeGpu(g.uuid, g.pci_bus_id, minor=g.minor, mig_mode=mode, mig_slots=slots))
+    lib = fake.FakePynvml(fakes)
+    calls = _count_calls(lib)
+    nvml = RealNvml(pynvml=lib, sysfs_root="/nonexistent")
+    nvml.init()
+    nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)
+    calls[0] = 0
+    layout_of(nvml.gpus())
+    return calls[0]
+
+
+def _count_calls(lib: Any) -> list[int]:
+    """Count every nvml* function call on a pynvml-like object (its methods wrapped in place)."""
+    calls = [0]
+    for name in dir(lib):
+        value = getattr(lib, name)
+        if name.startswith("nvml") and callable(value):
+            setattr(lib, name, _counted(value, calls))
+    return calls
+
+
+def _counted(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        calls[0] += 1
+        return fn(*args)
+
+    return call
+
+
+def rows() -> list[Row]:
+    return [measure(p) for p in ("dgx-a100", "dgx-a100-mig")]
+
+
+def format_table(table: list[Row]) -> str:
+    lines = [
+        "| node | GPUs | MIG devices | enumeration µs/tick | compare µs/tick | CPU ms/min @10s "
+        "| CPU ms/min @1s | NVML calls/tick (real backend) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        calls = "-" if r.nvml_calls is None else str(r.nvml_calls)
+        lines.append(
+            f"| {r.node} | {r.gpus} | {r.mig_devices} | {r.enumerate_us:.0f} | {r.compare_us:.0f} | "
+            f"{r.per_minute_10s_ms:.2f} | {r.per_minute_1s_ms:.2f} | {calls} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(format_table(rows()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Live device-layout changes: a timer re-reads the node's GPU / MIG layout and asks the supervisor to
+re-apply its resources when the layout differs from the one it serves (`--device-rescan-interval`).
+
+A *layout* is, per GPU: its index, uuid, MIG mode and its MIG devices as (GPU instance id, compute
+instance id, profile), nothing else, so a change of any other fact (memory, NUMA node, ...) is no
+layout change. A GPU that appears or disappears (hot-unplug, driver rebind) is a change too.
+
+Each tick costs the enumeration's NVML queries and one comparison of small tuples; nothing else
+happens while nothing changes. On a change: one log line per GPU that changed (old and new layout),
+the layout-change counter, then `on_change()` (the supervisor's rescan request: the same diff a reload
+applies). The baseline is what the supervisor serves (`served()`, read each tick), so SIGHUP reloads
+move it too; a layout that was already reported is not reported again while it stays (a layout the
+config refuses is said once, not every tick).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from nvdp.errors import NvdpError
+from nvdp.logs import log_event
+from nvdp.nvml.types import GpuInfo
+from nvdp.promtext import Counter as PromCounter
+from nvdp.promtext import Registry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 10.0
+CHANGE_KINDS = ("mig", "gpu-appeared", "gpu-disappeared")
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """One GPU's layout: what a MIG re-partition or a hot-plug changes."""
+
+    index: int
+    uuid: str
+    mig_enabled: bool
+    instances: tuple[tuple[int, int, str], ...] = ()  # (GPU instance, compute instance, profile)
+
+    def describe(self) -> str:
+        """`MIG disabled`, `MIG enabled, no MIG devices`, or profiles: `7x1g.5gb`, `1x3g.20gb+1x1g.5gb`."""
+        if not self.mig_enabled:
+            return "MIG disabled"
+        if not self.instances:
+            return "MIG enabled, no MIG devices"
+        counts = Counter(profile for _, _, profile in self.instances)
+        return "+".join(f"{n}x{profile}" for profile, n in counts.items())
+
+
+Layout = Mapping[str, GpuLayout]  # GPU uuid -> its layout
+
+
+def layout_of(gpus: Sequence[GpuInfo]) -> dict[str, GpuLayout]:
+    """The layout part of an enumeration."""
+    return {
+        g.uuid: GpuLayout(
+            g.index,
+            g.uuid,
+            g.mig_enabled,
+            tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in g.mig_devices)),
+        )
+        for g in gpus
+    }
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    kind: str  # one of CHANGE_KINDS
+    old: GpuLayout | None
+    new: GpuLayout | None
+
+    @property
+    def gpu(self) -> GpuLayout:
+        gpu = self.new or self.old
+        assert gpu is not None
+        return gpu
+
+    def log(self) -> None:
+        fields: dict[str, object] = {"gpu": self.gpu.index, "uuid": self.gpu.uuid}
+        if self.old is not None:
+            fields["old"] = self.old.describe()
+        if self.new is not None:
+            fields["new"] = self.new.describe()
+        message = {"mig": "MIG layout changed", "gpu-appeared": "GPU appeared"}.get(
+            self.kind, "GPU disappeared"
+        )
+        log_event(log, logging.INFO if self.kind == "mig" else logging.WARNING, message, **fields)
+
+
+def layout_changes(old: Layout, new: Layout) -> list[LayoutChange]:
+    """Per GPU, what differs between two layouts, in GPU index order."""
+    changes = [LayoutChange("gpu-disappeared", g, None) for u, g in old.items() if u not in new]
+    changes += [LayoutChange("gpu-appeared", None, g) for u, g in new.items() if u not in old]
+    changes += [LayoutChange("mig", old[u], g) for u, g in new.items() if u in old and old[u] != g]
+    return sorted(changes, key=lambda c: (c.gpu.index, c.kind))
+
+
+class LayoutRescanner:
+    """The rescan timer thread. `start` and an idempotent `stop`; `check` is one tick (tests, bench).
+
+    `read()` enumerates the node now; `served()` is the enumeration the served resources come from,
+    None while there is none yet (before the first apply, or NVML not initialised): no tick then.
+    `counted(kind)` is called once per GPU change (the metric).
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], Sequence[GpuInfo]],
+        served: Callable[[], Sequence[GpuInfo] | None],
+        on_change: Callable[[], None],
+        interval: float = DEFAULT_INTERVAL_S,
+        *,
+        counted: Callable[[str], None] | None = None,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("a rescan interval must be > 0 (0 means: no rescanner)")
+        self._read = read
+        self._served = served
+        self._on_change = on_change
+        self.interval = interval
+        self._counted = counted
+        self._reported: dict[str, GpuLayout] | None = None  # the last layout reported as a change
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="device-rescan", daemon=True)
+        self._thread.start()
+        log_event(log, logging.INFO, "device rescan started", interval=f"{self.interval:g}s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # a bug must not end live rescans silently
+                log.exception("device rescan failed")
+
+    def check(self) -> list[LayoutChange]:
+        """One tick: compare the node's layout with the served one; report and request a re-apply
+        when they differ (once per new layout). Returns the changes reported."""
+        served = self._served()
+        if served is None:
+            return []
+        try:
+            now = layout_of(self._read())
+        except NvdpError as error:
+            if not self._failing:
+                log_event(
+                    log, logging.WARNING, "device rescan: enumeration failed; will retry", error=str(error)
+                )
+            self._failing = True
+            return []
+        if self._failing:
+            log_event(log, logging.INFO, "device rescan: enumeration works again")
+            self._failing = False
+        base = layout_of(served)
+        if now == base:
+            self._reported = None
+            return []
+        if now == self._reported:
+            return []  # reported already; the supervisor applied or refused it
+        changes = layout_changes(base, now)
+        self._reported = now
+        for change in changes:
+            change.log()
+            if self._counted is not None:
+                self._counted(change.kind)
+        self._on_change()
+        return changes
+
+
+class RescanTarget(Protocol):
+    """The supervisor as the rescanner sees it."""
+
+    def served_gpus(self) -> Sequence[GpuInfo] | None: ...
+    def request_rescan(self) -> None: ...
+
+
+class GpuSource(Protocol):
+    def gpus(self) -> list[GpuInfo]: ...
+
+
+def layout_change_counter(registry: Registry) -> Callable[[str], None]:
+    """`nvdp_device_layout_changes_total{kind}` in `registry`; returns what counts one change."""
+    counter = registry.register(
+        PromCounter(
+            "nvdp_device_layout_changes_total",
+            "GPU layout changes seen by the device rescan, per GPU (MIG re-partition, GPU appeared or gone).",
+            ["kind"],
+        )
+    )
+    for kind in CHANGE_KINDS:
+        counter.labels(kind)
+    return lambda kind: counter.labels(kind).inc()
+
+
+def rescanner_for(
+    interval: float, nvml: GpuSource, target: RescanTarget, registry: Registry | None
+) -> LayoutRescanner | None:
+    """The daemon's rescanner (None when `--device-rescan-interval` is 0)."""
+    if interval <= 0:
+        log_event(log, logging.INFO, "device rescan disabled; layout changes need a SIGHUP")
+        return None
+    counted = layout_change_counter(registry) if registry is not None else None
+    return LayoutRescanner(nvml.gpus, target.served_gpus, target.request_rescan, interval, counted=counted)

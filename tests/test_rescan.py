@@ -1,0 +1,156 @@
+"""The device rescan (pure parts and the timer) with a hand-written node: layouts, changes, one
+report per new layout, the counter, failures."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from nvdp.errors import NvdpError
+from nvdp.logs import FIELDS_ATTR, format_fields
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.plugin.rescan import GpuLayout, LayoutRescanner, layout_change_counter, layout_changes, layout_of
+from nvdp.promtext import Registry
+
+
+def gpu(index: int, mig: Sequence[str] | None = None, *, memory: int = 40 << 30) -> GpuInfo:
+    uuid = f"GPU-{index}"
+    devices = tuple(
+        MigDeviceInfo(f"MIG-{index}-{k}-{p}", k, 7 + k, 0, p, 5 << 30, uuid, index)
+        for k, p in enumerate(mig or ())
+    )
+    return GpuInfo(
+        index, uuid, "NVIDIA A100-SXM4-40GB", index, memory, (8, 0), f"0000:{index:02x}:00.0", 0,
+        mig_capable=True, mig_enabled=mig is not None, mig_devices=devices,
+    )  # fmt: skip
+
+
+def test_layout_is_mig_mode_and_instances_only() -> None:
+    (a,) = layout_of([gpu(0, ["1g.5gb", "1g.5gb", "2g.10gb"])]).values()
+    assert a == GpuLayout(0, "GPU-0", True, ((7, 0, "1g.5gb"), (8, 0, "1g.5gb"), (9, 0, "2g.10gb")))
+    assert a.describe() == "2x1g.5gb+1x2g.10gb"
+    assert layout_of([gpu(1)])["GPU-1"].describe() == "MIG disabled"
+    assert layout_of([gpu(1, [])])["GPU-1"].describe() == "MIG enabled, no MIG devices"
+    assert layout_of([gpu(0, memory=80 << 30)]) == layout_of([gpu(0)]), "other facts are no layout change"
+
+
+def test_changes_per_gpu_in_index_order() -> None:
+    old = layout_of([gpu(0, ["7g.40gb"]), gpu(1), gpu(2)])
+    new = layout_of([gpu(0, ["3g.20gb", "4g.20gb"]), gpu(2), gpu(3)])
+    assert [(c.kind, c.gpu.index) for c in layout_changes(old, new)] == [
+        ("mig", 0),
+        ("gpu-disappeared", 1),
+        ("gpu-appeared", 3),
+    ]
+
+
+class Node:
+    """What the rescanner reads (the node now) and what the supervisor serves."""
+
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        self.now = gpus
+        self.served: list[GpuInfo] | None = list(gpus)
+        self.requests = 0
+        self.failure: NvdpError | None = None
+        self.requested = threading.Event()
+
+    def read(self) -> list[GpuInfo]:
+        if self.failure is not None:
+            raise self.failure
+        return self.now
+
+    def request(self) -> None:
+        self.requests += 1
+        self.requested.set()
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [f"{r.getMessage()} {format_fields(getattr(r, FIELDS_ATTR, {}))}".strip() for r in caplog.records]
+
+
+def rescanner(node: Node, counted: list[str] | None = None) -> LayoutRescanner:
+    return LayoutRescanner(
+        node.read,
+        lambda: node.served,
+        node.request,
+        10.0,
+        counted=None if counted is None else counted.append,
+    )
+
+
+def test_a_change_is_logged_per_gpu_counted_and_applied_once(caplog: pytest.LogCaptureFixture) -> None:
+    node = Node([gpu(0, ["7g.40gb"]), gpu(1)])
+    counted: list[str] = []
+    scan = rescanner(node, counted)
+    assert scan.check() == [] and node.requests == 0
+    node.now = [gpu(0, ["3g.20gb", "4g.20gb"]), gpu(1, [])]
+    with caplog.at_level(logging.INFO, logger="nvdp.plugin.rescan"):
+        assert len(scan.check()) == 2
+    assert node.requests == 1 and counted == ["mig", "mig"]
+    assert lines(caplog) == [
+        "MIG layout changed gpu=0 uuid=GPU-0 old=1x7g.40gb new=1x3g.20gb+1x4g.20gb",
+        'MIG layout changed gpu=1 uuid=GPU-1 old="MIG disabled" new="MIG enabled, no MIG devices"',
+    ]
+    # Not applied (e.g. the config refuses it): said once, not every tick.
+    assert scan.check() == [] and node.requests == 1
+    node.served = list(node.now)  # applied
+    assert scan.check() == [] and node.requests == 1
+    node.now = [gpu(0, ["7g.40gb"]), gpu(1, [])]
+    assert [c.kind for c in scan.check()] == ["mig"] and node.requests == 2
+
+
+def test_gpus_appearing_and_disappearing_take_the_same_path() -> None:
+    node = Node([gpu(0), gpu(1)])
+    counted: list[str] = []
+    scan = rescanner(node, counted)
+    node.now = [gpu(0), gpu(2)]
+    scan.check()
+    assert counted == ["gpu-disappeared", "gpu-appeared"] and node.requests == 1
+
+
+def test_nothing_before_the_first_enumeration_and_failures_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = Node([gpu(0)])
+    node.served = None
+    scan = rescanner(node)
+    node.now = [gpu(0, [])]
+    assert scan.check() == [] and node.requests == 0
+    node.served = [gpu(0)]
+    node.failure = NvdpError("nvmlDeviceGetCount: NVML_ERROR_UNKNOWN")
+    with caplog.at_level(logging.INFO, logger="nvdp.plugin.rescan"):
+        scan.check()
+        scan.check()
+        node.failure = None
+        scan.check()
+    assert lines(caplog) == [
+        'device rescan: enumeration failed; will retry error="nvmlDeviceGetCount: NVML_ERROR_UNKNOWN"',
+        "device rescan: enumeration works again",
+        'MIG layout changed gpu=0 uuid=GPU-0 old="MIG disabled" new="MIG enabled, no MIG devices"',
+    ]
+    assert node.requests == 1
+
+
+def test_the_timer_thread_requests_and_stops() -> None:
+    node = Node([gpu(0)])
+    scan = LayoutRescanner(node.read, lambda: node.served, node.request, 0.01)
+    scan.start()
+    try:
+        node.now = [gpu(0, ["7g.40gb"])]
+        assert node.requested.wait(5.0)
+    finally:
+        scan.stop()
+        scan.stop()
+    assert node.requests == 1
+
+
+def test_counter_family_starts_at_zero() -> None:
+    registry = Registry()
+    count = layout_change_counter(registry)
+    count("mig")
+    text = registry.render().decode()
+    assert 'nvdp_device_layout_changes_total{kind="mig"} 1' in text
+    assert 'nvdp_device_layout_changes_total{kind="gpu-appeared"} 0' in text
