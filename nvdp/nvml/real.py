@@ -16,7 +16,7 @@ from typing import Any
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml import nvml_error
-from nvdp.nvml.types import EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, PcieLevel, ProbeResult
+from nvdp.nvml.types import ComputeMode, EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, PcieLevel, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -405,6 +405,12 @@ class RealNvml:
 
     def create_event_set(self) -> RealEventSet:
         return RealEventSet(self)
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        return ComputeMode(self._call("nvmlDeviceGetComputeMode", self._handle(gpu_uuid), device=gpu_uuid))
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        self._call("nvmlDeviceSetComputeMode", self._handle(gpu_uuid), int(mode), device=gpu_uuid)
 
     # -- pynvml boundary ---------------------------------------------------------------------
 
