@@ -41,9 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_abbrev=False,
     )
     _add_simulate_arguments(simulate)
+    mps = sub.add_parser(
+        "mps-control-daemon",
+        help="run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
+        allow_abbrev=False,
+    )
+    from nvdp.mps.command import add_arguments as add_mps_arguments
+
+    add_mps_arguments(mps)
     args = parser.parse_args(argv)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
+    if args.command == "mps-control-daemon":
+        return run_mps_control_daemon(args, os.environ)
     return run_simulate(args, os.environ)
 
 
@@ -108,6 +118,27 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))
         return 1
+    return 0
+
+
+def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvdp.mps.command import mount_shm, prepare
+
+    try:
+        if args.mps_command == "mount-shm":
+            mount_shm(args, environ)
+            return 0
+        prepared = prepare(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    _install_signal_handlers(prepared.controller.request_stop, prepared.controller.request_reload)
+    try:
+        prepared.controller.run(prepared.plans)
+    except NvdpError as error:
+        log_event(log, logging.ERROR, "exiting", error=str(error))
+        return 1
+    finally:
+        prepared.nvml.shutdown()
     return 0
 
 
