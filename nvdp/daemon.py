@@ -36,11 +36,6 @@ def daemon_settings(config: Config) -> DaemonSettings:
     plugin = flags.plugin
     if not plugin.kubelet_socket:
         raise ConfigError("--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path")
-    if config.sharing.strategy == "mps":
-        raise ConfigError(
-            "sharing.mps: MPS sharing is not supported by this version of nvdp (it runs no MPS control "
-            "daemon); use sharing.timeSlicing, or NVIDIA's plugin for MPS"
-        )
     if flags.device_discovery_strategy == "tegra":
         raise ConfigError(
             "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
@@ -78,6 +73,7 @@ def daemon_settings(config: Config) -> DaemonSettings:
             dev_root=flags.nvidia_dev_root or flags.nvidia_driver_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
+            mps_root=flags.mps_root,
         ),
     )
 

@@ -28,6 +28,7 @@ from nvdp.config.model import (
 )
 from nvdp.errors import ConfigError
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
+from nvdp.mps.plan import config_problems as mps_config_problems
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,7 @@ def _check(config: Config) -> list[str]:
             problems.append(
                 "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
             )
+    problems += mps_config_problems(config)
     return problems
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from nvdp.config import Config
 from nvdp.devices import Device
 from nvdp.nvml.types import GpuInfo
 from nvdp.resources import Resource, ResourceError
 
 from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
+
+if TYPE_CHECKING:
+    from nvdp.config import Config
 
 MIB = 1024 * 1024
 MAX_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
@@ -119,9 +122,7 @@ def config_problems(config: Config) -> list[str]:
         if isinstance(entry.devices, tuple):
             for ref in entry.devices:
                 if ":" in ref or ref.startswith("MIG-"):
-                    problems.append(
-                        f"{where}.devices: {ref!r} is a MIG device; MPS shares whole GPUs only"
-                    )
+                    problems.append(f"{where}.devices: {ref!r} is a MIG device; MPS shares whole GPUs only")
     return problems
 
 

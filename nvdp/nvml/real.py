@@ -16,7 +16,16 @@ from typing import Any
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml import nvml_error
-from nvdp.nvml.types import ComputeMode, EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, PcieLevel, ProbeResult
+from nvdp.nvml.types import (
+    ComputeMode,
+    EventType,
+    GpuInfo,
+    GpuLink,
+    MigDeviceInfo,
+    NvmlEvent,
+    PcieLevel,
+    ProbeResult,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ class ResponseOptions:
     control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
+    mps_root: str | None = None  # --mps-root: MPS pipe / shm mounts (nvdp.mps.allocate)
 
 
 def present_control_devices(dev_root: str) -> tuple[str, ...]:

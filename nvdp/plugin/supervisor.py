@@ -20,6 +20,7 @@ from typing import Protocol
 from nvdp.errors import NvdpError, RegistrationError
 from nvdp.health.types import HealthSettings
 from nvdp.logs import log_event
+from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions, present_control_devices
@@ -114,6 +115,7 @@ class Supervisor:
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
         self.gpus: list[GpuInfo] = []
+        self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -140,6 +142,8 @@ class Supervisor:
                 if self._reload.is_set():
                     self._reload.clear()
                     self._do_reload()
+                elif self._nvml_ok and self._mps.changed(self._watcher):
+                    self._mps_changed()
                 retry_in = self._sync_registrations(retry_in)
                 if self._stop.is_set():
                     break
@@ -184,7 +188,7 @@ class Supervisor:
                 minors = parse_mig_minors(MIG_MINORS_FILE.read_text())
             except OSError:
                 minors = None
-        return build_resources(
+        resources = build_resources(
             self.gpus,
             mig_strategy=settings.mig_strategy,
             gpu_patterns=settings.gpu_patterns,
@@ -192,6 +196,7 @@ class Supervisor:
             sharing=settings.sharing,
             mig_minors=minors,
         )
+        return self._mps.filter(resources, self.gpus, settings.response.mps_root)
 
     @staticmethod
     def _visible_dev_root(settings: DaemonSettings) -> str:
@@ -389,3 +394,10 @@ class Supervisor:
         # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
         self.ready.set()
         return None
+
+    def _mps_changed(self) -> None:
+        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
+        try:
+            self._apply(self.settings)
+        except NvdpError as error:
+            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
