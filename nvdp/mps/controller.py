@@ -232,14 +232,14 @@ class MpsController:
         )
 
     def _teardown(self, name: str, reason: str) -> None:
-        daemon = self.daemons.pop(name)
+        daemon = self.daemons[name]
         self._remove_marker(name)
         try:
             answer = daemon.control.send("quit")
             log_event(log, logging.INFO, "MPS daemon quit", resource=name, reason=reason, output=answer)
         except NvdpError as error:
             log_event(log, logging.WARNING, "MPS daemon quit failed", resource=name, error=str(error))
-        still_used = {u for d in self.daemons.values() for u in d.plan.uuids}
+        still_used = {u for n, d in self.daemons.items() if n != name for u in d.plan.uuids}
         try:
             self._set_compute_mode(
                 tuple(u for u in daemon.plan.uuids if u not in still_used), ComputeMode.DEFAULT
@@ -247,6 +247,7 @@ class MpsController:
         except NvdpError as error:
             log_event(log, logging.WARNING, "cannot restore compute mode", resource=name, error=str(error))
         self._follow_logs(daemon)
+        del self.daemons[name]
 
     def _set_compute_mode(self, uuids: tuple[str, ...], mode: ComputeMode) -> None:
         for uuid in uuids:

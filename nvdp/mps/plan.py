@@ -74,6 +74,8 @@ def daemon_plans(resources: Sequence[Resource]) -> dict[str, DaemonPlan]:
             continue
         shares: dict[str, GpuShare] = {}
         for device in resource.devices.values():
+            if device.replica is None:  # a GPU left unshared under the same name (a device subset)
+                continue
             found = shares.get(device.gpu_uuid)
             replicas = 1 if found is None else found.replicas + 1
             shares[device.gpu_uuid] = GpuShare(
@@ -96,7 +98,7 @@ def container_limit_envs(devices: Sequence[Device], replicas: int) -> dict[str, 
     memory = []
     percentages = []
     for ordinal, same in enumerate(given.values()):
-        count = min(len(same), replicas)
+        count = replicas if same[0].replica is None else min(len(same), replicas)
         if same[0].memory_bytes:
             memory.append(f"{ordinal}={same[0].memory_bytes * count // replicas // MIB}M")
         percentages.append(100 * count // replicas)
