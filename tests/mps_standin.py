@@ -21,8 +21,9 @@ pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 logdir = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "")
 args = sys.argv[1:]
 stdin = "" if args else sys.stdin.read()
+record = {{"argv": args, "pipe": pipe, "log": logdir, "stdin": stdin, "t": time.monotonic()}}
 with open(os.path.join(state, "calls.jsonl"), "a") as f:
-    f.write(json.dumps({{"argv": args, "pipe": pipe, "log": logdir, "stdin": stdin, "t": time.monotonic()}}) + "\\n")
+    f.write(json.dumps(record) + "\\n")
 
 def knob(name):
     path = os.path.join(state, name)
