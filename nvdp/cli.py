@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -169,10 +170,18 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     args.kubelet_socket = str(plugin_dir / "kubelet.sock")
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
+    if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
+        args.mps_root = str(plugin_dir / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
     try:
         config = resolve(args, env)
+        from nvdp.mps.simulated import skip_daemon
+
+        mps_note = skip_daemon(config)
     except NvdpError as error:
+        _remove_dir(plugin_dir)
         return _exit_on_error(error)
+    if mps_note:
+        print(mps_note)
     setup_logging(config.log_format, "warning" if config.log_level == "info" else config.log_level)
     stop = threading.Event()
     if args.serve:
@@ -190,6 +199,7 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _remove_dir(path: Path) -> None:
+    shutil.rmtree(path / "mps", ignore_errors=True)
     for child in path.iterdir() if path.exists() else ():
         try:
             child.unlink()

@@ -215,3 +215,18 @@ def test_node_refusal_stops_the_plugin_with_one_line(sock_dir: Path, tmp_path: P
         "(MIG device 0:0 would be shared)"
     ) in plugin.log()
     assert "Traceback" not in plugin.log()
+
+
+def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) -> None:
+    from tests.test_simulate import run
+
+    config = tmp_path / "mps.yaml"
+    config.write_text(MPS4)
+    result = run("--profile", "pcie-4", "--config-file", str(config))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("MPS: the simulated node has no nvidia-cuda-mps-control, so no MPS control daemon")
+    assert "nvidia.com/gpu                 16 devices" in out
+    assert f"env        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={QUARTER}" in out
+    assert "env        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in out
+    assert "/mps/nvidia.com/gpu/pipe -> /" in out and "/mps/shm -> /dev/shm" in out
