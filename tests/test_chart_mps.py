@@ -127,3 +127,25 @@ def test_mps_root_and_security_context_values(render: Callable[..., Rendered]) -
     assert env(daemon)["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
     for doc in out.docs:
         check_schema(doc)
+
+
+def test_static_mps_manifest_matches_the_chart(render: Callable[..., Rendered]) -> None:
+    static = deploy.load_docs(
+        (deploy.ROOT / "deployments" / "static" / "nvidia-device-plugin-mps.yml").read_text()
+    )
+    assert deploy.kinds(static) == ["ConfigMap", "DaemonSet"]
+    for doc in static:
+        check_schema(doc)
+    assert "sharing" in deploy.yaml.safe_load(deploy.only(static, "ConfigMap")["data"]["config.yaml"])
+    chart = daemonsets(render({"config": {"map": {"default": MPS_ENTRY}}}))["mps-control-daemon-ctr"]
+    ours = deploy.only(static, "DaemonSet")["spec"]["template"]["spec"]
+    theirs = chart["spec"]["template"]["spec"]
+    for key in ("hostPID", "nodeSelector", "priorityClassName"):
+        assert ours[key] == theirs[key], key
+    for ctr_key in ("initContainers", "containers"):
+        for a, b in zip(ours[ctr_key], theirs[ctr_key], strict=True):
+            assert (a["command"], a["securityContext"]) == (b["command"], b["securityContext"])
+            assert env(a) == env(b)
+            assert [(m["mountPath"], m.get("mountPropagation")) for m in a["volumeMounts"]] == [
+                (m["mountPath"], m.get("mountPropagation")) for m in b["volumeMounts"]
+            ]
