@@ -230,3 +230,34 @@ def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) 
     assert f"env        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={QUARTER}" in out
     assert "env        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in out
     assert "/mps/nvidia.com/gpu/pipe -> /" in out and "/mps/shm -> /dev/shm" in out
+
+
+def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -> None:
+    from nvdp.mps.ready import MpsReadiness
+    from nvdp.plugin.watch import DirWatcher
+    from nvdp.resources import build_resources
+
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    root = MpsRoot(tmp_path / "mps")
+    watcher = DirWatcher(plugin_dir)
+    try:
+        assert watcher.uses_inotify
+        gpus = sim_gpus("pcie-4")
+        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),))
+        gate = MpsReadiness()
+        assert gate.filter(resources, gpus, str(root.path)) == []  # no marker: not served
+        root.path.mkdir()
+        assert not gate.changed(watcher)  # watches the MPS root, the nearest existing directory
+        root.resource_dir(GPU).mkdir(parents=True)
+        assert watcher.wait(5.0)  # woken by the directory the daemon created, not by a timer
+        assert not gate.changed(watcher)  # now watches <root>/nvidia.com/gpu itself
+        root.marker(GPU).touch()
+        assert watcher.wait(5.0)
+        assert gate.changed(watcher)
+        assert [r.name for r in gate.filter(resources, gpus, str(root.path))] == [GPU]
+        assert not watcher.wait(0.05)  # nothing else happened
+        root.marker(GPU).unlink()
+        assert watcher.wait(5.0) and gate.changed(watcher)
+    finally:
+        watcher.close()
