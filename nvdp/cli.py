@@ -68,6 +68,18 @@ def plugin_main(argv: Sequence[str] | None = None) -> int:
     return run_plugin(parser.parse_args(argv), os.environ)
 
 
+def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
+    from nvdp.mps.command import add_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="mps-control-daemon", description="NVIDIA MPS control daemon (nvdp).", allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    add_arguments(parser)
+    return run_mps_control_daemon(parser.parse_args(argv), os.environ)
+
+
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     from nvdp.config import add_plugin_flags
 

@@ -260,3 +260,25 @@ def test_command_refuses_bad_config_with_one_line(
     assert process.wait(20) == 1
     assert process.log().strip().splitlines() == [line]
     assert standin.calls() == []
+
+
+def test_nvidia_binary_name_is_a_console_script(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    from bench.harness import REPO
+    from nvdp.cli import mps_control_daemon_main
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["mps-control-daemon"] == "nvdp.cli:mps_control_daemon_main"
+    with pytest.raises(SystemExit) as done:
+        mps_control_daemon_main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--config-file",
+        "--mig-strategy",
+        "--fail-on-init-error",
+        "--nvidia-driver-root",
+        "--mps-root",
+    ):
+        assert flag in out
