@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 from bench.harness import Process, clean_env, start_plugin, wait_until
@@ -68,6 +69,9 @@ def test_advertised_only_while_the_control_daemon_is_ready(
             (pipe, pipe),
             ("/dev/shm", str(root.shm_dir)),
         ]
+        # MPS's default failRequestsGreaterThanOne: one replica per container
+        with pytest.raises(grpc.RpcError, match="maximum request size for shared resources is 1"):
+            kubelet.allocate(GPU, [[f"{gpu0}::0", f"{gpu0}::1"]])
         # an XID on GPU 0 marks all four of its replicas
         with events.open("a") as f:
             f.write(json.dumps({"uuid": gpu0, "xid": 79}) + "\n")
@@ -112,17 +116,6 @@ def test_per_container_limits_follow_the_replicas_received(
         assert spread.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu0},{gpu1}"
         assert spread.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={QUARTER},1={QUARTER}"
         assert spread.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-
-
-def test_default_mps_refuses_more_than_one_replica(sock_dir: Path, kubelet: Kubelet, tmp_path: Path) -> None:
-    root = MpsRoot(tmp_path / "mps")
-    root.resource_dir(GPU).mkdir(parents=True)
-    root.marker(GPU).touch()
-    with mps_plugin(sock_dir, tmp_path, MPS4):
-        kubelet.wait_for_registration(GPU, timeout=20)
-        gpu0 = sim_gpus("pcie-4")[0].uuid
-        with pytest.raises(Exception, match="maximum request size for shared resources is 1"):
-            kubelet.allocate(GPU, [[f"{gpu0}::0", f"{gpu0}::1"]])
 
 
 # ---- refusals --------------------------------------------------------------------------------------

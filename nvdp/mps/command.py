@@ -8,6 +8,7 @@ config file, precedence and every validation line are the same. cli.py wires the
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -130,7 +131,7 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
     config = resolve(args, environ)
     interval = health_interval(args, environ)
     setup_logging(config.log_format, config.log_level)
-    log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=config.to_json())
+    log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(config.to_json()))
     nvml: NodeNvml = open_nvml(config.nvml, config.flags.nvidia_driver_root)  # type: ignore[assignment]
     state = {"config": config, "nvml_ok": False}
 
