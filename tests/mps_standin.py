@@ -3,7 +3,8 @@ first on PATH. It records every invocation (argv, the MPS env vars, stdin) as a 
 `calls.jsonl`; `-d` "starts" a daemon (a `control` file in the pipe dir and a line in
 `<log>/control.log`); a command needs that file (else it fails like the real one with no daemon),
 answers `get_*` with 100 and `quit` removes the file. Knob files make it fail: `fail-start` /
-`fail-command` hold how many of the next `-d` / commands fail. `kill_daemon` makes the daemon die.
+`fail-command` hold how many of the next `-d` / commands fail. `kill_daemon` makes the daemon die;
+`-d` while one runs fails, as the real one does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def knob(name):
 
 alive = os.path.join(pipe, "control")
 if args == ["-d"]:
+    if os.path.exists(alive):
+        print("An instance of this daemon is already running", file=sys.stderr)
+        sys.exit(1)
     if knob("fail-start"):
         print("stand-in: told to fail -d", file=sys.stderr)
         sys.exit(1)

@@ -282,3 +282,24 @@ def test_nvidia_binary_name_is_a_console_script(capsys: pytest.CaptureFixture[st
         "--mps-root",
     ):
         assert flag in out
+
+
+def test_daemon_left_from_an_earlier_run_is_replaced(tmp_path: Path) -> None:
+    standin = Standin(tmp_path / "standin")
+    root = MpsRoot(tmp_path / "mps")
+    root.pipe_dir(GPU).mkdir(parents=True)
+    root.log_dir(GPU).mkdir(parents=True)
+    (root.pipe_dir(GPU) / "control").touch()  # a daemon still running from before a container restart
+    nvml = open_nvml("sim:pcie-4")
+    nvml.init()
+    controller = MpsController(nvml, root, lambda: plans_for(MPS4, nvml), standin.env(), health_interval=0.1)
+    thread = threading.Thread(target=controller.run, args=(plans_for(MPS4, nvml),), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: root.marker(GPU).exists(), timeout=10, what="ready marker")
+        assert standin.commands()[:4] == ["-d", "get_default_active_thread_percentage", "quit", "-d"]
+        assert standin.commands()[4 : 4 + len(LIMITS4)] == LIMITS4
+    finally:
+        controller.request_stop()
+        thread.join(10)
+        nvml.shutdown()

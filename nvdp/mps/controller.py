@@ -23,7 +23,7 @@ from nvdp.errors import NvdpError
 from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
 
-from .control import MpsControl
+from .control import MpsControl, MpsError
 from .layout import CONTROL_BINARY, MpsRoot
 from .plan import DaemonPlan, restart_delay
 
@@ -172,7 +172,7 @@ class MpsController:
             self._set_compute_mode(plan.uuids, ComputeMode.EXCLUSIVE_PROCESS)
             daemon.control.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             daemon.control.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            daemon.control.start_daemon()
+            self._start_daemon(daemon)
             for command in plan.limit_commands():
                 daemon.control.send(command)
             self.root.marker(name).touch()
@@ -189,6 +189,25 @@ class MpsController:
             marker=str(self.root.marker(name)),
             limits=";".join(plan.limit_commands()),
         )
+
+    def _start_daemon(self, daemon: _Daemon) -> None:
+        """`-d`; when that fails because a daemon from an earlier run of this command still answers
+        on the pipe (this container restarted, the daemon did not), quit that one and start ours."""
+        try:
+            daemon.control.start_daemon()
+        except MpsError as error:
+            try:
+                daemon.control.send(HEALTH_QUERY)
+            except MpsError:
+                raise error from None
+            log_event(
+                log,
+                logging.WARNING,
+                "an MPS daemon from an earlier run answers on the pipe; replacing it",
+                resource=daemon.plan.resource,
+            )
+            daemon.control.send("quit")
+            daemon.control.start_daemon()
 
     def _check(self, daemon: _Daemon) -> None:
         try:
