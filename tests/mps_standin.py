@@ -2,7 +2,8 @@
 first on PATH. It records every invocation (argv, the MPS env vars, stdin) as a JSON line in
 `calls.jsonl`; `-d` "starts" a daemon (a `control` file in the pipe dir and a line in
 `<log>/control.log`); a command needs that file (else it fails like the real one with no daemon),
-answers `get_*` with 100 and `quit` removes the file. Knob files make it fail: `fail-start` /
+answers `get_*` with 100 and `quit` removes the file. Like a daemon that keeps its inherited
+stdout / stderr, the forked "daemon" holds them until it quits. Knob files make it fail: `fail-start` /
 `fail-command` hold how many of the next `-d` / commands fail. `kill_daemon` makes the daemon die;
 `-d` while one runs fails, as the real one does.
 """
@@ -48,6 +49,11 @@ if args == ["-d"]:
     open(alive, "w").close()
     with open(os.path.join(logdir, "control.log"), "a") as f:
         f.write("[stand-in] Starting control daemon\\n")
+    if os.fork() == 0:  # the daemon, keeping the inherited stdout / stderr open until it quits
+        deadline = time.monotonic() + 30
+        while os.path.exists(alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(0)
     sys.exit(0)
 if not os.path.exists(alive):
     print("Cannot find MPS control daemon process", file=sys.stderr)

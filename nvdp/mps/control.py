@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -49,24 +50,33 @@ class MpsControl:
         return self._run([], command, repr(command))
 
     def _run(self, args: list[str], stdin: str | None, what: str) -> str:
-        try:
-            done = subprocess.run(
-                [self.binary, *args],
-                input=stdin if stdin is not None else None,
-                stdin=None if stdin is not None else subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                env=self._env,
-                timeout=self.timeout,
-            )
-        except FileNotFoundError as error:
-            raise MpsError(f"{self.binary}: not found on PATH (needed to {what})") from error
-        except subprocess.TimeoutExpired as error:
-            raise MpsError(f"{self.binary}: {what} did not finish within {self.timeout:g}s") from error
-        except OSError as error:
-            raise MpsError(f"{self.binary}: cannot run it to {what}: {error}") from error
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip().splitlines()
+        # Output goes to files, not pipes: `-d` forks a daemon that may keep the inherited
+        # descriptors open, and reading a pipe to its end would then wait for the daemon to exit.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = subprocess.Popen(
+                    [self.binary, *args],
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=self._env,
+                )
+            except FileNotFoundError as error:
+                raise MpsError(f"{self.binary}: not found on PATH (needed to {what})") from error
+            except OSError as error:
+                raise MpsError(f"{self.binary}: cannot run it to {what}: {error}") from error
+            try:
+                process.communicate(stdin.encode() if stdin is not None else None, timeout=self.timeout)
+            except subprocess.TimeoutExpired as error:
+                process.kill()
+                process.wait()
+                raise MpsError(f"{self.binary}: {what} did not finish within {self.timeout:g}s") from error
+            out.seek(0)
+            err.seek(0)
+            stdout = out.read().decode(errors="replace")
+            stderr = err.read().decode(errors="replace")
+        if process.returncode != 0:
+            detail = (stderr or stdout).strip().splitlines()
             reason = f": {detail[-1]}" if detail else ""
-            raise MpsError(f"{self.binary}: {what} failed with exit status {done.returncode}{reason}")
-        return done.stdout.strip()
+            raise MpsError(f"{self.binary}: {what} failed with exit status {process.returncode}{reason}")
+        return stdout.strip()
