@@ -312,6 +312,13 @@ class Supervisor:
         if self._observer is not None:
             self._observer.reloaded(True)
 
+    def _mps_changed(self) -> None:
+        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
+        try:
+            self._apply(self.settings)
+        except NvdpError as error:
+            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
+
     # ---- registration -------------------------------------------------------------------------
     def _kubelet_socket_id(self) -> FileId | None:
         return file_id(self.settings.kubelet_socket)
@@ -394,10 +401,3 @@ class Supervisor:
         # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
         self.ready.set()
         return None
-
-    def _mps_changed(self) -> None:
-        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
-        try:
-            self._apply(self.settings)
-        except NvdpError as error:
-            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
