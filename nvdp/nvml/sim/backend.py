@@ -57,12 +57,12 @@ class SimNvml:
         self.node = node
         self.events_path = events_path
         self._lock = threading.Lock()
+        self.compute_modes: dict[str, ComputeMode] = {}  # recorded by set_compute_mode (MPS)
         self._initialized = False
         self._follower: FileFollower | None = None
         self._sets: weakref.WeakSet[SimEventSet] = weakref.WeakSet()
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig)) for gpu in node.gpus]
-        self.compute_modes: dict[str, ComputeMode] = {}  # recorded by set_compute_mode (MPS)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
