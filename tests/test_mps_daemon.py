@@ -303,3 +303,36 @@ def test_daemon_left_from_an_earlier_run_is_replaced(tmp_path: Path) -> None:
         controller.request_stop()
         thread.join(10)
         nvml.shutdown()
+
+
+def test_command_nvml_failure_exits_1_or_idles_without_fail_on_init_error(tmp_path: Path) -> None:
+    standin = Standin(tmp_path / "standin")
+    config = tmp_path / "config.yaml"
+    config.write_text(MPS4)
+    argv = [
+        sys.executable,
+        "-m",
+        "nvdp.cli",
+        "mps-control-daemon",
+        "--nvml",
+        "real",
+        "--config-file",
+        str(config),
+    ]
+    argv += ["--mps-root", str(tmp_path / "mps"), "--nvidia-driver-root", str(tmp_path / "no-driver")]
+    failing = Process(argv, tmp_path / "fail.log", standin.env(clean_env()))
+    assert failing.wait(20) == 1
+    assert (
+        failing.log()
+        .splitlines()[-1]
+        .startswith("error: load libnvidia-ml.so.1 failed: NVML_ERROR_LIBRARY_NOT_FOUND")
+    )
+    idle = Process([*argv, "--fail-on-init-error=false"], tmp_path / "idle.log", standin.env(clean_env()))
+    try:
+        wait_until(lambda: "idling until SIGHUP" in idle.log(), timeout=20, what="idle line")
+        idle.send(signal.SIGTERM)
+        assert idle.wait(10) == 0
+    finally:
+        idle.stop()
+    assert "Traceback" not in failing.log() + idle.log()
+    assert standin.calls() == []

@@ -96,7 +96,7 @@ class MpsController:
         try:
             self._converge(plans)
             if not plans:
-                log_event(log, logging.INFO, "no devices are configured for MPS sharing; waiting")
+                log_event(log, logging.INFO, "no MPS daemons to run on this node; waiting (SIGHUP reloads)")
             while not self._stop:
                 if self._reload:
                     self._reload = False
