@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,6 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
     _add_gfd_arguments(gfd)
     _add_config_manager_commands(sub)
+    mps = sub.add_parser(
+        "mps-control-daemon",
+        help="run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
+        allow_abbrev=False,
+    )
+    from nvdp.mps.command import add_arguments as add_mps_arguments
+
+    add_mps_arguments(mps)
     args = parser.parse_args(argv)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
@@ -53,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_config_manager(args, os.environ)
     if args.command == "config":
         return run_config_check(args)
+    if args.command == "mps-control-daemon":
+        return run_mps_control_daemon(args, os.environ)
     return run_simulate(args, os.environ)
 
 
@@ -64,6 +75,18 @@ def plugin_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
     _add_plugin_arguments(parser)
     return run_plugin(parser.parse_args(argv), os.environ)
+
+
+def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
+    from nvdp.mps.command import add_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="mps-control-daemon", description="NVIDIA MPS control daemon (nvdp).", allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    add_arguments(parser)
+    return run_mps_control_daemon(parser.parse_args(argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +143,27 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvdp.mps.command import mount_shm, prepare
+
+    try:
+        if args.mps_command == "mount-shm":
+            mount_shm(args, environ)
+            return 0
+        prepared = prepare(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    _install_signal_handlers(prepared.controller.request_stop, prepared.controller.request_reload)
+    try:
+        prepared.controller.run(prepared.plans)
+    except NvdpError as error:
+        log_event(log, logging.ERROR, "exiting", error=str(error))
+        return 1
+    finally:
+        prepared.nvml.shutdown()
+    return 0
+
+
 def _install_signal_handlers(stop: Callable[[], None], reload: Callable[[], None]) -> None:
     def on_stop(signum: int, frame: FrameType | None) -> None:
         log_event(log, logging.INFO, "signal received; stopping", signal=signal.Signals(signum).name)
@@ -147,10 +191,18 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     args.kubelet_socket = str(plugin_dir / "kubelet.sock")
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
+    if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
+        args.mps_root = str(plugin_dir / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
     try:
         config = resolve(args, env)
+        from nvdp.mps.simulated import skip_daemon
+
+        mps_note = skip_daemon(config)
     except NvdpError as error:
+        _remove_dir(plugin_dir)
         return _exit_on_error(error)
+    if mps_note:
+        print(mps_note)
     setup_logging(config.log_format, "warning" if config.log_level == "info" else config.log_level)
     stop = threading.Event()
     if args.serve:
@@ -168,6 +220,7 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _remove_dir(path: Path) -> None:
+    shutil.rmtree(path / "mps", ignore_errors=True)
     for child in path.iterdir() if path.exists() else ():
         try:
             child.unlink()

@@ -40,6 +40,7 @@ def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> Daem
             dev_root=flags.dev_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
+            mps_root=flags.mps_root,
             cdi_kind=config.cdi_kind,
             imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
         ),

@@ -8,15 +8,14 @@ from collections.abc import Callable
 import pytest
 
 from nvdp.config import add_plugin_flags, parse_text, resolve
-from nvdp.config.rules import MPS_UNSUPPORTED, TEGRA_UNSUPPORTED
+from nvdp.config.rules import TEGRA_UNSUPPORTED
 from nvdp.errors import ConfigError
 from tests import test_deploy
-from tests.test_deploy import ENTRY_B, Doc
+from tests.test_deploy import Doc
 
 # test_deploy's Helm fixtures, shared by name.
 renderer, render, render_error = test_deploy.renderer, test_deploy.render, test_deploy.render_error
 
-MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 TEGRA_ENTRY = "version: v1\nflags:\n  deviceDiscoveryStrategy: tegra\n"
 
 
@@ -50,13 +49,6 @@ def program_problems(argv: list[str], file: str | None = None) -> list[str]:
             TEGRA_ENTRY,
             "config.map.default: flags.deviceDiscoveryStrategy: " + reason(TEGRA_UNSUPPORTED),
             id="tegra-in-config",
-        ),
-        pytest.param(
-            {"config": {"map": {"default": ENTRY_B, "mps": MPS_ENTRY}, "default": "default"}},
-            ["--mps-root", "/run/nvidia/mps"],
-            MPS_ENTRY,
-            "config.map.mps: " + MPS_UNSUPPORTED,
-            id="mps-in-any-config-entry",
         ),
     ],
 )

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import OPTIONS, Config, Flags, add_plugin_flags, parse_text, resolve
-from nvdp.config.rules import MPS_UNSUPPORTED
 from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
@@ -485,8 +484,10 @@ MPS = "sharing: {mps: {resources: [{name: gpu, replicas: 4}]}}"
     ],
 )
 def test_mps_rules(argv: list[str], env: dict[str, str], expected: list[str]) -> None:
-    # Until nvdp runs MPS (issue 12) every MPS config is also refused as unsupported, in the same list.
-    assert errors(argv, {**WITH_FILE, **env}, MPS) == [MPS_UNSUPPORTED, *expected]
+    if expected:
+        assert errors(argv, {**WITH_FILE, **env}, MPS) == expected
+    else:
+        assert run(argv, {**WITH_FILE, **env}, MPS).sharing.strategy == "mps"
 
 
 def test_resolved_json_line() -> None:

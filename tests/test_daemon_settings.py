@@ -62,12 +62,6 @@ def test_time_slicing_rule() -> None:
     ("argv", "text", "message"),
     [
         pytest.param(
-            ["--mps-root", "/run/nvidia/mps"],
-            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n",
-            "sharing.mps: MPS sharing is not supported by this version of nvdp",
-            id="mps",
-        ),
-        pytest.param(
             ["--device-discovery-strategy", "tegra"], None, "tegra is not supported by nvdp", id="tegra"
         ),
         pytest.param(["--kubelet-socket", ""], None, "KUBELET_SOCKET: empty", id="empty-kubelet-socket"),
@@ -151,6 +145,5 @@ def test_every_refusal_at_once() -> None:
     assert [p.split(":")[0] for p in caught.value.problems] == [
         "--kubelet-socket / KUBELET_SOCKET",
         "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY",
-        "sharing.mps",
         "sharing.mps",
     ]

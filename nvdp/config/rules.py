@@ -8,12 +8,9 @@ the same values with the same words.
 from __future__ import annotations
 
 from nvdp.config.model import Config
+from nvdp.mps.plan import config_problems as mps_config_problems
 
 KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"
-MPS_UNSUPPORTED = (
-    "sharing.mps: MPS sharing is not supported by this version of nvdp (it runs no MPS control "
-    "daemon); use sharing.timeSlicing, or NVIDIA's plugin for MPS"
-)
 TEGRA_UNSUPPORTED = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
     "(accepted here: auto, nvml)"
@@ -29,7 +26,6 @@ def plugin_problems(config: Config) -> list[str]:
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
     if config.sharing.strategy == "mps":
-        problems.append(MPS_UNSUPPORTED)
         if flags.mig_strategy == "mixed":
             problems.append(
                 'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
@@ -39,4 +35,5 @@ def plugin_problems(config: Config) -> list[str]:
             problems.append(
                 "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
             )
+    problems += mps_config_problems(config)
     return problems

@@ -24,7 +24,7 @@ from nvdp.nvml.library import LIBRARY, preload
 from nvdp.nvml.naming import MIB, PROFILE_SUFFIXES, mig_profile_name, normalize_bus_id, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
 from nvdp.nvml.real_topology import RealTopology
-from nvdp.nvml.types import GpuInfo, GpuLink, MigDeviceInfo, ProbeResult
+from nvdp.nvml.types import ComputeMode, GpuInfo, GpuLink, MigDeviceInfo, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +317,12 @@ class RealNvml:
 
     def create_event_set(self) -> RealEventSet:
         return RealEventSet(self)
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        return ComputeMode(self._call("nvmlDeviceGetComputeMode", self._handle(gpu_uuid), device=gpu_uuid))
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        self._call("nvmlDeviceSetComputeMode", self._handle(gpu_uuid), int(mode), device=gpu_uuid)
 
     # -- pynvml boundary ---------------------------------------------------------------------
 

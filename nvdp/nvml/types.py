@@ -155,3 +155,22 @@ class Nvml(Protocol):
     def probe(self, gpu_uuid: str) -> ProbeResult:
         """One cheap query (memory info, pending retirements, row remapping); raises GpuLostError."""
         ...
+
+
+class ComputeMode(enum.IntEnum):
+    """nvmlComputeMode_t. MPS needs EXCLUSIVE_PROCESS; DEFAULT is what it restores."""
+
+    DEFAULT = 0
+    EXCLUSIVE_THREAD = 1
+    PROHIBITED = 2
+    EXCLUSIVE_PROCESS = 3
+
+
+class ComputeModes(Protocol):
+    """The compute-mode part of NVML (both backends provide it; the MPS control daemon uses it)."""
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode: ...
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        """nvmlDeviceSetComputeMode (needs root on a real node)."""
+        ...

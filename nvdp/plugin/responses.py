@@ -32,6 +32,7 @@ class ResponseOptions:
     cdi_kind: str = CDI_KIND  # or "nvidia.com/gpu" (--cdi-kind), the kind nvidia-ctk writes
     cdi_devices: tuple[str, ...] = ()  # CDI names every answer adds (gds/mofed/gdrcopy, IMEX)
     imex_channel_paths: tuple[str, ...] = ()  # passed as device specs with pass_device_specs
+    mps_root: str | None = None  # --mps-root: MPS pipe / shm mounts (nvdp.mps.allocate)
 
 
 def host_path(dev_root: str, path: str) -> str:

@@ -21,6 +21,7 @@ from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
 from nvdp.devices import Device, DeviceSet, format_ids
 from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
+from nvdp.mps.allocate import add_mps
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.plugin.watch import FileId, file_id
 from nvdp.resources import Resource
@@ -281,6 +282,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 )
             request_id = os.urandom(16).hex() if self._needs_request_id else ""
             response.container_responses.append(container_response(chosen, self.options, request_id))
+            add_mps(response.container_responses[-1], self.resource, chosen, self.options.mps_root)
         return response
 
     @_rpc

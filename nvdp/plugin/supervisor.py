@@ -21,6 +21,7 @@ from typing import Generic
 from nvdp.cdi import CdiPublisher
 from nvdp.errors import InitError, NvdpError, RegistrationError
 from nvdp.logs import log_event
+from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
@@ -94,6 +95,7 @@ class Supervisor(Generic[S]):
         self.ready = threading.Event()  # set once every resource is registered
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
+        self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -123,6 +125,8 @@ class Supervisor(Generic[S]):
                 if self._rescan.is_set():
                     self._rescan.clear()
                     self._do_rescan()
+                if self._nvml_ok and self._mps.changed(self._watcher):
+                    self._mps_changed()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 if kubelet_id is None:
                     self._kubelet_gone()
@@ -168,7 +172,8 @@ class Supervisor(Generic[S]):
         self.gpus = self._nvml.gpus()
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        return settings.resources(self.gpus, minors)
+        resources = settings.resources(self.gpus, minors)
+        return self._mps.filter(resources, self.gpus, settings.response.mps_root)
 
     def _serve(
         self,
@@ -294,6 +299,13 @@ class Supervisor(Generic[S]):
         log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.servers)) or "none")
         if self._observer is not None:
             self._observer.reloaded(True)
+
+    def _mps_changed(self) -> None:
+        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
+        try:
+            self._apply(self.settings)
+        except NvdpError as error:
+            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
 
     # ---- kubelet restarts and registration ----------------------------------------------------
     def _kubelet_gone(self) -> None:

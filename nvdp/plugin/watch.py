@@ -61,7 +61,7 @@ class DirWatcher:
         self.directory = directory
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._fd: int | None = None
-        libc = _libc()
+        libc = self._libc = _libc()
         if libc is not None:
             fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
             if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _MASK) >= 0:
@@ -103,6 +103,13 @@ class DirWatcher:
             if fd == self._fd:
                 changed = True
         return changed
+
+    def add(self, directory: Path) -> bool:
+        """Also wake on changes in `directory` (idempotent). False when it cannot be watched (no
+        inotify: `wait` polls anyway; or the directory is gone)."""
+        if self._fd is None or self._libc is None:
+            return False
+        return bool(self._libc.inotify_add_watch(self._fd, os.fsencode(directory), _MASK) >= 0)
 
     def close(self) -> None:
         for fd in (self._fd, self._wake_r, self._wake_w):

@@ -20,7 +20,7 @@ from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
 from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
-from nvdp.nvml.types import EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, ProbeResult
+from nvdp.nvml.types import ComputeMode, EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class SimNvml:
         self.node = node
         self.events_path = events_path
         self._lock = threading.Lock()
+        self.compute_modes: dict[str, ComputeMode] = {}  # recorded by set_compute_mode (MPS)
         self._initialized = False
         self._follower: FileFollower | None = None
         self._sets: weakref.WeakSet[SimEventSet] = weakref.WeakSet()
@@ -310,6 +311,19 @@ class SimNvml:
             gpu.index,
             "disabled" if devices is None else ",".join(d.profile for d in devices) or "enabled",
         )
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        self._require_init("nvmlDeviceGetComputeMode")
+        self._gpu(gpu_uuid, "nvmlDeviceGetComputeMode")
+        with self._lock:
+            return self.compute_modes.get(gpu_uuid, ComputeMode.DEFAULT)
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        self._require_init("nvmlDeviceSetComputeMode")
+        self._gpu(gpu_uuid, "nvmlDeviceSetComputeMode")
+        with self._lock:
+            self.compute_modes[gpu_uuid] = ComputeMode(mode)
+        logger.info("simulated compute mode set gpu=%s mode=%s", gpu_uuid, ComputeMode(mode).name)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -1,0 +1,171 @@
+"""`nvdp mps-control-daemon`: NVIDIA's command, flags and env vars (`--config-file`,
+`--mig-strategy`, `--fail-on-init-error`, `--nvidia-driver-root`, `--mps-root`), plus nvdp's `--nvml`,
+`--log-format`, `--log-level` and `--mps-health-interval`; and `mount-shm` (the init step that mounts
+a tmpfs at `<root>/shm`). Flags are parsed and resolved by the plugin's own config code, so the
+config file, precedence and every validation line are the same. cli.py wires the signals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from nvdp.config import OPTIONS, Config, resolve
+from nvdp.config import values as v
+from nvdp.errors import ConfigError, NvdpError
+from nvdp.logs import log_event, setup_logging
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import ComputeModes, Nvml
+from nvdp.settings import daemon_settings
+
+from .controller import MpsController
+from .layout import MpsRoot
+from .plan import MPS_STRATEGY, DaemonPlan, check_node, daemon_plans
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+FLAGS = (
+    "--config-file",
+    "--mig-strategy",
+    "--fail-on-init-error",
+    "--nvidia-driver-root",
+    "--mps-root",
+    "--nvml",
+    "--log-format",
+    "--log-level",
+)
+HEALTH_ENV = "MPS_HEALTH_INTERVAL"
+SHM_MOUNT_OPTIONS = "rw,nosuid,nodev,noexec,relatime,size=65536k"  # NVIDIA's mount-shm
+BACKOFF_CAP_S = 30.0
+
+
+class NodeNvml(Nvml, ComputeModes, Protocol):
+    """NVML with compute modes: what the control daemon needs (both backends)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for option in OPTIONS:
+        names = [n for n in option.names if n in FLAGS]
+        if not names:
+            continue
+        help = f"{option.help} [env {' or '.join(option.envs)}]".replace("%", "%%")
+        extra: dict[str, object] = {}
+        if option.kind == "bool":
+            extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
+        parser.add_argument(*option.names, dest=option.dest, default=None, help=help, **extra)  # type: ignore[arg-type]
+    parser.add_argument(
+        "--mps-health-interval",
+        default=None,
+        help=f'how often each MPS daemon is queried through its pipe [env {HEALTH_ENV}; default "5s"]',
+    )
+    sub = parser.add_subparsers(dest="mps_command", metavar="COMMAND")
+    sub.add_parser("mount-shm", help="mount a tmpfs at <mps-root>/shm (NVIDIA's init step)")
+
+
+def health_interval(args: argparse.Namespace, environ: Mapping[str, str]) -> float:
+    text = args.mps_health_interval if args.mps_health_interval is not None else environ.get(HEALTH_ENV)
+    if text is None:
+        return 5.0
+    try:
+        return v.duration(positive=True)(text)
+    except v.InvalidValue as error:
+        label = "--mps-health-interval" if args.mps_health_interval is not None else HEALTH_ENV
+        raise ConfigError(f"{label}: {error}") from error
+
+
+def mps_root(config: Config) -> MpsRoot:
+    return MpsRoot(Path(config.flags.mps_root or DEFAULT_MPS_ROOT))
+
+
+def node_plans(config: Config, nvml: Nvml) -> dict[str, DaemonPlan]:
+    """The daemons this node needs under `config` (the plugin builds the same resources)."""
+    if config.sharing.strategy != MPS_STRATEGY:
+        return {}
+    gpus = nvml.gpus()
+    resources = daemon_settings(config).resources(gpus)
+    check_node(resources, gpus)
+    return daemon_plans(resources)
+
+
+@dataclass
+class Prepared:
+    controller: MpsController
+    plans: dict[str, DaemonPlan]
+    nvml: NodeNvml
+
+
+def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
+    """Resolve the config, open NVML and build the controller. Raises NvdpError (config errors before
+    logging is set up; NVML init errors only when fail-on-init-error)."""
+    config = resolve(args, environ)
+    interval = health_interval(args, environ)
+    setup_logging(config.log_format, config.log_level)
+    log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(config.to_json()))
+    nvml: NodeNvml = open_nvml(config.nvml, config.flags.nvidia_driver_root)  # type: ignore[assignment]
+    state = {"config": config, "nvml_ok": False}
+
+    def load() -> dict[str, DaemonPlan]:
+        current = state["config"]
+        assert isinstance(current, Config)
+        if not state["nvml_ok"]:
+            nvml.init()
+            state["nvml_ok"] = True
+        return node_plans(current, nvml)
+
+    def reload() -> dict[str, DaemonPlan]:
+        state["config"] = resolve(args, environ)
+        return load()
+
+    plans: dict[str, DaemonPlan] = {}
+    try:
+        plans = load()
+    except NvdpError as error:
+        if config.flags.fail_on_init_error:
+            raise
+        log_event(
+            log,
+            logging.ERROR,
+            "cannot start MPS daemons; idling until SIGHUP (fail-on-init-error=false)",
+            error=str(error),
+        )
+    controller = MpsController(
+        nvml,
+        mps_root(config),
+        reload,
+        environ,
+        health_interval=interval,
+        backoff_base=min(1.0, interval),
+        backoff_cap=BACKOFF_CAP_S,
+    )
+    return Prepared(controller, plans, nvml)
+
+
+def mount_shm(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Mount a fresh tmpfs at `<root>/shm` (unmounting an old one), as NVIDIA's `mount-shm`."""
+    config = resolve(args, environ)
+    shm = mps_root(config).shm_dir
+    if os.path.ismount(shm):
+        _run(["umount", str(shm)], f"unmount {shm}")
+    try:
+        shm.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as error:
+        raise NvdpError(f"cannot create {shm}: {error.strerror}") from error
+    _run(["mount", "-t", "tmpfs", "-o", SHM_MOUNT_OPTIONS, "shm", str(shm)], f"mount a tmpfs at {shm}")
+
+
+def _run(argv: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise NvdpError(f"cannot {what}: {error}") from error
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise NvdpError(f"cannot {what}: {lines[-1] if lines else f'exit status {done.returncode}'}")

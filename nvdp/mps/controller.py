@@ -1,0 +1,303 @@
+"""The MPS control daemon's main loop: one `nvidia-cuda-mps-control` daemon per MPS resource.
+
+Per resource: set its GPUs to EXCLUSIVE_PROCESS, create the pipe and log directories, start the
+daemon, send the default limits, then create the ready marker the plugin waits for. Every
+`health_interval` a cheap query goes through the pipe; a daemon that fails it (or fails to start)
+loses its marker and is started again after a capped exponential backoff. The daemon's own log
+files are followed into this process's log. `request_reload()` converges on new plans by diff
+(start, stop or re-limit); `request_stop()` quits every daemon, restores the DEFAULT compute mode and
+removes the markers. Both are safe to call from a signal handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from nvdp.errors import NvdpError
+from nvdp.logs import log_event
+from nvdp.nvml.types import ComputeMode, ComputeModes
+
+from .control import MpsControl, MpsError
+from .layout import CONTROL_BINARY, MpsRoot
+from .plan import DaemonPlan, restart_delay
+
+log = logging.getLogger(__name__)
+
+HEALTH_QUERY = "get_default_active_thread_percentage"
+LOG_FILES = ("control.log", "server.log")
+LOG_POLL_S = 1.0
+
+
+class PlanSource(Protocol):
+    def __call__(self) -> Mapping[str, DaemonPlan]:
+        """The daemons the node needs now; raises NvdpError when the config cannot be applied."""
+        ...
+
+
+@dataclass
+class _Daemon:
+    plan: DaemonPlan
+    control: MpsControl
+    up: bool = False
+    failures: int = 0
+    next_attempt: float = 0.0  # monotonic time of the next start attempt while down
+    next_check: float = 0.0  # monotonic time of the next health query while up
+    log_offsets: dict[Path, int] = field(default_factory=dict)
+
+
+class MpsController:
+    def __init__(
+        self,
+        nvml: ComputeModes,
+        root: MpsRoot,
+        load_plans: PlanSource,
+        environ: Mapping[str, str],
+        *,
+        health_interval: float = 5.0,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 30.0,
+        binary: str = CONTROL_BINARY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self.root = root
+        self._load_plans = load_plans
+        self._environ = environ
+        self._health_interval = health_interval
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._binary = binary
+        self._clock = clock
+        self.daemons: dict[str, _Daemon] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self._reload = False
+
+    # ---- requests (signal handlers, other threads) ---------------------------------------------
+    def request_stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload = True
+        self._wake.set()
+
+    # ---- main loop ----------------------------------------------------------------------------
+    def run(self, plans: Mapping[str, DaemonPlan]) -> None:
+        """Serve `plans` until request_stop(), then tear every daemon down."""
+        self.root.path.mkdir(parents=True, exist_ok=True)
+        self.root.shm_dir.mkdir(exist_ok=True)
+        try:
+            self._converge(plans)
+            if not plans:
+                log_event(log, logging.INFO, "no MPS daemons to run on this node; waiting (SIGHUP reloads)")
+            while not self._stop:
+                if self._reload:
+                    self._reload = False
+                    self._do_reload()
+                self._tick()
+                self._wake.wait(self._next_wake())
+                self._wake.clear()
+        finally:
+            for name in list(self.daemons):
+                self._teardown(name, "stopping")
+            log_event(log, logging.INFO, "MPS control daemon stopped")
+
+    def _do_reload(self) -> None:
+        log_event(log, logging.INFO, "reloading configuration")
+        try:
+            plans = self._load_plans()
+        except NvdpError as error:
+            log_event(log, logging.ERROR, "reload failed; keeping the running daemons", error=str(error))
+            return
+        self._converge(plans)
+        log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.daemons)) or "none")
+
+    def _converge(self, plans: Mapping[str, DaemonPlan]) -> None:
+        for name in list(self.daemons):
+            old = self.daemons[name].plan
+            new = plans.get(name)
+            if new is None:
+                self._teardown(name, "removed")
+            elif new.uuids != old.uuids:
+                self._teardown(name, "devices changed")
+        for name, plan in plans.items():
+            daemon = self.daemons.get(name)
+            if daemon is None:
+                self.daemons[name] = daemon = self._new_daemon(plan)
+                self._start(daemon)
+            elif daemon.plan != plan:
+                daemon.plan = plan
+                if daemon.up:
+                    self._relimit(daemon)
+
+    def _new_daemon(self, plan: DaemonPlan) -> _Daemon:
+        name = plan.resource
+        control = MpsControl(
+            self.root.pipe_dir(name), self.root.log_dir(name), self._environ, binary=self._binary
+        )
+        daemon = _Daemon(plan, control)
+        for file in LOG_FILES:  # follow from now on, not what earlier runs wrote
+            path = control.log_dir / file
+            daemon.log_offsets[path] = path.stat().st_size if path.exists() else 0
+        return daemon
+
+    def _tick(self) -> None:
+        now = self._clock()
+        for daemon in self.daemons.values():
+            if daemon.up and now >= daemon.next_check:
+                self._check(daemon)
+            elif not daemon.up and now >= daemon.next_attempt:
+                self._start(daemon)
+            self._follow_logs(daemon)
+
+    def _next_wake(self) -> float:
+        now = self._clock()
+        due = [d.next_check if d.up else d.next_attempt for d in self.daemons.values()]
+        wait = min([LOG_POLL_S, *(t - now for t in due)]) if self.daemons else None
+        return max(0.0, wait) if wait is not None else 3600.0
+
+    # ---- one daemon ---------------------------------------------------------------------------
+    def _start(self, daemon: _Daemon) -> None:
+        plan = daemon.plan
+        name = plan.resource
+        log_event(log, logging.INFO, "starting MPS daemon", resource=name, gpus=",".join(plan.uuids))
+        try:
+            self._set_compute_mode(plan.uuids, ComputeMode.EXCLUSIVE_PROCESS)
+            daemon.control.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            daemon.control.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self._start_daemon(daemon)
+            for command in plan.limit_commands():
+                daemon.control.send(command)
+            self.root.marker(name).touch()
+        except (NvdpError, OSError) as error:
+            self._down(daemon, "MPS daemon failed to start", error)
+            return
+        daemon.up = True
+        daemon.next_check = self._clock() + self._health_interval
+        log_event(
+            log,
+            logging.INFO,
+            "MPS daemon ready",
+            resource=name,
+            marker=str(self.root.marker(name)),
+            limits=";".join(plan.limit_commands()),
+        )
+
+    def _start_daemon(self, daemon: _Daemon) -> None:
+        """`-d`; when that fails because a daemon from an earlier run of this command still answers
+        on the pipe (this container restarted, the daemon did not), quit that one and start ours."""
+        try:
+            daemon.control.start_daemon()
+        except MpsError as error:
+            try:
+                daemon.control.send(HEALTH_QUERY)
+            except MpsError:
+                raise error from None
+            log_event(
+                log,
+                logging.WARNING,
+                "an MPS daemon from an earlier run answers on the pipe; replacing it",
+                resource=daemon.plan.resource,
+            )
+            daemon.control.send("quit")
+            daemon.control.start_daemon()
+
+    def _check(self, daemon: _Daemon) -> None:
+        try:
+            daemon.control.send(HEALTH_QUERY)
+        except NvdpError as error:
+            self._down(daemon, "MPS daemon unhealthy; restarting", error)
+            return
+        daemon.failures = 0
+        daemon.next_check = self._clock() + self._health_interval
+
+    def _relimit(self, daemon: _Daemon) -> None:
+        try:
+            for command in daemon.plan.limit_commands():
+                daemon.control.send(command)
+        except NvdpError as error:
+            self._down(daemon, "MPS daemon refused new limits; restarting", error)
+            return
+        log_event(
+            log,
+            logging.INFO,
+            "MPS daemon limits updated",
+            resource=daemon.plan.resource,
+            limits=";".join(daemon.plan.limit_commands()),
+        )
+
+    def _down(self, daemon: _Daemon, what: str, error: Exception) -> None:
+        """Mark a daemon down: marker gone (the plugin withdraws the resource), retry later."""
+        self._remove_marker(daemon.plan.resource)
+        daemon.up = False
+        daemon.failures += 1
+        delay = restart_delay(daemon.failures, self._backoff_base, self._backoff_cap)
+        daemon.next_attempt = self._clock() + delay
+        log_event(
+            log,
+            logging.ERROR,
+            what,
+            resource=daemon.plan.resource,
+            error=str(error),
+            failures=daemon.failures,
+            retry_in=round(delay, 3),
+        )
+
+    def _teardown(self, name: str, reason: str) -> None:
+        daemon = self.daemons[name]
+        self._remove_marker(name)
+        try:
+            answer = daemon.control.send("quit")
+            log_event(log, logging.INFO, "MPS daemon quit", resource=name, reason=reason, output=answer)
+        except NvdpError as error:
+            log_event(log, logging.WARNING, "MPS daemon quit failed", resource=name, error=str(error))
+        still_used = {u for n, d in self.daemons.items() if n != name for u in d.plan.uuids}
+        try:
+            self._set_compute_mode(
+                tuple(u for u in daemon.plan.uuids if u not in still_used), ComputeMode.DEFAULT
+            )
+        except NvdpError as error:
+            log_event(log, logging.WARNING, "cannot restore compute mode", resource=name, error=str(error))
+        self._follow_logs(daemon)
+        del self.daemons[name]
+
+    def _set_compute_mode(self, uuids: tuple[str, ...], mode: ComputeMode) -> None:
+        for uuid in uuids:
+            self._nvml.set_compute_mode(uuid, mode)
+            log_event(log, logging.INFO, "compute mode set", gpu=uuid, mode=mode.name)
+
+    def _remove_marker(self, name: str) -> None:
+        try:
+            self.root.marker(name).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log_event(log, logging.WARNING, "cannot remove ready marker", resource=name, error=str(error))
+
+    def _follow_logs(self, daemon: _Daemon) -> None:
+        for path, offset in daemon.log_offsets.items():
+            try:
+                with path.open("rb") as f:
+                    size = f.seek(0, 2)
+                    if size < offset:  # truncated or replaced: start over
+                        offset = 0
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                continue
+            complete = data.rfind(b"\n") + 1
+            for line in data[:complete].decode(errors="replace").splitlines():
+                if line.strip():
+                    log_event(
+                        log, logging.INFO, "mps log", resource=daemon.plan.resource, file=path.name, line=line
+                    )
+            daemon.log_offsets[path] = offset + complete

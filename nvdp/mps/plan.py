@@ -1,0 +1,164 @@
+"""MPS rules over plain data (pure): daemons a node needs, their limits, per-container limits,
+and what MPS refuses.
+
+Limits follow NVIDIA's control daemon: each GPU's default pinned-memory limit is its memory divided
+by its replicas (in MiB, `<n>M`), the default active-thread percentage is 100 / replicas. On top of
+that a container gets its own limits sized to the replicas it received, so a container given 2 of 4
+replicas of a GPU may use half of it, not a quarter (and never more).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nvdp.devices import Device
+from nvdp.nvml.types import GpuInfo
+from nvdp.resources import Resource, ResourceError
+
+from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
+
+if TYPE_CHECKING:
+    from nvdp.config import Config
+
+MIB = 1024 * 1024
+MAX_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
+MAX_CLIENTS_BEFORE_7_5 = 16
+MPS_STRATEGY = "mps"
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """One GPU under an MPS daemon and the replicas it is cut into."""
+
+    uuid: str
+    index: int
+    memory_bytes: int
+    replicas: int
+
+    @property
+    def pinned_mem_limit(self) -> str:
+        return f"{self.memory_bytes // self.replicas // MIB}M"
+
+
+@dataclass(frozen=True)
+class DaemonPlan:
+    """What one MPS control daemon serves: one resource's GPUs."""
+
+    resource: str
+    gpus: tuple[GpuShare, ...]
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+    def limit_commands(self) -> list[str]:
+        """The commands sent through the control pipe after `-d`, in order."""
+        commands = [
+            f"set_default_device_pinned_mem_limit {g.index} {g.pinned_mem_limit}"
+            for g in self.gpus
+            if g.memory_bytes
+        ]
+        if self.gpus:
+            replicas = max(g.replicas for g in self.gpus)
+            commands.append(f"set_default_active_thread_percentage {100 // replicas}")
+        return commands
+
+
+def daemon_plans(resources: Sequence[Resource]) -> dict[str, DaemonPlan]:
+    """One plan per MPS-shared resource, GPUs in index order."""
+    plans: dict[str, DaemonPlan] = {}
+    for resource in resources:
+        if resource.sharing != MPS_STRATEGY:
+            continue
+        shares: dict[str, GpuShare] = {}
+        for device in resource.devices.values():
+            if device.replica is None:  # a GPU left unshared under the same name (a device subset)
+                continue
+            found = shares.get(device.gpu_uuid)
+            replicas = 1 if found is None else found.replicas + 1
+            shares[device.gpu_uuid] = GpuShare(
+                device.gpu_uuid, device.gpu_index, device.memory_bytes, replicas
+            )
+        gpus = tuple(sorted(shares.values(), key=lambda g: g.index))
+        plans[resource.name] = DaemonPlan(resource.name, gpus)
+    return plans
+
+
+def container_limit_envs(devices: Sequence[Device], replicas: int) -> dict[str, str]:
+    """Per-container limits for the replicas one container received: the pinned-memory limit per
+    device ordinal (the order the container sees its GPUs in) and one thread percentage (the
+    smallest share over its GPUs)."""
+    given: dict[str, list[Device]] = {}
+    for device in devices:
+        given.setdefault(device.uuid, []).append(device)
+    if not given or replicas < 1:
+        return {}
+    memory = []
+    percentages = []
+    for ordinal, same in enumerate(given.values()):
+        count = replicas if same[0].replica is None else min(len(same), replicas)
+        if same[0].memory_bytes:
+            memory.append(f"{ordinal}={same[0].memory_bytes * count // replicas // MIB}M")
+        percentages.append(100 * count // replicas)
+    envs = {THREAD_PERCENTAGE_ENV: str(min(percentages))}
+    if memory:
+        envs[PINNED_MEM_LIMIT_ENV] = ",".join(memory)
+    return envs
+
+
+def config_problems(config: Config) -> list[str]:
+    """MPS refusals that the config alone shows (one line each)."""
+    mps = config.sharing.mps
+    if mps is None:
+        return []
+    problems = []
+    for n, entry in enumerate(mps.resources):
+        where = f"sharing.mps.resources[{n}]"
+        if entry.replicas > MAX_CLIENTS:
+            problems.append(
+                f"{where}.replicas: {entry.replicas} is more than MPS supports "
+                f"({MAX_CLIENTS} clients per GPU)"
+            )
+        if isinstance(entry.devices, tuple):
+            for ref in entry.devices:
+                if ":" in ref or ref.startswith("MIG-"):
+                    problems.append(f"{where}.devices: {ref!r} is a MIG device; MPS shares whole GPUs only")
+    return problems
+
+
+def check_node(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> None:
+    """MPS refusals that depend on the node's devices. Raises ResourceError naming each one."""
+    by_uuid: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
+    problems = []
+    for resource in resources:
+        if resource.sharing != MPS_STRATEGY:
+            continue
+        mig = next((d for d in resource.devices.values() if d.mig is not None), None)
+        if mig is not None:
+            problems.append(
+                f"sharing.mps: {resource.name}: MPS is not supported on MIG devices "
+                f"(MIG device {mig.index} would be shared)"
+            )
+            continue
+        for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in resource.devices.values()):
+            gpu = by_uuid.get(gpu_uuid)
+            if gpu is None or gpu.compute_capability >= (7, 5):
+                continue
+            if resource.replicas > MAX_CLIENTS_BEFORE_7_5:
+                major, minor = gpu.compute_capability
+                problems.append(
+                    f"sharing.mps: {resource.name}: {resource.replicas} replicas are more than MPS "
+                    f"supports on GPU {gpu.index} (compute capability {major}.{minor}: "
+                    f"{MAX_CLIENTS_BEFORE_7_5} clients)"
+                )
+    if problems:
+        raise ResourceError("; ".join(problems))
+
+
+def restart_delay(failures: int, base: float, cap: float) -> float:
+    """Capped exponential backoff: base, 2*base, 4*base, ... never more than cap."""
+    if failures <= 0:
+        return 0.0
+    return float(min(cap, base * 2.0 ** min(failures - 1, 30)))

@@ -1,0 +1,34 @@
+"""`nvdp simulate` with MPS: a simulated node has no MPS binaries, so no control daemon runs. The
+simulation writes the ready markers the daemon would write, so the plugin serves the MPS resources
+and the Allocate answer shows the MPS env, mounts and limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvdp.config import Config
+from nvdp.errors import NvdpError
+
+from .layout import MpsRoot
+from .plan import MPS_STRATEGY
+
+
+def skip_daemon(config: Config) -> str | None:
+    """Write the ready markers of every MPS resource; the line to print, or None without MPS."""
+    mps = config.sharing.mps
+    if config.sharing.strategy != MPS_STRATEGY or mps is None or not config.flags.mps_root:
+        return None
+    root = MpsRoot(Path(config.flags.mps_root))
+    try:
+        root.shm_dir.mkdir(parents=True, exist_ok=True)
+        for entry in mps.resources:
+            root.pipe_dir(entry.advertised_name).mkdir(parents=True, exist_ok=True)
+            root.marker(entry.advertised_name).touch()
+    except OSError as error:
+        raise NvdpError(
+            f"--mps-root {root.path}: cannot write the MPS ready markers: {error.strerror}"
+        ) from error
+    return (
+        "MPS: the simulated node has no nvidia-cuda-mps-control, so no MPS control daemon is started; "
+        f"its ready markers are written under {root.path} instead.\n"
+    )

@@ -1,0 +1,256 @@
+"""MPS in the plugin, with the kubelet stand-in: a resource advertised only while its control
+daemon's ready marker exists (the real `nvdp mps-control-daemon` against the stand-in
+`nvidia-cuda-mps-control`), NVIDIA's Allocate answer plus per-container limits, health events on a
+GPU marking all its replicas, and every MPS refusal with its exact line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nvdp.config import add_plugin_flags, resolve
+from nvdp.errors import ConfigError
+from nvdp.kubelet import Kubelet
+from nvdp.mps.layout import MpsRoot
+from nvdp.mps.plan import check_node
+from nvdp.resources import Replication, ResourceError, build_resources
+from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from tests.mps_standin import Standin
+from tests.sim import sim_gpus
+
+GPU = "nvidia.com/gpu"
+MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
+QUARTER = f"{46068 // 4}M"  # pcie-4: L40S, 46068 MiB
+
+
+def mps_plugin(sock_dir: Path, tmp_path: Path, config: str, env: dict[str, str] | None = None) -> Process:
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    return start_plugin(
+        sock_dir, "sim:pcie-4", config_file=path, extra=["--mps-root", str(tmp_path / "mps")], env=env
+    )
+
+
+def test_advertised_only_while_the_control_daemon_is_ready(
+    sock_dir: Path, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    events = tmp_path / "events.jsonl"
+    events.touch()
+    root = MpsRoot(tmp_path / "mps")
+    plugin = mps_plugin(sock_dir, tmp_path, MPS4, env={"NVDP_SIM_EVENTS": str(events)})
+    standin = Standin(tmp_path / "standin")
+    daemon_argv = [sys.executable, "-m", "nvdp.cli", "mps-control-daemon", "--nvml", "sim:pcie-4"]
+    daemon_argv += ["--config-file", str(tmp_path / "config.yaml"), "--mps-root", str(root.path)]
+    daemon_argv += ["--mps-health-interval", "100ms"]
+    daemon: Process | None = None
+    try:
+        wait_until(lambda: "waiting for the MPS control daemon" in plugin.log(), timeout=20, what="wait line")
+        assert GPU not in kubelet.resources()
+        daemon = Process(daemon_argv, tmp_path / "daemon.log", standin.env(clean_env()))
+        kubelet.wait_for_registration(GPU, timeout=20)
+        assert root.marker(GPU).exists()
+        devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 16, timeout=10)
+        gpu0 = sim_gpus("pcie-4")[0].uuid
+        answer = kubelet.allocate(GPU, [[f"{gpu0}::2"]]).container_responses[0]
+        pipe = str(root.pipe_dir(GPU))
+        assert dict(answer.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": gpu0,
+            "CUDA_MPS_PIPE_DIRECTORY": pipe,
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={QUARTER}",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        }
+        assert [(m.container_path, m.host_path) for m in answer.mounts] == [
+            (pipe, pipe),
+            ("/dev/shm", str(root.shm_dir)),
+        ]
+        # MPS's default failRequestsGreaterThanOne: one replica per container
+        with pytest.raises(grpc.RpcError, match="maximum request size for shared resources is 1"):
+            kubelet.allocate(GPU, [[f"{gpu0}::0", f"{gpu0}::1"]])
+        # an XID on GPU 0 marks all four of its replicas
+        with events.open("a") as f:
+            f.write(json.dumps({"uuid": gpu0, "xid": 79}) + "\n")
+        kubelet.wait_for_devices(
+            GPU,
+            lambda d: (
+                {i for i, s in d.items() if s.health != "Healthy"} == {f"{gpu0}::{n}" for n in range(4)}
+            ),
+            timeout=10,
+        )
+        assert len(devices) == 16
+        # the daemon dies: the resource goes with it, and comes back with the restarted daemon
+        standin.kill_daemon(root.pipe_dir(GPU))
+        kubelet.wait_for_stream_closed(GPU, timeout=10)
+        kubelet.wait_for_registration(GPU, count=2, timeout=20)
+        kubelet.wait_for_devices(GPU, lambda d: len(d) == 16, timeout=10)
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(10) == 0
+        kubelet.wait_for_stream_closed(GPU, timeout=10)
+    finally:
+        plugin.stop()
+        if daemon is not None:
+            daemon.stop()
+    assert "Traceback" not in plugin.log() + (daemon.log() if daemon else "")
+
+
+def test_per_container_limits_follow_the_replicas_received(
+    sock_dir: Path, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    root = MpsRoot(tmp_path / "mps")
+    root.resource_dir(GPU).mkdir(parents=True)
+    root.marker(GPU).touch()  # as the control daemon does once it is ready
+    config = MPS4.replace("  mps:\n", "  mps:\n    failRequestsGreaterThanOne: false\n")
+    with mps_plugin(sock_dir, tmp_path, config):
+        kubelet.wait_for_registration(GPU, timeout=20)
+        gpu0, gpu1 = (g.uuid for g in sim_gpus("pcie-4")[:2])
+        same, spread = kubelet.allocate(
+            GPU, [[f"{gpu0}::0", f"{gpu0}::1"], [f"{gpu0}::3", f"{gpu1}::0"]]
+        ).container_responses
+        assert same.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={46068 // 2}M"
+        assert same.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert spread.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu0},{gpu1}"
+        assert spread.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={QUARTER},1={QUARTER}"
+        assert spread.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+# ---- refusals --------------------------------------------------------------------------------------
+
+
+def problems(argv: list[str], text: str, tmp_path: Path) -> list[str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    parser = argparse.ArgumentParser()
+    add_plugin_flags(parser)
+    with pytest.raises(ConfigError) as info:
+        resolve(parser.parse_args(["--config-file", str(path), *argv]), {})
+    return [p.split(": ", 1)[1] if p.startswith(str(path)) else p for p in info.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("argv", "text", "expected"),
+    [
+        pytest.param(
+            ["--mps-root=/run/nvidia/mps"],
+            MPS4.replace("replicas: 4", "replicas: 49"),
+            ["sharing.mps.resources[0].replicas: 49 is more than MPS supports (48 clients per GPU)"],
+            id="replicas",
+        ),
+        pytest.param(
+            ["--mps-root=/run/nvidia/mps"],
+            MPS4 + "      devices: ['0:1', MIG-1c6f3a6e-0d2e-4f9b-8c5a-6d9e7f1a2b3c]\n",
+            [
+                "sharing.mps.resources[0].devices: '0:1' is a MIG device; MPS shares whole GPUs only",
+                "sharing.mps.resources[0].devices: 'MIG-1c6f3a6e-0d2e-4f9b-8c5a-6d9e7f1a2b3c' is a MIG "
+                "device; MPS shares whole GPUs only",
+            ],
+            id="mig-devices",
+        ),
+        pytest.param(
+            ["--mps-root=/run/nvidia/mps", "--mig-strategy=mixed"],
+            MPS4,
+            [
+                'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
+                "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
+            ],
+            id="mixed",
+        ),
+        pytest.param(
+            ["--mps-root=/run/nvidia/mps"],
+            "version: v1\nsharing:\n  timeSlicing: {resources: [{name: gpu, replicas: 2}]}\n"
+            "  mps: {resources: [{name: gpu, replicas: 2}]}\n",
+            ["sharing: timeSlicing and mps are mutually exclusive; configure only one"],
+            id="time-slicing-and-mps",
+        ),
+    ],
+)
+def test_config_refusals(argv: list[str], text: str, expected: list[str], tmp_path: Path) -> None:
+    assert problems(argv, text, tmp_path) == expected
+
+
+def test_node_refusals() -> None:
+    mps = (Replication("nvidia.com/gpu", 20, strategy="mps"),)
+    mig = sim_gpus("dgx-a100-mig")[3:4]  # one GPU, MIG 7g.40gb
+    with pytest.raises(ResourceError) as info:
+        check_node(build_resources(mig, mig_strategy="single", sharing=mps), mig)
+    assert str(info.value) == (
+        "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 3:0 would be shared)"
+    )
+    volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:1]]
+    with pytest.raises(ResourceError) as info:
+        check_node(build_resources(volta, sharing=mps), volta)
+    assert str(info.value) == (
+        "sharing.mps: nvidia.com/gpu: 20 replicas are more than MPS supports on GPU 0 "
+        "(compute capability 7.0: 16 clients)"
+    )
+    turing = [g.__class__(**{**g.__dict__, "compute_capability": (7, 5)}) for g in sim_gpus("pcie-4")[:1]]
+    check_node(build_resources(turing, sharing=mps), turing)
+
+
+def test_node_refusal_stops_the_plugin_with_one_line(sock_dir: Path, tmp_path: Path) -> None:
+    node = tmp_path / "mig.yaml"
+    node.write_text("gpus:\n  - name: NVIDIA A100-SXM4-40GB\n    mig: [7g.40gb]\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(MPS4)
+    plugin = start_plugin(
+        sock_dir,
+        f"sim:{node}",
+        config_file=config,
+        extra=["--mig-strategy", "single", "--mps-root", str(tmp_path / "mps")],
+    )
+    assert plugin.wait(20) == 1
+    assert (
+        "cannot serve this node's devices: sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices "
+        "(MIG device 0:0 would be shared)"
+    ) in plugin.log()
+    assert "Traceback" not in plugin.log()
+
+
+def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) -> None:
+    from tests.test_simulate import run
+
+    config = tmp_path / "mps.yaml"
+    config.write_text(MPS4)
+    result = run("--profile", "pcie-4", "--config-file", str(config))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("MPS: the simulated node has no nvidia-cuda-mps-control, so no MPS control daemon")
+    assert "nvidia.com/gpu                 16 devices" in out
+    assert f"env        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={QUARTER}" in out
+    assert "env        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in out
+    assert "/mps/nvidia.com/gpu/pipe -> /" in out and "/mps/shm -> /dev/shm" in out
+
+
+def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -> None:
+    from nvdp.mps.ready import MpsReadiness
+    from nvdp.plugin.watch import DirWatcher
+    from nvdp.resources import build_resources
+
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    root = MpsRoot(tmp_path / "mps")
+    watcher = DirWatcher(plugin_dir)
+    try:
+        assert watcher.uses_inotify
+        gpus = sim_gpus("pcie-4")
+        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),))
+        gate = MpsReadiness()
+        assert gate.filter(resources, gpus, str(root.path)) == []  # no marker: not served
+        root.path.mkdir()
+        assert not gate.changed(watcher)  # watches the MPS root, the nearest existing directory
+        root.resource_dir(GPU).mkdir(parents=True)
+        assert watcher.wait(5.0)  # woken by the directory the daemon created, not by a timer
+        assert not gate.changed(watcher)  # now watches <root>/nvidia.com/gpu itself
+        root.marker(GPU).touch()
+        assert watcher.wait(5.0)
+        assert gate.changed(watcher)
+        assert [r.name for r in gate.filter(resources, gpus, str(root.path))] == [GPU]
+        assert not watcher.wait(0.05)  # nothing else happened
+        root.marker(GPU).unlink()
+        assert watcher.wait(5.0) and gate.changed(watcher)
+    finally:
+        watcher.close()
