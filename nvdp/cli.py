@@ -1,4 +1,4 @@
-"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`.
+"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`; `gpu-feature-discovery` is `nvdp gfd`.
 
 This module is the only place that prints, installs signal handlers or chooses exit codes.
 """
@@ -64,6 +64,17 @@ def plugin_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
     _add_plugin_arguments(parser)
     return run_plugin(parser.parse_args(argv), os.environ)
+
+
+def gfd_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `gpu-feature-discovery`: NVIDIA's binary name, same flags (the name the
+    config-manager finds the process by: PROCESS_TO_SIGNAL)."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-feature-discovery", description="GPU feature discovery (nvdp gfd).", allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_gfd_arguments(parser)
+    return run_gfd(parser.parse_args(argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
