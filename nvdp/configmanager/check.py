@@ -6,7 +6,8 @@ Every file is validated strictly (unknown keys are errors here, so typos are cau
 plugin only warns about them), with the plugin's support rules on what the file states
 (`nvdp.config.rules.file_problems`: e.g. tegra discovery is refused; an MPS root is not required of
 a file, the plugin's --mps-root / MPS_ROOT may supply it); with `--nvml` the resources the file would
-produce on that node (simulated or real) are built and printed. Returns the lines to print and the exit status.
+produce on that node (simulated or real) are built and printed. Returns the lines to print and the
+exit status.
 """
 
 from __future__ import annotations
