@@ -176,13 +176,13 @@ def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
     if not settings.use_node_feature_api:
         return FileOutput(settings.output_file)
     from nvdp.footprint import allow_ssl
-    from nvdp.kube import custom_objects_api
+    from nvdp.kube import new_api_client
 
     kubeconfig = settings.kubeconfig or None
     allow_ssl()  # no-op unless this process blocked ssl: the API server speaks TLS
     return NodeFeatureOutput(
         settings.node_name,
         settings.namespace,
-        api_factory=lambda: custom_objects_api(kubeconfig=kubeconfig),
+        api_factory=lambda: new_api_client(kubeconfig=kubeconfig, retries=0),  # the output retries
         sleep=sleep,
     )
