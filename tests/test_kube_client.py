@@ -11,12 +11,14 @@ from nvdp.errors import KubeError
 from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.kube import KubeNodeEvents, new_api_client
 
+NO_CONFIG = "Invalid kube-config file. No configuration found."  # the client's words for a missing file
+
 
 def test_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "kubeconfig"
     with pytest.raises(KubeError) as raised:
         new_api_client(kubeconfig=str(missing))
-    assert str(raised.value) == f"cannot load kubeconfig {missing}: Invalid kube-config file. No configuration found."
+    assert str(raised.value) == f"cannot load kubeconfig {missing}: {NO_CONFIG}"
 
 
 def test_node_feature_output_without_a_config_retries_then_one_line(tmp_path: Path) -> None:
@@ -26,7 +28,7 @@ def test_node_feature_output_without_a_config_retries_then_one_line(tmp_path: Pa
     )
     with pytest.raises(KubeError) as raised:
         output.write({"nvidia.com/gpu.count": "1"})
-    assert str(raised.value) == f"cannot load kubeconfig {missing}: Invalid kube-config file. No configuration found."
+    assert str(raised.value) == f"cannot load kubeconfig {missing}: {NO_CONFIG}"
 
 
 def test_node_event_to_nowhere_is_one_line() -> None:
