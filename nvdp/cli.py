@@ -263,7 +263,11 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
             for manager in managers:
                 manager.wake()
 
-        _install_signal_handlers(stop.set, reconcile_now)
+        def stop_now() -> None:  # SIGTERM/SIGINT: the loop waits on inotify, wake it to stop
+            stop.set()
+            reconcile_now()
+
+        _install_signal_handlers(stop_now, reconcile_now)
         return command.serve(settings, stop, managers)
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))
