@@ -116,9 +116,7 @@ class KubeNodeEvents:
         path = f"/api/v1/namespaces/{self._namespace}/events"
         try:
             _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
-        except _HttpError as error:
-            raise KubeError(f"cannot create event on node {self._node}: {error}") from error
-        except Exception as error:  # urllib3 / socket errors: one line, not a traceback
+        except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
             raise KubeError(f"cannot create event on node {self._node}: {_one_line(error)}") from error
 
 
@@ -193,11 +191,9 @@ def node_labels(api_client: Any, node_name: str, *, timeout: float = 10.0) -> di
     """The labels of one Node (one GET); None when the Node does not exist. Raises KubeError."""
     try:
         node = _get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
-    except _HttpError as error:
-        if error.status == 404:
+    except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
+        if isinstance(error, _HttpError) and error.status == 404:
             return None
-        raise KubeError(f"cannot read node {node_name}: {error}") from error
-    except Exception as error:  # urllib3 / socket errors: one line, not a traceback
         raise KubeError(f"cannot read node {node_name}: {_one_line(error)}") from error
     return _labels(node)
 
@@ -208,7 +204,7 @@ class NodeWatch:
     watch; re-lists on 410 Gone; retries every other failure with capped exponential backoff and
     never stops until `stop` is set. `on_failure(message, failing_for_seconds)` hears each failure;
     a line is logged at WARNING, and at ERROR once the watch has been failing for `alarm_after` s.
-    Requests go through the client's ApiClient untyped (JSON), for the memory reason above.
+    Requests go through the client's ApiClient untyped (JSON), as everywhere here (module docstring).
     """
 
     def __init__(
