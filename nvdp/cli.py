@@ -1,4 +1,4 @@
-"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`.
+"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`; `gpu-feature-discovery` is `nvdp gfd`.
 
 This module is the only place that prints, installs signal handlers or chooses exit codes.
 """
@@ -87,6 +87,17 @@ def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
     add_arguments(parser)
     return run_mps_control_daemon(parser.parse_args(argv), os.environ)
+
+
+def gfd_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `gpu-feature-discovery`: NVIDIA's binary name, same flags (the name the
+    config-manager finds the process by: PROCESS_TO_SIGNAL)."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-feature-discovery", description="GPU feature discovery (nvdp gfd).", allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_gfd_arguments(parser)
+    return run_gfd(parser.parse_args(argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,7 +316,11 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
             for manager in managers:
                 manager.wake()
 
-        _install_signal_handlers(stop.set, reconcile_now)
+        def stop_now() -> None:  # SIGTERM/SIGINT: the loop waits on inotify, wake it to stop
+            stop.set()
+            reconcile_now()
+
+        _install_signal_handlers(stop_now, reconcile_now)
         return command.serve(settings, stop, managers)
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))

@@ -6,6 +6,11 @@ imported lazily, inside the functions that need it, and only when a feature that
 server is on; importing this module costs nothing. A process that blocked `ssl`
 (`nvdp.footprint.block_ssl`) lifts the block before it builds a client here.
 
+One client constructor (`new_api_client`: a host for tests, a kubeconfig, or the in-cluster service
+account) serves every user: the plugin's node events, gfd's NodeFeature, the config-manager's Node
+watch. Requests go through the client's ApiClient untyped (JSON in, JSON out; `_request`), not the
+typed APIs, whose models cost about 22 MB more RSS; API failures are one-line KubeErrors.
+
 Node events: a health transition becomes an Event on the node's Node object, as the kubelet records
 its own node events: namespace `default`, involvedObject `{kind: Node, name: <node>, uid: <node>}`
 (the kubelet puts the node name in the uid; `kubectl describe node` looks events up both ways).
@@ -36,12 +41,40 @@ def in_cluster(environ: Mapping[str, str], token_file: str = SERVICE_ACCOUNT_TOK
     return bool(environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(token_file)
 
 
-class KubeNodeEvents:
-    """Creates core/v1 Events on one Node with the `kubernetes` client.
+def new_api_client(
+    *, kubeconfig: str | None = None, host: str | None = None, token: str | None = None, retries: int = 1
+) -> Any:
+    """The one way this module builds a `kubernetes.client.ApiClient`: `host` (+ bearer `token`) points
+    at a server directly (tests: a local stand-in); else the `kubeconfig` file (KUBECONFIG /
+    --kubeconfig); else the in-cluster service account. `retries`: urllib3's own retries of a failed
+    connection (0 where the caller retries with backoff). Raises KubeError (one line) when no
+    configuration can be loaded. A process that blocked `ssl` lifts the block first."""
+    from kubernetes import client, config
 
-    `api_client` injects a ready `kubernetes.client.ApiClient`; else `host` (+ `token`) points at a
-    server (tests: a local stub); else the in-cluster service-account configuration is loaded.
-    """
+    configuration = client.Configuration()
+    if host is not None:
+        configuration.host = host
+        if token:
+            configuration.api_key = {"authorization": token}
+            configuration.api_key_prefix = {"authorization": "Bearer"}
+    else:
+        try:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+        except (config.ConfigException, OSError, ValueError, TypeError) as error:
+            where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
+            raise KubeError(f"cannot load {where}: {' '.join(str(error).split())}") from error
+    configuration.retries = retries
+    return client.ApiClient(configuration)
+
+
+class KubeNodeEvents:
+    """Creates core/v1 Events on one Node, through a raw request (JSON): the typed CoreV1Api costs
+    about 22 MB more RSS (pydantic and its models). `api_client` injects one from `new_api_client`;
+    else `host` (+ `token`) points at a server (tests), else the in-cluster configuration is loaded.
+    Failures raise KubeError."""
 
     def __init__(
         self,
@@ -54,20 +87,7 @@ class KubeNodeEvents:
         component: str = EVENT_SOURCE,
         request_timeout: float = 5.0,
     ) -> None:
-        from kubernetes import client, config  # lazy: only when node events are on (lifts the ssl block)
-
-        if api_client is None:
-            configuration = client.Configuration()
-            if host is not None:
-                configuration.host = host
-                if token:
-                    configuration.api_key = {"authorization": token}
-                    configuration.api_key_prefix = {"authorization": "Bearer"}
-            else:
-                config.load_incluster_config(client_configuration=configuration)
-            configuration.retries = 1
-            api_client = client.ApiClient(configuration)
-        self._api = client.CoreV1Api(api_client)
+        self._api_client = api_client if api_client is not None else new_api_client(host=host, token=token)
         self._node = node_name
         self._namespace = namespace
         self._component = component
@@ -92,9 +112,12 @@ class KubeNodeEvents:
         }
 
     def create_node_event(self, event_type: str, reason: str, message: str) -> None:
-        self._api.create_namespaced_event(
-            self._namespace, self.event_body(event_type, reason, message), _request_timeout=self._timeout
-        )
+        body = self.event_body(event_type, reason, message)
+        path = f"/api/v1/namespaces/{self._namespace}/events"
+        try:
+            _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
+        except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
+            raise KubeError(f"cannot create event on node {self._node}: {_one_line(error)}") from error
 
 
 # ---- NodeFeature objects (nvdp gfd --use-node-feature-api) -------------------------------------
@@ -103,21 +126,6 @@ NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
 NODE_FEATURE_VERSION = "v1alpha1"
 NODE_FEATURE_PLURAL = "nodefeatures"
 NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
-
-
-def custom_objects_api(*, host: str | None = None, kubeconfig: str | None = None) -> Any:
-    """A `CustomObjectsApi`: `host` (tests), else `kubeconfig` (KUBECONFIG), else in-cluster."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    if host is not None:
-        configuration.host = host
-    elif kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    configuration.retries = 0  # the caller retries with backoff
-    return client.CustomObjectsApi(client.ApiClient(configuration))
 
 
 def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -131,7 +139,7 @@ def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str,
 
 
 def apply_node_feature(
-    api: Any,
+    api_client: Any,
     namespace: str,
     name: str,
     node: str,
@@ -141,29 +149,26 @@ def apply_node_feature(
 ) -> str:
     """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
     or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
-    failures raise NvdpError naming the object and the status."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    from nvdp.errors import NvdpError
-
-    args = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, namespace, NODE_FEATURE_PLURAL)
+    failures raise KubeError naming the object and the status."""
+    collection = (
+        f"/apis/{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}/namespaces/{namespace}/{NODE_FEATURE_PLURAL}"
+    )
     body = node_feature_body(name, namespace, node, labels)
     where = f"NodeFeature {namespace}/{name}"
+
+    def kept(found: Mapping[str, str]) -> dict[str, str]:
+        return {k: v for k, v in found.items() if k not in ignore}
+
     try:
         try:
-            current = api.get_namespaced_custom_object(*args, name, _request_timeout=timeout)
-        except ApiException as error:
+            current = _get_json(api_client, f"{collection}/{name}", {}, timeout)
+        except _HttpError as error:
             if error.status != 404:
                 raise
-            api.create_namespaced_custom_object(*args, body, _request_timeout=timeout)
+            _request(api_client, "POST", collection, {}, timeout, body=body).release_conn()
             return "created"
-        metadata = current.get("metadata", {})
+        metadata = current.get("metadata") or {}
         spec = current.get("spec") or {}
-
-        def kept(found: Mapping[str, str]) -> dict[str, str]:
-            return {k: v for k, v in found.items() if k not in ignore}
-
         if (
             kept(spec.get("labels") or {}) == kept(labels)
             and spec.get("features") == body["spec"]["features"]
@@ -171,89 +176,26 @@ def apply_node_feature(
         ):
             return "unchanged"
         body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
-        api.replace_namespaced_custom_object(*args, name, body, _request_timeout=timeout)
+        _request(api_client, "PUT", f"{collection}/{name}", {}, timeout, body=body).release_conn()
         return "updated"
-    except ApiException as error:
-        raise NvdpError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
-    except (HTTPError, OSError) as error:
-        raise NvdpError(f"{where}: cannot reach the API server: {error}") from error
+    except _HttpError as error:
+        raise KubeError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
+    except Exception as error:  # urllib3 / socket errors: one line, not a traceback
+        raise KubeError(f"{where}: cannot reach the API server: {_one_line(error)}") from error
 
 
-# ---- config-manager: the client from a kubeconfig, and a list+watch of one Node -----------------
-
-
-def api_client_from(kubeconfig: str | None, *, retries: int = 1) -> Any:
-    """A `kubernetes.client.ApiClient` from a kubeconfig file (KUBECONFIG / --kubeconfig), else from
-    the in-cluster service account. Raises nvdp.errors.KubeError (one line) when neither works."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-    except (config.ConfigException, OSError, ValueError, TypeError) as error:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
-        raise KubeError(f"cannot load {where}: {' '.join(str(error).split())}") from error
-    configuration.retries = retries
-    return client.ApiClient(configuration)
+# ---- config-manager: a list+watch of one Node ---------------------------------------------------
 
 
 def node_labels(api_client: Any, node_name: str, *, timeout: float = 10.0) -> dict[str, str] | None:
     """The labels of one Node (one GET); None when the Node does not exist. Raises KubeError."""
     try:
         node = _get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
-    except _HttpError as error:
-        if error.status == 404:
+    except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
+        if isinstance(error, _HttpError) and error.status == 404:
             return None
-        raise KubeError(f"cannot read node {node_name}: {error}") from error
-    except Exception as error:  # urllib3 / socket errors: one line, not a traceback
         raise KubeError(f"cannot read node {node_name}: {_one_line(error)}") from error
     return _labels(node)
-
-
-class NodeEventPoster:
-    """Posts core/v1 Events on one Node (the body of `KubeNodeEvents`) through a raw request: the
-    typed CoreV1Api costs about 22 MB more RSS (pydantic and its models) in the config-manager."""
-
-    def __init__(
-        self,
-        api_client: Any,
-        node_name: str,
-        *,
-        component: str,
-        namespace: str = NODE_EVENTS_NAMESPACE,
-        request_timeout: float = 5.0,
-    ) -> None:
-        self._api_client = api_client
-        self._node = node_name
-        self._component = component
-        self._namespace = namespace
-        self._timeout = request_timeout
-
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{self._node}.{time.time_ns():x}", "namespace": self._namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node},
-            "type": event_type,
-            "reason": reason,
-            "message": message,
-            "source": {"component": self._component, "host": self._node},
-            "reportingComponent": self._component,
-            "reportingInstance": self._node,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        path = f"/api/v1/namespaces/{self._namespace}/events"
-        try:
-            _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
-        except _HttpError as error:
-            raise KubeError(f"cannot create event on node {self._node}: {error}") from error
 
 
 class NodeWatch:
@@ -262,7 +204,7 @@ class NodeWatch:
     watch; re-lists on 410 Gone; retries every other failure with capped exponential backoff and
     never stops until `stop` is set. `on_failure(message, failing_for_seconds)` hears each failure;
     a line is logged at WARNING, and at ERROR once the watch has been failing for `alarm_after` s.
-    Requests go through the client's ApiClient untyped (JSON), for the memory reason above.
+    Requests go through the client's ApiClient untyped (JSON), as everywhere here (module docstring).
     """
 
     def __init__(
@@ -382,8 +324,8 @@ class NodeWatch:
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        self.status = status
+    def __init__(self, status: int, detail: str, reason: str = "") -> None:
+        self.status, self.reason = status, reason
         super().__init__(f"HTTP {status} {' '.join(detail.split())[:200]}")
 
 
@@ -446,7 +388,7 @@ def _http_error(status: int, body: object, reason: object) -> Exception:
         detail = json.loads(text).get("message") or reason
     except (ValueError, AttributeError):
         detail = text or reason
-    return _Gone() if status == 410 else _HttpError(status, str(detail))
+    return _Gone() if status == 410 else _HttpError(status, str(detail), str(reason or ""))
 
 
 def _get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:

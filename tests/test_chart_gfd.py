@@ -25,6 +25,7 @@ from tests.test_deploy import (
 STATIC = ROOT / "deployments" / "static" / "gpu-feature-discovery.yml"
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 GFD_CONTAINER = "gpu-feature-discovery-ctr"
+GFD_PROCESS = "gpu-feature-discovery"  # the console script: the container's command, PROCESS_TO_SIGNAL
 # What `nvdp gfd` reads (its own options, the shared plugin ones with GFD_ aliases) and what the
 # container toolkit reads.
 GFD_ENV = frozenset(
@@ -68,8 +69,18 @@ def plugin_daemonset(out: Rendered) -> Doc:
 
 def gfd_container(daemonset: Doc) -> Doc:
     containers: list[Doc] = daemonset["spec"]["template"]["spec"]["containers"]
-    assert [c["name"] for c in containers] == [GFD_CONTAINER]
+    assert [c["name"] for c in containers][:1] == [GFD_CONTAINER]
     return containers[0]
+
+
+def without(container: Doc, *names: str) -> Doc:
+    """A config-manager container without its name and the env vars `names`."""
+    env = [e for e in container["env"] if e["name"] not in names]
+    return {**{k: v for k, v in container.items() if k != "name"}, "env": env}
+
+
+def env_value(container: Doc, name: str) -> Any:
+    return next(e.get("value") for e in container["env"] if e["name"] == name)
 
 
 def env_of(daemonset: Doc) -> dict[str, Any]:
@@ -81,7 +92,7 @@ def check_gfd_daemonset(daemonset: Doc, plugin_pod: Doc) -> None:
     pod = spec["template"]["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     ctr = gfd_container(daemonset)
-    assert ctr["command"] == ["nvdp", "gfd"]
+    assert ctr["command"] == [GFD_PROCESS]
     assert ctr["image"] == plugin_pod["containers"][0]["image"]
     env = env_of(daemonset)
     assert not set(env) - GFD_ENV, f"env vars nvdp gfd does not read: {sorted(set(env) - GFD_ENV)}"
@@ -136,21 +147,56 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
         check_schema(doc)
 
 
-def test_gfd_reads_the_plugins_config_entry(render: Callable[..., Rendered]) -> None:
-    values = {"gfd": {"enabled": True}, "config": {"map": {"default": CONFIG_ENTRY}}, "migStrategy": "mixed"}
-    out = render(values)
+@pytest.mark.parametrize(
+    "config",
+    [{"map": {"default": CONFIG_ENTRY}}, {"name": "site-configs", "default": "ts"}],
+    ids=["config.map", "config.name"],
+)
+def test_gfd_reads_the_plugins_config_entry(render: Callable[..., Rendered], config: Doc) -> None:
+    """With a ConfigMap of entries, the GFD pod gets the plugin's config-manager pair (signalling
+    gpu-feature-discovery), so both pods link the entry the node label selects."""
+    out = render({"gfd": {"enabled": True}, "config": config, "migStrategy": "mixed"})
     daemonset = gfd_daemonset(out)
     plugin = plugin_daemonset(out)
+    gfd_pod, plugin_pod = daemonset["spec"]["template"]["spec"], plugin["spec"]["template"]["spec"]
+    check_gfd_daemonset(daemonset, plugin_pod)
     env = env_of(daemonset)
     assert env["CONFIG_FILE"] == "/config/config.yaml" and env["MIG_STRATEGY"] == "mixed"
-    gfd_volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
-    plugin_volumes = {v["name"]: v for v in plugin["spec"]["template"]["spec"]["volumes"]}
-    assert gfd_volumes["config"] == plugin_volumes["config"]
-    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
-    assert (
-        annotations["checksum/config"]
-        == plugin["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-    )
+    gfd_volumes = {v["name"]: v for v in gfd_pod["volumes"]}
+    plugin_volumes = {v["name"]: v for v in plugin_pod["volumes"]}
+    for name in ("available-configs", "config"):
+        assert gfd_volumes[name] == plugin_volumes[name], name
+    assert gfd_volumes["config"] == {"name": "config", "emptyDir": {}}
+    mounts = {m["name"]: m for m in gfd_container(daemonset)["volumeMounts"]}
+    assert mounts["config"] == {"name": "config", "mountPath": "/config", "readOnly": True}
+    assert mounts["available-configs"]["mountPath"] == "/available-configs"
+    assert gfd_pod["shareProcessNamespace"] is True
+    (gfd_init,) = gfd_pod["initContainers"]
+    (plugin_init,) = plugin_pod["initContainers"]
+    gfd_sidecar, plugin_sidecar = gfd_pod["containers"][1], plugin_pod["containers"][1]
+    assert [gfd_init["name"], gfd_sidecar["name"]] == [f"{GFD_PROCESS}-init", f"{GFD_PROCESS}-sidecar"]
+    assert len(gfd_pod["containers"]) == 2
+    for container in (gfd_init, gfd_sidecar):
+        assert env_value(container, "PROCESS_TO_SIGNAL") == GFD_PROCESS
+    assert env_value(plugin_sidecar, "PROCESS_TO_SIGNAL") == "nvidia-device-plugin"
+    assert env_value(gfd_sidecar, "SEND_SIGNAL") == "true" and env_value(gfd_init, "SEND_SIGNAL") == "false"
+    # Otherwise the very same containers as the plugin's: same label, source dir, default, fallbacks.
+    assert without(gfd_init, "PROCESS_TO_SIGNAL") == without(plugin_init, "PROCESS_TO_SIGNAL")
+    assert without(gfd_sidecar, "PROCESS_TO_SIGNAL") == without(plugin_sidecar, "PROCESS_TO_SIGNAL")
+    annotations = daemonset["spec"]["template"]["metadata"].get("annotations", {})
+    plugin_annotations = plugin["spec"]["template"]["metadata"].get("annotations", {})
+    assert annotations.get("checksum/config") == plugin_annotations.get("checksum/config")
+    assert ("checksum/config" in annotations) is ("map" in config)
+    for doc in out.docs:
+        check_schema(doc)
+
+
+def test_gfd_without_a_config_map_has_no_config_manager(render: Callable[..., Rendered]) -> None:
+    daemonset = gfd_daemonset(render({"gfd": {"enabled": True}}))
+    pod = daemonset["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and "shareProcessNamespace" not in pod
+    assert "CONFIG_FILE" not in env_of(daemonset)
+    assert [c["name"] for c in pod["containers"]] == [GFD_CONTAINER]
 
 
 def test_static_manifest_is_the_charts_gfd_daemonset(render: Callable[..., Rendered]) -> None:
@@ -186,7 +232,11 @@ def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> Non
     daemonset = gfd_daemonset(out)
     check_gfd_daemonset(daemonset, plugin_daemonset(out)["spec"]["template"]["spec"])
     mounts = {m["name"]: m["mountPath"] for m in gfd_container(daemonset)["volumeMounts"]}
-    assert mounts == {"driver-root": "/driver-root", "config": "/config"}
+    assert mounts == {
+        "driver-root": "/driver-root",
+        "config": "/config",
+        "available-configs": "/available-configs",
+    }
     assert env_of(daemonset)["NVDP_NVML"] == "sim:dgx-a100"
     for doc in out.docs:
         check_schema(doc)

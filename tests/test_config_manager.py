@@ -83,7 +83,7 @@ class Setup:
         argv = [sys.executable, "-m", "nvdp.cli", "config-manager", "--kubeconfig", str(self.kubeconfig)]
         argv += ["--node-name", NODE, "--config-file-srcdir", str(self.src.root)]
         argv += ["--config-file-dst", str(self.dst), "--process-to-signal", str(self.plugin_exe)]
-        argv += ["--poll-interval", "0.1", *extra]
+        argv += [*extra]  # no --poll-interval: ConfigMap edits are seen through inotify
         process = Process(argv, self.base / log, clean_env(env))
         self.processes.append(process)
         return process

@@ -420,7 +420,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         seen: list[dict[str, str] | None] = []
         failures: list[str] = []
         watch = kube.NodeWatch(
-            kube.api_client_from(str(api.write_kubeconfig(tmp_path / "kubeconfig"))),
+            kube.new_api_client(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig"))),
             "n",
             seen.append,
             on_failure=lambda message, _: failures.append(message),

@@ -202,11 +202,15 @@ def test_machine_type_file_missing_is_unknown(tmp_path: Path) -> None:
 
 
 def test_node_feature_retries_with_backoff_then_gives_up_with_one_line() -> None:
-    from nvdp.kube import custom_objects_api
+    from nvdp.kube import new_api_client
 
     with KubeApi() as api:
         output = NodeFeatureOutput(
-            "node-b", "ns", api_factory=lambda: custom_objects_api(host=api.url), attempts=3, backoff=0.01
+            "node-b",
+            "ns",
+            api_factory=lambda: new_api_client(host=api.url, retries=0),
+            attempts=3,
+            backoff=0.01,
         )
         api.fail_next(2, 503)
         assert output.write({"nvidia.com/gpu.count": "1"}) is True
@@ -240,13 +244,15 @@ def test_feature_file_rewritten_only_when_labels_change(tmp_path: Path) -> None:
 
 
 def test_node_feature_already_up_to_date_is_left_alone() -> None:
-    from nvdp.kube import custom_objects_api, node_feature_body
+    from nvdp.kube import new_api_client, node_feature_body
 
     path = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/ns/nodefeatures/nvidia-features-for-node-c"
     with KubeApi() as api:
         api.objects[path] = node_feature_body("nvidia-features-for-node-c", "ns", "node-c", {"a": "1"})
         api.objects[path]["metadata"]["resourceVersion"] = "7"
-        output = NodeFeatureOutput("node-c", "ns", api_factory=lambda: custom_objects_api(host=api.url))
+        output = NodeFeatureOutput(
+            "node-c", "ns", api_factory=lambda: new_api_client(host=api.url, retries=0)
+        )
         assert output.write({"a": "1", "nvidia.com/gfd.timestamp": "5"}) is False
         assert [(r.method, r.status) for r in api.requests] == [("GET", 200)]
         assert output.write({"a": "2"}) is True

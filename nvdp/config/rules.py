@@ -37,3 +37,17 @@ def plugin_problems(config: Config) -> list[str]:
             )
     problems += mps_config_problems(config)
     return problems
+
+
+# What flags or env vars may supply when a file leaves it out, so a file alone is not refused for it.
+FILE_ASSUMED_MPS_ROOT = "/run/nvidia/mps"
+
+
+def file_problems(config: Config) -> list[str]:
+    """`plugin_problems` of a config file on its own (`nvdp config check`, the config-manager's
+    candidates): every rule on what the file states; none that asks for a setting the plugin's
+    flags or env vars may supply instead (an MPS root: --mps-root / MPS_ROOT)."""
+    from dataclasses import replace
+
+    flags = replace(config.flags, mps_root=config.flags.mps_root or FILE_ASSUMED_MPS_ROOT)
+    return plugin_problems(replace(config, flags=flags))

@@ -4,11 +4,13 @@ plugin's config file at the selected ConfigMap entry, as NVIDIA's config-manager
 - `settings`: NVIDIA's flags and env vars, validated into a frozen `Settings`.
 - `selection`: the pure part: ConfigMap entries in a directory, label -> entry (default config, the
   fallback strategies named / single / empty).
-- `files`: validating a candidate with the plugin's own loader, the atomic symlink swap.
+- `files`: validating a candidate with the plugin's own loader and support rules, the atomic
+  symlink swap.
 - `process`: finding the plugin process by name in /proc and signalling it.
-- `manager`: the reconcile loop (label changes from the Node watch, ConfigMap content changes by
-  polling the mounted files), problems as one log line plus an Event on the Node.
+- `manager`: the reconcile loop (label changes from the Node watch, ConfigMap content changes
+  through inotify on the mounted directory), problems as one log line plus an Event on the Node.
 - `command`: the process: the Kubernetes client, the watch thread (`nvdp.kube.NodeWatch`), --oneshot.
 - `status`: optional /metrics, /healthz, /readyz (`--metrics-address`).
-- `check`: `nvdp config check FILE...`, strict validation and the resources a file would produce.
+- `check`: `nvdp config check FILE...`, strict validation, the plugin's support rules, and the
+  resources a file would produce.
 """

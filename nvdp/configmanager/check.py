@@ -3,8 +3,11 @@ rolling a ConfigMap out.
 
 Each FILE is a config file or a directory of ConfigMap entries (names starting with `..` skipped).
 Every file is validated strictly (unknown keys are errors here, so typos are caught even though the
-plugin only warns about them); with `--nvml` the resources the file would produce on that node
-(simulated or real) are built and printed. Returns the lines to print and the exit status.
+plugin only warns about them), with the plugin's support rules on what the file states
+(`nvdp.config.rules.file_problems`: e.g. tegra discovery is refused; an MPS root is not required of
+a file, the plugin's --mps-root / MPS_ROOT may supply it); with `--nvml` the resources the file would
+produce on that node (simulated or real) are built and printed. Returns the lines to print and the
+exit status.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nvdp.config import Config, load_file
+from nvdp.config.rules import file_problems
 from nvdp.configmanager.selection import list_entries
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.nvml.types import GpuInfo
@@ -64,6 +68,10 @@ def check(paths: Sequence[str], nvml: str | None = None, mig_strategy: str | Non
                 config = replace(config, flags=replace(config.flags, mig_strategy=mig_strategy))
         except ConfigError as error:
             errors.extend(f"{error.source or path}: {p}" for p in error.problems)
+            continue
+        refused = file_problems(config)  # what the plugin would refuse although the file parses
+        if refused:
+            errors.extend(f"{path}: {p}" for p in refused)
             continue
         if gpus is None:
             lines.append(f"{path}: ok")

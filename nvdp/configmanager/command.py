@@ -23,8 +23,8 @@ ALARM_AFTER = 60.0  # seconds of failing watch before the ERROR line and /readyz
 
 def connect(settings: Settings) -> tuple[object, ConfigManager]:
     """The API client and a manager that records Events on the Node. Raises KubeError."""
-    client = kube.api_client_from(settings.kubeconfig)
-    events = kube.NodeEventPoster(client, settings.node_name, component=EVENT_COMPONENT)
+    client = kube.new_api_client(kubeconfig=settings.kubeconfig)
+    events = kube.KubeNodeEvents(settings.node_name, api_client=client, component=EVENT_COMPONENT)
     return client, ConfigManager(settings, events)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvdp.config import parse_text
+from nvdp.config.rules import file_problems
 from nvdp.errors import ConfigError, NvdpError
 
 DEV_NULL = "/dev/null"
@@ -44,13 +45,16 @@ def read_candidate(srcdir: str, entry: str) -> tuple[Effective, bytes]:
 
 def validate(entry: str, content: bytes, *, strict: bool = False) -> None:
     """The plugin's loader accepts it (lenient about unknown keys, as the plugin is by default;
-    `strict` as the plugin is with --strict-config)."""
+    `strict` as the plugin is with --strict-config), and so do the plugin's support rules on what
+    the file states (`nvdp.config.rules.file_problems`)."""
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as error:
         raise CandidateError(f"entry {entry!r} is not UTF-8 text (byte {error.start})") from error
     try:
-        parse_text(text, source=entry or None, strict=strict)
+        problems = file_problems(parse_text(text, source=entry or None, strict=strict))
+        if problems:  # a value the plugin refuses even though the loader parses it (e.g. tegra)
+            raise ConfigError(problems, source=entry or None)
     except ConfigError as error:
         raise CandidateError(str(error)) from error
 

@@ -1,10 +1,12 @@
 """The reconcile loop of `nvdp config-manager`.
 
 Inputs: the node's label value (from the Node watch thread, or one GET with --oneshot) and the
-mounted ConfigMap directory (re-read every poll interval, so an edit of the ConfigMap is applied
-without a restart). Each pass selects an entry, reads it, and when the effective file (link target
-or content) differs from what the destination serves: validates it with the plugin's loader, swaps
-the symlink and signals the plugin once. A problem (unknown label value, unreadable or invalid
+mounted ConfigMap directory (watched with inotify: the kubelet's update of a ConfigMap swaps the
+`..data` link in it, so an edit of the ConfigMap is applied without a restart and nothing wakes while
+nothing changes; re-read every `--poll-interval` only where inotify is unavailable). Each pass
+selects an entry, reads it, and when the effective file (link target or content) differs from what
+the destination serves: validates it with the plugin's loader and support rules, swaps the symlink
+and signals the plugin once. A problem (unknown label value, unreadable or invalid
 entry) is one log line naming the node, label value and reason, plus a Warning Event on the Node;
 the current config stays and watching goes on. The same problem is reported once, not every pass.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from nvdp.configmanager import files, process
@@ -21,6 +24,7 @@ from nvdp.configmanager.selection import EMPTY, SelectionError, list_entries, se
 from nvdp.configmanager.settings import Settings
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event
+from nvdp.plugin.watch import IN_CLOSE_WRITE, DirWatcher
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class ConfigManager:
         self._label: str | None = None
         self._label_known = False
         self._wake = threading.Event()
+        self._watcher: DirWatcher | None = None  # while run() waits on the source directory
         self._lock = threading.Lock()
         self._reported: str | None = None
         self.entry: str | None = None
@@ -71,7 +76,7 @@ class ConfigManager:
             self._label, self._label_known = value, True
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
-            self._wake.set()
+            self.wake()
 
     @property
     def label(self) -> str | None:
@@ -81,15 +86,39 @@ class ConfigManager:
     # ---- the loop --------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Reconcile on each label change and every poll interval until `stop` is set."""
-        while not stop.is_set():
-            if self._label_known:
-                self.reconcile()
-            self._wake.wait(self.settings.poll_interval)
-            self._wake.clear()
+        """Reconcile on each label change, each change in the source directory and each `wake()`,
+        until `stop` is set (the setter calls `wake()` too). Where inotify is unavailable, the
+        directory is re-read every poll interval instead.
+
+        No periodic safety re-read with inotify: every event in the directory wakes a full pass (a
+        queue overflow too: it also makes the descriptor readable), events after a pass's start
+        wake the next one, and the kubelet changes a ConfigMap volume only through that directory
+        (new `..<timestamp>` dir, `..data` swap, entry links). Files written in place in a plain
+        directory (not a ConfigMap volume) are seen too (IN_CLOSE_WRITE); SIGHUP forces a pass.
+        """
+        watcher = DirWatcher(Path(self.settings.config_file_srcdir), extra_events=IN_CLOSE_WRITE)
+        self._watcher = watcher
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                if self._label_known:
+                    self.reconcile()
+                if stop.is_set() or self._wake.is_set():
+                    continue
+                if watcher.uses_inotify:
+                    watcher.wait(None)
+                else:
+                    self._wake.wait(self.settings.poll_interval)
+        finally:
+            self._watcher = None
+            watcher.close()
 
     def wake(self) -> None:
+        """Run a pass now (thread-safe; also from a signal handler: a pipe write)."""
         self._wake.set()
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.wake()
 
     def reconcile(self) -> Outcome:
         s = self.settings

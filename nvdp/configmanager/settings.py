@@ -1,5 +1,6 @@
 """Flags and env vars of `nvdp config-manager`: NVIDIA's names, env vars and defaults (urfave/cli in
-cmd/config-manager), plus nvdp's `--poll-interval` (how often the mounted ConfigMap is re-read).
+cmd/config-manager), plus nvdp's `--poll-interval` (how often the mounted ConfigMap is re-read where
+inotify is unavailable).
 Precedence: a flag on the command line, else its env var, else the default. Every problem is one
 line of a `ConfigError`.
 """
@@ -118,7 +119,8 @@ _OPTIONS: tuple[tuple[str, str, str, _Parser, str, str], ...] = (
         "poll_interval",
         _nonnegative_seconds,
         "value",
-        "how often the mounted ConfigMap is re-read for edits (seconds or Go duration)",
+        "where inotify is unavailable: how often the mounted ConfigMap is re-read for edits (seconds or Go"
+        " duration); with inotify (Linux) edits are seen as they happen",
     ),
     (
         "--metrics-address",

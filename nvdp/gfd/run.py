@@ -175,12 +175,12 @@ def _open_nvml(settings: GfdSettings) -> Nvml:
 def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
     if not settings.use_node_feature_api:
         return FileOutput(settings.output_file)
-    from nvdp.kube import custom_objects_api
+    from nvdp.kube import new_api_client
 
     kubeconfig = settings.kubeconfig or None
     return NodeFeatureOutput(
         settings.node_name,
         settings.namespace,
-        api_factory=lambda: custom_objects_api(kubeconfig=kubeconfig),
+        api_factory=lambda: new_api_client(kubeconfig=kubeconfig, retries=0),  # the output retries
         sleep=sleep,
     )

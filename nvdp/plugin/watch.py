@@ -21,6 +21,7 @@ IN_DELETE = 0x200
 IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
 IN_DELETE_SELF = 0x400
+IN_CLOSE_WRITE = 0x8
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
@@ -57,14 +58,16 @@ class DirWatcher:
     no periodic wake-ups.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, extra_events: int = 0) -> None:
+        """`extra_events`: inotify event bits to watch for besides create/delete/move (e.g.
+        IN_CLOSE_WRITE for files written in place)."""
         self.directory = directory
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._fd: int | None = None
         libc = self._libc = _libc()
         if libc is not None:
             fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _MASK) >= 0:
+            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _MASK | extra_events) >= 0:
                 self._fd = fd
             else:
                 err = ctypes.get_errno()

@@ -4,16 +4,24 @@ config entries (config.name or config.map), an init container links /config/conf
 entry the node label nvidia.com/device-plugin.config selects (else config.default, else
 config.fallbackStrategies), and a sidecar keeps following the label and the ConfigMap's content,
 signalling the plugin (SIGHUP; the pod shares one process namespace) when the file changed.
+The GFD pod (gfd.enabled) gets the same pair, signalling gpu-feature-discovery, so its labels
+follow the same node label.
 "configManager" is "true" when it is used.
 */}}
 {{- define "nvidia-device-plugin.configManager" -}}
 {{- ne (include "nvidia-device-plugin.configMapName" .) "" }}
 {{- end }}
 
-{{/* One config-manager container; call with (dict "root" $ "oneshot" true|false). */}}
+{{/*
+One config-manager container; call with (dict "root" $ "oneshot" true|false "process" NAME).
+"process" is the console script of the pod's main container, the process the sidecar signals
+(default nvidia-device-plugin; the GFD pod passes gpu-feature-discovery); the container is named
+<process>-init or <process>-sidecar, as in NVIDIA's chart.
+*/}}
 {{- define "nvidia-device-plugin.configManagerContainer" -}}
 {{- $root := .root }}
-- name: {{ .oneshot | ternary "nvidia-device-plugin-init" "nvidia-device-plugin-sidecar" }}
+{{- $process := .process | default "nvidia-device-plugin" }}
+- name: {{ printf "%s-%s" $process (.oneshot | ternary "init" "sidecar") }}
   image: {{ include "nvidia-device-plugin.image" $root }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy }}
   command: ["nvdp", "config-manager"]
@@ -41,7 +49,7 @@ signalling the plugin (SIGHUP; the pod shares one process namespace) when the fi
     - name: SIGNAL
       value: "1"
     - name: PROCESS_TO_SIGNAL
-      value: nvidia-device-plugin
+      value: {{ $process }}
   securityContext:
     allowPrivilegeEscalation: false
     capabilities:
