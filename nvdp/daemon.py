@@ -26,6 +26,7 @@ from nvdp.health.node_events import NodeEventRecorder
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.node_facts import HostFacts
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
@@ -146,15 +147,17 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.health = self.health
         self._servers = GrpcServers(observer)
+        settings = node_settings(config)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
-            node_settings(config),
+            settings,
             reload=settings_source(reload_config),
             make_server=self._servers,
             node_facts=HostFacts(),
             allocator_factory=TopologyAllocators(counted),
             health=self.health,
             observer=observer,
+            dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor

@@ -28,6 +28,7 @@ from nvdp.resources import Resource
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
 
 
 class PreferredAllocator(Protocol):
@@ -139,7 +140,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind the socket (replacing a stale one from a killed run) and start serving."""
+        """Bind the socket (replacing a stale one from a killed run), owner-only (0600) whatever the
+        umask, and start serving. Raises NvdpError (one line) when the socket cannot be made."""
         if self._server is not None:
             return
         try:
@@ -147,12 +149,22 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             log_event(log, logging.INFO, "removed stale socket", path=str(self.socket_path))
         except FileNotFoundError:
             pass
+        except OSError as error:
+            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_DevicePluginServicer_to_server(self, server)
+        old_umask = os.umask(0o077)  # bind() creates the socket file: owner-only from the start
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as error:
             raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
+        finally:
+            os.umask(old_umask)
+        try:
+            os.chmod(self.socket_path, SOCKET_MODE)
+        except OSError as error:
+            server.stop(None)
+            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server.start()
         self._server = server
         # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
