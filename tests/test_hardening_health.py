@@ -4,17 +4,22 @@ the router has its targets (a GPU lost at start), and a monitor degraded beyond 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.harness import Process, start_plugin, wait_until
-from nvdp.health import HealthRouter
+from nvdp.errors import NvmlError
+from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
 from nvdp.kubelet import Kubelet
+from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
 from tests.health_fakes import FakeTarget
 from tests.test_health_router import GPU0, GPU1, device, down, up
+from tests.test_metrics_parts import FakeSupervisor
 
 
 class Sink:
@@ -97,3 +102,86 @@ def test_plugin_reports_a_gpu_lost_at_start_once(
     assert len(reported) == 1
     assert f"device={lost} index=1" in reported[0] and 'reason="GPU enumeration failed: ' in reported[0]
     assert "kept devices unhealthy across reload" not in plugin.log()
+
+
+# ---- a monitor degraded beyond health.degradedGracePeriod fails /readyz ------------------------
+
+
+class BrokenEventSets:
+    """The simulated NVML whose event sets cannot be created while `broken`."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self.broken = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nvml, name)
+
+    def create_event_set(self) -> Any:
+        if self.broken:
+            raise NvmlError("NVML_ERROR_UNKNOWN", "nvmlEventSetCreate")
+        return self._nvml.create_event_set()
+
+
+def test_monitor_degraded_beyond_grace_is_failing_and_devices_stay() -> None:
+    sim = open_sim("pcie-4")
+    sim.init()
+    nvml = BrokenEventSets(sim)
+    changes: list[HealthChange] = []
+    settings = HealthSettings(probe_interval=0.05, degraded_grace_period=0.3)
+    monitor = HealthMonitor(
+        nvml,
+        sim.gpus(),
+        changes.extend,
+        settings=settings,
+        environ={},
+        wait_timeout=0.02,
+        backoff=lambda _: 0.05,
+    )
+    monitor.start()
+    try:
+        assert monitor.degraded and monitor.status().failing is None, "within the grace period"
+        failing = wait_until(lambda: monitor.status().failing, timeout=5, what="failing")
+        assert re.fullmatch(
+            r"health monitor degraded for \d+ms \(over health.degradedGracePeriod 300ms\): cannot create "
+            r"the NVML event set: nvmlEventSetCreate failed: NVML_ERROR_UNKNOWN; device health unchanged",
+            failing,
+        ), failing
+        assert changes == [] and monitor.unhealthy() == {}
+        nvml.broken = False
+        wait_until(lambda: not monitor.degraded, timeout=5, what="re-armed")
+        assert monitor.status().failing is None
+    finally:
+        monitor.stop()
+        sim.shutdown()
+
+
+class FailingHealth:
+    checks_enabled = True
+
+    def monitor_status(self) -> MonitorStatus:
+        return MonitorStatus(
+            True, True, "NVML event wait failed", "x", 0, failing="health monitor degraded ..."
+        )
+
+    def unhealthy(self) -> dict[str, HealthChange]:
+        return {}
+
+
+def test_readyz_fails_with_the_reason_once_failing() -> None:
+    probes = Probes()
+    probes.registrations = FakeSupervisor({"nvidia.com/gpu": True})  # type: ignore[assignment]
+    probes.health = FailingHealth()
+    probes.served()
+    assert probes.readiness_problem() == "health monitor degraded ..."
+
+
+def test_degraded_grace_period_config_key() -> None:
+    from nvdp.config import parse
+    from nvdp.settings import health_settings
+
+    assert health_settings(parse({})).degraded_grace_period == 300.0
+    assert health_settings(parse({"health": {"degradedGracePeriod": "90s"}})).degraded_grace_period == 90.0
+    assert (
+        parse({"health": {"degradedGracePeriod": "2m"}}).to_dict()["health"]["degradedGracePeriod"] == "2m0s"
+    )

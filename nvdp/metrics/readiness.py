@@ -64,4 +64,6 @@ class Probes:
             status = health.monitor_status()
             if status is None or not status.running:
                 return "health monitor not running"
+            if status.failing is not None:  # devices stay as they are; the node's problem shows
+                return status.failing
         return None
