@@ -28,6 +28,7 @@ from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.node_facts import HostFacts
+from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
@@ -161,6 +162,7 @@ class Daemon:
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
+            self.metrics.probes.rpc_probe = rpc_problem
 
     @property
     def ready(self) -> threading.Event:
