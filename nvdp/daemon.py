@@ -61,7 +61,8 @@ class TopologyAllocators:
 
 
 class GrpcServers:
-    """The supervisor's server factory: DevicePluginServers sharing one gRPC thread pool."""
+    """The supervisor's server factory: DevicePluginServers whose unary RPCs share one gRPC thread
+    pool (ListAndWatch streams run on a small pool of each server's own)."""
 
     def __init__(self, observer: RpcObserver | None) -> None:
         self._observer = observer
