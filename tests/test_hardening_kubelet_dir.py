@@ -15,7 +15,10 @@ import pytest
 from bench.harness import Process, start_plugin, wait_until
 from nvdp.kubelet import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim, DirLockHeld
+from nvdp.plugin.supervisor import Supervisor
+from nvdp.plugin.types import DaemonSettings
 from nvdp.plugin.watch import file_id
+from tests.test_supervisor import Rig
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvidia-gpu.sock"
@@ -117,3 +120,68 @@ def test_read_only_kubelet_dir_is_one_line_and_retried(
         subprocess.run(["umount", str(sock_dir)], check=True)
     kubelet.wait_for_registration(GPU, timeout=20)
     assert plugin.log().count("kubelet directory unusable") == 1
+
+
+# ---- the supervisor drives the claim through its seam ----------------------------------------
+
+
+class FakeClaim:
+    def __init__(self, acquired: bool = True) -> None:
+        self.acquired = acquired
+        self.calls: list[str] = []
+        self.taken = False
+
+    def acquire(self, stop: threading.Event) -> bool:
+        self.calls.append("acquire")
+        return self.acquired
+
+    def refresh(self) -> None:
+        self.calls.append("refresh")
+        if self.taken:
+            raise DirLockHeld("taken while the kubelet restarted")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+
+def claimed_rig(tmp_path: Path, claim: FakeClaim) -> Rig:
+    rig = Rig(tmp_path, DaemonSettings(kubelet_socket=tmp_path / "kubelet.sock"))
+    old = rig.supervisor
+    rig.supervisor = Supervisor(
+        rig.nvml,
+        old.settings,
+        reload=rig._reload,
+        make_server=old._make_server,
+        node_facts=rig.facts,
+        register=rig.kubelet.register,
+        watcher=old._make_watcher,
+        socket_id=lambda path: rig.kubelet.socket_id,
+        dir_claim=claim,
+    )
+    return rig
+
+
+def test_supervisor_claims_refreshes_and_releases(tmp_path: Path) -> None:
+    claim = FakeClaim()
+    rig = claimed_rig(tmp_path, claim).start()
+    assert rig.supervisor.ready.wait(5)
+    rig.stop()
+    assert claim.calls[0] == "acquire" and claim.calls[-1] == "release" and "refresh" in claim.calls
+
+
+def test_supervisor_serves_nothing_until_claimed(tmp_path: Path) -> None:
+    claim = FakeClaim(acquired=False)  # stopped while waiting for the lock
+    rig = claimed_rig(tmp_path, claim).start()
+    rig.stop()
+    assert claim.calls == ["acquire"] and rig.made == [] and rig.error is None
+
+
+def test_supervisor_exits_when_the_directory_was_taken(tmp_path: Path) -> None:
+    claim = FakeClaim()
+    rig = claimed_rig(tmp_path, claim).start()
+    assert rig.supervisor.ready.wait(5)
+    claim.taken = True
+    rig.poke()
+    wait_until(lambda: rig.error is not None, timeout=5, what="the error")
+    assert isinstance(rig.error, DirLockHeld) and claim.calls[-1] == "release"
+    assert all(server.stopped for server in rig.made)
