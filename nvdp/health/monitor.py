@@ -18,8 +18,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
+from nvdp.config.values import format_go_duration
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
-from nvdp.health.router import go_duration
 from nvdp.health.state import (
     GPU_LOST_REASON,
     RECOVERED_REASON,
@@ -137,8 +137,9 @@ class HealthMonitor:
         if since is None or now - since < grace:
             return None
         return (
-            f"health monitor degraded for {go_duration(now - since)} (over health.degradedGracePeriod "
-            f"{go_duration(grace)}): {self._degraded_reason}; device health unchanged"
+            f"health monitor degraded for {format_go_duration(round(now - since, 3))} (over "
+            f"health.degradedGracePeriod {format_go_duration(grace)}): {self._degraded_reason}; "
+            "device health unchanged"
         )
 
     def unhealthy(self) -> dict[str, bool]:
