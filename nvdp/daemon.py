@@ -25,7 +25,9 @@ from nvdp.health.node_events import NodeEventRecorder
 from nvdp.logs import log_event
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.node_facts import HostFacts
+from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
@@ -60,7 +62,8 @@ class TopologyAllocators:
 
 
 class GrpcServers:
-    """The supervisor's server factory: DevicePluginServers sharing one gRPC thread pool."""
+    """The supervisor's server factory: DevicePluginServers whose unary RPCs share one gRPC thread
+    pool (ListAndWatch streams run on a small pool of each server's own)."""
 
     def __init__(self, observer: RpcObserver | None) -> None:
         self._observer = observer
@@ -146,18 +149,21 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.health = self.health
         self._servers = GrpcServers(observer)
+        settings = node_settings(config)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
-            node_settings(config),
+            settings,
             reload=settings_source(reload_config),
             make_server=self._servers,
             node_facts=HostFacts(),
             allocator_factory=TopologyAllocators(counted),
             health=self.health,
             observer=observer,
+            dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
+            self.metrics.probes.rpc_probe = rpc_problem
         registry = self.metrics.registry if self.metrics is not None else None
         self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 

@@ -26,6 +26,10 @@ from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 DEFAULT_PREFIX = "nvidia.com/"
+# The kubelet receives ListAndWatch with gRPC's default 4 MiB message limit; a resource whose device
+# list would not fit is refused with half of it as margin (the list's size is computed from the IDs).
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_LIST_AND_WATCH_BYTES = KUBELET_MAX_MESSAGE_BYTES // 2
 MIG_STRATEGIES = ("none", "single", "mixed")
 # /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
 # `gpu<minor>/gi<g>/ci<c>/access <n>`; the driver lays them out as below when the file is absent.
@@ -114,8 +118,53 @@ def default_mig_patterns(strategy: str, gpus: Sequence[GpuInfo]) -> list[NamePat
         return [NamePattern("*", DEFAULT_PREFIX + "gpu")]
     if strategy == "mixed":
         profiles = sorted({m.profile for g in gpus for m in g.mig_devices})
-        return [NamePattern(p, f"{DEFAULT_PREFIX}mig-{p}") for p in profiles]
+        return [NamePattern(p, mig_resource_name(p)) for p in profiles]
     return []
+
+
+def mig_resource_name(profile: str) -> str:
+    """NVIDIA's default name under MIG strategy mixed: `nvidia.com/mig-<profile>` with `+` as `.`, since
+    a resource name is a DNS subdomain (`1g.5gb+me` -> `nvidia.com/mig-1g.5gb.me`)."""
+    return f"{DEFAULT_PREFIX}mig-{profile.replace('+', '.')}"
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def list_and_watch_bytes(devices: Sequence[Device]) -> int:
+    """The encoded size of the ListAndWatchResponse advertising `devices` (all Unhealthy: the
+    longest health value), as protobuf lays it out: ID, health and NUMA topology per device."""
+    total = 0
+    for device in devices:
+        id_len = len(device.id.encode())
+        item = 1 + _varint_len(id_len) + id_len + 2 + len("Unhealthy")
+        if device.numa_node is not None:
+            node = 1 + _varint_len(device.numa_node) if device.numa_node else 0
+            topology = 1 + _varint_len(node) + node
+            item += 1 + _varint_len(topology) + topology
+        total += 1 + _varint_len(item) + item
+    return total
+
+
+def check_list_sizes(resources: Sequence[Resource]) -> None:
+    """Refuse, in one line, a resource whose ListAndWatch list would not fit the kubelet's limit."""
+    problems = []
+    for resource in resources:
+        size = list_and_watch_bytes(list(resource.devices.values()))
+        if size > MAX_LIST_AND_WATCH_BYTES:
+            problems.append(
+                f"{resource.name}: {len(resource.devices)} devices make a {size}-byte ListAndWatch list, "
+                f"over nvdp's limit of {MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's "
+                f"{KUBELET_MAX_MESSAGE_BYTES}-byte gRPC message limit): lower the sharing replicas"
+                + (
+                    f" (at most {resource.replicas * MAX_LIST_AND_WATCH_BYTES // size} here)"
+                    if resource.replicas > 1
+                    else ""
+                )
+            )
+    if problems:
+        raise ResourceError("; ".join(problems))
 
 
 def parse_mig_minors(text: str) -> dict[str, int]:
@@ -229,7 +278,9 @@ def build_resources(
         raise ResourceError("; ".join(problems))
 
     resources = {name: Resource(name, DeviceSet(devs)) for name, devs in by_name.items()}
-    return [_with_policy(r, allocation_policy) for r in _apply_sharing(resources, sharing)]
+    built = [_with_policy(r, allocation_policy) for r in _apply_sharing(resources, sharing)]
+    check_list_sizes(built)
+    return built
 
 
 def _with_policy(resource: Resource, policy: str) -> Resource:

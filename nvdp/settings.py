@@ -11,7 +11,7 @@ from pathlib import Path
 from nvdp.cdi.names import imex_channel_path
 from nvdp.cdi.settings import cdi_settings
 from nvdp.config import Config
-from nvdp.health.types import HealthSettings
+from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NamePattern, Replication
@@ -92,4 +92,7 @@ def health_settings(config: Config) -> HealthSettings:
         recovery_quiet_period=h.recovery_quiet_period,
         probe_interval=h.probe_interval,
         single_bit_ecc=h.single_bit_ecc,
+        degraded_grace_period=(
+            DEFAULT_DEGRADED_GRACE_PERIOD if h.degraded_grace_period is None else h.degraded_grace_period
+        ),
     )

@@ -734,10 +734,8 @@ MIG_MIXED_ENTRY = "version: v1\nflags:\n  migStrategy: mixed\n"
             False,
             id="value-overrides-config-entry",
         ),
-        # The chart cannot read an existing ConfigMap: it assumes MIG may be on.
-        pytest.param(
-            {"config": {"name": "my-configs", "default": "a"}}, SYS_ADMIN, True, id="external-config"
-        ),
+        # An existing ConfigMap is read with `lookup`, which helm template cannot: it adds nothing.
+        pytest.param({"config": {"name": "my-configs", "default": "a"}}, LEAST, False, id="external-config"),
         pytest.param({"securityContext": {"runAsUser": 0}}, {"runAsUser": 0}, False, id="explicit"),
     ],
 )

@@ -306,6 +306,8 @@ class Health:
     recovery_quiet_period: float = _key("recoveryQuietPeriod", _seconds, dump=_go, default=300.0)
     probe_interval: float = _key("probeInterval", v.duration(positive=True), dump=_go, default=5.0)
     single_bit_ecc: bool = _key("singleBitEcc", v.boolean, default=False)
+    # How long the monitor may stay degraded (NVML event wait failing) before /readyz fails; None: 5m.
+    degraded_grace_period: float | None = _key("degradedGracePeriod", _seconds, dump=_go, default=None)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ from __future__ import annotations
 from nvdp.config.model import Config
 from nvdp.mps.plan import config_problems as mps_config_problems
 
+# Replicas per shared device: far above any real time-slicing use, and low enough that a node's
+# ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
+# nvdp.resources.MAX_LIST_AND_WATCH_BYTES).
+MAX_REPLICAS_PER_DEVICE = 1024
+
 KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"
 TEGRA_UNSUPPORTED = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
@@ -25,6 +30,16 @@ def plugin_problems(config: Config) -> list[str]:
         problems.append(KUBELET_SOCKET_EMPTY)
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
+    replicated = config.sharing.replicated
+    if replicated is not None:
+        section = "timeSlicing" if config.sharing.strategy == "time-slicing" else "mps"
+        for n, entry in enumerate(replicated.resources):
+            if entry.replicas > MAX_REPLICAS_PER_DEVICE:
+                problems.append(
+                    f"sharing.{section}.resources[{n}].replicas: {entry.replicas} is over nvdp's limit "
+                    f"of {MAX_REPLICAS_PER_DEVICE} replicas per device (the kubelet could not receive "
+                    "the device list)"
+                )
     if config.sharing.strategy == "mps":
         if flags.mig_strategy == "mixed":
             problems.append(

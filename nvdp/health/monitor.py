@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
+from nvdp.config.values import format_go_duration
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.health.state import (
     GPU_LOST_REASON,
@@ -93,6 +94,7 @@ class HealthMonitor:
         self._pending_settings: tuple[HealthSettings, XidPolicy] | None = None
         # status, guarded by _lock
         self._degraded_reason: str | None = None
+        self._degraded_since: float | None = None  # monitor clock
         self._last_error: str | None = None
         self._rearms = 0
         self._by_xid: Counter[int] = Counter()
@@ -116,8 +118,10 @@ class HealthMonitor:
             return self._degraded_reason
 
     def status(self) -> MonitorStatus:
+        now = self._clock()
         with self._lock:
             return MonitorStatus(
+                failing=self._failing(now),
                 running=self._thread is not None and self._thread.is_alive(),
                 degraded=self._degraded_reason is not None,
                 reason=self._degraded_reason,
@@ -126,6 +130,17 @@ class HealthMonitor:
                 events_by_xid=dict(self._by_xid),
                 events_by_type=dict(self._by_type),
             )
+
+    def _failing(self, now: float) -> str | None:
+        """Why readiness fails: degraded for longer than the grace period (None otherwise). Under _lock."""
+        since, grace = self._degraded_since, self._settings.degraded_grace_period
+        if since is None or now - since < grace:
+            return None
+        return (
+            f"health monitor degraded for {format_go_duration(round(now - since, 3))} (over "
+            f"health.degradedGracePeriod {format_go_duration(grace)}): {self._degraded_reason}; "
+            "device health unchanged"
+        )
 
     def unhealthy(self) -> dict[str, bool]:
         """uuid -> fatal, for every unit the monitor holds Unhealthy."""
@@ -184,6 +199,8 @@ class HealthMonitor:
             log.exception("health monitor crashed")
             with self._lock:
                 self._degraded_reason = "health monitor crashed"
+                if self._degraded_since is None:
+                    self._degraded_since = self._clock()
         finally:
             self._disarm()
 
@@ -282,7 +299,7 @@ class HealthMonitor:
         self._event_set = event_set
         with self._lock:
             was = self._degraded_reason
-            self._degraded_reason = None
+            self._degraded_reason = self._degraded_since = None
             if was is not None:
                 self._rearms += 1
         if was is not None:
@@ -316,6 +333,8 @@ class HealthMonitor:
         self._failures += 1
         with self._lock:
             first = self._degraded_reason is None
+            if first:
+                self._degraded_since = self._clock()
             self._degraded_reason = reason
             self._last_error = str(error)
         if first:

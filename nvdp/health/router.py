@@ -4,6 +4,11 @@ A change concerns a GPU or MIG uuid; every device of every target whose `Device.
 (all replicas under sharing) follows it. Each target gets at most one `set_health` call per direction
 per batch, so the kubelet sees one ListAndWatch update. The router remembers which uuids are
 Unhealthy, so targets created on a reload start with those devices Unhealthy.
+
+Every transition is reported (log line, Node event) exactly once: a change whose uuid no target holds
+yet (the monitor reports a GPU lost at start before the supervisor hands over its servers) waits, in
+order, for the next `set_targets`, and is reported then by the targets that hold its uuid (a uuid
+no target holds then is a device nobody serves: such changes are dropped).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ log = logging.getLogger(__name__)
 
 UNHEALTHY_EVENT_REASON = "GPUUnhealthy"
 HEALTHY_EVENT_REASON = "GPUHealthy"
+MAX_UNREPORTED = 1024  # changes held for targets yet to come; beyond it the oldest are dropped
 
 
 class NodeEventSink(Protocol):
@@ -40,6 +46,7 @@ class HealthRouter:
         self._lock = threading.Lock()
         self._targets: list[HealthTarget] = list(targets)
         self._unhealthy: dict[str, HealthChange] = {}
+        self._unreported: list[tuple[HealthChange, HealthChange | None]] = []  # (change, before)
         self._node_events = node_events
 
     def __call__(self, changes: Sequence[HealthChange]) -> None:
@@ -51,11 +58,18 @@ class HealthRouter:
             return dict(self._unhealthy)
 
     def set_targets(self, targets: Iterable[HealthTarget]) -> None:
-        """Replace the targets (config reload) and mark known-Unhealthy devices in the new ones."""
+        """Replace the targets (config reload) and mark known-Unhealthy devices in the new ones.
+        Changes no target held so far are reported now, where a new target holds their uuid."""
         with self._lock:
             self._targets = list(targets)
+            reported = self._report_held()
             for target in self._targets:
-                ids = [d.id for uuid in self._unhealthy for d in target.devices.with_uuid(uuid)]
+                ids = [
+                    d.id
+                    for uuid in self._unhealthy
+                    if uuid not in reported
+                    for d in target.devices.with_uuid(uuid)
+                ]
                 if ids:
                     target.set_health(ids, False)
                     log_event(
@@ -65,6 +79,31 @@ class HealthRouter:
                         resource=target.resource_name,
                         devices=len(ids),
                     )
+
+    def _report_held(self) -> set[str]:
+        """Report the held changes whose uuid a target holds now, in arrival order; drop the others.
+        Returns the uuids reported."""
+        held, self._unreported = self._unreported, []
+        reported: set[str] = set()
+        for change, before in held:
+            matched = [(t, t.devices.with_uuid(change.uuid)) for t in self._targets]
+            matched = [(t, devices) for t, devices in matched if devices]
+            if not matched:
+                continue  # a device no plugin serves (e.g. MIG devices under strategy none)
+            reported.add(change.uuid)
+            for target, devices in matched:
+                self._report(target.resource_name, devices[0].index, change, before)
+        for target in self._targets:  # the devices follow the state the changes left
+            for healthy in (False, True):
+                ids = [
+                    d.id
+                    for uuid in reported
+                    if (uuid not in self._unhealthy) is healthy
+                    for d in target.devices.with_uuid(uuid)
+                ]
+                if ids:
+                    target.set_health(ids, healthy)
+        return reported
 
     def handle(self, changes: Sequence[HealthChange]) -> None:
         with self._lock:
@@ -77,16 +116,37 @@ class HealthRouter:
                     del self._unhealthy[change.uuid]
                 else:
                     self._unhealthy[change.uuid] = change
+                held = change.uuid in self._held_uuids()
+                matched = False
                 for n, target in enumerate(self._targets):
                     devices = target.devices.with_uuid(change.uuid)
-                    if devices:
+                    if devices and not held:
+                        matched = True
                         updates.setdefault(n, {}).update((d.id, change.healthy) for d in devices)
                         self._report(target.resource_name, devices[0].index, change, before)
+                if not matched:
+                    self._hold(change, before)
             for n, health in updates.items():
                 for healthy in (False, True):
                     ids = [i for i, h in health.items() if h is healthy]
                     if ids:
                         self._targets[n].set_health(ids, healthy)
+
+    def _held_uuids(self) -> set[str]:
+        return {change.uuid for change, _ in self._unreported}
+
+    def _hold(self, change: HealthChange, before: HealthChange | None) -> None:
+        """Keep a change no target holds yet, to report it when one does."""
+        self._unreported.append((change, before))
+        if len(self._unreported) > MAX_UNREPORTED:
+            dropped, _ = self._unreported.pop(0)
+            log_event(
+                log,
+                logging.DEBUG,
+                "health change dropped unreported: no plugin serves the device",
+                device=dropped.uuid,
+                healthy=dropped.healthy,
+            )
 
     def close(self) -> None:
         if self._node_events is not None:

@@ -8,6 +8,8 @@ from typing import Protocol
 
 from nvdp.devices import DeviceSet
 
+DEFAULT_DEGRADED_GRACE_PERIOD = 300.0
+
 
 @dataclass(frozen=True)
 class HealthSettings:
@@ -22,12 +24,15 @@ class HealthSettings:
     recovery_quiet_period: float = 300.0
     probe_interval: float = 5.0
     single_bit_ecc: bool = False
+    degraded_grace_period: float = DEFAULT_DEGRADED_GRACE_PERIOD
 
     def __post_init__(self) -> None:
         if self.recovery_quiet_period < 0:
             raise ValueError("recovery_quiet_period must be >= 0")
         if self.probe_interval <= 0:
             raise ValueError("probe_interval must be > 0")
+        if self.degraded_grace_period < 0:
+            raise ValueError("degraded_grace_period must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class MonitorStatus:
     rearms: int
     events_by_xid: Mapping[int, int] = field(default_factory=dict)
     events_by_type: Mapping[str, int] = field(default_factory=dict)
+    # Set when the monitor has been degraded beyond its grace period: why (what /readyz says).
+    failing: str | None = None
 
 
 class HealthTarget(Protocol):

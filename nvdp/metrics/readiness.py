@@ -1,14 +1,23 @@
 """Liveness and readiness (/healthz, /readyz): read from the supervisor's registration state and the
-node's health at probe time; nothing here keeps a copy of either."""
+node's health at probe time; nothing here keeps a copy of either.
+
+Ready means: every resource is registered with the running kubelet, every plugin server answers an
+RPC over its socket (`rpc_probe`, checked at most every RPC_PROBE_CACHE_S per socket), and the health
+monitor runs and has not been degraded beyond `health.degradedGracePeriod`."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from nvdp.metrics.sources import HealthView, RegistrationState
 
 SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supervisor restarts it
+RPC_PROBE_CACHE_S = 5.0  # a socket's RPC probe outcome is reused this long
+
+RpcProbe = Callable[[Path], str | None]  # socket -> None when its server answers, else why not
 
 
 class Probes:
@@ -18,7 +27,9 @@ class Probes:
     def __init__(self) -> None:
         self.registrations: RegistrationState | None = None
         self.health: HealthView | None = None
+        self.rpc_probe: RpcProbe | None = None
         self._lock = threading.Lock()
+        self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
         self._served = False
         self._missing_since: dict[int, float] = {}  # id(server) -> when its socket was seen missing
 
@@ -49,6 +60,25 @@ class Probes:
             return None
         return f"plugin socket missing for over {SOCKET_GRACE_S:.0f}s: {', '.join(sorted(stuck))}"
 
+    def _not_answering(self, source: RegistrationState) -> list[str]:
+        """`resource (why)` for every server whose socket does not answer the RPC probe."""
+        probe = self.rpc_probe
+        if probe is None:
+            return []
+        now = time.monotonic()
+        problems = []
+        for name, server in sorted(dict(source.servers).items()):
+            path = server.socket_path
+            with self._lock:
+                cached = self._probed.get(path)
+            if cached is None or now - cached[0] >= RPC_PROBE_CACHE_S:
+                cached = (now, probe(path))
+                with self._lock:
+                    self._probed[path] = cached
+            if cached[1] is not None:
+                problems.append(f"{name} ({cached[1]})")
+        return problems
+
     def readiness_problem(self) -> str | None:
         """None when every resource is registered with the running kubelet and the health monitor runs
         (or when there is nothing to serve: no devices, or NVML failed with fail-on-init-error=false)."""
@@ -59,9 +89,14 @@ class Probes:
         missing = sorted(name for name, ok in registered.items() if not ok)
         if missing:
             return f"not registered: {', '.join(missing)}"
+        silent = self._not_answering(source)
+        if silent:
+            return f"not answering: {', '.join(silent)}"
         health = self.health
         if registered and health is not None and health.checks_enabled:  # no devices, nothing to watch
             status = health.monitor_status()
             if status is None or not status.running:
                 return "health monitor not running"
+            if status.failing is not None:  # devices stay as they are; the node's problem shows
+                return status.failing
         return None

@@ -1,5 +1,12 @@
 """One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
 
+Unary RPCs run on the worker pool handed in (shared by the node's servers); ListAndWatch streams run
+on a small pool of each server's own, so no number of open streams can hold a worker that Allocate
+needs. A server keeps at most MAX_LIST_AND_WATCH_STREAMS streams: a newer stream from the same peer
+replaces its oldest (the kubelet keeps one and opens a new one after a restart; over a unix socket
+every peer reads "unix:", so the newest stream wins), and one from another peer is refused with
+RESOURCE_EXHAUSTED.
+
 This module is also the one place where nvdp errors become gRPC status codes.
 """
 
@@ -12,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +37,8 @@ from nvdp.resources import Resource
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
+MAX_LIST_AND_WATCH_STREAMS = 2  # per server: the kubelet's stream and one spare (a reconnect overlapping)
 
 
 class PreferredAllocator(Protocol):
@@ -84,6 +94,37 @@ def _rpc(method: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+@dataclass(eq=False)
+class _Stream:
+    """One open ListAndWatch stream."""
+
+    peer: str
+    context: grpc.ServicerContext
+    replaced: bool = False
+
+
+class _OnPool:
+    """A method handler that grpc runs on `experimental_thread_pool` instead of the server's pool."""
+
+    def __init__(self, behavior: Callable[..., Any], pool: ThreadPoolExecutor) -> None:
+        self._behavior = behavior
+        self.experimental_thread_pool = pool
+
+    def __call__(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._behavior(request, context)
+
+
+class _Handlers:
+    """The servicer as grpc sees it: unary RPCs on the server's pool, ListAndWatch on its own."""
+
+    def __init__(self, server: DevicePluginServer, stream_pool: ThreadPoolExecutor) -> None:
+        self.GetDevicePluginOptions = server.GetDevicePluginOptions
+        self.GetPreferredAllocation = server.GetPreferredAllocation
+        self.Allocate = server.Allocate
+        self.PreStartContainer = server.PreStartContainer
+        self.ListAndWatch = _OnPool(server.ListAndWatch, stream_pool)
+
+
 class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     """Serves one resource. Thread-safe; `set_health` may be called from any thread."""
 
@@ -107,7 +148,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._version = 0
         self._list_response = self._build_list()
         self._stopping = False
-        self._streams = 0
+        self._streams: list[_Stream] = []  # oldest first
+        self._stream_pool: ThreadPoolExecutor | None = None
         self._server: grpc.Server | None = None
         self._socket_id: FileId | None = None
         self._needs_request_id = "cdi-annotations" in options.device_list_strategy
@@ -132,7 +174,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     @property
     def open_streams(self) -> int:
         with self._cond:
-            return self._streams
+            return len(self._streams)
 
     def health(self) -> dict[str, bool]:
         with self._cond:
@@ -140,7 +182,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind the socket (replacing a stale one from a killed run) and start serving."""
+        """Bind the socket (replacing a stale one from a killed run), owner-only (0600) whatever the
+        umask, and start serving. Raises NvdpError (one line) when the socket cannot be made."""
         if self._server is not None:
             return
         try:
@@ -148,12 +191,28 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             log_event(log, logging.INFO, "removed stale socket", path=str(self.socket_path))
         except FileNotFoundError:
             pass
+        except OSError as error:
+            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_DevicePluginServicer_to_server(self, server)
+        # One worker over the cap: a new stream gets a thread to replace the oldest with.
+        self._stream_pool = ThreadPoolExecutor(
+            max_workers=MAX_LIST_AND_WATCH_STREAMS + 1, thread_name_prefix="grpc-stream"
+        )
+        with self._cond:
+            self._stopping = False
+        pb_grpc.add_DevicePluginServicer_to_server(_Handlers(self, self._stream_pool), server)
+        old_umask = os.umask(0o077)  # bind() creates the socket file: owner-only from the start
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as error:
             raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
+        finally:
+            os.umask(old_umask)
+        try:
+            os.chmod(self.socket_path, SOCKET_MODE)
+        except OSError as error:
+            server.stop(None)
+            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server.start()
         self._server = server
         # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
@@ -172,6 +231,9 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait(grace + 1.0)
+        pool, self._stream_pool = self._stream_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         if self.socket_is_ours():
             try:
                 self.socket_path.unlink()
@@ -213,12 +275,12 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         )
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Any:
+        stream = self._admit(context)
+
         def wake() -> None:
             with self._cond:
                 self._cond.notify_all()
 
-        with self._cond:
-            self._streams += 1
         context.add_callback(wake)
         log_event(
             log,
@@ -231,17 +293,59 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             sent = -1
             while True:
                 with self._cond:
-                    while sent == self._version and not self._stopping and context.is_active():
+                    while (
+                        sent == self._version
+                        and not self._stopping
+                        and not stream.replaced
+                        and context.is_active()
+                    ):
                         self._cond.wait(timeout=30.0)
-                    if self._stopping or not context.is_active():
+                    if self._stopping or stream.replaced or not context.is_active():
                         return
                     sent = self._version
                     response = self._list_response
                 yield response
         finally:
             with self._cond:
-                self._streams -= 1
-            log_event(log, logging.INFO, "ListAndWatch ended", resource=self.resource_name)
+                if stream in self._streams:
+                    self._streams.remove(stream)
+            log_event(
+                log,
+                logging.INFO,
+                "ListAndWatch ended",
+                resource=self.resource_name,
+                reason="replaced by a newer stream" if stream.replaced else "closed",
+            )
+
+    def _admit(self, context: grpc.ServicerContext) -> _Stream:
+        """Count a new stream in; at the cap, end the oldest stream of the same peer (or refuse)."""
+        stream = _Stream(context.peer(), context)
+        replaced: _Stream | None = None
+        with self._cond:
+            if len(self._streams) >= MAX_LIST_AND_WATCH_STREAMS:
+                oldest = next((s for s in self._streams if s.peer == stream.peer), None)
+                if oldest is None:
+                    log_event(
+                        log,
+                        logging.WARNING,
+                        "ListAndWatch refused: too many streams",
+                        resource=self.resource_name,
+                        peer=stream.peer,
+                        limit=MAX_LIST_AND_WATCH_STREAMS,
+                    )
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"{self.resource_name}: at most {MAX_LIST_AND_WATCH_STREAMS} ListAndWatch streams",
+                    )
+                else:
+                    replaced = oldest
+                    oldest.replaced = True
+                    self._streams.remove(oldest)
+                    self._cond.notify_all()
+            self._streams.append(stream)
+        if replaced is not None:
+            replaced.context.cancel()  # also ends one blocked sending to a client that never reads
+        return stream
 
     @_rpc
     def GetPreferredAllocation(

@@ -29,6 +29,7 @@ from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.types import (
     AllocatorFactory,
     DaemonSettings,
+    DirClaimHooks,
     HealthHooks,
     NodeFacts,
     PluginServer,
@@ -70,8 +71,10 @@ class Supervisor(Generic[S]):
         allocator_factory: AllocatorFactory | None = None,
         health: HealthHooks | None = None,
         observer: StatusObserver[S] | None = None,
+        dir_claim: DirClaimHooks | None = None,
     ) -> None:
         self._nvml = nvml
+        self._dir_claim = dir_claim
         self.settings = settings
         self._reload_source = reload
         self._make_server = make_server
@@ -111,7 +114,10 @@ class Supervisor(Generic[S]):
     # ---- main loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until request_stop(). Raises InitError when NVML fails and fail-on-init-error."""
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if self._dir_claim is None:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        elif not self._dir_claim.acquire(self._stop):
+            return
         self._watcher = self._make_watcher(self.plugin_dir)
         try:
             self._start_nvml()
@@ -119,6 +125,8 @@ class Supervisor(Generic[S]):
                 self._initial_apply()
             retry_in: float | None = None
             while not self._stop.is_set():
+                if self._dir_claim is not None:
+                    self._dir_claim.refresh()
                 if self._reload_requested.is_set():
                     self._reload_requested.clear()
                     self._do_reload()
@@ -163,6 +171,8 @@ class Supervisor(Generic[S]):
         self.servers.clear()
         if self._watcher is not None:
             self._watcher.close()
+        if self._dir_claim is not None:
+            self._dir_claim.release()
         if self._nvml_ok:
             self._nvml.shutdown()
         log_event(log, logging.INFO, "stopped")

@@ -4,6 +4,7 @@ beside it in nvdp.plugin and nvdp.health; tests hand in fakes."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,3 +152,17 @@ class StatusObserver(RpcObserver, Protocol[S_contra]):
     def servers_changed(self, servers: Mapping[str, S_contra]) -> None: ...
     def kubelet_lost(self) -> None: ...
     def reloaded(self, ok: bool) -> None: ...
+
+
+class DirClaimHooks(Protocol):
+    """The kubelet directory claimed for this process (`nvdp.plugin.dir_lock.DirClaim`)."""
+
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until the directory is usable and locked (True) or `stop` is set (False)."""
+        ...
+
+    def refresh(self) -> None:
+        """Lock again after a kubelet restart emptied the directory."""
+        ...
+
+    def release(self) -> None: ...

@@ -128,8 +128,11 @@ An entry that cannot be chosen fails the render with the reason.
 {{/*
 "true" when the plugin may serve MIG devices or use the volume-mounts device list strategy with
 these values: NVIDIA's chart grants CAP_SYS_ADMIN (and asks the container toolkit for the MIG
-monitor devices) in those cases. Settings given as values win over the config file, as they do
-in the plugin; an existing ConfigMap cannot be read at render time, so it counts as "may".
+monitor devices) in those cases. Settings given as values win over the config files, as they do
+in the plugin. Every entry counts, not only the default one (a config-manager may pick any entry
+for a node). An existing ConfigMap (`config.name`) is read at install time with `lookup`; where it
+cannot be read (helm template, GitOps renderers, a ConfigMap not created yet) it adds nothing:
+`migCapabilities: true` then says that its entries use MIG.
 */}}
 {{- define "nvidia-device-plugin.entryFlags" -}}
 {{- $entry := include "nvidia-device-plugin.configEntry" . }}
@@ -142,37 +145,57 @@ in the plugin; an existing ConfigMap cannot be read at render time, so it counts
 {{- toJson $flags }}
 {{- end }}
 
-{{- define "nvidia-device-plugin.mayUseMIG" -}}
-{{- if kindIs "string" .Values.migStrategy }}
-{{- ne .Values.migStrategy "none" }}
-{{- else if .Values.config.name }}
-{{- true }}
-{{- else }}
-{{- $flags := include "nvidia-device-plugin.entryFlags" . | fromJson }}
-{{- if and (kindIs "string" $flags.migStrategy) (ne (toString $flags.migStrategy) "none") }}
-{{- true }}
-{{- else }}
-{{- false }}
+{{- define "nvidia-device-plugin.configEntries" -}}
+{{- $entries := dict }}
+{{- if .Values.config.name }}
+{{- $found := lookup "v1" "ConfigMap" (include "nvidia-device-plugin.namespace" .) .Values.config.name }}
+{{- $entries = (($found | default dict).data) | default dict }}
+{{- else if .Values.config.map }}
+{{- $entries = .Values.config.map }}
 {{- end }}
+{{- $all := list }}
+{{- range $name, $content := $entries }}
+{{- $file := kindIs "map" $content | ternary $content (fromYaml (toString $content)) }}
+{{- $all = append $all ($file.flags | default dict) }}
+{{- end }}
+{{- toJson $all }}
+{{- end }}
+
+{{- define "nvidia-device-plugin.mayUseMIG" -}}
+{{- if kindIs "bool" .Values.migCapabilities }}
+{{- .Values.migCapabilities }}
+{{- else if kindIs "string" .Values.migStrategy }}
+{{- ne .Values.migStrategy "none" }}
+{{- else }}
+{{- $uses := false }}
+{{- range $flags := include "nvidia-device-plugin.configEntries" . | fromJsonArray }}
+{{- if and (kindIs "string" $flags.migStrategy) (ne (toString $flags.migStrategy) "none") }}
+{{- $uses = true }}
+{{- end }}
+{{- end }}
+{{- $uses }}
 {{- end }}
 {{- end }}
 
 {{- define "nvidia-device-plugin.mayUseVolumeMounts" -}}
 {{- if kindIs "string" .Values.deviceListStrategy }}
 {{- contains "volume-mounts" .Values.deviceListStrategy }}
-{{- else if .Values.config.name }}
-{{- true }}
 {{- else }}
-{{- $flags := include "nvidia-device-plugin.entryFlags" . | fromJson }}
+{{- $uses := false }}
+{{- range $flags := include "nvidia-device-plugin.configEntries" . | fromJsonArray }}
 {{- $plugin := $flags.plugin | default dict }}
 {{- $strategy := $plugin.deviceListStrategy }}
 {{- if kindIs "slice" $strategy }}
-{{- has "volume-mounts" $strategy }}
-{{- else if kindIs "string" $strategy }}
-{{- contains "volume-mounts" $strategy }}
-{{- else }}
-{{- false }}
+{{- if has "volume-mounts" $strategy }}
+{{- $uses = true }}
 {{- end }}
+{{- else if kindIs "string" $strategy }}
+{{- if contains "volume-mounts" $strategy }}
+{{- $uses = true }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $uses }}
 {{- end }}
 {{- end }}
 

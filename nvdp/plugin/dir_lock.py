@@ -1,0 +1,175 @@
+"""The kubelet directory, claimed: created if missing, and locked for the life of the process.
+
+Two plugin instances on one kubelet directory would delete each other's live sockets as stale and
+flap, so each takes an exclusive `fcntl.flock` on `DIR/nvidia-device-plugin.lock` (owner-only, 0600,
+whatever the umask) and writes its pid there. A second instance says who holds the lock and waits,
+or exits 1 with fail-on-init-error. A directory that cannot be used (read-only, not a directory,
+no permission) is said in one line and retried with backoff, as the kubelet's other socket errors are.
+
+A kubelet restart empties the directory, lock file included: `refresh()` (called on every supervisor
+wake-up) takes the lock again on a new file, so a waiting instance cannot claim the directory then.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+
+from nvdp.errors import NvdpError
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "nvidia-device-plugin.lock"
+OWNER_ONLY = 0o600
+RETRY_MIN_S = 0.05
+RETRY_MAX_S = 5.0
+HELD_POLL_S = 1.0  # how often a waiting instance tries the lock again
+
+
+class DirLockHeld(NvdpError):
+    """Another process holds the kubelet directory's lock (fail-on-init-error: exit 1)."""
+
+
+class DirClaim:
+    """Claims `directory` for this process: `acquire()` once, `refresh()` on wake-ups, `release()`."""
+
+    def __init__(self, directory: Path, *, fail_if_held: bool) -> None:
+        self.directory = directory
+        self.path = directory / LOCK_NAME
+        self._fail_if_held = fail_if_held
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until the directory is usable and locked (True) or `stop` is set (False). Raises
+        DirLockHeld when another process holds it and `fail_if_held`."""
+        failures = 0
+        said_unusable: str | None = None
+        said_held: str | None = None
+        while not stop.is_set():
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                holder = self._try_lock()
+            except OSError as error:
+                text = _one_line(error)
+                if text != said_unusable:
+                    log_event(
+                        log,
+                        logging.ERROR,
+                        "kubelet directory unusable; retrying",
+                        path=str(self.directory),
+                        error=text,
+                    )
+                    said_unusable = text
+                stop.wait(min(RETRY_MAX_S, RETRY_MIN_S * 2**failures))
+                failures = min(failures + 1, 16)
+                continue
+            if holder is None:
+                if said_unusable is not None or said_held is not None:
+                    log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+                return True
+            message = (
+                f"kubelet directory {self.directory} is in use by another nvdp "
+                f"(lock {self.path} held by pid={holder})"
+            )
+            if self._fail_if_held:
+                raise DirLockHeld(message)
+            if holder != said_held:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "kubelet directory in use by another instance; waiting (fail-on-init-error=false)",
+                    path=str(self.path),
+                    pid=holder,
+                )
+                said_held = holder
+            stop.wait(HELD_POLL_S)
+        return False
+
+    def refresh(self) -> None:
+        """Lock again when the lock file was removed (a kubelet restart empties the directory).
+        Raises DirLockHeld when another process took the directory meanwhile."""
+        if self._fd is None or _same_file(self._fd, self.path):
+            return
+        self._close()
+        try:
+            holder = self._try_lock()
+        except OSError as error:  # the directory is going away with the kubelet: next wake-up
+            log_event(log, logging.WARNING, "cannot re-create the lock file", error=_one_line(error))
+            return
+        if holder is not None:
+            raise DirLockHeld(
+                f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
+                f"restarted (lock {self.path} held by pid={holder})"
+            )
+        log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
+
+    def release(self) -> None:
+        """Remove the lock file when it is still ours and unlock. Idempotent."""
+        if self._fd is None:
+            return
+        if _same_file(self._fd, self.path):
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+        self._close()
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def _try_lock(self) -> str | None:
+        """Lock the file at `path` (created 0600): None on success, else who holds it. Raises OSError."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, OWNER_ONLY)
+        try:
+            os.fchmod(fd, OWNER_ONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder(fd)
+            if not _same_file(fd, self.path):  # removed between open and flock: not a lock at all
+                os.close(fd)
+                return "none (the lock file was removed while locking)"
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid={os.getpid()}\n".encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return None
+
+
+def _holder(fd: int) -> str:
+    """The holder's pid as its lock file says ("unknown" while it is still writing it)."""
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    os.close(fd)
+    pid = text.removeprefix("pid=")
+    return pid if pid.isdigit() else "unknown"
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _one_line(error: OSError) -> str:
+    name = errno.errorcode.get(error.errno or 0, "")
+    where = f": {error.filename}" if error.filename else ""
+    return f"{error.strerror or error}{f' ({name})' if name else ''}{where}"

@@ -1,0 +1,91 @@
+"""Issue 9 hardening of what is advertised: replicas per device capped at config validation, a
+resource whose ListAndWatch list would not fit the kubelet's message limit refused in one line, and
+MIG profiles with attributes (`1g.5gb+me`) named as NVIDIA names them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from nvdp.api import UNHEALTHY, pb
+from nvdp.config.model import resource_name
+from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
+from nvdp.kubelet import Kubelet
+from nvdp.nvml.sim import open_sim
+from nvdp.nvml.types import GpuInfo
+from nvdp.resources import (
+    MAX_LIST_AND_WATCH_BYTES,
+    Replication,
+    ResourceError,
+    build_resources,
+    default_mig_patterns,
+    list_and_watch_bytes,
+)
+from nvdp.testing import Process, start_plugin
+from tests.test_config_options import WITH_FILE, errors
+
+
+def sim_gpus(profile: str = "dgx-a100") -> list[GpuInfo]:
+    nvml = open_sim(profile)
+    nvml.init()
+    try:
+        return nvml.gpus()
+    finally:
+        nvml.shutdown()
+
+
+def test_replicas_over_the_cap_are_refused_in_one_line() -> None:
+    file = "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1000000000}]}}\n"
+    assert errors([], WITH_FILE, file) == [
+        "sharing.timeSlicing.resources[0].replicas: 1000000000 is over nvdp's limit of "
+        f"{MAX_REPLICAS_PER_DEVICE} replicas per device (the kubelet could not receive the device list)"
+    ]
+
+
+def test_list_size_is_the_encoded_size() -> None:
+    gpus = sim_gpus()
+    (resource,) = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 3)])
+    response = pb.ListAndWatchResponse()
+    for device in resource.devices.values():
+        item = response.devices.add(ID=device.id, health=UNHEALTHY)
+        if device.numa_node is not None:
+            item.topology.nodes.add(ID=device.numa_node)
+    assert list_and_watch_bytes(list(resource.devices.values())) == response.ByteSize()
+
+
+def test_a_resource_too_large_for_the_kubelet_is_refused() -> None:
+    base = sim_gpus()
+    gpus = [
+        dataclasses.replace(base[n % 8], uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000", index=n)
+        for n in range(64)
+    ]
+    with pytest.raises(ResourceError) as refused:
+        build_resources(gpus, sharing=[Replication("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
+    assert str(refused.value) == (
+        "nvidia.com/gpu: 65536 devices make a 4254336-byte ListAndWatch list, over nvdp's limit of "
+        f"{MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's 4194304-byte gRPC message limit): lower "
+        "the sharing replicas (at most 504 here)"
+    )
+    assert len(build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 256)])[0].devices) == 16384
+
+
+def test_mig_profile_with_attributes_gets_nvidias_resource_name() -> None:
+    gpu = dataclasses.replace(sim_gpus("dgx-a100-mig")[0])
+    mig = dataclasses.replace(gpu.mig_devices[0], profile="1g.5gb+me")
+    gpu = dataclasses.replace(gpu, mig_devices=(mig, *gpu.mig_devices[1:]))
+    names = [p.name for p in default_mig_patterns("mixed", [gpu])]
+    assert names == ["nvidia.com/mig-1g.5gb", "nvidia.com/mig-1g.5gb.me"]
+    assert all(resource_name(name) == name for name in names)
+
+
+def test_plugin_registers_a_media_extension_profile(
+    sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    node = tmp_path / "node.yaml"
+    node.write_text("gpus:\n  - {name: NVIDIA A100-SXM4-40GB, mig: [1g.5gb+me, 1g.5gb]}\n")
+    processes.append(start_plugin(sock_dir, f"sim:{node}", extra=["--mig-strategy=mixed"]))
+    kubelet.wait_for_registration("nvidia.com/mig-1g.5gb.me", timeout=20)
+    kubelet.wait_for_devices("nvidia.com/mig-1g.5gb.me", lambda d: len(d) == 1, timeout=10)
+    assert not kubelet.rejections
