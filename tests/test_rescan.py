@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from nvdp.errors import NvdpError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
-from nvdp.plugin.rescan import GpuLayout, LayoutRescanner, layout_change_counter, layout_changes, layout_of
+from nvdp.plugin.rescan import (
+    GpuLayout,
+    LayoutRescanner,
+    layout_change_counter,
+    layout_changes,
+    layout_of,
+    rescanner_for,
+)
 from nvdp.promtext import Registry
 
 
@@ -57,10 +64,10 @@ class Node:
         self.failure: NvdpError | None = None
         self.requested = threading.Event()
 
-    def read(self) -> list[GpuInfo]:
+    def read(self) -> dict[str, GpuLayout]:
         if self.failure is not None:
             raise self.failure
-        return self.now
+        return layout_of(self.now)
 
     def request(self) -> None:
         self.requests += 1
@@ -154,3 +161,73 @@ def test_counter_family_starts_at_zero() -> None:
     text = registry.render().decode()
     assert 'nvdp_device_layout_changes_total{kind="mig"} 1' in text
     assert 'nvdp_device_layout_changes_total{kind="gpu-appeared"} 0' in text
+
+
+class CountingNode:
+    """A node's NVML as the rescanner may use it: counts full enumerations and layout queries."""
+
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        self.now = gpus
+        self.enumerations = 0
+        self.layout_queries = 0
+
+    def gpus(self) -> list[GpuInfo]:
+        self.enumerations += 1
+        return list(self.now)
+
+    def mig_layout(self) -> dict[str, GpuLayout]:
+        self.layout_queries += 1
+        return layout_of(self.now)
+
+
+class Served(list[GpuInfo]):
+    """The supervisor's served enumeration, counting how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[GpuInfo]:
+        self.walks += 1
+        return super().__iter__()
+
+
+class Target:
+    def __init__(self, served: list[GpuInfo]) -> None:
+        self.served: list[GpuInfo] = served
+        self.requests = 0
+
+    def served_gpus(self) -> list[GpuInfo]:
+        return self.served
+
+    def request_rescan(self) -> None:
+        self.requests += 1
+
+
+def test_a_tick_without_change_is_the_layout_query_only() -> None:
+    node = CountingNode([gpu(0, ["3g.20gb", "4g.20gb"]), gpu(1), gpu(2, [])])
+    target = Target(Served(node.gpus()))
+    node.enumerations = 0
+    scan = rescanner_for(10.0, node, target, None)
+    assert scan is not None
+    for _ in range(5):
+        assert scan.check() == []
+    assert (node.enumerations, node.layout_queries, target.requests) == (0, 5, 0)
+    assert isinstance(target.served, Served) and target.served.walks == 1, "served layout derived once"
+    node.now = [gpu(0, ["7g.40gb"]), gpu(1), gpu(2, [])]
+    assert [c.kind for c in scan.check()] == ["mig"]
+    assert (node.enumerations, target.requests) == (0, 1), "the supervisor's apply enumerates, not the tick"
+    target.served = Served(node.gpus())  # applied
+    assert scan.check() == [] and target.served.walks == 1 and target.requests == 1
+
+
+def test_a_gpu_gone_from_the_layout_query_is_reported() -> None:
+    node = CountingNode([gpu(0), gpu(1, ["7g.40gb"])])
+    target = Target(node.gpus())
+    scan = rescanner_for(10.0, node, target, None)
+    assert scan is not None
+    node.now = [gpu(0)]
+    assert [(c.kind, c.gpu.index, c.gpu.describe()) for c in scan.check()] == [
+        ("gpu-disappeared", 1, "1x7g.40gb")
+    ]
+    node.now = [gpu(0), gpu(1, ["7g.40gb"]), gpu(2)]
+    assert [(c.kind, c.gpu.index) for c in scan.check()] == [("gpu-appeared", 2)]
+    assert target.requests == 2 and node.enumerations == 1

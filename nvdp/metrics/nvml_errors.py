@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from nvdp.errors import NvmlError, NvmlNotSupported
-from nvdp.nvml.types import EventSet, EventType, GpuInfo, GpuLink, Nvml, NvmlEvent, ProbeResult
+from nvdp.nvml.types import EventSet, EventType, GpuInfo, GpuLayout, GpuLink, Nvml, NvmlEvent, ProbeResult
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -45,6 +45,9 @@ class CountingNvml:
 
     def gpus(self) -> list[GpuInfo]:
         return self.call(self._nvml.gpus)
+
+    def mig_layout(self) -> dict[str, GpuLayout]:
+        return self.call(self._nvml.mig_layout)
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:
         return self.call(self._nvml.link, uuid_a, uuid_b)

@@ -2,7 +2,8 @@
 
 pynvml is imported when a `RealNvml` is constructed, never when this module is imported. Every
 pynvml.NVMLError becomes an `NvmlError` (subclass) naming the NVML error, the call and the device.
-Library lookup lives in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`.
+Library lookup lives in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`, MIG
+devices and layouts in `nvdp.nvml.real_mig`.
 
 Enumeration isolates per-GPU faults: a GPU whose queries fail at its first enumeration is listed
 with the facts that could be read and `GpuInfo.fault` set (the health monitor holds it Unhealthy);
@@ -21,10 +22,11 @@ from typing import Any
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml import nvml_error
 from nvdp.nvml.library import LIBRARY, preload
-from nvdp.nvml.naming import MIB, PROFILE_SUFFIXES, mig_profile_name, normalize_bus_id, sysfs_bus_id
+from nvdp.nvml.naming import normalize_bus_id, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
+from nvdp.nvml.real_mig import RealMig
 from nvdp.nvml.real_topology import RealTopology
-from nvdp.nvml.types import ComputeMode, GpuInfo, GpuLink, MigDeviceInfo, ProbeResult
+from nvdp.nvml.types import ComputeMode, GpuInfo, GpuLayout, GpuLink, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class RealNvml:
         self._handles: dict[str, Any] = {}
         self._bus_ids: dict[str, str] = {}
         self._topology = RealTopology(self)
-        self._profile_suffixes: dict[str, dict[int, str]] = {}
+        self._mig = RealMig(self)
         self._last_gpus: dict[int, GpuInfo] = {}
         self._faults_logged: set[str] = set()
 
@@ -182,11 +184,47 @@ class RealNvml:
             fault=str(error),
         )
 
+    def mig_layout(self) -> dict[str, GpuLayout]:
+        """The device rescan's cheap query: per GPU the handle, UUID and MIG mode; for a MIG-enabled
+        GPU its MIG device handles with their instance ids and profiles (names as `gpus()` spells
+        them: the same helper). A GPU whose queries fail answers as `gpus()` lists it: its last
+        enumerated layout, else MIG disabled, else (no UUID) not at all."""
+        layouts = {}
+        for index in range(int(self._call("nvmlDeviceGetCount"))):
+            try:
+                layout: GpuLayout | None = self._gpu_layout(index)
+            except NvmlError as e:
+                if e.code in _NODE_ERRORS:
+                    raise
+                layout = self._failing_layout(index)
+            if layout is not None:
+                layouts[layout.uuid] = layout
+        return layouts
+
+    def _gpu_layout(self, index: int) -> GpuLayout:
+        handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
+        uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
+        _capable, enabled = self._mig_mode(handle, uuid)
+        instances = self._mig.instances(handle, uuid) if enabled else ()
+        return GpuLayout(index, uuid, enabled, instances)
+
+    def _failing_layout(self, index: int) -> GpuLayout | None:
+        known = self._last_gpus.get(index)
+        if known is not None:
+            return GpuLayout.of(known)
+        try:
+            handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
+        except NvmlError:
+            return None
+        return GpuLayout(index, uuid, False)
+
     def _gpu_info(self, index: int) -> GpuInfo:
         handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
         uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
         self._handles[uuid] = handle
         memory = int(self._call("nvmlDeviceGetMemoryInfo", handle, device=uuid).total)
+        self._mig.memory[uuid] = memory
         major, minor = self._call("nvmlDeviceGetCudaComputeCapability", handle, device=uuid)
         bus_id = self._bus_id(uuid, handle)
         mig_capable, mig_enabled = self._mig_mode(handle, uuid)
@@ -201,7 +239,7 @@ class RealNvml:
             numa_node=self._numa_node(handle, uuid, bus_id),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
-            mig_devices=self._mig_devices(handle, uuid, index, memory) if mig_enabled else (),
+            mig_devices=self._mig.devices(handle, uuid, index) if mig_enabled else (),
         )
 
     def _mig_mode(self, handle: Any, uuid: str) -> tuple[bool, bool]:
@@ -210,65 +248,6 @@ class RealNvml:
         except NvmlNotSupported:
             return False, False
         return True, current == self._nv.NVML_DEVICE_MIG_ENABLE
-
-    def _mig_devices(self, parent: Any, uuid: str, index: int, memory: int) -> tuple[MigDeviceInfo, ...]:
-        devices = []
-        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", parent, device=uuid))):
-            where = f"{uuid} mig={slot}"
-            try:
-                handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", parent, slot, device=where)
-            except NvmlError as e:
-                if e.code == "NVML_ERROR_NOT_FOUND":
-                    continue
-                raise
-            mig_uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=where))
-            self._handles[mig_uuid] = handle
-            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", handle, device=mig_uuid))
-            attributes = self._call("nvmlDeviceGetAttributes", handle, device=mig_uuid)
-            profile = mig_profile_name(
-                int(attributes.gpuInstanceSliceCount),
-                int(attributes.computeInstanceSliceCount),
-                int(attributes.memorySizeMB),
-                memory,
-            )
-            devices.append(
-                MigDeviceInfo(
-                    uuid=mig_uuid,
-                    index=slot,
-                    gi_id=gi_id,
-                    ci_id=int(self._call("nvmlDeviceGetComputeInstanceId", handle, device=mig_uuid)),
-                    profile=profile + self._profile_suffix(parent, uuid, gi_id),
-                    memory_bytes=int(attributes.memorySizeMB) * MIB,
-                    parent_uuid=uuid,
-                    parent_index=index,
-                )
-            )
-        return tuple(devices)
-
-    def _profile_suffix(self, parent: Any, uuid: str, gi_id: int) -> str:
-        """ "+me", "+me.all", "+gfx", "-me" for MIG devices of those GPU instance profiles, else ""."""
-        if uuid not in self._profile_suffixes:
-            suffixes = {}
-            for constant, suffix in PROFILE_SUFFIXES:
-                profile = getattr(self._nv, constant, None)
-                if profile is None:
-                    continue
-                try:
-                    info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", parent, profile, device=uuid)
-                except NvmlError:  # not a profile of this GPU
-                    continue
-                suffixes[int(info.id)] = suffix
-            self._profile_suffixes[uuid] = suffixes
-        suffixes = self._profile_suffixes[uuid]
-        if not suffixes:
-            return ""
-        try:
-            instance = self._call("nvmlDeviceGetGpuInstanceById", parent, gi_id, device=uuid)
-            profile_id = int(self._call("nvmlGpuInstanceGetInfo", instance, device=uuid).profileId)
-        except NvmlError as e:
-            logger.debug("MIG profile suffix unknown gpu=%s gi=%d error=%r", uuid, gi_id, str(e))
-            return ""
-        return suffixes.get(profile_id, "")
 
     def _bus_id(self, uuid: str, handle: Any) -> str:
         if uuid not in self._bus_ids:

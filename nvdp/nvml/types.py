@@ -8,6 +8,7 @@ whose `code` is the NVML error name (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_GPU_IS
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,6 +73,32 @@ class GpuInfo:
     @property
     def memory_mib(self) -> int:
         return self.memory_bytes // (1024 * 1024)
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """One GPU's MIG layout (`Nvml.mig_layout`): what a MIG re-partition or a hot-plug changes, and
+    nothing else (no memory, names, NUMA node or topology). `instances` are sorted."""
+
+    index: int
+    uuid: str
+    mig_enabled: bool
+    instances: tuple[tuple[int, int, str], ...] = ()  # (GPU instance, compute instance, profile)
+
+    @classmethod
+    def of(cls, gpu: GpuInfo) -> GpuLayout:
+        """The layout part of an enumerated GPU."""
+        instances = tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in gpu.mig_devices))
+        return cls(gpu.index, gpu.uuid, gpu.mig_enabled, instances)
+
+    def describe(self) -> str:
+        """`MIG disabled`, `MIG enabled, no MIG devices`, or profiles: `7x1g.5gb`, `1x3g.20gb+1x1g.5gb`."""
+        if not self.mig_enabled:
+            return "MIG disabled"
+        if not self.instances:
+            return "MIG enabled, no MIG devices"
+        counts = Counter(profile for _, _, profile in self.instances)
+        return "+".join(f"{n}x{profile}" for profile, n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,12 @@ class Nvml(Protocol):
 
     def gpus(self) -> list[GpuInfo]:
         """Every GPU with its MIG devices, ordered by index."""
+        ...
+
+    def mig_layout(self) -> dict[str, GpuLayout]:
+        """GPU uuid -> its MIG layout, in index order: the device rescan's cheap query (per GPU:
+        handle, UUID, MIG mode, and for a MIG-enabled GPU its MIG devices' instance ids and
+        profiles). Equal to `GpuLayout.of` over `gpus()` at the same moment, faulty GPUs included."""
         ...
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:

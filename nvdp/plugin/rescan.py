@@ -1,30 +1,32 @@
 """Live device-layout changes: a timer re-reads the node's GPU / MIG layout and asks the supervisor to
 re-apply its resources when the layout differs from the one it serves (`--device-rescan-interval`).
 
-A *layout* is, per GPU: its index, uuid, MIG mode and its MIG devices as (GPU instance id, compute
-instance id, profile), nothing else, so a change of any other fact (memory, NUMA node, ...) is no
-layout change. A GPU that appears or disappears (hot-unplug, driver rebind) is a change too.
+A *layout* (`nvdp.nvml.types.GpuLayout`) is, per GPU: its index, uuid, MIG mode and its MIG devices
+as (GPU instance id, compute instance id, profile), nothing else, so a change of any other fact
+(memory, NUMA node, ...) is no layout change. A GPU that appears or disappears (hot-unplug, driver
+rebind) is a change too.
 
-Each tick costs the enumeration's NVML queries and one comparison of small tuples; nothing else
-happens while nothing changes. On a change: one log line per GPU that changed (old and new layout),
-the layout-change counter, then `on_change()` (the supervisor's rescan request: the same diff a reload
-applies). The baseline is what the supervisor serves (`served()`, read each tick), so SIGHUP reloads
-move it too; a layout that was already reported is not reported again while it stays (a layout the
-config refuses is said once, not every tick).
+Each tick is `Nvml.mig_layout()`, the cheap query (per GPU: handle, UUID, MIG mode, MIG devices'
+instance ids and profiles; no full enumeration), and one comparison of small tuples with the served
+layout, which is derived once per served enumeration; nothing else happens while nothing changes.
+On a change: one log line per GPU that changed (old and new layout), the layout-change counter, then
+`on_change()` (the supervisor's rescan request: the same diff a reload applies, which enumerates the
+node in full). The baseline is what the supervisor serves (`served()`, read each tick), so SIGHUP
+reloads move it too; a layout that was already reported is not reported again while it stays (a
+layout the config refuses is said once, not every tick).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event
-from nvdp.nvml.types import GpuInfo
+from nvdp.nvml.types import GpuInfo, GpuLayout
 from nvdp.promtext import Counter as PromCounter
 from nvdp.promtext import Registry
 
@@ -34,39 +36,12 @@ DEFAULT_INTERVAL_S = 10.0
 CHANGE_KINDS = ("mig", "gpu-appeared", "gpu-disappeared")
 
 
-@dataclass(frozen=True)
-class GpuLayout:
-    """One GPU's layout: what a MIG re-partition or a hot-plug changes."""
-
-    index: int
-    uuid: str
-    mig_enabled: bool
-    instances: tuple[tuple[int, int, str], ...] = ()  # (GPU instance, compute instance, profile)
-
-    def describe(self) -> str:
-        """`MIG disabled`, `MIG enabled, no MIG devices`, or profiles: `7x1g.5gb`, `1x3g.20gb+1x1g.5gb`."""
-        if not self.mig_enabled:
-            return "MIG disabled"
-        if not self.instances:
-            return "MIG enabled, no MIG devices"
-        counts = Counter(profile for _, _, profile in self.instances)
-        return "+".join(f"{n}x{profile}" for profile, n in counts.items())
-
-
 Layout = Mapping[str, GpuLayout]  # GPU uuid -> its layout
 
 
 def layout_of(gpus: Sequence[GpuInfo]) -> dict[str, GpuLayout]:
-    """The layout part of an enumeration."""
-    return {
-        g.uuid: GpuLayout(
-            g.index,
-            g.uuid,
-            g.mig_enabled,
-            tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in g.mig_devices)),
-        )
-        for g in gpus
-    }
+    """The layout part of an enumeration (what `Nvml.mig_layout()` answers for the same node)."""
+    return {g.uuid: GpuLayout.of(g) for g in gpus}
 
 
 @dataclass(frozen=True)
@@ -104,14 +79,14 @@ def layout_changes(old: Layout, new: Layout) -> list[LayoutChange]:
 class LayoutRescanner:
     """The rescan timer thread. `start` and an idempotent `stop`; `check` is one tick (tests, bench).
 
-    `read()` enumerates the node now; `served()` is the enumeration the served resources come from,
-    None while there is none yet (before the first apply, or NVML not initialised): no tick then.
-    `counted(kind)` is called once per GPU change (the metric).
+    `read()` is the node's layout now (`Nvml.mig_layout`); `served()` is the enumeration the served
+    resources come from, None while there is none yet (before the first apply, or NVML not
+    initialised): no tick then. `counted(kind)` is called once per GPU change (the metric).
     """
 
     def __init__(
         self,
-        read: Callable[[], Sequence[GpuInfo]],
+        read: Callable[[], Layout],
         served: Callable[[], Sequence[GpuInfo] | None],
         on_change: Callable[[], None],
         interval: float = DEFAULT_INTERVAL_S,
@@ -125,7 +100,8 @@ class LayoutRescanner:
         self._on_change = on_change
         self.interval = interval
         self._counted = counted
-        self._reported: dict[str, GpuLayout] | None = None  # the last layout reported as a change
+        self._reported: Layout | None = None  # the last layout reported as a change
+        self._base: tuple[Sequence[GpuInfo], Layout] | None = None  # served enumeration, its layout
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,7 +133,7 @@ class LayoutRescanner:
         if served is None:
             return []
         try:
-            now = layout_of(self._read())
+            now = self._read()
         except NvdpError as error:
             if not self._failing:
                 log_event(
@@ -168,7 +144,7 @@ class LayoutRescanner:
         if self._failing:
             log_event(log, logging.INFO, "device rescan: enumeration works again")
             self._failing = False
-        base = layout_of(served)
+        base = self._served_layout(served)
         if now == base:
             self._reported = None
             return []
@@ -183,6 +159,12 @@ class LayoutRescanner:
         self._on_change()
         return changes
 
+    def _served_layout(self, served: Sequence[GpuInfo]) -> Layout:
+        """The served enumeration's layout, derived again only when the supervisor serves a new one."""
+        if self._base is None or self._base[0] is not served:
+            self._base = (served, layout_of(served))
+        return self._base[1]
+
 
 class RescanTarget(Protocol):
     """The supervisor as the rescanner sees it."""
@@ -191,8 +173,10 @@ class RescanTarget(Protocol):
     def request_rescan(self) -> None: ...
 
 
-class GpuSource(Protocol):
-    def gpus(self) -> list[GpuInfo]: ...
+class LayoutSource(Protocol):
+    """The NVML facade as the rescanner sees it: the cheap layout query only."""
+
+    def mig_layout(self) -> dict[str, GpuLayout]: ...
 
 
 def layout_change_counter(registry: Registry) -> Callable[[str], None]:
@@ -210,11 +194,13 @@ def layout_change_counter(registry: Registry) -> Callable[[str], None]:
 
 
 def rescanner_for(
-    interval: float, nvml: GpuSource, target: RescanTarget, registry: Registry | None
+    interval: float, nvml: LayoutSource, target: RescanTarget, registry: Registry | None
 ) -> LayoutRescanner | None:
     """The daemon's rescanner (None when `--device-rescan-interval` is 0)."""
     if interval <= 0:
         log_event(log, logging.INFO, "device rescan disabled; layout changes need a SIGHUP")
         return None
     counted = layout_change_counter(registry) if registry is not None else None
-    return LayoutRescanner(nvml.gpus, target.served_gpus, target.request_rescan, interval, counted=counted)
+    return LayoutRescanner(
+        nvml.mig_layout, target.served_gpus, target.request_rescan, interval, counted=counted
+    )

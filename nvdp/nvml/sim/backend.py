@@ -20,7 +20,16 @@ from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
 from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
-from nvdp.nvml.types import ComputeMode, EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, ProbeResult
+from nvdp.nvml.types import (
+    ComputeMode,
+    EventType,
+    GpuInfo,
+    GpuLayout,
+    GpuLink,
+    MigDeviceInfo,
+    NvmlEvent,
+    ProbeResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +140,23 @@ class SimNvml:
                     )
                 )
         return gpus
+
+    def mig_layout(self) -> dict[str, GpuLayout]:
+        """Per GPU its MIG mode and MIG devices only, as `gpus()` would list them now (a GPU lost
+        before its first listing: MIG disabled, like its faulty record)."""
+        self._require_init("nvmlDeviceGetHandleByIndex")
+        with self._lock:
+            return {
+                gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
+                if state.lost and gpu.index not in self._enumerated
+                else GpuLayout(
+                    gpu.index,
+                    gpu.uuid,
+                    state.mig is not None,
+                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig or ())),
+                )
+                for gpu, state in zip(self.node.gpus, self._state, strict=True)
+            }
 
     def _faulty(self, gpu: SimGpu) -> GpuInfo:
         error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
