@@ -4,11 +4,13 @@ Run alone: `python -m bench.rescan` prints the table.
 
 Per simulated node (dgx-a100: 8 whole GPUs; dgx-a100-mig: 4 MIG GPUs with 14 MIG devices, 4 whole),
 the CPU time (thread time, so other threads and processes do not count) of one rescan tick while
-nothing changes, split into the enumeration (`Nvml.gpus()`) and the rest (layouts built and
-compared), best of 5 runs of 2000 ticks; then the CPU per minute at the default 10 s interval
-(6 ticks) and at 1 s. The simulated node answers from memory, so its enumeration is the Python side
-only; the NVML calls one tick makes on the real backend are counted over the fake pynvml of the
-tests (the same node shapes), each a driver query a real node adds.
+nothing changes, split into the layout query (`Nvml.mig_layout()`, the cheap query a tick makes) and
+the rest (one comparison with the served layout), best of 5 runs of 2000 ticks; then the CPU per
+minute at the default 10 s interval (6 ticks) and at 1 s. The full enumeration (`Nvml.gpus()`, what
+a tick read before the cheap query, and what a change's apply still makes) is timed beside it. The
+simulated node answers from memory, so its queries are the Python side only; the NVML calls one
+tick makes on the real backend are counted over the fake pynvml of the tests (the same node shapes,
+A100 GPU instance profiles: `+me` suffix lookups included), each a driver query a real node adds.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ class Row:
     compare_us: float
     per_minute_10s_ms: float
     per_minute_1s_ms: float
-    nvml_calls: int | None
+    nvml_calls: int | None  # one tick's layout query on the real backend
+    full_enumeration_us: float = 0.0  # `Nvml.gpus()`, for comparison (a change's apply)
+    full_nvml_calls: int | None = None
 
 
 def _cpu_us(fn: Callable[[], object], ticks: int = TICKS) -> float:
@@ -54,26 +58,34 @@ def measure(profile: str) -> Row:
     try:
         served = nvml.gpus()
         requests: list[None] = []
-        scan = LayoutRescanner(nvml.gpus, lambda: served, lambda: requests.append(None), 10.0)
+        scan = LayoutRescanner(nvml.mig_layout, lambda: served, lambda: requests.append(None), 10.0)
         tick_us = _cpu_us(scan.check)
-        enumerate_us = _cpu_us(nvml.gpus)
+        query_us = _cpu_us(nvml.mig_layout)
+        full_us = _cpu_us(nvml.gpus)
         assert not requests, "no change: no rescan request"
     finally:
         nvml.shutdown()
+    calls, full_calls = _real_nvml_calls(served) or (None, None)
     return Row(
         profile,
         len(served),
         sum(len(g.mig_devices) for g in served),
-        enumerate_us,
-        max(0.0, tick_us - enumerate_us),
+        query_us,
+        max(0.0, tick_us - query_us),
         tick_us * 6 / 1000,
         tick_us * 60 / 1000,
-        _real_nvml_calls(served),
+        calls,
+        full_us,
+        full_calls,
     )
 
 
-def _real_nvml_calls(gpus: list[GpuInfo]) -> int | None:
-    """NVML calls of one enumeration by the real backend over the tests' fake pynvml, same shape."""
+A100_GI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}  # GPU instance slices -> profile id on an A100
+
+
+def _real_nvml_calls(gpus: list[GpuInfo]) -> tuple[int, int] | None:
+    """NVML calls of one layout query and of one full enumeration by the real backend over the tests'
+    fake pynvml, same node shape, once its caches are filled (the first enumeration at start)."""
     try:
         from tests import fake_pynvml as fake
     except ImportError:
@@ -82,24 +94,42 @@ def _real_nvml_calls(gpus: list[GpuInfo]) -> int | None:
 
     fakes = []
     for g in gpus:
-        slots = {
-            m.index: fake.FakeMig(m.uuid, m.gi_id, m.ci_id, int(m.profile[0]), int(m.profile[0]), 5120)
-            for m in g.mig_devices
-        }
+        slots = {}
+        for m in g.mig_devices:
+            slices = int(m.profile.split("g.")[0].split(".")[-1])
+            mib = m.memory_bytes // (1024 * 1024)
+            slots[m.index] = fake.FakeMig(
+                m.uuid, m.gi_id, m.ci_id, slices, slices, mib, A100_GI_PROFILE_IDS[slices]
+            )
         mode = (
             (fake.NVML_DEVICE_MIG_ENABLE if g.mig_enabled else fake.NVML_DEVICE_MIG_DISABLE)
             if g.mig_capable
             else None
         )
-        fakes.append(fake.FakeGpu(g.uuid, g.pci_bus_id, minor=g.minor, mig_mode=mode, mig_slots=slots))
+        fakes.append(
+            fake.FakeGpu(
+                g.uuid,
+                g.pci_bus_id,
+                minor=g.minor,
+                memory_bytes=g.memory_bytes,
+                mig_mode=mode,
+                mig_slots=slots,
+                gi_profiles={
+                    **{i: i for i in A100_GI_PROFILE_IDS.values()},
+                    fake.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: 7,
+                },
+            )
+        )
     lib = fake.FakePynvml(fakes)
     calls = _count_calls(lib)
     nvml = RealNvml(pynvml=lib, sysfs_root="/nonexistent")
     nvml.init()
-    nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)
+    served = nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)
     calls[0] = 0
-    layout_of(nvml.gpus())
-    return calls[0]
+    assert nvml.mig_layout() == layout_of(served), "the layout query names what the enumeration names"
+    layout_calls, calls[0] = calls[0], 0
+    nvml.gpus()
+    return layout_calls, calls[0]
 
 
 def _count_calls(lib: Any) -> list[int]:
@@ -126,15 +156,17 @@ def rows() -> list[Row]:
 
 def format_table(table: list[Row]) -> str:
     lines = [
-        "| node | GPUs | MIG devices | enumeration µs/tick | compare µs/tick | CPU ms/min @10s "
-        "| CPU ms/min @1s | NVML calls/tick (real backend) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| node | GPUs | MIG devices | layout query µs/tick | compare µs/tick | CPU ms/min @10s "
+        "| CPU ms/min @1s | NVML calls/tick (real backend) | full enumeration µs, NVML calls |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         calls = "-" if r.nvml_calls is None else str(r.nvml_calls)
+        full_calls = "-" if r.full_nvml_calls is None else str(r.full_nvml_calls)
         lines.append(
             f"| {r.node} | {r.gpus} | {r.mig_devices} | {r.enumerate_us:.0f} | {r.compare_us:.0f} | "
-            f"{r.per_minute_10s_ms:.2f} | {r.per_minute_1s_ms:.2f} | {calls} |"
+            f"{r.per_minute_10s_ms:.2f} | {r.per_minute_1s_ms:.2f} | {calls} | "
+            f"{r.full_enumeration_us:.0f}, {full_calls} |"
         )
     return "\n".join(lines)
 
