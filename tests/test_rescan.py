@@ -231,3 +231,18 @@ def test_a_gpu_gone_from_the_layout_query_is_reported() -> None:
     node.now = [gpu(0), gpu(1, ["7g.40gb"]), gpu(2)]
     assert [(c.kind, c.gpu.index) for c in scan.check()] == [("gpu-appeared", 2)]
     assert target.requests == 2 and node.enumerations == 1
+
+
+def test_a_gpu_whose_index_shifts_is_a_change_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    node = Node([gpu(0), gpu(1, ["7g.40gb"])])
+    counted: list[str] = []
+    scan = rescanner(node, counted)
+    moved = GpuInfo(**{**vars(gpu(1, ["7g.40gb"])), "index": 0})
+    node.now = [moved]  # GPU 0 unplugged: GPU 1 is index 0 now
+    with caplog.at_level(logging.INFO, logger="nvdp.plugin.rescan"):
+        scan.check()
+    assert counted == ["gpu-disappeared", "gpu-index"]
+    assert lines(caplog) == [
+        'GPU disappeared gpu=0 uuid=GPU-0 old="MIG disabled"',
+        "GPU index changed gpu=0 uuid=GPU-1 old=1",
+    ]

@@ -33,7 +33,13 @@ from nvdp.promtext import Registry
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 10.0
-CHANGE_KINDS = ("mig", "gpu-appeared", "gpu-disappeared")
+CHANGE_KINDS = ("mig", "gpu-appeared", "gpu-disappeared", "gpu-index")
+_MESSAGES = {
+    "mig": "MIG layout changed",
+    "gpu-appeared": "GPU appeared",
+    "gpu-disappeared": "GPU disappeared",
+    "gpu-index": "GPU index changed",  # another GPU appeared or disappeared before it
+}
 
 
 Layout = Mapping[str, GpuLayout]  # GPU uuid -> its layout
@@ -58,22 +64,28 @@ class LayoutChange:
 
     def log(self) -> None:
         fields: dict[str, object] = {"gpu": self.gpu.index, "uuid": self.gpu.uuid}
-        if self.old is not None:
-            fields["old"] = self.old.describe()
-        if self.new is not None:
-            fields["new"] = self.new.describe()
-        message = {"mig": "MIG layout changed", "gpu-appeared": "GPU appeared"}.get(
-            self.kind, "GPU disappeared"
-        )
-        log_event(log, logging.INFO if self.kind == "mig" else logging.WARNING, message, **fields)
+        if self.kind == "gpu-index" and self.old is not None:
+            fields["old"] = self.old.index
+        else:
+            if self.old is not None:
+                fields["old"] = self.old.describe()
+            if self.new is not None:
+                fields["new"] = self.new.describe()
+        level = logging.WARNING if self.kind.startswith("gpu-") else logging.INFO
+        log_event(log, level, _MESSAGES[self.kind], **fields)
 
 
 def layout_changes(old: Layout, new: Layout) -> list[LayoutChange]:
     """Per GPU, what differs between two layouts, in GPU index order."""
     changes = [LayoutChange("gpu-disappeared", g, None) for u, g in old.items() if u not in new]
     changes += [LayoutChange("gpu-appeared", None, g) for u, g in new.items() if u not in old]
-    changes += [LayoutChange("mig", old[u], g) for u, g in new.items() if u in old and old[u] != g]
+    changes += [LayoutChange(_kind(old[u], g), old[u], g) for u, g in new.items() if u in old and old[u] != g]
     return sorted(changes, key=lambda c: (c.gpu.index, c.kind))
+
+
+def _kind(old: GpuLayout, new: GpuLayout) -> str:
+    same_mig = (old.mig_enabled, old.instances) == (new.mig_enabled, new.instances)
+    return "gpu-index" if same_mig else "mig"
 
 
 class LayoutRescanner:

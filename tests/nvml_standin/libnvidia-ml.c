@@ -12,6 +12,12 @@
  *       xid GPU_INDEX XID [GI CI]  deliver an XID event (GI/CI default: none, 0xFFFFFFFF)
  *       lost GPU_INDEX             the GPU's queries fail with NVML_ERROR_GPU_IS_LOST
  *       restored GPU_INDEX         undo `lost`
+ *       mig-mode GPU_INDEX 0|1     MIG disabled / enabled (a MIG-capable GPU)
+ *       mig-clear GPU_INDEX        destroy the GPU's MIG devices
+ *       mig gpu=GPU_INDEX ...      create a MIG device (the node file's `mig` line)
+ *       unplug GPU_INDEX           hot-unplug: gone from the count and the indices (they shift);
+ *                                  its handles answer NVML_ERROR_GPU_IS_LOST
+ *       plug GPU_INDEX             undo `unplug`
  *
  * A lost GPU still answers what the driver knows without asking the GPU: handles, UUID, minor
  * number and PCI info. Every entry point is serialised by one mutex; nvmlEventSetWait_v2 drops it
@@ -76,7 +82,7 @@ typedef struct {
 struct gpu_instance { struct device *parent; unsigned int id, profile; };
 
 struct device {
-    int index, is_mig, minor, numa, cc_major, cc_minor, mig_enabled, lost, nmigs;
+    int index, is_mig, minor, numa, cc_major, cc_minor, mig_enabled, lost, unplugged, nmigs;
     char uuid[96], name[96], bus[32];
     unsigned long long memory_mib;
     struct device *parent;
@@ -198,7 +204,7 @@ static void deliver(int index, unsigned long long xid, unsigned gi, unsigned ci)
 }
 
 static void command(const char *line) {
-    int index;
+    int index, mode;
     unsigned long long xid;
     unsigned gi = NO_INSTANCE, ci = NO_INSTANCE;
     if (sscanf(line, "xid %d %llu %u %u", &index, &xid, &gi, &ci) >= 2 && index >= 0 && index < ngpus)
@@ -207,6 +213,25 @@ static void command(const char *line) {
         gpus[index].lost = 1;
     else if (sscanf(line, "restored %d", &index) == 1 && index >= 0 && index < ngpus)
         gpus[index].lost = 0;
+    else if (sscanf(line, "mig-mode %d %d", &index, &mode) == 2 && index >= 0 && index < ngpus
+             && gpus[index].mig_enabled >= 0)
+        gpus[index].mig_enabled = mode ? 1 : 0;
+    else if (sscanf(line, "mig-clear %d", &index) == 1 && index >= 0 && index < ngpus) {
+        for (int i = 0; i < gpus[index].nmigs; i++) gpus[index].migs[i]->uuid[0] = 0; /* destroyed */
+        gpus[index].nmigs = 0;
+    } else if (strncmp(line, "mig ", 4) == 0 && nmigs < MAX_GPUS * MAX_MIGS)
+        parse_mig(line + 4);
+    else if (sscanf(line, "unplug %d", &index) == 1 && index >= 0 && index < ngpus)
+        gpus[index].unplugged = 1;
+    else if (sscanf(line, "plug %d", &index) == 1 && index >= 0 && index < ngpus)
+        gpus[index].unplugged = 0;
+}
+
+/* The index-th GPU still plugged in, or NULL. */
+static struct device *plugged(unsigned int index) {
+    for (int i = 0; i < ngpus; i++)
+        if (!gpus[i].unplugged && index-- == 0) return &gpus[i];
+    return NULL;
 }
 
 /* Apply the complete lines appended to the commands file since the last call. */
@@ -241,7 +266,10 @@ static int is_gpu(nvmlDevice_t d) { return d >= &gpus[0] && d < &gpus[ngpus]; }
 static int is_mig(nvmlDevice_t d) { return d >= &migs[0] && d < &migs[nmigs]; }
 static int valid(nvmlDevice_t d) { return is_gpu(d) || is_mig(d); }
 /* Queries that need the GPU to answer: NVML_ERROR_GPU_IS_LOST for a lost one (or its MIG devices). */
-static int lost(nvmlDevice_t d) { return (d->is_mig ? d->parent : d)->lost; }
+static int lost(nvmlDevice_t d) {
+    struct device *gpu = d->is_mig ? d->parent : d;
+    return gpu->lost || gpu->unplugged;
+}
 #define CHECK(d)                                      \
     if (!valid(d)) LEAVE(INVALID_ARGUMENT);           \
     if (lost(d)) LEAVE(GPU_IS_LOST)
@@ -287,13 +315,17 @@ static nvmlReturn_t copy(char *out, unsigned int size, const char *text) {
 nvmlReturn_t nvmlSystemGetDriverVersion(char *out, unsigned int size) { ENTER(); LEAVE(copy(out, size, driver)); }
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *out) { ENTER(); *out = cuda; LEAVE(OK); }
 nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *out) { ENTER(); *out = cuda; LEAVE(OK); }
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *out) { ENTER(); *out = (unsigned)ngpus; LEAVE(OK); }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *out) {
+    ENTER();
+    *out = 0;
+    for (int i = 0; i < ngpus; i++) *out += !gpus[i].unplugged;
+    LEAVE(OK);
+}
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *out) { return nvmlDeviceGetCount_v2(out); }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *out) {
     ENTER();
-    if (index >= (unsigned)ngpus) LEAVE(INVALID_ARGUMENT);
-    *out = &gpus[index];
+    if ((*out = plugged(index)) == NULL) LEAVE(INVALID_ARGUMENT);
     LEAVE(OK);
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *out) { return nvmlDeviceGetHandleByIndex_v2(i, out); }
@@ -301,9 +333,12 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *out) { ret
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *out) {
     ENTER();
     for (int i = 0; i < ngpus; i++)
-        if (strcmp(gpus[i].uuid, uuid) == 0) { *out = &gpus[i]; LEAVE(OK); }
+        if (!gpus[i].unplugged && strcmp(gpus[i].uuid, uuid) == 0) { *out = &gpus[i]; LEAVE(OK); }
     for (int i = 0; i < nmigs; i++)
-        if (strcmp(migs[i].uuid, uuid) == 0) { *out = &migs[i]; LEAVE(OK); }
+        if (migs[i].uuid[0] && !migs[i].parent->unplugged && strcmp(migs[i].uuid, uuid) == 0) {
+            *out = &migs[i];
+            LEAVE(OK);
+        }
     LEAVE(NOT_FOUND);
 }
 
