@@ -215,3 +215,54 @@ def test_library_not_found_names_every_path_tried(
         in last
     )
     assert "Traceback" not in plugin.log()
+
+
+def test_rescan_serves_repartitioning_and_hot_plug_over_the_real_backend(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    """The device rescan's layout query through pynvml: a MIG re-partition (`+me` and compute
+    instance profiles) and a GPU unplugged and plugged back, served without a signal."""
+    mig = "gi_slices=3 ci_slices=1 memory_mb=19968 profile=2"
+    new = [f"MIG-2222222{n}-0000-4000-8000-00000000000{n}" for n in range(3)]
+    node = Node(
+        tmp_path,
+        gpu_line(0, mig=0)
+        + gpu_line(1, mig=1)
+        + gpu_line(2, mig=-1)
+        + f"mig gpu=1 uuid={MIGS[0]} gi=1 ci=0 gi_slices=3 ci_slices=3 memory_mb=19968 profile=2\n"
+        + f"mig gpu=1 uuid={MIGS[1]} gi=7 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=0\n",
+    )
+    args = ("--mig-strategy", "mixed", "--device-rescan-interval", "300ms")
+    plugin = start(sock_dir, tmp_path, node, processes, standin, args=args)
+    for resource in (GPU, "nvidia.com/mig-3g.20gb", "nvidia.com/mig-1g.5gb"):
+        kubelet.wait_for_registration(resource, timeout=20)
+    kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[2]}, timeout=10)
+
+    node.command(
+        "mig-clear 1\n"
+        f"mig gpu=1 uuid={new[0]} gi=1 ci=0 {mig}\n"
+        f"mig gpu=1 uuid={new[1]} gi=1 ci=1 {mig}\n"
+        f"mig gpu=1 uuid={new[2]} gi=9 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=7"
+    )
+    kubelet.wait_for_registration("nvidia.com/mig-1c.3g.20gb", timeout=10)
+    kubelet.wait_for_registration("nvidia.com/mig-1g.5gb.me", timeout=10)
+    assert set(kubelet.wait_for_devices("nvidia.com/mig-1c.3g.20gb", lambda d: len(d) == 2)) == set(new[:2])
+    gone = [sock_dir / "nvidia-mig-3g.20gb.sock", sock_dir / "nvidia-mig-1g.5gb.sock"]
+    wait_until(lambda: not any(p.exists() for p in gone), timeout=5, what="vanished profiles' sockets gone")
+    assert [r.resource for r in kubelet.registrations].count(GPU) == 1 and kubelet.stream_ends(GPU) == []
+    assert (
+        f"MIG layout changed gpu=1 uuid={UUIDS[1]} old=1x3g.20gb+1x1g.5gb new=2x1c.3g.20gb+1x1g.5gb+me"
+        in plugin.log()
+    )
+
+    node.command("unplug 0")
+    kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[2]}, timeout=10)
+    wait_until(lambda: "GPU index changed gpu=1" in plugin.log(), timeout=5, what="index line")
+    log = plugin.log()
+    assert f'GPU disappeared gpu=0 uuid={UUIDS[0]} old="MIG disabled"' in log
+    assert f"GPU index changed gpu=0 uuid={UUIDS[1]} old=1" in log
+    assert f"GPU index changed gpu=1 uuid={UUIDS[2]} old=2" in log
+    node.command("plug 0")
+    kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[2]}, timeout=10)
+    wait_until(lambda: f"GPU appeared gpu=0 uuid={UUIDS[0]}" in plugin.log(), timeout=5, what="appeared")
+    assert plugin.alive() and "Traceback" not in plugin.log()
