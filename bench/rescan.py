@@ -11,13 +11,23 @@ a tick read before the cheap query, and what a change's apply still makes) is ti
 simulated node answers from memory, so its queries are the Python side only; the NVML calls one
 tick makes on the real backend are counted over the fake pynvml of the tests (the same node shapes,
 A100 GPU instance profiles: `+me` suffix lookups included), each a driver query a real node adds.
+The real backend's own CPU (nvdp, pynvml, ctypes) is timed over the C NVML stand-in of the tests
+(tests/nvml_standin, built with `cc`; the same node shapes, its commands file off), 500 queries,
+best of 5, in a subprocess; the stand-in answers from memory, so the driver's share is not in it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nvdp.nvml import open_nvml
@@ -40,6 +50,8 @@ class Row:
     nvml_calls: int | None  # one tick's layout query on the real backend
     full_enumeration_us: float = 0.0  # `Nvml.gpus()`, for comparison (a change's apply)
     full_nvml_calls: int | None = None
+    real_query_us: float | None = None  # the real backend's layout query over the C stand-in
+    real_full_us: float | None = None  # its full enumeration
 
 
 def _cpu_us(fn: Callable[[], object], ticks: int = TICKS) -> float:
@@ -66,6 +78,7 @@ def measure(profile: str) -> Row:
     finally:
         nvml.shutdown()
     calls, full_calls = _real_nvml_calls(served) or (None, None)
+    real_query_us, real_full_us = _standin_cpu_us(served) or (None, None)
     return Row(
         profile,
         len(served),
@@ -77,6 +90,8 @@ def measure(profile: str) -> Row:
         calls,
         full_us,
         full_calls,
+        real_query_us,
+        real_full_us,
     )
 
 
@@ -132,6 +147,78 @@ def _real_nvml_calls(gpus: list[GpuInfo]) -> tuple[int, int] | None:
     return layout_calls, calls[0]
 
 
+_STANDIN_SCRIPT = """
+import json, time
+from nvdp.nvml.real import RealNvml
+nvml = RealNvml(sysfs_root="/nonexistent")
+nvml.init()
+nvml.gpus()
+def cpu_us(fn, n=500):
+    best = float("inf")
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(n):
+            fn()
+        best = min(best, time.thread_time() - start)
+    return best / n * 1e6
+print(json.dumps([cpu_us(nvml.mig_layout), cpu_us(nvml.gpus)]))
+"""
+
+
+def _standin_node(gpus: list[GpuInfo]) -> str:
+    """The C stand-in's node file for an enumerated node (A100 GPU instance profile ids)."""
+    lines = ["driver 550.54.15", "cuda 12040"]
+    for g in gpus:
+        mode = (1 if g.mig_enabled else 0) if g.mig_capable else -1
+        numa = -1 if g.numa_node is None else g.numa_node
+        lines.append(
+            f"gpu uuid={g.uuid} minor={g.minor} memory_mib={g.memory_mib} bus={g.pci_bus_id} "
+            f"numa={numa} mig={mode} name={g.name}"
+        )
+    for g in gpus:
+        for m in g.mig_devices:
+            slices = int(m.profile.split("g.")[0].split(".")[-1])
+            lines.append(
+                f"mig gpu={g.index} uuid={m.uuid} gi={m.gi_id} ci={m.ci_id} gi_slices={slices} "
+                f"ci_slices={slices} memory_mb={m.memory_bytes >> 20} profile={A100_GI_PROFILE_IDS[slices]}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float] | None:
+    """CPU µs of one layout query and one full enumeration by the real backend (pynvml over the C
+    stand-in), or None without a C compiler or when it cannot run."""
+    source = Path(__file__).parent.parent / "tests" / "nvml_standin" / "libnvidia-ml.c"
+    compiler = shutil.which("cc")
+    if compiler is None or not source.exists():
+        return None
+    with tempfile.TemporaryDirectory(prefix="nvdp-bench-standin-") as tmp:
+        library = Path(tmp) / "libnvidia-ml.so.1"
+        node = Path(tmp) / "node.txt"
+        node.write_text(_standin_node(gpus))
+        build = [compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lpthread"]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LD_LIBRARY_PATH": tmp,
+            "NVML_STANDIN_NODE": str(node),
+        }
+        try:
+            subprocess.run(build, check=True, capture_output=True, timeout=120)
+            done = subprocess.run(
+                [sys.executable, "-c", _STANDIN_SCRIPT],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=True,
+                cwd=Path(__file__).parent.parent,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+    query_us, full_us = json.loads(done.stdout)
+    return float(query_us), float(full_us)
+
+
 def _count_calls(lib: Any) -> list[int]:
     """Count every nvml* function call on a pynvml-like object (its methods wrapped in place)."""
     calls = [0]
@@ -157,16 +244,22 @@ def rows() -> list[Row]:
 def format_table(table: list[Row]) -> str:
     lines = [
         "| node | GPUs | MIG devices | layout query µs/tick | compare µs/tick | CPU ms/min @10s "
-        "| CPU ms/min @1s | NVML calls/tick (real backend) | full enumeration µs, NVML calls |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| CPU ms/min @1s | NVML calls/tick (real backend) | full enumeration µs, NVML calls "
+        "| real backend µs/tick over the C stand-in: layout query, full enumeration |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         calls = "-" if r.nvml_calls is None else str(r.nvml_calls)
         full_calls = "-" if r.full_nvml_calls is None else str(r.full_nvml_calls)
+        real = (
+            "-"
+            if r.real_query_us is None or r.real_full_us is None
+            else f"{r.real_query_us:.0f}, {r.real_full_us:.0f}"
+        )
         lines.append(
             f"| {r.node} | {r.gpus} | {r.mig_devices} | {r.enumerate_us:.0f} | {r.compare_us:.0f} | "
             f"{r.per_minute_10s_ms:.2f} | {r.per_minute_1s_ms:.2f} | {calls} | "
-            f"{r.full_enumeration_us:.0f}, {full_calls} |"
+            f"{r.full_enumeration_us:.0f}, {full_calls} | {real} |"
         )
     return "\n".join(lines)
 
