@@ -25,8 +25,8 @@ from nvdp.cdi.names import (
     spec_file_name,
     valid_device_name,
 )
+from nvdp.devices import gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import gpu_device, mig_device
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # Device nodes of the additional classes, as prefixes under /dev.
