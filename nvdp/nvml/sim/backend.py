@@ -19,7 +19,7 @@ from nvdp.errors import nvml_error
 from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
-from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
+from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import ComputeMode, EventType, GpuInfo, GpuLink, MigDeviceInfo, NvmlEvent, ProbeResult
 
 logger = logging.getLogger(__name__)
