@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from nvdp.cdi import CdiSettings
+from nvdp.cdi.names import CdiSettings
 from nvdp.health.types import HealthSettings, HealthTarget
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
