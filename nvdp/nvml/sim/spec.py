@@ -36,8 +36,9 @@ _BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([
 _VERSION = re.compile(r"^\d+\.\d+$")
 
 
-def normalize_bus_id(bus_id: str) -> str | None:
-    """NVML's form of a PCI bus id ("00000000:07:00.0"), or None when it is not one."""
+def _bus_id(bus_id: str) -> str | None:
+    """NVML's form of a PCI bus id ("00000000:07:00.0"), or None when it is not one (strict, for node
+    files; `nvdp.nvml.naming.normalize_bus_id` is the lenient one for what NVML answers)."""
     m = _BUS_ID.match(bus_id)
     if m is None:
         return None
@@ -286,7 +287,7 @@ class _NodeParser:
         return result
 
     def bus_id(self, value: object, where: str) -> str | None:
-        bus_id = normalize_bus_id(value) if isinstance(value, str) else None
+        bus_id = _bus_id(value) if isinstance(value, str) else None
         if bus_id is None:
             self.fail(where, f"must be a PCI bus id like '00000000:07:00.0', got {value!r}")
         return bus_id
