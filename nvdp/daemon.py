@@ -30,7 +30,8 @@ from nvdp.plugin.node_facts import HostFacts
 from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import DevicePluginServer, PreferredAllocator, RpcObserver
+from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
+from nvdp.plugin.status import RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource

@@ -1,7 +1,9 @@
-"""Device records the plugin advertises, and device-ID handling (pure).
+"""Device records the plugin advertises, built from NVML facts, and device-ID handling (pure).
 
 A `Device` is one unit the kubelet can hand out: a whole GPU, a MIG device, or a replica of
-either when the GPU is shared (its ID is then `<uuid>::<n>`, as in NVIDIA's plugin).
+either when the GPU is shared (its ID is then `<uuid>::<n>`, as in NVIDIA's plugin). `gpu_device` and
+`mig_device` build the records of one GPU / MIG device with the device nodes a container needs (a MIG
+device's capability nodes from /proc/driver/nvidia-caps/mig-minors, `parse_mig_minors`).
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from nvdp.nvml.types import MigDeviceInfo
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 REPLICA_SEPARATOR = "::"
 _MAX_NAMED_IDS = 10
 _MAX_ID_CHARS = 80
+# /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
+# `gpu<minor>/gi<g>/ci<c>/access <n>`; the driver lays them out as below when the file is absent.
+_CAPS_PER_GPU = 15 * 9
 
 
 def format_ids(ids: Sequence[str]) -> str:
@@ -101,3 +106,51 @@ class DeviceSet(Mapping[str, Device]):
     def with_uuid(self, uuid: str) -> list[Device]:
         """Every device (replicas included) whose underlying GPU or MIG uuid is `uuid`."""
         return [d for d in self._by_id.values() if d.uuid == uuid]
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """Parse /proc/driver/nvidia-caps/mig-minors into {"gpu0/gi1/ci0/access": 13, ...}."""
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            table[parts[0]] = int(parts[1])
+    return table
+
+
+def mig_cap_paths(parent_minor: int, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> list[str]:
+    gi_key = f"gpu{parent_minor}/gi{mig.gi_id}/access"
+    ci_key = f"gpu{parent_minor}/gi{mig.gi_id}/ci{mig.ci_id}/access"
+    if minors and gi_key in minors and ci_key in minors:
+        gi_minor, ci_minor = minors[gi_key], minors[ci_key]
+    else:
+        gi_minor = 3 + parent_minor * _CAPS_PER_GPU + mig.gi_id * 9
+        ci_minor = gi_minor + 1 + mig.ci_id
+    return [f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]
+
+
+def gpu_device(gpu: GpuInfo) -> Device:
+    return Device(
+        id=gpu.uuid,
+        uuid=gpu.uuid,
+        index=str(gpu.index),
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        numa_node=gpu.numa_node,
+        paths=(f"/dev/nvidia{gpu.minor}",),
+        memory_bytes=gpu.memory_bytes,
+    )
+
+
+def mig_device(gpu: GpuInfo, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> Device:
+    return Device(
+        id=mig.uuid,
+        uuid=mig.uuid,
+        index=f"{gpu.index}:{mig.index}",
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        numa_node=gpu.numa_node,
+        paths=(f"/dev/nvidia{gpu.minor}", *mig_cap_paths(gpu.minor, mig, minors)),
+        memory_bytes=mig.memory_bytes,
+        mig=mig,
+    )

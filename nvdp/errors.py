@@ -1,8 +1,14 @@
-"""One error tree for nvdp.
+"""One error tree for nvdp: every expected error class, and the NVML error-name mapping.
 
 Expected errors (bad config, bad requests, NVML failures) are `NvdpError`s: they are reported as one
 clear line, never a traceback. Anything else is a bug. Mapping to gRPC status codes happens in one
-place, `nvdp.plugin.server`.
+place, `nvdp.plugin.status`.
+
+Not here on purpose: a few module-private signals that never leave their module (and so are no
+NvdpError): `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors
+turned into field-named `ConfigError` lines by their callers), `nvdp.nvml.sim.backend.SimEventError`
+(a bad events-file line, logged and skipped), and `nvdp.kube`'s HTTP answers (`_HttpError`, `_Gone`,
+turned into `KubeError` or a re-list inside the adapter).
 """
 
 from __future__ import annotations
@@ -50,6 +56,18 @@ class NvmlLibraryNotFound(NvmlError):
     """libnvidia-ml.so.1 could not be loaded (no driver on this node)."""
 
 
+_NVML_ERROR_CLASSES: dict[str, type[NvmlError]] = {
+    "NVML_ERROR_NOT_SUPPORTED": NvmlNotSupported,
+    "NVML_ERROR_GPU_IS_LOST": GpuLostError,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": NvmlLibraryNotFound,
+}
+
+
+def nvml_error(code: str, call: str, detail: str = "", device: str | None = None) -> NvmlError:
+    """The NvmlError (or subclass) for an NVML error name, e.g. NVML_ERROR_GPU_IS_LOST."""
+    return _NVML_ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
+
+
 class ResourceError(NvdpError):
     """The node's devices cannot be mapped onto resources with this config."""
 
@@ -72,3 +90,20 @@ class KubeletError(NvdpError):
 
 class PluginNotConnected(KubeletError):
     """No plugin is connected for the resource (never registered, stream ended, kubelet restarted)."""
+
+
+class DirLockHeld(NvdpError):
+    """Another process holds the kubelet directory's lock (fail-on-init-error: exit 1)."""
+
+
+class MpsError(NvdpError):
+    """An MPS control command failed (the binary is missing, exited non-zero or hung)."""
+
+
+class SelectionError(NvdpError):
+    """config-manager: no entry can be selected (unknown label value, missing default, every
+    fallback failed)."""
+
+
+class CandidateError(NvdpError):
+    """config-manager: the selected entry cannot be read, or the plugin's loader refuses it."""

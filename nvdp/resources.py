@@ -12,6 +12,8 @@ same name or a `rename`. Several sharing entries may name one resource when thei
 selections are disjoint, each with its own `replicas` (per-GPU replica counts under one name);
 devices no entry selects stay whole under the unshared name; `replicas: 1` keeps a device whole
 (no `::` ID). An entry whose name is no resource of the node is refused, naming the node's resources.
+The device records come from `nvdp.devices`; a list over the kubelet's message limit is refused
+(`nvdp.list_size`).
 """
 
 from __future__ import annotations
@@ -20,20 +22,14 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from nvdp.devices import AnnotatedID, Device, DeviceSet
+from nvdp.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
 from nvdp.errors import ConfigError
 from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors; importers use either
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.list_size import check_list_sizes
+from nvdp.nvml.types import GpuInfo
 
 DEFAULT_PREFIX = "nvidia.com/"
-# The kubelet receives ListAndWatch with gRPC's default 4 MiB message limit; a resource whose device
-# list would not fit is refused with half of it as margin (the list's size is computed from the IDs).
-KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-MAX_LIST_AND_WATCH_BYTES = KUBELET_MAX_MESSAGE_BYTES // 2
 MIG_STRATEGIES = ("none", "single", "mixed")
-# /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
-# `gpu<minor>/gi<g>/ci<c>/access <n>`; the driver lays them out as below when the file is absent.
-_CAPS_PER_GPU = 15 * 9
 
 
 @dataclass(frozen=True)
@@ -126,93 +122,6 @@ def mig_resource_name(profile: str) -> str:
     """NVIDIA's default name under MIG strategy mixed: `nvidia.com/mig-<profile>` with `+` as `.`, since
     a resource name is a DNS subdomain (`1g.5gb+me` -> `nvidia.com/mig-1g.5gb.me`)."""
     return f"{DEFAULT_PREFIX}mig-{profile.replace('+', '.')}"
-
-
-def _varint_len(n: int) -> int:
-    return max(1, (n.bit_length() + 6) // 7)
-
-
-def list_and_watch_bytes(devices: Sequence[Device]) -> int:
-    """The encoded size of the ListAndWatchResponse advertising `devices` (all Unhealthy: the
-    longest health value), as protobuf lays it out: ID, health and NUMA topology per device."""
-    total = 0
-    for device in devices:
-        id_len = len(device.id.encode())
-        item = 1 + _varint_len(id_len) + id_len + 2 + len("Unhealthy")
-        if device.numa_node is not None:
-            node = 1 + _varint_len(device.numa_node) if device.numa_node else 0
-            topology = 1 + _varint_len(node) + node
-            item += 1 + _varint_len(topology) + topology
-        total += 1 + _varint_len(item) + item
-    return total
-
-
-def check_list_sizes(resources: Sequence[Resource]) -> None:
-    """Refuse, in one line, a resource whose ListAndWatch list would not fit the kubelet's limit."""
-    problems = []
-    for resource in resources:
-        size = list_and_watch_bytes(list(resource.devices.values()))
-        if size > MAX_LIST_AND_WATCH_BYTES:
-            problems.append(
-                f"{resource.name}: {len(resource.devices)} devices make a {size}-byte ListAndWatch list, "
-                f"over nvdp's limit of {MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's "
-                f"{KUBELET_MAX_MESSAGE_BYTES}-byte gRPC message limit): lower the sharing replicas"
-                + (
-                    f" (at most {resource.replicas * MAX_LIST_AND_WATCH_BYTES // size} here)"
-                    if resource.replicas > 1
-                    else ""
-                )
-            )
-    if problems:
-        raise ResourceError("; ".join(problems))
-
-
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """Parse /proc/driver/nvidia-caps/mig-minors into {"gpu0/gi1/ci0/access": 13, ...}."""
-    table: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            table[parts[0]] = int(parts[1])
-    return table
-
-
-def mig_cap_paths(parent_minor: int, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> list[str]:
-    gi_key = f"gpu{parent_minor}/gi{mig.gi_id}/access"
-    ci_key = f"gpu{parent_minor}/gi{mig.gi_id}/ci{mig.ci_id}/access"
-    if minors and gi_key in minors and ci_key in minors:
-        gi_minor, ci_minor = minors[gi_key], minors[ci_key]
-    else:
-        gi_minor = 3 + parent_minor * _CAPS_PER_GPU + mig.gi_id * 9
-        ci_minor = gi_minor + 1 + mig.ci_id
-    return [f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]
-
-
-def gpu_device(gpu: GpuInfo) -> Device:
-    return Device(
-        id=gpu.uuid,
-        uuid=gpu.uuid,
-        index=str(gpu.index),
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        numa_node=gpu.numa_node,
-        paths=(f"/dev/nvidia{gpu.minor}",),
-        memory_bytes=gpu.memory_bytes,
-    )
-
-
-def mig_device(gpu: GpuInfo, mig: MigDeviceInfo, minors: Mapping[str, int] | None) -> Device:
-    return Device(
-        id=mig.uuid,
-        uuid=mig.uuid,
-        index=f"{gpu.index}:{mig.index}",
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        numa_node=gpu.numa_node,
-        paths=(f"/dev/nvidia{gpu.minor}", *mig_cap_paths(gpu.minor, mig, minors)),
-        memory_bytes=mig.memory_bytes,
-        mig=mig,
-    )
 
 
 def build_resources(

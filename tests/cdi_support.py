@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nvdp.devices import gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import gpu_device, mig_device
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"

@@ -22,11 +22,12 @@ from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.settings import cdi_settings, imex_channels
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
 from nvdp.config import Config
+from nvdp.devices import parse_mig_minors
 from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.resources import Replication, ResourceError, build_resources, parse_mig_minors
+from nvdp.resources import Replication, ResourceError, build_resources
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
 

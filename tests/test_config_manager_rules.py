@@ -16,10 +16,10 @@ from nvdp.cli import main
 from nvdp.config import add_plugin_flags, load_file, parse_text, resolve
 from nvdp.configmanager import files, process
 from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.selection import SelectionError, list_entries, select
+from nvdp.configmanager.selection import list_entries, select
 from nvdp.configmanager.settings import Settings, add_flags
 from nvdp.configmanager.settings import resolve as resolve_settings
-from nvdp.errors import ConfigError
+from nvdp.errors import ConfigError, SelectionError
 from nvdp.testing import REPO, clean_env, wait_until
 
 REQUIRED = ["--node-name", "n", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config"]

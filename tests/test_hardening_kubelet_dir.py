@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.errors import DirLockHeld
 from nvdp.kubelet import Kubelet
-from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim, DirLockHeld
+from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings
 from nvdp.plugin.watch import file_id

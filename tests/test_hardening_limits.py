@@ -13,16 +13,10 @@ from nvdp.api import UNHEALTHY, pb
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
 from nvdp.kubelet import Kubelet
+from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import (
-    MAX_LIST_AND_WATCH_BYTES,
-    Replication,
-    ResourceError,
-    build_resources,
-    default_mig_patterns,
-    list_and_watch_bytes,
-)
+from nvdp.resources import Replication, ResourceError, build_resources, default_mig_patterns
 from nvdp.testing import Process, start_plugin
 from tests.test_config_options import WITH_FILE, errors
 

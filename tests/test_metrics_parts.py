@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import NvmlError
+from nvdp.errors import NvmlError, nvml_error
 from nvdp.health import HealthChange, MonitorStatus
 from nvdp.metrics import HttpEndpoint, Metrics, Pages, Probes
-from nvdp.nvml import nvml_error
 
 A, B = "nvidia.com/a", "nvidia.com/b"
 

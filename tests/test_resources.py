@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nvdp.devices import mig_cap_paths, parse_mig_minors
 from nvdp.errors import ConfigError
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.resources import (
@@ -11,8 +12,6 @@ from nvdp.resources import (
     Replication,
     ResourceError,
     build_resources,
-    mig_cap_paths,
-    parse_mig_minors,
     qualify,
 )
 

@@ -18,9 +18,10 @@ from nvdp.cdi import writer
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
+from nvdp.devices import parse_mig_minors
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import Resource, parse_mig_minors
+from nvdp.resources import Resource
 
 log = logging.getLogger(__name__)
 

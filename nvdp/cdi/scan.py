@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+
+from nvdp.cdi.spec import DriverFiles
 
 LIBRARY_DIRS = (
     "/usr/lib64",
@@ -53,21 +54,6 @@ DEV_NODE_GLOBS = (
     "/dev/infiniband/*",
     "/dev/gdrdrv",
 )
-
-
-@dataclass(frozen=True)
-class DriverFiles:
-    """The driver's files found under a root, as paths inside it."""
-
-    # (path in the container, the file it is inside the root): the same unless a symlink led there
-    libraries: tuple[tuple[str, str], ...] = ()
-    links: tuple[tuple[str, str], ...] = ()  # (link path, target name): libcuda.so.1 -> libcuda.so.550...
-    binaries: tuple[str, ...] = ()
-    firmware: tuple[str, ...] = ()
-
-    @property
-    def library_dirs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(os.path.dirname(p) for p, _ in self.libraries))
 
 
 def visible_roots(driver_root: str, dev_root: str, container_driver_root: str) -> tuple[str, str]:

@@ -25,9 +25,8 @@ from nvdp.cdi.names import (
     spec_file_name,
     valid_device_name,
 )
-from nvdp.cdi.scan import DriverFiles
+from nvdp.devices import gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import gpu_device, mig_device
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # Device nodes of the additional classes, as prefixes under /dev.
@@ -38,6 +37,21 @@ MODE_NODES = {
 }
 
 Spec = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """The driver's files found under a root, as paths inside it."""
+
+    # (path in the container, the file it is inside the root): the same unless a symlink led there
+    libraries: tuple[tuple[str, str], ...] = ()
+    links: tuple[tuple[str, str], ...] = ()  # (link path, target name): libcuda.so.1 -> libcuda.so.550...
+    binaries: tuple[str, ...] = ()
+    firmware: tuple[str, ...] = ()
+
+    @property
+    def library_dirs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(os.path.dirname(p) for p, _ in self.libraries))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from nvdp.mps.plan import config_problems as mps_config_problems
 
 # Replicas per shared device: far above any real time-slicing use, and low enough that a node's
 # ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
-# nvdp.resources.MAX_LIST_AND_WATCH_BYTES).
+# nvdp.list_size.MAX_LIST_AND_WATCH_BYTES).
 MAX_REPLICAS_PER_DEVICE = 1024
 
 KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"

@@ -14,13 +14,10 @@ from pathlib import Path
 
 from nvdp.config import parse_text
 from nvdp.config.rules import file_problems
-from nvdp.errors import ConfigError, NvdpError
+from nvdp.errors import CandidateError as CandidateError  # defined in nvdp.errors
+from nvdp.errors import ConfigError
 
 DEV_NULL = "/dev/null"
-
-
-class CandidateError(NvdpError):
-    """The selected entry cannot be read, or the plugin's loader refuses it."""
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Protocol
 
 from nvdp.configmanager import files, process
-from nvdp.configmanager.selection import EMPTY, SelectionError, list_entries, select
+from nvdp.configmanager.selection import EMPTY, list_entries, select
 from nvdp.configmanager.settings import Settings
-from nvdp.errors import NvdpError
+from nvdp.errors import NvdpError, SelectionError
 from nvdp.logs import log_event
 from nvdp.plugin.watch import IN_CLOSE_WRITE, DirWatcher
 

@@ -10,13 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvdp.configmanager.settings import NAMED_FALLBACK
-from nvdp.errors import NvdpError
+from nvdp.errors import SelectionError as SelectionError  # defined in nvdp.errors
 
 EMPTY = ""  # the `empty` fallback: no file at all
-
-
-class SelectionError(NvdpError):
-    """No entry can be selected (unknown label value, missing default, every fallback failed)."""
 
 
 def list_entries(srcdir: str | Path) -> list[str]:

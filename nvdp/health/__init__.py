@@ -1,5 +1,6 @@
-"""Device health: XID policy and the health state machine (pure), the node's NVML monitor thread,
-routing to plugin servers."""
+"""Device health: XID policy (`xid`) and the health state machine (`state`), both pure, the node's NVML
+monitor thread (`monitor`), routing to plugin servers (`router`), the node's health put together
+(`node`), Kubernetes Node events for transitions (`node_events`), value types and seams (`types`)."""
 
 from nvdp.health.monitor import HealthMonitor, exponential_backoff
 from nvdp.health.node_events import NodeEventClient, NodeEventRecorder

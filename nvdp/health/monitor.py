@@ -12,7 +12,6 @@ degraded, and the event set is closed and re-created with backoff until it arms 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -58,7 +57,10 @@ def exponential_backoff(first: float = 0.1, cap: float = 5.0) -> Backoff:
 
 
 class HealthMonitor:
-    """One per node. `start()` arms the event set and starts the thread; `stop()` joins it."""
+    """One per node. `start()` arms the event set and starts the thread; `stop()` joins it.
+
+    `policy` defaults to the XID policy of `environ` (DP_DISABLE_HEALTHCHECKS...), itself passed in
+    by the entry point; none means no variables set, never the process environment."""
 
     def __init__(
         self,
@@ -76,9 +78,8 @@ class HealthMonitor:
         self._nvml = nvml
         self._listener = listener
         self._settings = settings or HealthSettings()
-        self._policy = policy or XidPolicy.from_env(
-            os.environ if environ is None else environ, self._settings
-        )
+        # No process environment read here: the entry point passes `environ` (or the policy) in.
+        self._policy = policy or XidPolicy.from_env(environ or {}, self._settings)
         self._clock = clock
         self._wait_ms = max(1, int(wait_timeout * 1000))
         self._backoff = backoff or exponential_backoff()

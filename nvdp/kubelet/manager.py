@@ -1,4 +1,4 @@
-"""The kubelet stand-in: the kubelet's side of the device-plugin protocol, in process.
+"""`Kubelet`, the stand-in put together: its parts wired, its calls to the plugins, its restarts.
 
 `Kubelet` puts the parts together the way the kubelet's device manager does: a Registration server on
 `kubelet.sock` (`registration`), one endpoint per plugin with its ListAndWatch stream (`endpoint`), and

@@ -12,17 +12,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from nvdp.errors import NvdpError
+from nvdp.errors import MpsError as MpsError  # defined in nvdp.errors
 
 from .layout import CONTROL_BINARY, LOG_ENV, PIPE_ENV
 
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_S = 10.0
-
-
-class MpsError(NvdpError):
-    """An MPS control command failed (the binary is missing, exited non-zero or hung)."""
 
 
 class MpsControl:

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.errors import NvdpError
+from nvdp.errors import MpsError, NvdpError
 from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
 
-from .control import MpsControl, MpsError
+from .control import MpsControl
 from .layout import CONTROL_BINARY, MpsRoot
 from .plan import DaemonPlan, restart_delay
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
+from nvdp.errors import ConfigError
+from nvdp.errors import nvml_error as nvml_error  # defined in nvdp.errors (backends import it there)
 from nvdp.nvml.types import (
     EventSet,
     EventType,
@@ -36,17 +37,6 @@ __all__ = [
 ]
 
 SIM_EVENTS_ENV = "NVDP_SIM_EVENTS"
-
-_ERROR_CLASSES: dict[str, type[NvmlError]] = {
-    "NVML_ERROR_NOT_SUPPORTED": NvmlNotSupported,
-    "NVML_ERROR_GPU_IS_LOST": GpuLostError,
-    "NVML_ERROR_LIBRARY_NOT_FOUND": NvmlLibraryNotFound,
-}
-
-
-def nvml_error(code: str, call: str, detail: str = "", device: str | None = None) -> NvmlError:
-    """The NvmlError (or subclass) for an NVML error name, e.g. NVML_ERROR_GPU_IS_LOST."""
-    return _ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
 
 
 def open_nvml(

@@ -19,8 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
-from nvdp.nvml import nvml_error
+from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported, nvml_error
 from nvdp.nvml.library import LIBRARY, preload
 from nvdp.nvml.naming import normalize_bus_id, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet

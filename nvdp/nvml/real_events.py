@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from nvdp.errors import NvmlError
-from nvdp.nvml import nvml_error
+from nvdp.errors import NvmlError, nvml_error
 from nvdp.nvml.types import EventType, NvmlEvent
 
 if TYPE_CHECKING:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nvdp.errors import NvmlError
-from nvdp.nvml import nvml_error
+from nvdp.errors import NvmlError, nvml_error
 from nvdp.nvml.naming import normalize_bus_id
 from nvdp.nvml.types import GpuLink, PcieLevel
 

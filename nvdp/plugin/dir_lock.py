@@ -19,7 +19,7 @@ import os
 import threading
 from pathlib import Path
 
-from nvdp.errors import NvdpError
+from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,6 @@ OWNER_ONLY = 0o600
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 HELD_POLL_S = 1.0  # how often a waiting instance tries the lock again
-
-
-class DirLockHeld(NvdpError):
-    """Another process holds the kubelet directory's lock (fail-on-init-error: exit 1)."""
 
 
 class DirClaim:

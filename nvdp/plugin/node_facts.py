@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nvdp.devices import parse_mig_minors
 from nvdp.plugin.responses import CONTROL_DEVICES, host_path
-from nvdp.resources import parse_mig_minors
 
 # procfs shows the host kernel's driver state inside the container too.
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")

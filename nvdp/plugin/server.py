@@ -7,16 +7,15 @@ replaces its oldest (the kubelet keeps one and opens a new one after a restart; 
 every peer reads "unix:", so the newest stream wins), and one from another peer is refused with
 RESOURCE_EXHAUSTED.
 
-This module is also the one place where nvdp errors become gRPC status codes.
+Every RPC goes through `nvdp.plugin.status.rpc`, the one place where nvdp errors become gRPC status
+codes.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
 from nvdp.mps.allocate import add_mps
 from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.plugin.status import RpcObserver, rpc
 from nvdp.plugin.watch import FileId, file_id
 from nvdp.resources import Resource
 
@@ -43,55 +43,6 @@ MAX_LIST_AND_WATCH_STREAMS = 2  # per server: the kubelet's stream and one spare
 
 class PreferredAllocator(Protocol):
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
-
-
-class RpcObserver(Protocol):
-    """Receives one call per finished RPC (metrics hook)."""
-
-    def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None: ...
-
-
-def status_for(error: Exception) -> grpc.StatusCode:
-    """The gRPC status an error is reported with (the single mapping point)."""
-    if isinstance(error, RequestError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, NvdpError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL
-
-
-def _rpc(method: Callable[..., T]) -> Callable[..., T]:
-    """Map expected errors to status codes with one warning line; bugs get INTERNAL and a traceback.
-    Reports every call's result and duration to the server's RpcObserver (metrics)."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self: DevicePluginServer, request: Any, context: grpc.ServicerContext) -> T:
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
-            return method(self, request, context)
-        except NvdpError as error:
-            code = status_for(error)
-            log_event(
-                log,
-                logging.WARNING,
-                "request refused",
-                resource=self.resource_name,
-                method=name,
-                error=str(error),
-            )
-            context.abort(code, str(error))
-        except Exception as error:  # a bug: keep serving, tell the kubelet
-            code = grpc.StatusCode.INTERNAL
-            log.exception("internal error in %s resource=%s", name, self.resource_name)
-            context.abort(code, f"internal error: {type(error).__name__}: {error}")
-        finally:
-            if self.observer is not None:
-                self.observer.rpc_done(self.resource_name, name, code, time.perf_counter() - started)
-        raise AssertionError("unreachable: context.abort raises")
-
-    return wrapper
 
 
 @dataclass(eq=False)
@@ -266,7 +217,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         return response
 
     # ---- DevicePlugin service -----------------------------------------------------------------
-    @_rpc
+    @rpc
     def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.ServicerContext
     ) -> pb.DevicePluginOptions:
@@ -347,7 +298,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             replaced.context.cancel()  # also ends one blocked sending to a client that never reads
         return stream
 
-    @_rpc
+    @rpc
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
@@ -361,7 +312,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             response.container_responses.add(deviceIDs=ids)
         return response
 
-    @_rpc
+    @rpc
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         devices = self.resource.devices
         if not request.container_requests:
@@ -389,7 +340,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             add_mps(response.container_responses[-1], self.resource, chosen, self.options.mps_root)
         return response
 
-    @_rpc
+    @rpc
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:

@@ -1,5 +1,5 @@
-"""The plugin's main loop: resources from NVML, one server per resource, kubelet registration,
-restart detection and reloads by diff.
+"""The plugin's main loop: resources from NVML, one server per resource, reloads by diff, and when
+to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
 
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
 kubelet's directory changes, a stop or reload is requested, or a registration retry is due.
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic
 
 from nvdp.cdi import CdiPublisher
-from nvdp.errors import InitError, NvdpError, RegistrationError
+from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
 from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.kubelet_link import KubeletLink
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
@@ -45,10 +45,6 @@ from nvdp.resources import Resource, ResourceError
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
 log = logging.getLogger(__name__)
-
-REGISTER_TIMEOUT_S = 2.0
-RETRY_MIN_S = 0.05
-RETRY_MAX_S = 5.0
 
 
 class Supervisor(Generic[S]):
@@ -80,7 +76,6 @@ class Supervisor(Generic[S]):
         self._make_server = make_server
         self._node_facts = node_facts
         self._cdi = CdiPublisher()
-        self._register = register
         self._make_watcher = watcher
         self._socket_id = socket_id
         self._allocator_factory = allocator_factory
@@ -88,14 +83,13 @@ class Supervisor(Generic[S]):
         self._observer = observer
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
-        self._registered_at: dict[str, FileId | None] = {}  # resource -> kubelet.sock registered with
-        self._ever_registered: set[str] = set()
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
         self._rescan = threading.Event()  # a device layout change to apply (nvdp.plugin.rescan)
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
+        self._kubelet = KubeletLink(settings.kubelet_socket, register, ready=self.ready, observer=observer)
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
@@ -137,11 +131,11 @@ class Supervisor(Generic[S]):
                     self._mps_changed()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 if kubelet_id is None:
-                    self._kubelet_gone()
+                    self._kubelet.kubelet_gone()
                     retry_in = None
                 else:
                     self._restart_wiped_servers()
-                    retry_in = self._register_pending(kubelet_id, retry_in)
+                    retry_in = self._kubelet.register_pending(self.servers, kubelet_id, retry_in)
                 if self._stop.is_set():
                     break
                 self._watcher.wait(retry_in)
@@ -196,7 +190,7 @@ class Supervisor(Generic[S]):
         server = self._make_server(resource, socket_path, options, allocator)
         server.start()
         self.servers[resource.name] = server
-        self._registered_at[resource.name] = None
+        self._kubelet.expect(resource.name)
         return server
 
     def _servers_changed(self) -> None:
@@ -205,6 +199,18 @@ class Supervisor(Generic[S]):
             self._health.set_targets(list(self.servers.values()))
         if self._observer is not None:
             self._observer.servers_changed(dict(self.servers))
+
+    def _restart_wiped_servers(self) -> None:
+        """Start a new server, same resource and socket, for each one whose socket was removed."""
+        wiped = [server for server in self.servers.values() if not server.socket_is_ours()]
+        for server in wiped:
+            log_event(
+                log, logging.INFO, "plugin socket removed; restarting server", resource=server.resource_name
+            )
+            server.stop(grace=0.0)
+            self._serve(server.resource, server.socket_path, server.options, server.allocator)
+        if wiped:
+            self._servers_changed()
 
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
@@ -230,7 +236,7 @@ class Supervisor(Generic[S]):
             if new is None or new.signature() != server.resource.signature() or server.options != options:
                 server.stop(grace=0.2)
                 del self.servers[name]
-                self._registered_at.pop(name, None)
+                self._kubelet.forget(name)
                 log_event(
                     log,
                     logging.INFO,
@@ -317,85 +323,11 @@ class Supervisor(Generic[S]):
         except NvdpError as error:
             log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
 
-    # ---- kubelet restarts and registration ----------------------------------------------------
-    def _kubelet_gone(self) -> None:
-        """The kubelet's socket is missing: forget every registration and wait for it."""
-        if any(v is not None for v in self._registered_at.values()):
-            log_event(
-                log,
-                logging.WARNING,
-                "kubelet socket gone; waiting for the kubelet",
-                path=str(self.settings.kubelet_socket),
-            )
-            if self._observer is not None:
-                self._observer.kubelet_lost()
-            self.ready.clear()
-        for name in self._registered_at:
-            self._registered_at[name] = None
-        if not self.servers:
-            self.ready.set()
-
-    def _restart_wiped_servers(self) -> None:
-        """Start a new server, same resource and socket, for each one whose socket was removed."""
-        wiped = [server for server in self.servers.values() if not server.socket_is_ours()]
-        for server in wiped:
-            log_event(
-                log, logging.INFO, "plugin socket removed; restarting server", resource=server.resource_name
-            )
-            server.stop(grace=0.0)
-            self._serve(server.resource, server.socket_path, server.options, server.allocator)
-        if wiped:
-            self._servers_changed()
-
-    def _register_pending(self, kubelet_id: FileId, previous_retry: float | None) -> float | None:
-        """Register every server not registered with this kubelet socket yet.
-
-        Returns the delay before the next retry, or None when everything is registered.
-        """
-        failed = False
-        for name, server in self.servers.items():
-            if self._registered_at.get(name) == kubelet_id:
-                continue
-            started = time.monotonic()
-            try:
-                accepted_id = self._register(
-                    self.settings.kubelet_socket,
-                    name,
-                    server.socket_path.name,
-                    preferred_allocation=server.allocator is not None,
-                    timeout=REGISTER_TIMEOUT_S,
-                )
-            except RegistrationError as error:
-                log_event(
-                    log, logging.WARNING, "registration failed; will retry", resource=name, error=str(error)
-                )
-                failed = True
-                continue
-            first = name not in self._ever_registered
-            self._ever_registered.add(name)
-            self._registered_at[name] = accepted_id
-            log_event(
-                log,
-                logging.INFO,
-                "registered with kubelet" if first else "re-registered with kubelet",
-                resource=name,
-                endpoint=server.socket_path.name,
-                ms=round((time.monotonic() - started) * 1000, 1),
-            )
-            if self._observer is not None:
-                self._observer.registered(name, first)
-        if failed:
-            return min(RETRY_MAX_S, max(RETRY_MIN_S, (previous_retry or RETRY_MIN_S) * 2))
-        # Ready also with nothing to serve (no GPUs, or NVML failed with fail-on-init-error=false):
-        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
-        self.ready.set()
-        return None
-
     # ---- read by metrics and /readyz (nvdp.metrics.RegistrationState) --------------------------
     def registrations(self) -> dict[str, bool]:
-        """Resource -> registered with the running kubelet, for every resource served. A snapshot
-        that any thread may take (the list() is one step under the GIL)."""
-        return {name: at is not None for name, at in list(self._registered_at.items())}
+        """Resource -> registered with the running kubelet, for every resource served (a snapshot
+        that any thread may take)."""
+        return self._kubelet.registrations()
 
     # ---- device layout changes (nvdp.plugin.rescan) ----------------------------------------------
     def request_rescan(self) -> None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from nvdp.cdi import CdiSettings
+from nvdp.cdi.names import CdiSettings
 from nvdp.health.types import HealthSettings, HealthTarget
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import PreferredAllocator, RpcObserver
+from nvdp.plugin.server import PreferredAllocator
+from nvdp.plugin.status import RpcObserver
 from nvdp.plugin.watch import FileId
 from nvdp.resources import NamePattern, Replication, Resource, build_resources
 

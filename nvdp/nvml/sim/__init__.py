@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from nvdp.nvml.sim.backend import SimEventError, SimNvml
 from nvdp.nvml.sim.event_set import SimEventSet
-from nvdp.nvml.sim.spec import SimGpu, SimNode, load_node_file, load_profile, profile_names
+from nvdp.nvml.sim.node import SimGpu, SimNode
+from nvdp.nvml.sim.spec import load_node_file, load_profile, profile_names
 
 __all__ = [
     "SimEventError",

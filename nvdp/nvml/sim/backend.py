@@ -15,11 +15,11 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from nvdp.nvml import nvml_error
+from nvdp.errors import nvml_error
 from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
-from nvdp.nvml.sim.spec import SimGpu, SimNode, derived_uuid
+from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import (
     ComputeMode,
     EventType,
@@ -50,7 +50,10 @@ INSTANCE_MAX = 2**32 - 2  # unsigned int; 0xFFFFFFFF means "no instance"
 
 
 class SimEventError(ValueError):
-    """An injected event (or events-file line) the simulated node cannot apply."""
+    """An injected event (or events-file line) the simulated node cannot apply.
+
+    A ValueError, not an NvdpError, on purpose: the events-file follower logs and skips such a line,
+    and `inject()`'s callers are tests; it never ends a command."""
 
 
 @dataclass

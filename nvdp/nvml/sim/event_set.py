@@ -7,7 +7,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from nvdp.nvml import nvml_error
+from nvdp.errors import nvml_error
 from nvdp.nvml.types import EventType, NvmlEvent
 
 if TYPE_CHECKING:

@@ -22,7 +22,11 @@ _PROFILE = re.compile(
 
 
 class MigLayoutError(ValueError):
-    """A MIG profile name or layout that this GPU cannot have."""
+    """A MIG profile name or layout that this GPU cannot have.
+
+    A ValueError, not an NvdpError, on purpose: an internal signal of the simulator that never reaches
+    a user as is (the node-file parser turns it into a `ConfigError` line, the backend into a
+    `SimEventError`)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Simulated node descriptions: the YAML node-file schema, its validation, the built-in profiles.
 
+What a description becomes is a `nvdp.nvml.sim.node.SimNode`.
+
 A node file is validated as a whole: every problem is reported at once, one line each, naming the
 field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are node files shipped in
 `profiles/` and go through the same loader. The schema is documented in the README.
@@ -7,10 +9,7 @@ field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are nod
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 from nvdp.errors import ConfigError
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
+from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import PcieLevel
 
 # Shipped as package data next to this module (a plain path: importlib.resources would pull in
@@ -36,56 +36,9 @@ _BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([
 _VERSION = re.compile(r"^\d+\.\d+$")
 
 
-@dataclass(frozen=True)
-class SimGpu:
-    """One simulated GPU's fixed facts (its MIG layout is the initial one; it may change at run time)."""
-
-    index: int
-    uuid: str
-    name: str
-    minor: int
-    memory_mib: int
-    compute_capability: tuple[int, int]
-    pci_bus_id: str
-    numa_node: int | None
-    ecc: bool
-    mig_capable: bool
-    mig_geometry: MigGeometry
-    mig: tuple[str, ...] | None  # None: MIG disabled
-    lost: bool = False  # lost from the start: its queries fail with NVML_ERROR_GPU_IS_LOST
-
-
-@dataclass(frozen=True)
-class SimNode:
-    """A simulated node: its GPUs and how they are connected."""
-
-    name: str
-    driver_version: str
-    cuda_driver_version: str
-    gpus: tuple[SimGpu, ...]
-    nvswitch_links: int = 0  # NVLinks between every pair of GPUs through NVSwitches
-    nvlink_bridges: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j
-    pcie_levels: Mapping[tuple[int, int], PcieLevel] = field(default_factory=dict)  # explicit, i < j
-
-    def nvlinks(self, i: int, j: int) -> int:
-        return self.nvswitch_links + self.nvlink_bridges.get((min(i, j), max(i, j)), 0)
-
-    def pcie(self, i: int, j: int) -> PcieLevel:
-        level = self.pcie_levels.get((min(i, j), max(i, j)))
-        if level is not None:
-            return level
-        a, b = self.gpus[i].numa_node, self.gpus[j].numa_node
-        return PcieLevel.NODE if a is not None and a == b else PcieLevel.SYSTEM
-
-
-def derived_uuid(prefix: str, key: str) -> str:
-    """A stable UUID in NVML's format (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) derived from key."""
-    h = hashlib.sha256(key.encode()).hexdigest()
-    return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def normalize_bus_id(bus_id: str) -> str | None:
-    """NVML's form of a PCI bus id ("00000000:07:00.0"), or None when it is not one."""
+def _bus_id(bus_id: str) -> str | None:
+    """NVML's form of a PCI bus id ("00000000:07:00.0"), or None when it is not one (strict, for node
+    files; `nvdp.nvml.naming.normalize_bus_id` is the lenient one for what NVML answers)."""
     m = _BUS_ID.match(bus_id)
     if m is None:
         return None
@@ -334,7 +287,7 @@ class _NodeParser:
         return result
 
     def bus_id(self, value: object, where: str) -> str | None:
-        bus_id = normalize_bus_id(value) if isinstance(value, str) else None
+        bus_id = _bus_id(value) if isinstance(value, str) else None
         if bus_id is None:
             self.fail(where, f"must be a PCI bus id like '00000000:07:00.0', got {value!r}")
         return bus_id
