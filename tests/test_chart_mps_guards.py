@@ -103,7 +103,10 @@ def test_chart_refuses_mps_as_the_program_does(
         pytest.param({"config": {"map": {"default": mps(devices="[0, 1, GPU-abc]")}}}, id="gpus"),
         # the chart's migStrategy overrides the entry's, as MIG_STRATEGY overrides flags.migStrategy
         pytest.param(
-            {"migStrategy": "single", "config": {"map": {"default": mps(flags="flags: {migStrategy: mixed}\n")}}},
+            {
+                "migStrategy": "single",
+                "config": {"map": {"default": mps(flags="flags: {migStrategy: mixed}\n")}},
+            },
             id="value-overrides-entry",
         ),
     ],

@@ -146,9 +146,7 @@ VALID_CASES = [c for c in CASES if c not in REFUSED]
 def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None], short_dir: Path) -> None:
     plugin_dir = short_dir / _case_id(case)[:40]
     plugin_dir.mkdir()
-    config = _config(
-        *case, kubelet_socket=str(plugin_dir / "kubelet.sock"), mps_root=str(plugin_dir / "mps")
-    )
+    config = _config(*case, kubelet_socket=str(plugin_dir / "kubelet.sock"), mps_root=str(plugin_dir / "mps"))
     labels = _labels(config)
     advertised = _advertised(config, plugin_dir)
     assert advertised, "the plugin advertised nothing"

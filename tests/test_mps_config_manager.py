@@ -67,7 +67,9 @@ def test_mps_daemon_follows_the_node_label_through_the_config_manager(
     assert init.wait(30) == 0, init.log()
 
     argv = [str(exe), "--nvml", "sim:pcie-4", "--config-file", str(dst), "--mps-root", str(root.path)]
-    daemon = Process([*argv, "--mps-health-interval", "1h"], tmp_path / "daemon.log", standin.env(clean_env()))
+    daemon = Process(
+        [*argv, "--mps-health-interval", "1h"], tmp_path / "daemon.log", standin.env(clean_env())
+    )
     processes.append(daemon)
     wait_until(lambda: root.marker(GPU).exists(), 30, "ready marker of entry a")
     assert f"set_default_device_pinned_mem_limit 0 {L40S_MIB // 2}M" in standin.commands()

@@ -93,7 +93,9 @@ def test_allocate_limits_follow_each_gpus_count(sock_dir: Path, kubelet: Kubelet
             counts[uuid] = counts.get(uuid, 0) + 1
         gpus = sim_gpus("pcie-4")
         assert [counts[g.uuid] for g in gpus] == [2, 2, 4, 1]
-        two, four = kubelet.allocate(GPU, [[f"{gpus[0].uuid}::0"], [f"{gpus[2].uuid}::0"]]).container_responses
+        two, four = kubelet.allocate(
+            GPU, [[f"{gpus[0].uuid}::0"], [f"{gpus[2].uuid}::0"]]
+        ).container_responses
         assert two.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={L40S_MIB // 2}M"
         assert two.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
         assert four.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={L40S_MIB // 4}M"

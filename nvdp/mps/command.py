@@ -109,7 +109,10 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
     interval = health_interval(args, environ)
     setup_logging(config.log_format, config.log_level)
     log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(config.to_json()))
-    nvml: NodeNvml = open_nvml(config.nvml, config.flags.nvidia_driver_root)  # type: ignore[assignment]
+    flags = config.flags
+    nvml: NodeNvml = open_nvml(  # type: ignore[assignment]
+        config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
+    )
     state = {"config": config, "nvml_ok": False}
 
     def load() -> dict[str, DaemonPlan]:

@@ -217,6 +217,28 @@ class MpsController:
             return
         daemon.failures = 0
         daemon.next_check = self._clock() + self._health_interval
+        self._keep_exclusive(daemon)
+
+    def _keep_exclusive(self, daemon: _Daemon) -> None:
+        """Set EXCLUSIVE_PROCESS again on a GPU whose compute mode changed behind the daemon (a
+        driver reload resets it to DEFAULT; `nvidia-smi -c`): otherwise processes outside MPS could
+        use the GPU beside its clients, past every limit."""
+        for uuid in daemon.plan.uuids:
+            try:
+                mode = self._nvml.compute_mode(uuid)
+                if mode == ComputeMode.EXCLUSIVE_PROCESS:
+                    continue
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "compute mode changed behind the MPS daemon; restoring EXCLUSIVE_PROCESS",
+                    resource=daemon.plan.resource,
+                    gpu=uuid,
+                    mode=mode.name,
+                )
+                self._set_compute_mode((uuid,), ComputeMode.EXCLUSIVE_PROCESS)
+            except NvdpError as error:
+                log_event(log, logging.WARNING, "cannot check compute mode", gpu=uuid, error=str(error))
 
     def _relimit(self, daemon: _Daemon) -> None:
         try:
