@@ -128,17 +128,13 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
         return load()
 
     plans: dict[str, DaemonPlan] = {}
+    idle_reason = None
     try:
         plans = load()
     except NvdpError as error:
         if config.flags.fail_on_init_error:
             raise
-        log_event(
-            log,
-            logging.ERROR,
-            "cannot start MPS daemons; idling until SIGHUP (fail-on-init-error=false)",
-            error=str(error),
-        )
+        idle_reason = str(error)  # logged by run(), once the signal handlers are in place
     controller = MpsController(
         nvml,
         mps_root(config),
@@ -147,6 +143,7 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
         health_interval=interval,
         backoff_base=min(1.0, interval),
         backoff_cap=BACKOFF_CAP_S,
+        idle_reason=idle_reason,
     )
     return Prepared(controller, plans, nvml)
 

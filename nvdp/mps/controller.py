@@ -64,8 +64,12 @@ class MpsController:
         backoff_cap: float = 30.0,
         binary: str = CONTROL_BINARY,
         clock: Callable[[], float] = time.monotonic,
+        idle_reason: str | None = None,
     ) -> None:
+        """`idle_reason`: why the daemons could not be planned at start (fail-on-init-error=false);
+        `run` logs it and idles until a reload."""
         self._nvml = nvml
+        self._idle_reason = idle_reason
         self.root = root
         self._load_plans = load_plans
         self._environ = environ
@@ -95,7 +99,14 @@ class MpsController:
         self.root.shm_dir.mkdir(exist_ok=True)
         try:
             self._converge(plans)
-            if not plans:
+            if self._idle_reason is not None:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "cannot start MPS daemons; idling until SIGHUP (fail-on-init-error=false)",
+                    error=self._idle_reason,
+                )
+            elif not plans:
                 log_event(log, logging.INFO, "no MPS daemons to run on this node; waiting (SIGHUP reloads)")
             while not self._stop:
                 if self._reload:
