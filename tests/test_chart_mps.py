@@ -52,12 +52,14 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
     pod = mps["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/mps.capable": "true"}
     assert pod["hostPID"] is True
-    (init,) = pod["initContainers"]
+    manager_init, init = pod["initContainers"]  # the config-manager's first: see the test below
+    assert manager_init["name"] == "mps-control-daemon-init"
     assert init["command"] == ["nvdp", "mps-control-daemon", "mount-shm"]
     assert init["securityContext"] == {"privileged": True}
     assert init["volumeMounts"][0]["mountPropagation"] == "Bidirectional"
-    (daemon,) = pod["containers"]
-    assert daemon["command"] == ["nvdp", "mps-control-daemon"]
+    daemon, sidecar = pod["containers"]
+    assert sidecar["name"] == "mps-control-daemon-sidecar"
+    assert daemon["command"] == ["mps-control-daemon"]
     assert daemon["securityContext"] == {
         "runAsUser": 0,
         "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
@@ -69,10 +71,71 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
     }
     mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
-    assert mounts == {"mps-root": "/run/nvidia/mps", "mps-shm": "/dev/shm", "config": "/config"}
+    assert mounts == {
+        "mps-root": "/run/nvidia/mps",
+        "mps-shm": "/dev/shm",
+        "config": "/config",
+        "available-configs": "/available-configs",
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["mps-shm"]["hostPath"]["path"] == "/run/nvidia/mps/shm"
-    assert volumes["config"]["configMap"]["items"] == [{"key": "mps", "path": "config.yaml"}]
+    assert volumes["config"] == {"name": "config", "emptyDir": {}}
+
+
+def without(container: Doc, *names: str) -> Doc:
+    """The container without its name and the env vars named."""
+    env = [e for e in container.get("env", []) if e["name"] not in names]
+    return {k: v for k, v in {**container, "env": env}.items() if k != "name"}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"map": {"default": PLAIN_ENTRY, "mps": MPS_ENTRY}, "default": "mps"}, {"name": "site-configs"}],
+    ids=["config.map", "config.name"],
+)
+def test_mps_daemon_follows_the_node_config_label(render: Callable[..., Rendered], config: Doc) -> None:
+    """With a ConfigMap of entries, the MPS daemon pod gets the plugin's config-manager pair
+    (signalling mps-control-daemon, its console script), so a node reads the entry its label selects
+    and a label change reloads the daemon (SIGHUP), as in the plugin and GFD pods."""
+    values: Doc = {"config": config}
+    if "name" in config:
+        values["mps"] = {"enabled": True}  # the chart cannot read an external ConfigMap
+    out = render(values)
+    for doc in out.docs:
+        check_schema(doc)
+    sets = daemonsets(out)
+    plugin = sets[CONTAINER]["spec"]["template"]["spec"]
+    pod = sets["mps-control-daemon-ctr"]["spec"]["template"]["spec"]
+    # the sidecar sees the daemon through the host's PID namespace; Kubernetes refuses
+    # shareProcessNamespace together with hostPID
+    assert pod["hostPID"] is True and "shareProcessNamespace" not in pod
+    manager_init, shm_init = pod["initContainers"]
+    daemon, sidecar = pod["containers"]
+    plugin_init, plugin_sidecar = plugin["initContainers"][0], plugin["containers"][1]
+    process = "mps-control-daemon"
+    assert (manager_init["name"], sidecar["name"]) == (f"{process}-init", f"{process}-sidecar")
+    assert shm_init["name"] == "mps-shm"
+    for container in (manager_init, sidecar):
+        assert env(container)["PROCESS_TO_SIGNAL"] == process
+    assert (env(manager_init)["SEND_SIGNAL"], env(sidecar)["SEND_SIGNAL"]) == ("false", "true")
+    # the very same containers as the plugin's otherwise: label, source dir, default, fallbacks
+    assert without(manager_init, "PROCESS_TO_SIGNAL") == without(plugin_init, "PROCESS_TO_SIGNAL")
+    assert without(sidecar, "PROCESS_TO_SIGNAL") == without(plugin_sidecar, "PROCESS_TO_SIGNAL")
+    assert daemon["command"] == [process]
+    assert env(daemon)["CONFIG_FILE"] == "/config/config.yaml"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    plugin_volumes = {v["name"]: v for v in plugin["volumes"]}
+    for name in ("available-configs", "config"):
+        assert volumes[name] == plugin_volumes[name], name
+    mounts = {m["name"]: m for m in daemon["volumeMounts"]}
+    assert mounts["config"] == {"name": "config", "mountPath": "/config", "readOnly": True}
+
+
+def test_mps_daemon_without_a_config_map_has_no_config_manager(render: Callable[..., Rendered]) -> None:
+    pod = daemonsets(render({"mps": {"enabled": True}}))["mps-control-daemon-ctr"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["mps-shm"]
+    assert [c["name"] for c in pod["containers"]] == ["mps-control-daemon-ctr"]
+    assert "CONFIG_FILE" not in env(pod["containers"][0])
 
 
 @pytest.mark.parametrize(
@@ -143,9 +206,14 @@ def test_static_mps_manifest_matches_the_chart(render: Callable[..., Rendered]) 
     for key in ("hostPID", "nodeSelector", "priorityClassName"):
         assert ours[key] == theirs[key], key
     for ctr_key in ("initContainers", "containers"):
-        for a, b in zip(ours[ctr_key], theirs[ctr_key], strict=True):
+        # the static manifest has one config file: no config-manager pair, the file mounted directly
+        pair = ("mps-control-daemon-init", "mps-control-daemon-sidecar")
+        chart_ctrs = [c for c in theirs[ctr_key] if c["name"] not in pair]
+        for a, b in zip(ours[ctr_key], chart_ctrs, strict=True):
             assert (a["command"], a["securityContext"]) == (b["command"], b["securityContext"])
             assert env(a) == env(b)
             assert [(m["mountPath"], m.get("mountPropagation")) for m in a["volumeMounts"]] == [
-                (m["mountPath"], m.get("mountPropagation")) for m in b["volumeMounts"]
+                (m["mountPath"], m.get("mountPropagation"))
+                for m in b["volumeMounts"]
+                if m["name"] != "available-configs"
             ]

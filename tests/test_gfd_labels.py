@@ -28,6 +28,7 @@ from nvdp.gfd.labels import (
     version_labels,
 )
 from nvdp.kubelet import Kubelet
+from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
 
@@ -58,6 +59,11 @@ CASES += [
     ("dgx-a100", "none", "ts-partial-renamed"),
     ("dgx-a100-mig", "mixed", "ts-mig"),
     ("dgx-h100", "single", "ts"),
+    ("pcie-4", "none", "ts-per-gpu"),
+    ("dgx-a100", "none", "mps"),
+    ("dgx-a100", "none", "mps-renamed"),
+    ("dgx-a100", "none", "mps-per-gpu"),
+    ("a100-mig-single", "single", "mps"),  # MPS on MIG devices: the plugin refuses the node
 ]
 
 
@@ -67,7 +73,11 @@ def _case_id(case: tuple[str, str, str | None]) -> str:
 
 
 def _config(
-    node: str, mig: str, sharing: str | None, kubelet_socket: str = "/tmp/unused/kubelet.sock"
+    node: str,
+    mig: str,
+    sharing: str | None,
+    kubelet_socket: str = "/tmp/unused/kubelet.sock",
+    mps_root: str = "/tmp/unused/mps",
 ) -> Config:
     args = argparse.Namespace(
         nvml=_node(node),
@@ -76,7 +86,7 @@ def _config(
         kubelet_socket=kubelet_socket,
         metrics_address="",
     )
-    return resolve(args, {})
+    return resolve(args, {"MPS_ROOT": mps_root} if sharing and sharing.startswith("mps") else {})
 
 
 def _labels(config: Config) -> dict[str, str]:
@@ -111,7 +121,9 @@ def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _advertised(config: Config, plugin_dir: Path) -> dict[str, list[str]]:
-    """Resource name -> device IDs, as the kubelet stand-in sees them from the real plugin daemon."""
+    """Resource name -> device IDs, as the kubelet stand-in sees them from the real plugin daemon
+    (with MPS, once the ready markers the control daemon would write exist)."""
+    skip_daemon(config)
     with Kubelet(plugin_dir) as kubelet:
         daemon = Daemon(config, reload_config=lambda: config, environ={})
         thread = threading.Thread(target=daemon.run, daemon=True)
@@ -125,14 +137,16 @@ def _advertised(config: Config, plugin_dir: Path) -> dict[str, list[str]]:
             thread.join(10)
 
 
-VALID_CASES = [c for c in CASES if c[:2] != ("dgx-a100-mig", "single")]
+# Layouts the plugin refuses (it advertises nothing): labelled invalid, tested below.
+REFUSED = [("dgx-a100-mig", "single", None), ("a100-mig-single", "single", "mps")]
+VALID_CASES = [c for c in CASES if c not in REFUSED]
 
 
 @pytest.mark.parametrize("case", VALID_CASES, ids=_case_id)
 def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None], short_dir: Path) -> None:
     plugin_dir = short_dir / _case_id(case)[:40]
     plugin_dir.mkdir()
-    config = _config(*case, kubelet_socket=str(plugin_dir / "kubelet.sock"))
+    config = _config(*case, kubelet_socket=str(plugin_dir / "kubelet.sock"), mps_root=str(plugin_dir / "mps"))
     labels = _labels(config)
     advertised = _advertised(config, plugin_dir)
     assert advertised, "the plugin advertised nothing"
@@ -142,9 +156,13 @@ def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None
             parsed = AnnotatedID.parse(device_id)
             units[parsed.uuid] = units.get(parsed.uuid, 0) + 1
         assert labels[f"{name}.count"] == str(len(units)), name
+        # per-GPU replica counts: the most devices the kubelet sees for one GPU
         assert labels[f"{name}.replicas"] == str(max(units.values())), name
         shared = max(units.values()) > 1
         assert (labels[f"{name}.sharing-strategy"] != "none") == shared, name
+    # mps.capable (which schedules the MPS control daemon) exactly when an MPS resource is served
+    mps_served = any(labels[f"{name}.sharing-strategy"] == "mps" for name in advertised)
+    assert labels["nvidia.com/mps.capable"] == str(mps_served).lower()
     # Every resource the labels count is one the kubelet sees (nvidia.com/gpu may say 0).
     counted = {k[: -len(".count")] for k, v in labels.items() if k.endswith(".count") and v != "0"}
     assert counted == set(advertised)
@@ -156,6 +174,49 @@ def test_single_strategy_that_the_plugin_refuses_is_labelled_invalid() -> None:
     labels = _labels(_config("dgx-a100-mig", "single", None))
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
     assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("0", "0")
+
+
+def test_mps_on_mig_devices_is_labelled_invalid_and_not_mps_capable() -> None:
+    # The plugin refuses MPS on MIG devices; NVIDIA's GFD fails the pass ("MPS sharing is not
+    # supported for mig devices"). nvdp labels what the plugin advertises: nothing, and no MPS
+    # control daemon is scheduled (mps.capable=false).
+    labels = _labels(_config("a100-mig-single", "single", "mps"))
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("0", "0")
+    assert labels["nvidia.com/mps.capable"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("sharing", "expected"),
+    [
+        pytest.param(
+            "mps",
+            {"gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED", "gpu.replicas": "4", "gpu.count": "8"},
+            id="mps",
+        ),
+        pytest.param(
+            "mps-renamed",
+            {
+                "gpu.count": "0",
+                "gpu.shared.product": "NVIDIA-A100-SXM4-40GB",
+                "gpu.shared.replicas": "4",
+                "gpu.shared.sharing-strategy": "mps",
+            },
+            id="renamed",
+        ),
+        pytest.param(
+            "mps-per-gpu",
+            {"gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED", "gpu.replicas": "4", "gpu.count": "8"},
+            id="per-gpu",
+        ),
+    ],
+)
+def test_mps_labels(sharing: str, expected: dict[str, str]) -> None:
+    labels = _labels(_config("dgx-a100", "none", sharing))
+    assert {k: labels["nvidia.com/" + k] for k in expected} == expected
+    assert labels["nvidia.com/mps.capable"] == "true"
+    strategy = labels["nvidia.com/gpu.sharing-strategy"]
+    assert strategy == ("none" if sharing == "mps-renamed" else "mps")
 
 
 # ---- pure rules --------------------------------------------------------------------------------

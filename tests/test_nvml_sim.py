@@ -579,7 +579,10 @@ def test_mig_layout_changes(nodes: list[SimNvml]) -> None:
         ({"uuid": "@0", "xid": "79"}, "xid: must be an integer from 0 to 2**64-1, got '79'"),
         ({"uuid": "@0", "xid": 2**64}, f"xid: must be an integer from 0 to 2**64-1, got {2**64}"),
         ({"uuid": "@0", "xid": -1}, "xid: must be an integer from 0 to 2**64-1, got -1"),
-        ({"uuid": "@0", "xid": 79, "event": "gpu-lost"}, "needs exactly one of 'xid', 'event' or 'mig'"),
+        (
+            {"uuid": "@0", "xid": 79, "event": "gpu-lost"},
+            "needs exactly one of 'xid', 'event', 'mig' or 'compute-mode'",
+        ),
         ({"uuid": "@0", "xid": 79, "color": 1}, "unknown field 'color'"),
         ({"uuid": "@0", "xid": 79, "gi_id": -1}, "gi_id: must be an integer from 0 to 2**32-2, got -1"),
         ({"uuid": "@0", "xid": 79, "ci_id": 2**32 - 1}, "ci_id: must be an integer from 0 to 2**32-2"),

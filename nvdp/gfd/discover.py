@@ -15,6 +15,7 @@ from nvdp.config import Config
 from nvdp.errors import NvdpError
 from nvdp.gfd.labels import MACHINE_UNKNOWN, LabelResult, NodeFacts, invalid_mig_labels, node_labels
 from nvdp.logs import log_event
+from nvdp.mps.plan import check_node
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.resources import Resource, ResourceError
 from nvdp.settings import daemon_settings
@@ -29,10 +30,12 @@ _PCI_MODES = {"0x0300": "graphics", "0x0302": "compute"}
 def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[list[Resource], frozenset[str]]:
     """What the plugin would advertise for these GPUs and config, and the renamed resource names.
 
-    Raises ConfigError for a config the plugin refuses, ResourceError for an unservable layout.
+    Raises ConfigError for a config the plugin refuses, ResourceError for an unservable layout
+    (MPS on MIG devices, or more MPS clients than a GPU takes, included: the plugin refuses those).
     """
     settings = daemon_settings(config)
     resources = settings.resources(gpus)
+    check_node(resources, gpus)
     return resources, frozenset(r.rename for r in settings.sharing if r.rename)
 
 

@@ -6,6 +6,8 @@ The per-resource labels (`<resource>.count`, `.replicas`, `.sharing-strategy`, `
 
 - `<resource>.count` is the number of distinct GPUs / MIG devices behind the resource;
 - `<resource>.replicas` is the sharing rule's replica count when the resource is shared, else 1;
+  with per-GPU counts (several entries of one name, different `replicas`), the largest: the most
+  devices the kubelet sees for one GPU, so a replica is never less than 1/replicas of a GPU;
 - `<resource>.sharing-strategy` is `time-slicing` / `mps` when shared, else `none`.
 
 `nvidia.com/gpu.*` is always written: when the node advertises no `nvidia.com/gpu` (every GPU is
@@ -260,7 +262,9 @@ def _resource_labels(
     devices = list(resource.devices.values())
     units = list(dict.fromkeys(d.uuid for d in devices))
     shared = resource.sharing is not None
-    replicas = resource.replicas if shared else 1
+    # Per-GPU counts: the largest, the most devices the kubelet sees for one GPU (NVIDIA has no such
+    # case; a replica is then never less than 1/replicas of a GPU, as the MPS daemon's default).
+    replicas = max(resource.replica_counts.values(), default=resource.replicas) if shared else 1
     strategy = resource.sharing if resource.sharing else "none"
     # NVIDIA's -SHARED suffix marks a shared resource that kept its name.
     suffix = shared and not renamed and replicas > 1

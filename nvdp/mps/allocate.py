@@ -2,7 +2,8 @@
 
 NVIDIA's part: CUDA_MPS_PIPE_DIRECTORY names the resource's pipe directory, which is mounted at the
 same path, and `<root>/shm` is mounted at /dev/shm. nvdp's part: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE sized to the replicas this container received.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE sized to the replicas this container received, out of each GPU's
+own replica count.
 """
 
 from __future__ import annotations
@@ -28,5 +29,5 @@ def add_mps(
     container.envs[PIPE_ENV] = pipe
     container.mounts.add(container_path=pipe, host_path=pipe)
     container.mounts.add(container_path=CONTAINER_SHM, host_path=str(layout.shm_dir))
-    for key, value in container_limit_envs(devices, resource.replicas).items():
+    for key, value in container_limit_envs(devices, resource.replicas_of).items():
         container.envs[key] = value

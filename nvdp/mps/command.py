@@ -109,7 +109,10 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
     interval = health_interval(args, environ)
     setup_logging(config.log_format, config.log_level)
     log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(config.to_json()))
-    nvml: NodeNvml = open_nvml(config.nvml, config.flags.nvidia_driver_root)  # type: ignore[assignment]
+    flags = config.flags
+    nvml: NodeNvml = open_nvml(  # type: ignore[assignment]
+        config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
+    )
     state = {"config": config, "nvml_ok": False}
 
     def load() -> dict[str, DaemonPlan]:
@@ -125,17 +128,13 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
         return load()
 
     plans: dict[str, DaemonPlan] = {}
+    idle_reason = None
     try:
         plans = load()
     except NvdpError as error:
         if config.flags.fail_on_init_error:
             raise
-        log_event(
-            log,
-            logging.ERROR,
-            "cannot start MPS daemons; idling until SIGHUP (fail-on-init-error=false)",
-            error=str(error),
-        )
+        idle_reason = str(error)  # logged by run(), once the signal handlers are in place
     controller = MpsController(
         nvml,
         mps_root(config),
@@ -144,6 +143,7 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
         health_interval=interval,
         backoff_base=min(1.0, interval),
         backoff_cap=BACKOFF_CAP_S,
+        idle_reason=idle_reason,
     )
     return Prepared(controller, plans, nvml)
 

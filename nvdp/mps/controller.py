@@ -64,8 +64,12 @@ class MpsController:
         backoff_cap: float = 30.0,
         binary: str = CONTROL_BINARY,
         clock: Callable[[], float] = time.monotonic,
+        idle_reason: str | None = None,
     ) -> None:
+        """`idle_reason`: why the daemons could not be planned at start (fail-on-init-error=false);
+        `run` logs it and idles until a reload."""
         self._nvml = nvml
+        self._idle_reason = idle_reason
         self.root = root
         self._load_plans = load_plans
         self._environ = environ
@@ -95,7 +99,14 @@ class MpsController:
         self.root.shm_dir.mkdir(exist_ok=True)
         try:
             self._converge(plans)
-            if not plans:
+            if self._idle_reason is not None:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "cannot start MPS daemons; idling until SIGHUP (fail-on-init-error=false)",
+                    error=self._idle_reason,
+                )
+            elif not plans:
                 log_event(log, logging.INFO, "no MPS daemons to run on this node; waiting (SIGHUP reloads)")
             while not self._stop:
                 if self._reload:
@@ -217,6 +228,28 @@ class MpsController:
             return
         daemon.failures = 0
         daemon.next_check = self._clock() + self._health_interval
+        self._keep_exclusive(daemon)
+
+    def _keep_exclusive(self, daemon: _Daemon) -> None:
+        """Set EXCLUSIVE_PROCESS again on a GPU whose compute mode changed behind the daemon (a
+        driver reload resets it to DEFAULT; `nvidia-smi -c`): otherwise processes outside MPS could
+        use the GPU beside its clients, past every limit."""
+        for uuid in daemon.plan.uuids:
+            try:
+                mode = self._nvml.compute_mode(uuid)
+                if mode == ComputeMode.EXCLUSIVE_PROCESS:
+                    continue
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "compute mode changed behind the MPS daemon; restoring EXCLUSIVE_PROCESS",
+                    resource=daemon.plan.resource,
+                    gpu=uuid,
+                    mode=mode.name,
+                )
+                self._set_compute_mode((uuid,), ComputeMode.EXCLUSIVE_PROCESS)
+            except NvdpError as error:
+                log_event(log, logging.WARNING, "cannot check compute mode", gpu=uuid, error=str(error))
 
     def _relimit(self, daemon: _Daemon) -> None:
         try:

@@ -5,11 +5,15 @@ Limits follow NVIDIA's control daemon: each GPU's default pinned-memory limit is
 by its replicas (in MiB, `<n>M`), the default active-thread percentage is 100 / replicas. On top of
 that a container gets its own limits sized to the replicas it received, so a container given 2 of 4
 replicas of a GPU may use half of it, not a quarter (and never more).
+
+Replica counts are per GPU (`Resource.replicas_of`): several entries of one name may cut their GPUs
+into different counts. The pinned-memory limits and a container's limits use each GPU's own count;
+the daemon's one default thread percentage is the share of its most divided GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,7 +71,7 @@ class DaemonPlan:
 
 
 def daemon_plans(resources: Sequence[Resource]) -> dict[str, DaemonPlan]:
-    """One plan per MPS-shared resource, GPUs in index order."""
+    """One plan per MPS-shared resource, GPUs in index order, each with its own replica count."""
     plans: dict[str, DaemonPlan] = {}
     for resource in resources:
         if resource.sharing != MPS_STRATEGY:
@@ -76,28 +80,31 @@ def daemon_plans(resources: Sequence[Resource]) -> dict[str, DaemonPlan]:
         for device in resource.devices.values():
             if device.replica is None:  # a GPU left unshared under the same name (a device subset)
                 continue
-            found = shares.get(device.gpu_uuid)
-            replicas = 1 if found is None else found.replicas + 1
             shares[device.gpu_uuid] = GpuShare(
-                device.gpu_uuid, device.gpu_index, device.memory_bytes, replicas
+                device.gpu_uuid,
+                device.gpu_index,
+                device.memory_bytes,
+                resource.replicas_of(device.uuid),
             )
         gpus = tuple(sorted(shares.values(), key=lambda g: g.index))
         plans[resource.name] = DaemonPlan(resource.name, gpus)
     return plans
 
 
-def container_limit_envs(devices: Sequence[Device], replicas: int) -> dict[str, str]:
+def container_limit_envs(devices: Sequence[Device], replicas_of: Callable[[str], int]) -> dict[str, str]:
     """Per-container limits for the replicas one container received: the pinned-memory limit per
     device ordinal (the order the container sees its GPUs in) and one thread percentage (the
-    smallest share over its GPUs)."""
+    smallest share over its GPUs). `replicas_of(uuid)` is that GPU's replica count
+    (`Resource.replicas_of`); a whole GPU (1) is given whole."""
     given: dict[str, list[Device]] = {}
     for device in devices:
         given.setdefault(device.uuid, []).append(device)
-    if not given or replicas < 1:
+    if not given:
         return {}
     memory = []
     percentages = []
-    for ordinal, same in enumerate(given.values()):
+    for ordinal, (uuid, same) in enumerate(given.items()):
+        replicas = max(1, replicas_of(uuid))
         count = replicas if same[0].replica is None else min(len(same), replicas)
         if same[0].memory_bytes:
             memory.append(f"{ordinal}={same[0].memory_bytes * count // replicas // MIB}M")
@@ -146,10 +153,11 @@ def check_node(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> None:
             gpu = by_uuid.get(gpu_uuid)
             if gpu is None or gpu.compute_capability >= (7, 5):
                 continue
-            if resource.replicas > MAX_CLIENTS_BEFORE_7_5:
+            replicas = resource.replicas_of(gpu_uuid)
+            if replicas > MAX_CLIENTS_BEFORE_7_5:
                 major, minor = gpu.compute_capability
                 problems.append(
-                    f"sharing.mps: {resource.name}: {resource.replicas} replicas are more than MPS "
+                    f"sharing.mps: {resource.name}: {replicas} replicas are more than MPS "
                     f"supports on GPU {gpu.index} (compute capability {major}.{minor}: "
                     f"{MAX_CLIENTS_BEFORE_7_5} clients)"
                 )

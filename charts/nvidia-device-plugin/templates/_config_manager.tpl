@@ -5,7 +5,7 @@ entry the node label nvidia.com/device-plugin.config selects (else config.defaul
 config.fallbackStrategies), and a sidecar keeps following the label and the ConfigMap's content,
 signalling the plugin (SIGHUP; the pod shares one process namespace) when the file changed.
 The GFD pod (gfd.enabled) gets the same pair, signalling gpu-feature-discovery, so its labels
-follow the same node label.
+follow the same node label; so does the MPS control daemon pod, signalling mps-control-daemon.
 "configManager" is "true" when it is used.
 */}}
 {{- define "nvidia-device-plugin.configManager" -}}
@@ -15,7 +15,8 @@ follow the same node label.
 {{/*
 One config-manager container; call with (dict "root" $ "oneshot" true|false "process" NAME).
 "process" is the console script of the pod's main container, the process the sidecar signals
-(default nvidia-device-plugin; the GFD pod passes gpu-feature-discovery); the container is named
+(default nvidia-device-plugin; the GFD pod passes gpu-feature-discovery, the MPS control daemon
+pod mps-control-daemon); the container is named
 <process>-init or <process>-sidecar, as in NVIDIA's chart.
 */}}
 {{- define "nvidia-device-plugin.configManagerContainer" -}}

@@ -44,7 +44,7 @@ _PROBE_EVENTS = {
 }
 _STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *_PROBE_EVENTS)
 _EVENT_NAMES = ("wait-error", *_ECC_EVENTS, *_STATE_EVENTS)
-_FIELDS = ("uuid", "xid", "event", "mig", "gi_id", "ci_id", "code")
+_FIELDS = ("uuid", "xid", "event", "mig", "compute-mode", "gi_id", "ci_id", "code")
 XID_MAX = 2**64 - 1  # nvmlEventData_t.eventData is an unsigned long long
 INSTANCE_MAX = 2**32 - 2  # unsigned int; 0xFFFFFFFF means "no instance"
 
@@ -221,9 +221,9 @@ class SimNvml:
         unknown = [key for key in event if key not in _FIELDS]
         if unknown:
             raise SimEventError(f"unknown field {unknown[0]!r} (accepted: {', '.join(_FIELDS)})")
-        kinds = [key for key in ("xid", "event", "mig") if key in event]
+        kinds = [key for key in ("xid", "event", "mig", "compute-mode") if key in event]
         if len(kinds) != 1:
-            raise SimEventError("needs exactly one of 'xid', 'event' or 'mig'")
+            raise SimEventError("needs exactly one of 'xid', 'event', 'mig' or 'compute-mode'")
         if event.get("event") == "wait-error":
             self._fail_next_waits(event.get("code", "NVML_ERROR_UNKNOWN"))
             return
@@ -233,6 +233,8 @@ class SimNvml:
             gpu, mig = self._target(event.get("uuid"))
             if "mig" in event:
                 self._set_mig_layout(gpu, mig, event["mig"])
+            elif "compute-mode" in event:
+                self._change_compute_mode(gpu, mig, event["compute-mode"])
             elif "xid" in event:
                 xid = event["xid"]
                 if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= XID_MAX:
@@ -353,6 +355,16 @@ class SimNvml:
         with self._lock:
             self.compute_modes[gpu_uuid] = ComputeMode(mode)
         logger.info("simulated compute mode set gpu=%s mode=%s", gpu_uuid, ComputeMode(mode).name)
+
+    def _change_compute_mode(self, gpu: SimGpu, mig: MigDeviceInfo | None, mode: object) -> None:
+        """A compute mode changed behind the process's back (nvidia-smi -c, a driver reload)."""
+        names = ", ".join(ComputeMode.__members__)
+        if mig is not None:
+            raise SimEventError("compute-mode: a GPU's setting; name the GPU, not a MIG device")
+        if not isinstance(mode, str) or mode not in ComputeMode.__members__:
+            raise SimEventError(f"compute-mode: must be one of {names}, got {mode!r}")
+        self.compute_modes[gpu.uuid] = ComputeMode[mode]
+        logger.info("simulated compute mode changed gpu=%s mode=%s", gpu.uuid, mode)
 
     # -- helpers -----------------------------------------------------------------------------
 
