@@ -185,7 +185,7 @@ class RealNvml:
 
     def mig_layout(self) -> dict[str, GpuLayout]:
         """The device rescan's cheap query: per GPU the handle, UUID and MIG mode; for a MIG-enabled
-        GPU its MIG device handles with their instance ids and profiles (names as `gpus()` spells
+        GPU its MIG device handles with their UUIDs, instance ids and profiles (names as `gpus()` spells
         them: the same helper). A GPU whose queries fail answers as `gpus()` lists it: its last
         enumerated layout, else MIG disabled, else (no UUID) not at all."""
         layouts = {}
@@ -204,8 +204,8 @@ class RealNvml:
         handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
         uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
         _capable, enabled = self._mig_mode(handle, uuid)
-        instances = self._mig.instances(handle, uuid) if enabled else ()
-        return GpuLayout(index, uuid, enabled, instances)
+        instances, mig_uuids = self._mig.instances(handle, uuid) if enabled else ((), ())
+        return GpuLayout(index, uuid, enabled, instances, mig_uuids)
 
     def _failing_layout(self, index: int) -> GpuLayout | None:
         known = self._last_gpus.get(index)
