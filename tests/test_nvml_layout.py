@@ -75,6 +75,7 @@ EXPECTED = {
             (3, 0, "2g.20gb"),
             (9, 0, "1g.10gb+me"),
         ),
+        ("MIG-a", "MIG-b", "MIG-c", "MIG-d", "MIG-e"),
     ),
     "GPU-1": GpuLayout(1, "GPU-1", False),
     "GPU-2": GpuLayout(2, "GPU-2", False),
@@ -107,10 +108,10 @@ def test_real_layout_asks_only_for_the_layout() -> None:
     assert set(lib.calls) == LAYOUT_CALLS
     # Three compute instances share GPU instance 1: its profile is looked up once per query.
     assert lib.calls.count("nvmlDeviceGetGpuInstanceById") == 3  # GPU instances 1, 3, 9
-    assert lib.calls.count("nvmlDeviceGetUUID") == 4, "no MIG device UUIDs"
+    assert lib.calls.count("nvmlDeviceGetUUID") == 4 + 5, "4 GPUs and 5 MIG devices"
     made = len(lib.calls) - lib.calls.count("nvmlDeviceGetHandleByIndex") // 2  # the fake logs it twice
-    # count; per GPU handle, UUID, MIG mode; per MIG GPU 1 + 7 slots; per MIG device 3; per GI 2
-    assert made == 1 + 4 * 3 + 2 * 8 + 5 * 3 + 3 * 2
+    # count; per GPU handle, UUID, MIG mode; per MIG GPU 1 + 7 slots; per MIG device 4; per GI 2
+    assert made == 1 + 4 * 3 + 2 * 8 + 5 * 4 + 3 * 2
 
 
 @pytest.mark.parametrize(
@@ -253,6 +254,7 @@ def test_standin_layout_names_equal_the_enumerations(standin_dir: Path, tmp_path
             "GPU-0",
             True,
             ((1, 0, "1c.3g.40gb"), (1, 1, "1c.3g.40gb"), (3, 0, "2g.20gb"), (9, 0, "1g.10gb+me")),
+            ("MIG-a", "MIG-b", "MIG-c", "MIG-d"),
         ),
         "GPU-1": GpuLayout(1, "GPU-1", False),
         "GPU-2": GpuLayout(2, "GPU-2", False),

@@ -72,7 +72,7 @@ class LayoutChange:
                 fields["old"] = self.old.describe()
             if self.new is not None:
                 fields["new"] = self.new.describe()
-            if self.old is not None and self.new is not None and self.old.instances == self.new.instances:
+            if self.old is not None and self.new is not None and self.old.describe() == self.new.describe():
                 fields["recreated"] = "new MIG device UUIDs"  # the same layout destroyed and created again
         level = logging.WARNING if self.kind.startswith("gpu-") else logging.INFO
         log_event(log, level, _MESSAGES[self.kind], **fields)
