@@ -261,3 +261,40 @@ def test_standin_layout_names_equal_the_enumerations(standin_dir: Path, tmp_path
     }
     assert result["fresh"] == result["full"] == result["again"] == repr(expected)
     assert {c.removesuffix("_v2") for c in result["calls"]} <= LAYOUT_CALLS, result["calls"]
+
+
+RECREATE_SCRIPT = """
+import json, os, sys
+from nvdp.nvml.real import RealNvml
+nvml = RealNvml(sysfs_root="/nonexistent")
+nvml.init()
+before = nvml.mig_layout()["GPU-0"]
+with open(os.environ["NVML_STANDIN_COMMANDS"], "a") as commands:
+    commands.write(sys.argv[1])
+after = nvml.mig_layout()["GPU-0"]
+print(json.dumps([list(before.instances), list(after.instances), before.mig_uuids, after.mig_uuids]))
+"""
+
+
+def test_standin_layout_created_again_has_new_uuids(standin_dir: Path, tmp_path: Path) -> None:
+    """Real backend over the C stand-in: the same MIG devices destroyed and created again (new UUIDs,
+    as the driver gives) read as a new layout with the same instances."""
+    (tmp_path / "node.txt").write_text(STANDIN_NODE)
+    (tmp_path / "commands.txt").touch()
+    env = {
+        "LD_LIBRARY_PATH": str(standin_dir),
+        "NVML_STANDIN_NODE": str(tmp_path / "node.txt"),
+        "NVML_STANDIN_COMMANDS": str(tmp_path / "commands.txt"),
+        "PATH": "/usr/bin:/bin",
+    }
+    migs = [line for line in STANDIN_NODE.splitlines() if line.startswith("mig ")]
+    recreate = "mig-clear 0\n" + "".join(line.replace("uuid=MIG-", "uuid=MIG-new-") + "\n" for line in migs)
+    done = subprocess.run(
+        [sys.executable, "-c", RECREATE_SCRIPT, recreate], env=env, capture_output=True, text=True,
+        timeout=60, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, after, old_uuids, new_uuids = json.loads(done.stdout)
+    assert before == after and len(before) == 4
+    assert old_uuids == ["MIG-a", "MIG-b", "MIG-c", "MIG-d"]
+    assert new_uuids == ["MIG-new-a", "MIG-new-b", "MIG-new-c", "MIG-new-d"]
