@@ -54,7 +54,7 @@ class NodeHealth:
             self.monitor.start()
         elif list(gpus) != self._gpus:
             # Only a changed enumeration re-arms the event set: freeing it drops queued events.
-            self.monitor.update_gpus(gpus)
+            self.monitor.update_gpus(gpus, gone)
         self._gpus = list(gpus)
 
     def set_targets(self, targets: Sequence[HealthTarget]) -> None:
