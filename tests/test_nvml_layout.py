@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import fake_pynvml as fake
@@ -150,6 +151,30 @@ def test_real_layout_follows_hot_plug_and_raises_nvml_failures() -> None:
     nvml.shutdown()
     with pytest.raises(NvmlError, match="NVML_ERROR_UNINITIALIZED"):
         nvml.mig_layout()
+
+
+def test_a_failing_gpu_is_listed_with_its_own_last_facts_after_indices_shift() -> None:
+    """Last known facts are found by UUID, not index: indices shift when a GPU is unplugged or
+    plugged back in front, and a GPU that comes back is a new one (listed with its fault)."""
+    lib = FakePynvml(node())
+    nvml = opened(lib)
+    first = nvml.gpus()
+    unplugged = lib.gpus.pop(0)
+    lib.gpus[0].errors = {"nvmlDeviceGetMemoryInfo": fake.NVML_ERROR_GPU_IS_LOST}  # GPU-1, index 0 now
+    listed = nvml.gpus()
+    assert listed[0] == replace(first[1], index=0)
+    assert nvml.mig_layout()["GPU-1"] == GpuLayout(0, "GPU-1", False)
+    lib.gpus.insert(0, unplugged)
+    unplugged.errors = {
+        call: fake.NVML_ERROR_GPU_IS_LOST for call in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode")
+    }
+    back = nvml.gpus()
+    assert [(g.uuid, g.index, g.fault is not None) for g in back[:2]] == [
+        ("GPU-0", 0, True),
+        ("GPU-1", 1, False),
+    ]
+    assert back[1] == first[1]
+    assert nvml.mig_layout() == {**EXPECTED, "GPU-0": GpuLayout(0, "GPU-0", False)}
 
 
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100"])
