@@ -153,12 +153,14 @@ class SimNvml:
             return {
                 gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
                 if state.lost and gpu.index not in self._enumerated
+                else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
+                if not state.mig
                 else GpuLayout(
                     gpu.index,
                     gpu.uuid,
-                    state.mig is not None,
-                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig or ())),
-                    tuple(sorted(m.uuid for m in state.mig or ())),
+                    True,
+                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
+                    tuple(sorted(m.uuid for m in state.mig)),
                 )
                 for gpu, state in zip(self.node.gpus, self._state, strict=True)
             }
