@@ -85,7 +85,7 @@ def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
         handed: list[int] = []
         health.start(gpus, None)
         assert health.monitor is not None
-        health.monitor.update_gpus = lambda new: handed.append(len(new))  # type: ignore[method-assign]
+        health.monitor.update_gpus = lambda new, gone=(): handed.append(len(new))  # type: ignore[method-assign]
         health.start(list(gpus), None)  # SIGHUP, same node
         assert handed == []
         health.start(gpus[:2], None)  # a GPU disappeared

@@ -91,6 +91,21 @@ def test_set_targets_reapplies_unhealthy() -> None:
     assert router.unhealthy() == {}
 
 
+def test_a_device_gone_from_the_node_forgets_its_health(records: list[logging.LogRecord]) -> None:
+    """Present devices keep Unhealthy across reloads; one that left the enumeration comes back Healthy
+    (a new device), and a held change of a gone device is dropped."""
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])])
+    router.handle([down(GPU0), down(GPU1), down(MIG)])  # MIG: no target holds it, held
+    router.forget([GPU1, MIG])
+    assert set(router.unhealthy()) == {GPU0}
+    back = FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])
+    mig = FakeTarget("nvidia.com/mig-1g.5gb", [device(MIG, "1:0", gpu=GPU1)])
+    router.set_targets([back, mig])
+    assert back.calls == [([GPU0], False)] and mig.calls == []
+    assert records[-1].getMessage() == "kept devices unhealthy across reload"
+    assert [r.getMessage() for r in records].count("forgot the health of devices gone from the node") == 1
+
+
 def test_log_lines_text_and_json(records: list[logging.LogRecord]) -> None:
     target = FakeTarget("nvidia.com/gpu", [device(GPU0, "3", r) for r in range(2)])
     router = HealthRouter([target])

@@ -209,6 +209,15 @@ def test_new_enumeration_keeps_known_units() -> None:
     assert state.event(xid(G1, 94), 1) == []  # no longer monitored
 
 
+def test_units_gone_in_between_start_afresh() -> None:
+    state = HealthState(GPUS, XidPolicy.from_env({}), QUIET)
+    state.event(xid(G0, 79), 0)
+    state.event(xid(G1, 79), 0)
+    state.set_gpus(GPUS, forget={G1})  # G1 left an enumeration the state never took, and came back
+    assert state.unhealthy() == {G0: True}
+    assert [(c.uuid, c.healthy) for c in state.gpu_lost(G1, 1)] == [(G1, False)]  # marked again
+
+
 def test_probe_failures_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="nvdp.health.state")
     state = HealthState(GPUS, XidPolicy.from_env({}), QUIET)

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import fake_pynvml as fake
@@ -75,6 +76,7 @@ EXPECTED = {
             (3, 0, "2g.20gb"),
             (9, 0, "1g.10gb+me"),
         ),
+        ("MIG-a", "MIG-b", "MIG-c", "MIG-d", "MIG-e"),
     ),
     "GPU-1": GpuLayout(1, "GPU-1", False),
     "GPU-2": GpuLayout(2, "GPU-2", False),
@@ -107,10 +109,10 @@ def test_real_layout_asks_only_for_the_layout() -> None:
     assert set(lib.calls) == LAYOUT_CALLS
     # Three compute instances share GPU instance 1: its profile is looked up once per query.
     assert lib.calls.count("nvmlDeviceGetGpuInstanceById") == 3  # GPU instances 1, 3, 9
-    assert lib.calls.count("nvmlDeviceGetUUID") == 4, "no MIG device UUIDs"
+    assert lib.calls.count("nvmlDeviceGetUUID") == 4 + 5, "4 GPUs and 5 MIG devices"
     made = len(lib.calls) - lib.calls.count("nvmlDeviceGetHandleByIndex") // 2  # the fake logs it twice
-    # count; per GPU handle, UUID, MIG mode; per MIG GPU 1 + 7 slots; per MIG device 3; per GI 2
-    assert made == 1 + 4 * 3 + 2 * 8 + 5 * 3 + 3 * 2
+    # count; per GPU handle, UUID, MIG mode; per MIG GPU 1 + 7 slots; per MIG device 4; per GI 2
+    assert made == 1 + 4 * 3 + 2 * 8 + 5 * 4 + 3 * 2
 
 
 @pytest.mark.parametrize(
@@ -149,6 +151,30 @@ def test_real_layout_follows_hot_plug_and_raises_nvml_failures() -> None:
     nvml.shutdown()
     with pytest.raises(NvmlError, match="NVML_ERROR_UNINITIALIZED"):
         nvml.mig_layout()
+
+
+def test_a_failing_gpu_is_listed_with_its_own_last_facts_after_indices_shift() -> None:
+    """Last known facts are found by UUID, not index: indices shift when a GPU is unplugged or
+    plugged back in front, and a GPU that comes back is a new one (listed with its fault)."""
+    lib = FakePynvml(node())
+    nvml = opened(lib)
+    first = nvml.gpus()
+    unplugged = lib.gpus.pop(0)
+    lib.gpus[0].errors = {"nvmlDeviceGetMemoryInfo": fake.NVML_ERROR_GPU_IS_LOST}  # GPU-1, index 0 now
+    listed = nvml.gpus()
+    assert listed[0] == replace(first[1], index=0)
+    assert nvml.mig_layout()["GPU-1"] == GpuLayout(0, "GPU-1", False)
+    lib.gpus.insert(0, unplugged)
+    unplugged.errors = {
+        call: fake.NVML_ERROR_GPU_IS_LOST for call in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode")
+    }
+    back = nvml.gpus()
+    assert [(g.uuid, g.index, g.fault is not None) for g in back[:2]] == [
+        ("GPU-0", 0, True),
+        ("GPU-1", 1, False),
+    ]
+    assert back[1] == first[1]
+    assert nvml.mig_layout() == {**EXPECTED, "GPU-0": GpuLayout(0, "GPU-0", False)}
 
 
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100"])
@@ -253,9 +279,47 @@ def test_standin_layout_names_equal_the_enumerations(standin_dir: Path, tmp_path
             "GPU-0",
             True,
             ((1, 0, "1c.3g.40gb"), (1, 1, "1c.3g.40gb"), (3, 0, "2g.20gb"), (9, 0, "1g.10gb+me")),
+            ("MIG-a", "MIG-b", "MIG-c", "MIG-d"),
         ),
         "GPU-1": GpuLayout(1, "GPU-1", False),
         "GPU-2": GpuLayout(2, "GPU-2", False),
     }
     assert result["fresh"] == result["full"] == result["again"] == repr(expected)
     assert {c.removesuffix("_v2") for c in result["calls"]} <= LAYOUT_CALLS, result["calls"]
+
+
+RECREATE_SCRIPT = """
+import json, os, sys
+from nvdp.nvml.real import RealNvml
+nvml = RealNvml(sysfs_root="/nonexistent")
+nvml.init()
+before = nvml.mig_layout()["GPU-0"]
+with open(os.environ["NVML_STANDIN_COMMANDS"], "a") as commands:
+    commands.write(sys.argv[1])
+after = nvml.mig_layout()["GPU-0"]
+print(json.dumps([list(before.instances), list(after.instances), before.mig_uuids, after.mig_uuids]))
+"""
+
+
+def test_standin_layout_created_again_has_new_uuids(standin_dir: Path, tmp_path: Path) -> None:
+    """Real backend over the C stand-in: the same MIG devices destroyed and created again (new UUIDs,
+    as the driver gives) read as a new layout with the same instances."""
+    (tmp_path / "node.txt").write_text(STANDIN_NODE)
+    (tmp_path / "commands.txt").touch()
+    env = {
+        "LD_LIBRARY_PATH": str(standin_dir),
+        "NVML_STANDIN_NODE": str(tmp_path / "node.txt"),
+        "NVML_STANDIN_COMMANDS": str(tmp_path / "commands.txt"),
+        "PATH": "/usr/bin:/bin",
+    }
+    migs = [line for line in STANDIN_NODE.splitlines() if line.startswith("mig ")]
+    recreate = "mig-clear 0\n" + "".join(line.replace("uuid=MIG-", "uuid=MIG-new-") + "\n" for line in migs)
+    done = subprocess.run(
+        [sys.executable, "-c", RECREATE_SCRIPT, recreate], env=env, capture_output=True, text=True,
+        timeout=60, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, after, old_uuids, new_uuids = json.loads(done.stdout)
+    assert before == after and len(before) == 4
+    assert old_uuids == ["MIG-a", "MIG-b", "MIG-c", "MIG-d"]
+    assert new_uuids == ["MIG-new-a", "MIG-new-b", "MIG-new-c", "MIG-new-d"]

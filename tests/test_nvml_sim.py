@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, ope
 from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
+from nvdp.nvml.types import GpuLayout
 from nvdp.testing import wait_until
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -563,8 +565,20 @@ def test_mig_layout_changes(nodes: list[SimNvml]) -> None:
     assert not after[0].mig_enabled and after[0].mig_devices == ()
     assert after[5].mig_enabled and after[5].mig_devices == ()
     assert after[1:4] == gpus[1:4]
-    node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})  # back: the same MIG uuids
-    assert node.gpus()[0] == gpus[0]
+    # Back to the first layout: the instances are created again, so (as on real NVML) new MIG uuids,
+    # and new ones again each time the same layout is applied.
+    node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})
+    back = node.gpus()[0]
+    assert replace(back, mig_devices=()) == replace(gpus[0], mig_devices=())
+    assert [replace(m, uuid="") for m in back.mig_devices] == [
+        replace(m, uuid="") for m in gpus[0].mig_devices
+    ]
+    assert not {m.uuid for m in back.mig_devices} & {m.uuid for m in gpus[0].mig_devices}
+    node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})
+    again = node.mig_layout()[gpus[0].uuid]
+    assert again.instances == GpuLayout.of(back).instances
+    assert not set(again.mig_uuids) & {m.uuid for m in back.mig_devices}
+    assert again == GpuLayout.of(node.gpus()[0])
 
 
 @pytest.mark.parametrize(

@@ -266,3 +266,27 @@ def test_rescan_serves_repartitioning_and_hot_plug_over_the_real_backend(
     kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[2]}, timeout=10)
     wait_until(lambda: f"GPU appeared gpu=0 uuid={UUIDS[0]}" in plugin.log(), timeout=5, what="appeared")
     assert plugin.alive() and "Traceback" not in plugin.log()
+
+
+def test_a_gpu_plugged_back_is_a_new_device_and_starts_healthy(
+    standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
+) -> None:
+    """Lost, removed by the rescan, plugged back after a driver rebind: Healthy again; one plugged
+    back still broken is marked again by the health monitor."""
+    node = Node(tmp_path, gpu_line(0) + gpu_line(1))
+    config = "version: v1\nhealth:\n  probeInterval: 200ms\n"
+    plugin = start(
+        sock_dir, tmp_path, node, processes, standin, config, ("--device-rescan-interval", "200ms")
+    )
+    kubelet.wait_for_registration(GPU, timeout=20)
+    kubelet.wait_for_devices(GPU, lambda d: len(d) == 2, timeout=10)
+    for still_broken in (False, True):
+        node.command("lost 0")
+        unhealthy(kubelet, {UUIDS[0]})
+        node.command("unplug 0")
+        kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[1]}, timeout=10)
+        node.command("plug 0" if still_broken else "restored 0\nplug 0")
+        kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[1]}, timeout=10)
+        unhealthy(kubelet, {UUIDS[0]} if still_broken else set())
+    assert f"forgot the health of devices gone from the node devices={UUIDS[0]}" in plugin.log()
+    assert plugin.alive() and "Traceback" not in plugin.log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -35,9 +36,11 @@ def gpu(index: int, mig: Sequence[str] | None = None, *, memory: int = 40 << 30)
     )  # fmt: skip
 
 
-def test_layout_is_mig_mode_and_instances_only() -> None:
+def test_layout_is_mig_mode_instances_and_mig_uuids_only() -> None:
     (a,) = layout_of([gpu(0, ["1g.5gb", "1g.5gb", "2g.10gb"])]).values()
-    assert a == GpuLayout(0, "GPU-0", True, ((7, 0, "1g.5gb"), (8, 0, "1g.5gb"), (9, 0, "2g.10gb")))
+    instances = ((7, 0, "1g.5gb"), (8, 0, "1g.5gb"), (9, 0, "2g.10gb"))
+    uuids = ("MIG-0-0-1g.5gb", "MIG-0-1-1g.5gb", "MIG-0-2-2g.10gb")
+    assert a == GpuLayout(0, "GPU-0", True, instances, uuids)
     assert a.describe() == "2x1g.5gb+1x2g.10gb"
     assert layout_of([gpu(1)])["GPU-1"].describe() == "MIG disabled"
     assert layout_of([gpu(1, [])])["GPU-1"].describe() == "MIG enabled, no MIG devices"
@@ -107,6 +110,23 @@ def test_a_change_is_logged_per_gpu_counted_and_applied_once(caplog: pytest.LogC
     assert scan.check() == [] and node.requests == 1
     node.now = [gpu(0, ["7g.40gb"]), gpu(1, [])]
     assert [c.kind for c in scan.check()] == ["mig"] and node.requests == 2
+
+
+def test_the_same_layout_created_again_is_a_change(caplog: pytest.LogCaptureFixture) -> None:
+    node = Node([gpu(0, ["3g.20gb", "4g.20gb"])])
+    counted: list[str] = []
+    scan = rescanner(node, counted)
+    again = gpu(0, ["3g.20gb", "4g.20gb"])
+    node.now = [
+        replace(again, mig_devices=tuple(replace(m, uuid=m.uuid + "-new") for m in again.mig_devices))
+    ]
+    with caplog.at_level(logging.INFO, logger="nvdp.plugin.rescan"):
+        assert [c.kind for c in scan.check()] == ["mig"]
+    assert node.requests == 1 and counted == ["mig"]
+    assert lines(caplog) == [
+        "MIG layout changed gpu=0 uuid=GPU-0 old=1x3g.20gb+1x4g.20gb new=1x3g.20gb+1x4g.20gb"
+        ' recreated="new MIG device UUIDs"'
+    ]
 
 
 def test_gpus_appearing_and_disappearing_take_the_same_path() -> None:

@@ -17,6 +17,7 @@ from nvdp.errors import ConfigError, NvmlError, RegistrationError
 from nvdp.health.types import HealthSettings, HealthTarget
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.rescan import LayoutRescanner
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor
@@ -408,5 +409,29 @@ def test_rescan_applies_a_new_mig_layout_with_the_current_settings(
         assert len(servers["nvidia.com/mig-3g.20gb"].devices) == 2
         assert all(servers[n] is before[n] and not before[n].stopped for n in (GPU, "nvidia.com/mig-1g.5gb"))
         assert rig.observer.of("reloaded") == []  # not a config reload
+    finally:
+        rig.stop()
+
+
+def test_rescan_serves_the_new_uuids_of_a_layout_created_again(
+    tmp_path: Path, settings: DaemonSettings
+) -> None:
+    """The same profiles destroyed and created again: new MIG device UUIDs, which the served IDs follow."""
+    rig = Rig(tmp_path, replace(settings, mig_strategy="mixed"), nvml=open_nvml("sim:dgx-a100-mig")).start()
+    try:
+        assert rig.supervisor.ready.wait(5)
+        scan = LayoutRescanner(rig.nvml.mig_layout, rig.supervisor.served_gpus, rig.supervisor.request_rescan)
+        assert scan.check() == []
+        server = rig.supervisor.servers["nvidia.com/mig-7g.40gb"]
+        old_ids = set(server.devices)
+        gpu = rig.supervisor.served_gpus()[3]  # type: ignore[index]
+        rig.nvml.inject({"uuid": gpu.uuid, "mig": ["7g.40gb"]})
+        assert [(c.kind, c.gpu.uuid) for c in scan.check()] == [("mig", gpu.uuid)]
+        new_uuid = rig.nvml.mig_layout()[gpu.uuid].mig_uuids[0]
+        assert new_uuid not in old_ids
+        wait_until(lambda: new_uuid in set(server.devices), "the new MIG uuid served")
+        assert old_ids - set(server.devices) == {gpu.mig_devices[0].uuid}
+        assert rig.supervisor.servers["nvidia.com/mig-7g.40gb"] is server  # same resource, new list
+        assert scan.check() == []
     finally:
         rig.stop()

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nvdp.config.values import format_go_duration
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
@@ -92,6 +92,7 @@ class HealthMonitor:
         self._rearm_at = 0.0
         self._unsupported_logged: set[str] = set()
         self._pending_gpus: list[GpuInfo] | None = None
+        self._pending_gone: set[str] = set()  # uuids that left an enumeration since the last step
         self._pending_settings: tuple[HealthSettings, XidPolicy] | None = None
         # status, guarded by _lock
         self._degraded_reason: str | None = None
@@ -178,10 +179,12 @@ class HealthMonitor:
                 return
         self._disarm()
 
-    def update_gpus(self, gpus: Sequence[GpuInfo]) -> None:
-        """New enumeration (reload, MIG change): units still present keep their state."""
+    def update_gpus(self, gpus: Sequence[GpuInfo], gone: Iterable[str] = ()) -> None:
+        """New enumeration (reload, MIG change): units still present keep their state, except the
+        `gone` uuids (they left an enumeration, maybe one this thread never took: start afresh)."""
         with self._lock:
             self._pending_gpus = list(gpus)
+            self._pending_gone.update(gone)
 
     def update_settings(self, settings: HealthSettings, policy: XidPolicy) -> None:
         """New health settings (config reload). Units keep their state: a device already marked stays
@@ -208,6 +211,7 @@ class HealthMonitor:
     def _step(self) -> None:
         with self._lock:
             pending, self._pending_gpus = self._pending_gpus, None
+            gone, self._pending_gone = self._pending_gone, set()
             new_settings, self._pending_settings = self._pending_settings, None
         if new_settings is not None:
             self._disarm()
@@ -224,7 +228,7 @@ class HealthMonitor:
             )
         if pending is not None:
             self._disarm()
-            self._state.set_gpus(pending)
+            self._state.set_gpus(pending, forget=gone)
             self._emit(self._state.enumeration_faults(self._clock()))
             self._next_probe = self._rearm_at = 0.0
         now = self._clock()

@@ -44,6 +44,9 @@ class NodeHealth:
             self.policy = XidPolicy.from_env(self._environ, settings)
             if self.monitor is not None:
                 self.monitor.update_settings(settings, self.policy)
+        gone = _uuids(self._gpus) - _uuids(gpus)
+        if gone:  # a device that comes back is a new one: it starts Healthy
+            self.router.forget(gone)
         if self.monitor is None:
             self.monitor = HealthMonitor(
                 self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
@@ -51,7 +54,7 @@ class NodeHealth:
             self.monitor.start()
         elif list(gpus) != self._gpus:
             # Only a changed enumeration re-arms the event set: freeing it drops queued events.
-            self.monitor.update_gpus(gpus)
+            self.monitor.update_gpus(gpus, gone)
         self._gpus = list(gpus)
 
     def set_targets(self, targets: Sequence[HealthTarget]) -> None:
@@ -72,3 +75,8 @@ class NodeHealth:
         if self.monitor is not None:
             self.monitor.stop()
         self.router.close()
+
+
+def _uuids(gpus: Sequence[GpuInfo]) -> set[str]:
+    """The GPU and MIG uuids of an enumeration."""
+    return {g.uuid for g in gpus} | {m.uuid for g in gpus for m in g.mig_devices}

@@ -3,7 +3,8 @@
 A change concerns a GPU or MIG uuid; every device of every target whose `Device.uuid` is that uuid
 (all replicas under sharing) follows it. Each target gets at most one `set_health` call per direction
 per batch, so the kubelet sees one ListAndWatch update. The router remembers which uuids are
-Unhealthy, so targets created on a reload start with those devices Unhealthy.
+Unhealthy, so targets created on a reload start with those devices Unhealthy, until a uuid leaves the
+node's enumeration (`forget`).
 
 Every transition is reported (log line, Node event) exactly once: a change whose uuid no target holds
 yet (the monitor reports a GPU lost at start before the supervisor hands over its servers) waits, in
@@ -79,6 +80,25 @@ class HealthRouter:
                         resource=target.resource_name,
                         devices=len(ids),
                     )
+
+    def forget(self, uuids: Iterable[str]) -> None:
+        """Devices gone from the node's enumeration (hot-unplug, driver rebind, a MIG device
+        destroyed): drop their Unhealthy state and held changes, so one that comes back (a new
+        device, maybe with the same uuid) starts Healthy. The health monitor marks it again if it
+        still fails."""
+        gone = set(uuids)
+        with self._lock:
+            forgotten = sorted(gone & self._unhealthy.keys())
+            for uuid in forgotten:
+                del self._unhealthy[uuid]
+            self._unreported = [(c, b) for c, b in self._unreported if c.uuid not in gone]
+        if forgotten:
+            log_event(
+                log,
+                logging.INFO,
+                "forgot the health of devices gone from the node",
+                devices=",".join(forgotten),
+            )
 
     def _report_held(self) -> set[str]:
         """Report the held changes whose uuid a target holds now, in arrival order; drop the others.

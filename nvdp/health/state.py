@@ -15,7 +15,7 @@ unit's last event, unless a page retirement or row remap waits for a reset.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from nvdp.health.types import HealthChange
@@ -75,18 +75,21 @@ class HealthState:
         self.policy = policy
         self.recovery_quiet_period = recovery_quiet_period
 
-    def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
-        """A new enumeration (reload, MIG change): units still present keep their state."""
+    def set_gpus(self, gpus: Sequence[GpuInfo], forget: Collection[str] = ()) -> None:
+        """A new enumeration (reload, MIG change): units still present keep their state, except those
+        in `forget` (gone from the node in between: a device that comes back is a new one)."""
         old = self._units
         units: dict[str, Unit] = {}
         self._gpus = list(gpus)
         self._gpu_by_uuid = {g.uuid: g for g in self._gpus}
         self._mig_by_uuid: dict[str, MigDeviceInfo] = {}
         for gpu in self._gpus:
-            units[gpu.uuid] = old.get(gpu.uuid) or Unit(gpu.uuid, gpu.uuid)
+            units[gpu.uuid] = (None if gpu.uuid in forget else old.get(gpu.uuid)) or Unit(gpu.uuid, gpu.uuid)
             for mig in gpu.mig_devices:
                 self._mig_by_uuid[mig.uuid] = mig
-                units[mig.uuid] = old.get(mig.uuid) or Unit(mig.uuid, gpu.uuid)
+                units[mig.uuid] = (None if mig.uuid in forget else old.get(mig.uuid)) or Unit(
+                    mig.uuid, gpu.uuid
+                )
         self._units = units
 
     def unhealthy(self) -> dict[str, bool]:

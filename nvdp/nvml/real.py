@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported, nvml_error
@@ -77,7 +78,7 @@ class RealNvml:
         self._bus_ids: dict[str, str] = {}
         self._topology = RealTopology(self)
         self._mig = RealMig(self)
-        self._last_gpus: dict[int, GpuInfo] = {}
+        self._last_gpus: dict[str, GpuInfo] = {}  # GPU uuid -> its last enumerated facts
         self._faults_logged: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class RealNvml:
                 if e.code in _NODE_ERRORS:
                     raise
                 error = e
-            known = self._last_gpus.get(index)
+            known = self._known(index)
             if known is not None:
                 logger.warning(
                     "GPU query failed; listing its last known facts index=%d gpu=%s error=%r",
@@ -137,8 +138,23 @@ class RealNvml:
             faulty = self._faulty_gpu(index, error)
             if faulty is not None:
                 gpus.append(faulty)
-        self._last_gpus = {gpu.index: gpu for gpu in gpus if gpu.fault is None}
+        self._last_gpus = {gpu.uuid: gpu for gpu in gpus if gpu.fault is None}
         return gpus
+
+    def _known(self, index: int) -> GpuInfo | None:
+        """The last enumerated facts of the GPU at `index`, found by its UUID (indices shift when a
+        GPU is unplugged or plugged back), at its index now; None when not known or no UUID."""
+        try:
+            handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
+            known = self._last_gpus.get(
+                _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
+            )
+        except NvmlError:
+            return None
+        if known is None or known.index == index:
+            return known
+        migs = tuple(replace(m, parent_index=index) for m in known.mig_devices)
+        return replace(known, index=index, mig_devices=migs)
 
     def _faulty_gpu(self, index: int, error: NvmlError) -> GpuInfo | None:
         """What can still be read of a GPU whose enumeration failed; None without even a UUID."""
@@ -185,7 +201,7 @@ class RealNvml:
 
     def mig_layout(self) -> dict[str, GpuLayout]:
         """The device rescan's cheap query: per GPU the handle, UUID and MIG mode; for a MIG-enabled
-        GPU its MIG device handles with their instance ids and profiles (names as `gpus()` spells
+        GPU its MIG device handles with their UUIDs, instance ids and profiles (names as `gpus()` spells
         them: the same helper). A GPU whose queries fail answers as `gpus()` lists it: its last
         enumerated layout, else MIG disabled, else (no UUID) not at all."""
         layouts = {}
@@ -204,11 +220,11 @@ class RealNvml:
         handle = self._call("nvmlDeviceGetHandleByIndex", index, device=f"index={index}")
         uuid = _text(self._call("nvmlDeviceGetUUID", handle, device=f"index={index}"))
         _capable, enabled = self._mig_mode(handle, uuid)
-        instances = self._mig.instances(handle, uuid) if enabled else ()
-        return GpuLayout(index, uuid, enabled, instances)
+        instances, mig_uuids = self._mig.instances(handle, uuid) if enabled else ((), ())
+        return GpuLayout(index, uuid, enabled, instances, mig_uuids)
 
     def _failing_layout(self, index: int) -> GpuLayout | None:
-        known = self._last_gpus.get(index)
+        known = self._known(index)
         if known is not None:
             return GpuLayout.of(known)
         try:

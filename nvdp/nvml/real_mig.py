@@ -1,6 +1,6 @@
 """The real backend's MIG queries: a MIG-enabled GPU's MIG devices (for `gpus()`) and the same
-devices as (GPU instance, compute instance, profile) only (for `mig_layout()`, the device rescan's
-cheap query). Both spell profile names through one helper, so the two answers always agree."""
+devices as (GPU instance, compute instance, profile) and UUID only (for `mig_layout()`, the device
+rescan's cheap query). Both spell profile names through one helper, so the two answers always agree."""
 
 from __future__ import annotations
 
@@ -54,16 +54,17 @@ class RealMig:
             )
         return tuple(devices)
 
-    def instances(self, parent: Any, uuid: str) -> tuple[Instance, ...]:
-        """The MIG devices of a MIG-enabled GPU as sorted (GPU instance, compute instance, profile):
-        per device its handle, instance ids and attributes (plus the GPU instance's profile id where
-        the GPU has suffixed profiles); no UUIDs."""
+    def instances(self, parent: Any, uuid: str) -> tuple[tuple[Instance, ...], tuple[str, ...]]:
+        """The MIG devices of a MIG-enabled GPU as sorted (GPU instance, compute instance, profile)
+        and their sorted UUIDs: per device its handle, UUID, instance ids and attributes (plus the GPU
+        instance's profile id where the GPU has suffixed profiles)."""
         suffixes: dict[int, str] = {}
-        found = [
-            self._instance(parent, uuid, handle, f"{uuid} mig={slot}", suffixes)[0]
-            for slot, handle in self._handles(parent, uuid)
-        ]
-        return tuple(sorted(found))
+        found, uuids = [], []
+        for slot, handle in self._handles(parent, uuid):
+            where = f"{uuid} mig={slot}"
+            uuids.append(_text(self._nvml._call("nvmlDeviceGetUUID", handle, device=where)))
+            found.append(self._instance(parent, uuid, handle, where, suffixes)[0])
+        return tuple(sorted(found)), tuple(sorted(uuids))
 
     def _handles(self, parent: Any, uuid: str) -> list[tuple[int, Any]]:
         """(slot, handle) of every MIG device; empty slots are skipped."""

@@ -78,18 +78,22 @@ class GpuInfo:
 @dataclass(frozen=True)
 class GpuLayout:
     """One GPU's MIG layout (`Nvml.mig_layout`): what a MIG re-partition or a hot-plug changes, and
-    nothing else (no memory, names, NUMA node or topology). `instances` are sorted."""
+    nothing else (no memory, names, NUMA node or topology). `instances` and `mig_uuids` are sorted.
+    The MIG devices' UUIDs are part of it: an identical layout destroyed and created again has new
+    UUIDs (NVML gives each created MIG device a fresh one), and the served IDs must follow."""
 
     index: int
     uuid: str
     mig_enabled: bool
     instances: tuple[tuple[int, int, str], ...] = ()  # (GPU instance, compute instance, profile)
+    mig_uuids: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, gpu: GpuInfo) -> GpuLayout:
         """The layout part of an enumerated GPU."""
         instances = tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in gpu.mig_devices))
-        return cls(gpu.index, gpu.uuid, gpu.mig_enabled, instances)
+        mig_uuids = tuple(sorted(m.uuid for m in gpu.mig_devices))
+        return cls(gpu.index, gpu.uuid, gpu.mig_enabled, instances, mig_uuids)
 
     def describe(self) -> str:
         """`MIG disabled`, `MIG enabled, no MIG devices`, or profiles: `7x1g.5gb`, `1x3g.20gb+1x1g.5gb`."""

@@ -2,12 +2,13 @@
 re-apply its resources when the layout differs from the one it serves (`--device-rescan-interval`).
 
 A *layout* (`nvdp.nvml.types.GpuLayout`) is, per GPU: its index, uuid, MIG mode and its MIG devices
-as (GPU instance id, compute instance id, profile), nothing else, so a change of any other fact
+as (GPU instance id, compute instance id, profile) and their UUIDs (an identical layout destroyed and
+created again has new ones), nothing else, so a change of any other fact
 (memory, NUMA node, ...) is no layout change. A GPU that appears or disappears (hot-unplug, driver
 rebind) is a change too.
 
 Each tick is `Nvml.mig_layout()`, the cheap query (per GPU: handle, UUID, MIG mode, MIG devices'
-instance ids and profiles; no full enumeration), and one comparison of small tuples with the served
+UUIDs, instance ids and profiles; no full enumeration), and one comparison of small tuples with the served
 layout, which is derived once per served enumeration; nothing else happens while nothing changes.
 On a change: one log line per GPU that changed (old and new layout), the layout-change counter, then
 `on_change()` (the supervisor's rescan request: the same diff a reload applies, which enumerates the
@@ -71,6 +72,8 @@ class LayoutChange:
                 fields["old"] = self.old.describe()
             if self.new is not None:
                 fields["new"] = self.new.describe()
+            if self.old is not None and self.new is not None and self.old.describe() == self.new.describe():
+                fields["recreated"] = "new MIG device UUIDs"  # the same layout destroyed and created again
         level = logging.WARNING if self.kind.startswith("gpu-") else logging.INFO
         log_event(log, level, _MESSAGES[self.kind], **fields)
 
@@ -84,7 +87,11 @@ def layout_changes(old: Layout, new: Layout) -> list[LayoutChange]:
 
 
 def _kind(old: GpuLayout, new: GpuLayout) -> str:
-    same_mig = (old.mig_enabled, old.instances) == (new.mig_enabled, new.instances)
+    same_mig = (old.mig_enabled, old.instances, old.mig_uuids) == (
+        new.mig_enabled,
+        new.instances,
+        new.mig_uuids,
+    )
     return "gpu-index" if same_mig else "mig"
 
 

@@ -61,6 +61,7 @@ class _GpuState:
     mig: tuple[MigDeviceInfo, ...] | None  # None: MIG disabled
     lost: bool = False
     probe: ProbeResult = ProbeResult()
+    created: int = 0  # MIG layouts applied by events: each re-creates the devices, new UUIDs
 
 
 class SimNvml:
@@ -152,11 +153,14 @@ class SimNvml:
             return {
                 gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
                 if state.lost and gpu.index not in self._enumerated
+                else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
+                if not state.mig
                 else GpuLayout(
                     gpu.index,
                     gpu.uuid,
-                    state.mig is not None,
-                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig or ())),
+                    True,
+                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
+                    tuple(sorted(m.uuid for m in state.mig)),
                 )
                 for gpu, state in zip(self.node.gpus, self._state, strict=True)
             }
@@ -332,10 +336,11 @@ class SimNvml:
         if layout is not None and not (isinstance(layout, list) and all(isinstance(p, str) for p in layout)):
             raise SimEventError(f"mig: must be null or a list of MIG profile names, got {layout!r}")
         try:
-            devices = self._mig_devices(gpu, None if layout is None else tuple(layout))
+            state = self._state[gpu.index]
+            devices = self._mig_devices(gpu, None if layout is None else tuple(layout), state.created + 1)
         except MigLayoutError as e:
             raise SimEventError(f"mig: {e}") from e
-        self._state[gpu.index].mig = devices
+        state.mig, state.created = devices, state.created + 1
         logger.info(
             "simulated MIG layout changed gpu=%s index=%d mig=%s",
             gpu.uuid,
@@ -396,12 +401,17 @@ class SimNvml:
         return _BASE_TYPES | _ECC_TYPES if self.node.gpus[index].ecc else _BASE_TYPES
 
     @staticmethod
-    def _mig_devices(gpu: SimGpu, layout: tuple[str, ...] | None) -> tuple[MigDeviceInfo, ...] | None:
+    def _mig_devices(
+        gpu: SimGpu, layout: tuple[str, ...] | None, created: int = 0
+    ) -> tuple[MigDeviceInfo, ...] | None:
+        """The MIG devices of a layout; `created` counts the layouts applied before, so a re-created
+        device has a new UUID as on real NVML (the node file's layout: the same UUIDs every start)."""
         if layout is None:
             return None
+        suffix = f"/{created}" if created else ""
         return tuple(
             MigDeviceInfo(
-                uuid=derived_uuid("MIG", f"{gpu.uuid}/{d.gi_id}/{d.ci_id}"),
+                uuid=derived_uuid("MIG", f"{gpu.uuid}/{d.gi_id}/{d.ci_id}{suffix}"),
                 index=n,
                 gi_id=d.gi_id,
                 ci_id=d.ci_id,
