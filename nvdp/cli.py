@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from nvdp import __version__
 from nvdp.errors import NvdpError
@@ -24,25 +25,52 @@ from nvdp.logs import log_event, setup_logging
 log = logging.getLogger("nvdp")
 
 SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
+VERSION = f"nvdp {__version__}"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with nvdp's error contract: a bad command line is one line on stderr (no usage
+    dump), exit status 2. Subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=VERSION)
+
+
+def _parse(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    commands: Mapping[str, argparse.ArgumentParser] | None = None,
+) -> argparse.Namespace:
+    """parse_args, but an unknown argument is reported by the subcommand that got it."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        owner = (commands or {}).get(getattr(args, "command", ""), parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False
-    )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plugin = sub.add_parser(
         "plugin", help="run the device plugin daemon (same as nvidia-device-plugin)", allow_abbrev=False
     )
+    _add_version(plugin)
     _add_plugin_arguments(plugin)
     simulate = sub.add_parser(
         "simulate",
         help="run the plugin on a simulated GPU node against an in-process kubelet",
         allow_abbrev=False,
     )
+    _add_version(simulate)
     _add_simulate_arguments(simulate)
     gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
+    _add_version(gfd)
     _add_gfd_arguments(gfd)
     _add_config_manager_commands(sub)
     mps = sub.add_parser(
@@ -52,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from nvdp.mps.command import add_arguments as add_mps_arguments
 
+    _add_version(mps)
     add_mps_arguments(mps)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv, sub.choices)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
     if args.command == "gfd":
@@ -69,35 +98,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `nvidia-device-plugin`: NVIDIA's binary name, same flags."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="nvidia-device-plugin", description="NVIDIA device plugin (nvdp).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     _add_plugin_arguments(parser)
-    return run_plugin(parser.parse_args(argv), os.environ)
+    return run_plugin(_parse(parser, argv), os.environ)
 
 
 def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
     from nvdp.mps.command import add_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mps-control-daemon", description="NVIDIA MPS control daemon (nvdp).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     add_arguments(parser)
-    return run_mps_control_daemon(parser.parse_args(argv), os.environ)
+    return run_mps_control_daemon(_parse(parser, argv), os.environ)
 
 
 def gfd_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gpu-feature-discovery`: NVIDIA's binary name, same flags (the name the
     config-manager finds the process by: PROCESS_TO_SIGNAL)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpu-feature-discovery", description="GPU feature discovery (nvdp gfd).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     _add_gfd_arguments(parser)
-    return run_gfd(parser.parse_args(argv), os.environ)
+    return run_gfd(_parse(parser, argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -273,7 +302,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 # ---- config-manager and config check (nvdp/configmanager) ------------------------------------------
 
 
-def _add_config_manager_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     from nvdp.configmanager.settings import add_flags
 
     manager = sub.add_parser(
@@ -281,12 +310,14 @@ def _add_config_manager_commands(sub: argparse._SubParsersAction[argparse.Argume
         help="point the plugin's config file at the ConfigMap entry the node label selects",
         allow_abbrev=False,
     )
+    _add_version(manager)
     add_flags(manager)
     config = sub.add_parser("config", help="config file tools", allow_abbrev=False)
     tools = config.add_subparsers(dest="config_command", required=True, metavar="TOOL")
     check = tools.add_parser(
         "check", help="strictly validate config files or ConfigMap entry directories", allow_abbrev=False
     )
+    _add_version(check)
     check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
     check.add_argument("--nvml", default=None, help="also build the resources on this node (real, sim:NAME)")
     check.add_argument("--mig-strategy", default=None, choices=("none", "single", "mixed"))

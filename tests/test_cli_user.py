@@ -1,0 +1,134 @@
+"""The command line as a new user meets it: a bad command line is one line on stderr (no usage dump,
+no traceback) naming the command that refused it, and every command answers --version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from nvdp import __version__
+from nvdp.cli import gfd_main, main, mps_control_daemon_main, plugin_main
+
+Entry = Callable[[Sequence[str] | None], int]
+
+
+def _exit(entry: Entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        entry(argv)
+    out, err = capsys.readouterr()
+    assert isinstance(exited.value.code, int)
+    return exited.value.code, out, err
+
+
+@pytest.mark.parametrize(
+    ("entry", "argv", "line"),
+    [
+        pytest.param(
+            main,
+            ["plugin", "--bogus"],
+            "nvdp plugin: error: unrecognized arguments: --bogus (see nvdp plugin --help)",
+            id="nvdp-plugin",
+        ),
+        pytest.param(
+            plugin_main,
+            ["--bogus"],
+            "nvidia-device-plugin: error: unrecognized arguments: --bogus (see nvidia-device-plugin --help)",
+            id="nvidia-device-plugin",
+        ),
+        pytest.param(
+            main,
+            ["gfd", "--bogus"],
+            "nvdp gfd: error: unrecognized arguments: --bogus (see nvdp gfd --help)",
+            id="nvdp-gfd",
+        ),
+        pytest.param(
+            gfd_main,
+            ["-z"],
+            "gpu-feature-discovery: error: unrecognized arguments: -z (see gpu-feature-discovery --help)",
+            id="gpu-feature-discovery",
+        ),
+        pytest.param(
+            main,
+            ["config-manager", "--bogus"],
+            "nvdp config-manager: error: unrecognized arguments: --bogus (see nvdp config-manager --help)",
+            id="config-manager",
+        ),
+        pytest.param(
+            main,
+            ["mps-control-daemon", "--bogus"],
+            "nvdp mps-control-daemon: error: unrecognized arguments: --bogus"
+            " (see nvdp mps-control-daemon --help)",
+            id="nvdp-mps-control-daemon",
+        ),
+        pytest.param(
+            mps_control_daemon_main,
+            ["--bogus"],
+            "mps-control-daemon: error: unrecognized arguments: --bogus (see mps-control-daemon --help)",
+            id="mps-control-daemon",
+        ),
+        pytest.param(
+            main,
+            ["simulate", "--profile", "nope"],
+            "nvdp simulate: error: argument --profile: invalid choice: 'nope' (choose from 'dgx-a100',"
+            " 'dgx-a100-mig', 'pcie-4', 'dgx-h100') (see nvdp simulate --help)",
+            id="simulate-choice",
+        ),
+        pytest.param(
+            main,
+            ["plugin", "--mig-strategy"],
+            "nvdp plugin: error: argument --mig-strategy: expected one argument (see nvdp plugin --help)",
+            id="missing-value",
+        ),
+        pytest.param(
+            main,
+            ["config", "check"],
+            "nvdp config check: error: the following arguments are required: FILE"
+            " (see nvdp config check --help)",
+            id="config-check-no-file",
+        ),
+        pytest.param(
+            main,
+            [],
+            "nvdp: error: the following arguments are required: COMMAND (see nvdp --help)",
+            id="no-command",
+        ),
+    ],
+)
+def test_bad_command_line_is_one_line(
+    entry: Entry, argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _exit(entry, argv, capsys)
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("entry", "argv"),
+    [
+        pytest.param(main, ["--version"], id="nvdp"),
+        pytest.param(main, ["plugin", "--version"], id="plugin"),
+        pytest.param(main, ["simulate", "--version"], id="simulate"),
+        pytest.param(main, ["gfd", "--version"], id="gfd"),
+        pytest.param(main, ["config-manager", "--version"], id="config-manager"),
+        pytest.param(main, ["config", "check", "--version"], id="config-check"),
+        pytest.param(main, ["mps-control-daemon", "--version"], id="mps-control-daemon"),
+        pytest.param(plugin_main, ["--version"], id="nvidia-device-plugin"),
+        pytest.param(gfd_main, ["--version"], id="gpu-feature-discovery"),
+        pytest.param(mps_control_daemon_main, ["--version"], id="mps-control-daemon-script"),
+    ],
+)
+def test_every_command_answers_version(
+    entry: Entry, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _exit(entry, argv, capsys) == (0, f"nvdp {__version__}\n", "")
+
+
+def test_config_check_names_a_bad_nvml_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\n")
+    assert main(["config", "check", "--nvml", "sim:nope", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        "error: --nvml sim:nope: unknown simulated node profile 'nope'; accepted: dgx-a100, dgx-a100-mig,"
+        " dgx-h100, pcie-4, or sim:/path/to/node.yaml\n"
+    )
