@@ -233,6 +233,8 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         args.metrics_address = ""  # a demo should not take a port unless asked
     if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
         args.mps_root = str(plugin_dir / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
+    if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
+        args.cdi_spec_dir = str(plugin_dir / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         config = resolve(args, env)
         from nvdp.mps.simulated import skip_daemon
@@ -261,6 +263,7 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _remove_dir(path: Path) -> None:
     shutil.rmtree(path / "mps", ignore_errors=True)
+    shutil.rmtree(path / "cdi", ignore_errors=True)
     for child in path.iterdir() if path.exists() else ():
         try:
             child.unlink()

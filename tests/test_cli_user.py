@@ -3,6 +3,9 @@ no traceback) naming the command that refused it, and every command answers --ve
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import pytest
 
 from nvdp import __version__
 from nvdp.cli import gfd_main, main, mps_control_daemon_main, plugin_main
+from nvdp.testing import REPO
 
 Entry = Callable[[Sequence[str] | None], int]
 
@@ -131,4 +135,48 @@ def test_config_check_names_a_bad_nvml_once(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().err == (
         "error: --nvml sim:nope: unknown simulated node profile 'nope'; accepted: dgx-a100, dgx-a100-mig,"
         " dgx-h100, pcie-4, or sim:/path/to/node.yaml\n"
+    )
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_simulate_suggests_only_what_this_run_did_not_do(tmp_path: Path) -> None:
+    config = tmp_path / "mps.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
+    )
+    result = _simulate("--profile", "pcie-4", "--config-file", str(config))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(
+        "That is what a kubelet sees from this node. Try: --profile dgx-a100-mig --mig-strategy mixed, or"
+        " --serve with NVDP_SIM_EVENTS to inject GPU faults (see README).\n"
+    )
+    assert "(that device) -> container answer" in result.stdout  # not "those 1 devices"
+
+
+def test_simulate_with_cdi_says_why_nothing_is_advertised(tmp_path: Path) -> None:
+    result = _simulate("--device-list-strategy", "cdi-cri")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(
+        "No resources advertised for the 8 GPUs found: the warnings above say why.\n"
+        "A CDI strategy needs the GPUs' device nodes (/dev/nvidia0, ...) under --dev-root, and a"
+        " simulated node has none: point --dev-root at a directory holding files of those names.\n"
+    )
+    (tmp_path / "dev").mkdir()
+    for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl"]:
+        (tmp_path / "dev" / name).touch()
+    result = _simulate("--device-list-strategy", "cdi-cri", "--dev-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "  cdi        k8s.device-plugin.nvidia.com/gpu=GPU-925be680-6786-5653-edfc-0f1c7087259e\n"
+        in result.stdout
     )
