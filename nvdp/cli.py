@@ -89,11 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_gfd(args, os.environ)
     if args.command == "config-manager":
         return run_config_manager(args, os.environ)
-    if args.command == "config":
-        return run_config_check(args)
     if args.command == "mps-control-daemon":
         return run_mps_control_daemon(args, os.environ)
-    return run_simulate(args, os.environ)
+    try:  # the commands that print: `nvdp simulate | head` is no traceback
+        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
 
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:

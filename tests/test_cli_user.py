@@ -180,3 +180,37 @@ def test_simulate_with_cdi_says_why_nothing_is_advertised(tmp_path: Path) -> Non
         "  cdi        k8s.device-plugin.nvidia.com/gpu=GPU-925be680-6786-5653-edfc-0f1c7087259e\n"
         in result.stdout
     )
+
+
+def test_nvidia_resource_name_prefix_is_accepted_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from nvdp.config import add_plugin_flags, resolve
+
+    parser = argparse.ArgumentParser()
+    add_plugin_flags(parser)
+    given = resolve(parser.parse_args(["--resource-name-prefix", "nvidia.com"]), {})
+    from_env = resolve(parser.parse_args([]), {"RESOURCE_NAME_PREFIX": "nvidia.com"})
+    assert given.resource_name_prefix == from_env.resource_name_prefix == "nvidia.com"
+    assert main(["plugin", "--nvml", "sim:pcie-4", "--resource-name-prefix", "example.com"]) == 1
+    assert capsys.readouterr().err == (
+        'error: --resource-name-prefix / RESOURCE_NAME_PREFIX: "example.com" is not supported by nvdp'
+        " (only nvidia.com)\n"
+    )
+
+
+def test_simulate_into_a_closed_pipe_is_no_traceback() -> None:
+    """`nvdp simulate | head -1`: the reader goes away; the demo stops without a traceback."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvdp.cli", "simulate"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    os.close(write_end)
+    os.close(read_end)  # gone before the demo writes its first line
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (1, "")
