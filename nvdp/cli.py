@@ -339,9 +339,15 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     except NvdpError as error:
         return _exit_on_error(error)
     log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
-    setup_logging(
-        log_format if log_format in LOG_FORMATS else "text", log_level if log_level in LOG_LEVELS else "info"
-    )
+    for name, value, accepted in (
+        ("LOG_FORMAT", log_format, LOG_FORMATS),
+        ("LOG_LEVEL", log_level, LOG_LEVELS),
+    ):
+        if value not in accepted:  # as the other commands do: a bad value is refused, not ignored
+            return _exit_on_error(
+                NvdpError(f'{name}: invalid value "{value}" (accepted: {", ".join(accepted)})')
+            )
+    setup_logging(log_format, log_level)
     stop = threading.Event()
     try:
         if settings.oneshot:

@@ -214,3 +214,31 @@ def test_simulate_into_a_closed_pipe_is_no_traceback() -> None:
     os.close(read_end)  # gone before the demo writes its first line
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (1, "")
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "line"),
+    [
+        pytest.param(
+            "LOG_LEVEL",
+            "verbose",
+            'error: LOG_LEVEL: invalid value "verbose" (accepted: debug, info, warning, error)',
+            id="level",
+        ),
+        pytest.param(
+            "LOG_FORMAT", "xml", 'error: LOG_FORMAT: invalid value "xml" (accepted: text, json)', id="format"
+        ),
+    ],
+)
+def test_config_manager_refuses_a_bad_log_env_value(
+    env: str,
+    value: str,
+    line: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(env, value)
+    argv = ["config-manager", "--oneshot", "--node-name", "n1", "--config-file-srcdir", str(tmp_path)]
+    assert main([*argv, "--config-file-dst", str(tmp_path / "config.yaml")]) == 1
+    assert capsys.readouterr().err == line + "\n"
