@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from nvdp import __version__
 from nvdp.errors import NvdpError
@@ -24,25 +25,52 @@ from nvdp.logs import log_event, setup_logging
 log = logging.getLogger("nvdp")
 
 SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
+VERSION = f"nvdp {__version__}"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with nvdp's error contract: a bad command line is one line on stderr (no usage
+    dump), exit status 2. Subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=VERSION)
+
+
+def _parse(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    commands: Mapping[str, argparse.ArgumentParser] | None = None,
+) -> argparse.Namespace:
+    """parse_args, but an unknown argument is reported by the subcommand that got it."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        owner = (commands or {}).get(getattr(args, "command", ""), parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False
-    )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plugin = sub.add_parser(
         "plugin", help="run the device plugin daemon (same as nvidia-device-plugin)", allow_abbrev=False
     )
+    _add_version(plugin)
     _add_plugin_arguments(plugin)
     simulate = sub.add_parser(
         "simulate",
         help="run the plugin on a simulated GPU node against an in-process kubelet",
         allow_abbrev=False,
     )
+    _add_version(simulate)
     _add_simulate_arguments(simulate)
     gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
+    _add_version(gfd)
     _add_gfd_arguments(gfd)
     _add_config_manager_commands(sub)
     mps = sub.add_parser(
@@ -52,52 +80,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from nvdp.mps.command import add_arguments as add_mps_arguments
 
+    _add_version(mps)
     add_mps_arguments(mps)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv, sub.choices)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
     if args.command == "gfd":
         return run_gfd(args, os.environ)
     if args.command == "config-manager":
         return run_config_manager(args, os.environ)
-    if args.command == "config":
-        return run_config_check(args)
     if args.command == "mps-control-daemon":
         return run_mps_control_daemon(args, os.environ)
-    return run_simulate(args, os.environ)
+    try:  # the commands that print: `nvdp simulate | head` is no traceback
+        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
 
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `nvidia-device-plugin`: NVIDIA's binary name, same flags."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="nvidia-device-plugin", description="NVIDIA device plugin (nvdp).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     _add_plugin_arguments(parser)
-    return run_plugin(parser.parse_args(argv), os.environ)
+    return run_plugin(_parse(parser, argv), os.environ)
 
 
 def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
     from nvdp.mps.command import add_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mps-control-daemon", description="NVIDIA MPS control daemon (nvdp).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     add_arguments(parser)
-    return run_mps_control_daemon(parser.parse_args(argv), os.environ)
+    return run_mps_control_daemon(_parse(parser, argv), os.environ)
 
 
 def gfd_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gpu-feature-discovery`: NVIDIA's binary name, same flags (the name the
     config-manager finds the process by: PROCESS_TO_SIGNAL)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpu-feature-discovery", description="GPU feature discovery (nvdp gfd).", allow_abbrev=False
     )
-    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    _add_version(parser)
     _add_gfd_arguments(parser)
-    return run_gfd(parser.parse_args(argv), os.environ)
+    return run_gfd(_parse(parser, argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +235,8 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         args.metrics_address = ""  # a demo should not take a port unless asked
     if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
         args.mps_root = str(plugin_dir / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
+    if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
+        args.cdi_spec_dir = str(plugin_dir / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         config = resolve(args, env)
         from nvdp.mps.simulated import skip_daemon
@@ -232,6 +265,7 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _remove_dir(path: Path) -> None:
     shutil.rmtree(path / "mps", ignore_errors=True)
+    shutil.rmtree(path / "cdi", ignore_errors=True)
     for child in path.iterdir() if path.exists() else ():
         try:
             child.unlink()
@@ -273,7 +307,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 # ---- config-manager and config check (nvdp/configmanager) ------------------------------------------
 
 
-def _add_config_manager_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     from nvdp.configmanager.settings import add_flags
 
     manager = sub.add_parser(
@@ -281,12 +315,14 @@ def _add_config_manager_commands(sub: argparse._SubParsersAction[argparse.Argume
         help="point the plugin's config file at the ConfigMap entry the node label selects",
         allow_abbrev=False,
     )
+    _add_version(manager)
     add_flags(manager)
     config = sub.add_parser("config", help="config file tools", allow_abbrev=False)
     tools = config.add_subparsers(dest="config_command", required=True, metavar="TOOL")
     check = tools.add_parser(
         "check", help="strictly validate config files or ConfigMap entry directories", allow_abbrev=False
     )
+    _add_version(check)
     check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
     check.add_argument("--nvml", default=None, help="also build the resources on this node (real, sim:NAME)")
     check.add_argument("--mig-strategy", default=None, choices=("none", "single", "mixed"))
@@ -303,9 +339,15 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     except NvdpError as error:
         return _exit_on_error(error)
     log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
-    setup_logging(
-        log_format if log_format in LOG_FORMATS else "text", log_level if log_level in LOG_LEVELS else "info"
-    )
+    for name, value, accepted in (
+        ("LOG_FORMAT", log_format, LOG_FORMATS),
+        ("LOG_LEVEL", log_level, LOG_LEVELS),
+    ):
+        if value not in accepted:  # as the other commands do: a bad value is refused, not ignored
+            return _exit_on_error(
+                NvdpError(f'{name}: invalid value "{value}" (accepted: {", ".join(accepted)})')
+            )
+    setup_logging(log_format, log_level)
     stop = threading.Event()
     try:
         if settings.oneshot:

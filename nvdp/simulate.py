@@ -77,11 +77,11 @@ class Simulation:
             f"kubelet stand-in: {self.kubelet.socket_path}\n\n"
         )
         if not servers:
-            out.write("No resources advertised (no GPUs matched the configuration).\n")
+            out.write(self._why_nothing())
             return
         out.write("Advertised resources\n")
         for name, server in sorted(servers.items()):
-            out.write(f"  {name:<28} {len(server.devices):>4} devices  socket {server.socket_path.name}\n")
+            out.write(f"  {name:<28} {_devices(len(server.devices)):>12}  socket {server.socket_path.name}\n")
         for name, server in sorted(servers.items()):
             seen = self.kubelet.devices(name)
             out.write(f"\n{name}\n")
@@ -110,13 +110,35 @@ class Simulation:
         except grpc.RpcError as error:  # what the kubelet would get back: show it, not a traceback
             out.write(f"  refused: {error.code().name}: {error.details()}\n")
             return
-        out.write(f"\nAllocate {name} (those {len(chosen)} devices) -> container answer\n")
+        out.write(f"\nAllocate {name} ({_devices(len(chosen), 'those')}) -> container answer\n")
         _write_container(out, response.container_responses[0])
-        out.write(
-            "\nThat is what a kubelet sees from this node. Try: --profile dgx-a100-mig --mig-strategy mixed,"
-            " --profile pcie-4, --config-file FILE, or --serve with NVDP_SIM_EVENTS to inject GPU faults"
-            " (see README).\n"
-        )
+        out.write(f"\nThat is what a kubelet sees from this node. {self._next_steps()}\n")
+
+    def _why_nothing(self) -> str:
+        found = len(self.daemon.supervisor.gpus)
+        if not found:
+            return "No resources advertised: the node has no GPUs.\n"
+        text = f"No resources advertised for the {found} GPUs found: the warnings above say why.\n"
+        if self.config.nvml.startswith("sim:") and any(
+            s.startswith("cdi-") for s in self.config.flags.plugin.device_list_strategy
+        ):
+            text += (
+                "A CDI strategy needs the GPUs' device nodes (/dev/nvidia0, ...) under --dev-root, and a"
+                " simulated node has none: point --dev-root at a directory holding files of those names.\n"
+            )
+        return text
+
+    def _next_steps(self) -> str:
+        """What else to try, leaving out what this run already did."""
+        tries = []
+        if self.config.nvml != "sim:dgx-a100-mig":
+            tries.append("--profile dgx-a100-mig --mig-strategy mixed")
+        if self.config.nvml != "sim:pcie-4":
+            tries.append("--profile pcie-4")
+        if self.config.config_file is None:
+            tries.append("--config-file FILE")
+        tries.append("--serve with NVDP_SIM_EVENTS to inject GPU faults (see README)")
+        return f"Try: {', '.join(tries[:-1])}, or {tries[-1]}." if len(tries) > 1 else f"Try: {tries[0]}."
 
     def _explain(self, name: str, ids: list[str], gpus: Mapping[str, GpuInfo]) -> str:
         devices = [self.daemon.supervisor.servers[name].devices[i] for i in ids]
@@ -165,3 +187,9 @@ def _write_container(out: TextIO, response: pb.ContainerAllocateResponse) -> Non
         out.write(f"  annotation {key}={value}\n")
     for cdi in response.cdi_devices:
         out.write(f"  cdi        {cdi.name}\n")
+
+
+def _devices(count: int, article: str = "") -> str:
+    if count == 1:
+        return "that device" if article else "1 device"
+    return f"{article} {count} devices".strip()

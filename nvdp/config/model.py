@@ -332,6 +332,7 @@ class Config:
     cdi_kind: str = CDI_KINDS[0]
     cdi_disable_hooks: tuple[str, ...] = ()
     strict_config: bool = False  # unknown file keys are errors, not warnings
+    resource_name_prefix: str = RESOURCE_NAME_PREFIX  # NVIDIA's flag; only the default is supported
 
     def to_dict(self) -> dict[str, Any]:
         """The file part in file form (camelCase keys, Go durations, unset values left out):

@@ -23,6 +23,7 @@ from nvdp.config.model import (
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
     MIG_STRATEGIES,
+    RESOURCE_NAME_PREFIX,
     SHARED_DEVICES_ALLOCATION_POLICIES,
     Config,
     imex_channel_ids,
@@ -65,6 +66,14 @@ def _channel_ids(text: str) -> object:
 
 def _alts(choices: tuple[str, ...]) -> str:
     return " | ".join(choices)
+
+
+def _resource_name_prefix(text: str) -> str:
+    """NVIDIA's --resource-name-prefix: accepted with its default value, refused with any other
+    (nvdp's resource names, CDI kinds and labels are built on nvidia.com)."""
+    if text != RESOURCE_NAME_PREFIX:
+        raise v.InvalidValue(f"{v.show(text)} is not supported by nvdp (only {RESOURCE_NAME_PREFIX})")
+    return text
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -232,6 +241,13 @@ OPTIONS: tuple[Option, ...] = (
         _listed(v.list_of(v.choice(*CDI_HOOKS))),
         f"createContainer hooks left out of generated CDI specs: {_alts(CDI_HOOKS)}",
         "list",
+    ),
+    Option(
+        ("--resource-name-prefix",),
+        ("RESOURCE_NAME_PREFIX",),
+        "resource_name_prefix",
+        _resource_name_prefix,
+        f"prefix of the resource names; nvdp supports only {RESOURCE_NAME_PREFIX}",
     ),
     # nvdp's own
     Option(

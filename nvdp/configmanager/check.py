@@ -60,7 +60,8 @@ def check(paths: Sequence[str], nvml: str | None = None, mig_strategy: str | Non
         try:
             gpus = _gpus(nvml)
         except NvdpError as error:
-            return Report(lines, [*errors, f"--nvml {nvml}: {error}"])
+            text = str(error)  # the backend's own errors already name --nvml
+            return Report(lines, [*errors, text if text.startswith("--nvml") else f"--nvml {nvml}: {text}"])
     for path in files:
         try:
             config = load_file(path, strict=True)
