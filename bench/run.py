@@ -21,9 +21,13 @@ process boundary; the client is the kubelet stand-in's channel in this process:
   connections for a while first (the worst case).
 - Process start until the first ListAndWatch response (nvdp and the floor).
 - Peak RSS (VmHWM) of each plugin process after its load (budget 45 MB = 45e6 bytes).
-- CPU time and context switches (wake-ups) of idle plugin processes over --idle-seconds.
+- CPU time and context switches (wake-ups) of idle plugin processes over --idle-seconds, with the
+  default 10 s device rescan and with it off.
 - The in-process allocation tables of bench/allocation.py, when it is there.
 - The device rescan's CPU per tick and per minute while nothing changes (bench/rescan.py, in process).
+- Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
+  strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
+  config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
 """
 
 from __future__ import annotations
@@ -279,6 +283,7 @@ class Options:
     restarts: int
     starts: int
     allocation_rows: bool
+    commands: bool = True
 
 
 @dataclass(frozen=True)
@@ -308,11 +313,20 @@ class Bench:
 
     @contextlib.contextmanager
     def plugin(
-        self, kubelet: Kubelet, spec: DeviceSetSpec, env: dict[str, str] | None = None
+        self,
+        kubelet: Kubelet,
+        spec: DeviceSetSpec,
+        env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
     ) -> Iterator[Process]:
         metrics = f"127.0.0.1:{free_port()}" if spec.metrics else ""
         process = start_plugin(
-            kubelet.plugin_dir, spec.nvml, config_file=spec.config, metrics_address=metrics, env=env
+            kubelet.plugin_dir,
+            spec.nvml,
+            config_file=spec.config,
+            metrics_address=metrics,
+            env=env,
+            extra=extra,
         )
         with _registered(kubelet, process, GPU, "nvdp plugin"):
             yield process
@@ -355,6 +369,8 @@ class Bench:
         if self.o.allocation_rows:
             self.allocation_tables()
         self.rescan_table()
+        if self.o.commands:
+            self.commands_table()
         return self.table
 
     def device_set(
@@ -584,10 +600,14 @@ class Bench:
         )
         with contextlib.ExitStack() as stack:
             watched: list[tuple[str, str, Process]] = []
-            for label, metrics in (("8 GPUs, /metrics off", False), ("8 GPUs, /metrics on", True)):
+            for label, metrics, extra in (
+                ("8 GPUs, /metrics off, rescan every 10 s (default)", False, ()),
+                ("8 GPUs, /metrics on, rescan every 10 s (default)", True, ()),
+                ("8 GPUs, /metrics off, rescan off", False, ("--device-rescan-interval", "0")),
+            ):
                 kubelet = stack.enter_context(Kubelet(self.fresh_dir("idle")))
                 process = stack.enter_context(
-                    self.plugin(kubelet, DeviceSetSpec(label, "sim:dgx-a100", metrics=metrics))
+                    self.plugin(kubelet, DeviceSetSpec(label, "sim:dgx-a100", metrics=metrics), extra=extra)
                 )
                 watched.append((label, "nvdp", process))
             kubelet = stack.enter_context(Kubelet(self.fresh_dir("idle")))
@@ -649,6 +669,40 @@ class Bench:
             row.budget, row.ok = f"{RESCAN_BUDGET_MS} ms/min", r.per_minute_10s_ms <= RESCAN_BUDGET_MS
             rows.append(row)
 
+    def commands_table(self) -> None:
+        from bench import commands
+
+        seconds = min(self.o.idle_seconds, 30.0)
+        self.progress(f"plugin modes and side commands: RSS, idle CPU for {seconds:g} s (bench/commands.py)")
+        measured = commands.measure(seconds)
+        rows = self.table.section(
+            "plugin modes and side commands: peak RSS (VmHWM); heavy modules imported"
+            f" ({', '.join(commands.HEAVY)}); idle {seconds:g} s (bench/commands.py)"
+        )
+        for m in measured:
+            budget = commands.budget_mb(m)
+            heavy = "" if m.heavy is None else f"; heavy modules: {', '.join(m.heavy) or 'none'}"
+            row = Row(
+                f"{m.what}: peak RSS",
+                "nvdp",
+                value=_megabytes(m.peak_mb * 1e6 / MIB) + heavy,
+                budget=f"{budget:.0f} MB" + ("; none" if m.kind == "plugin" else ""),
+                ok=m.peak_mb <= budget and (m.kind != "plugin" or m.heavy == []),
+            )
+            rows.append(row)
+            if m.idle_cpu_ms is not None:
+                pct = m.idle_cpu_ms / 10 / m.idle_s
+                rows.append(
+                    Row(
+                        f"{m.what}: idle",
+                        "nvdp",
+                        f"{m.idle_s:.0f} s",
+                        value=f"{m.idle_cpu_ms:.0f} ms CPU = {pct:.3f}% core, {m.wakeups:.0f} wake-ups/s",
+                        budget=f"{IDLE_BUDGET_PCT}% core",
+                        ok=pct <= IDLE_BUDGET_PCT,
+                    )
+                )
+
 
 # ---- command line -------------------------------------------------------------------------------
 
@@ -666,6 +720,7 @@ def options(args: argparse.Namespace) -> Options:
         restarts=10 if quick else 20,
         starts=3 if quick else 5,
         allocation_rows=not args.no_allocation_tables,
+        commands=not args.no_commands,
     )
 
 
@@ -685,6 +740,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-allocation-tables",
         action="store_true",
         help="leave out the in-process tables of bench/allocation.py",
+    )
+    parser.add_argument(
+        "--no-commands",
+        action="store_true",
+        help="leave out the plugin modes and side commands of bench/commands.py",
     )
     parser.add_argument("--save", type=Path, metavar="FILE", help="also write the results to FILE (JSON)")
     parser.add_argument(

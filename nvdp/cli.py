@@ -27,6 +27,10 @@ SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["plugin"]:
+        from nvdp.footprint import block_ssl
+
+        block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
     parser = argparse.ArgumentParser(
         prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False
     )

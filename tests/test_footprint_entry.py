@@ -1,0 +1,22 @@
+"""`nvdp plugin` as a process keeps ssl out: the block comes before any subcommand's parser imports
+grpc (the mps-control-daemon's flags pull in nvdp.api), which cost 4.5 MB of the 45 MB budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvdp.kubelet import Kubelet
+from nvdp.testing import start_plugin
+
+
+def test_nvdp_plugin_process_maps_no_openssl(sock_dir: Path, kubelet: Kubelet) -> None:
+    plugin = start_plugin(sock_dir, "sim:dgx-a100")
+    try:
+        kubelet.wait_for_registration("nvidia.com/gpu", timeout=60)
+        maps = Path(f"/proc/{plugin.pid}/maps").read_text()
+    finally:
+        plugin.stop()
+    loaded = sorted(
+        {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "ssl" in line.rsplit("/", 1)[-1]}
+    )
+    assert loaded == []
