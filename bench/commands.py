@@ -9,8 +9,8 @@ Each process runs as a real process, as in a pod:
 - `nvdp plugin` with an MPS config (sim:pcie-4, 4 replicas per GPU), served once the
   `nvdp mps-control-daemon` next to it (over the tests' stand-in `nvidia-cuda-mps-control`,
   tests/mps_standin.py) has written its ready marker, after 400 Allocate calls;
-- `nvdp mps-control-daemon` itself (its health query runs every 30 s by default; the stand-in's CPU
-  is counted with the daemon's, as the children it waited for);
+- `nvdp mps-control-daemon` itself (its health query runs `nvidia-cuda-mps-control` every 5 s by
+  default; the CPU of those children, here the Python stand-in, is shown apart from the daemon's own);
 - `nvdp gfd` in loop mode writing a labels file, and with `--use-node-feature-api` against the
   Kubernetes API stand-in (tests/kube_api_nodefeature.py) through the real `kubernetes` client;
 - `nvdp config-manager` watching a node label (bench/config_manager.py).
@@ -67,17 +67,19 @@ class Measured:
     what: str
     kind: str  # "plugin" or "side"
     peak_mb: float = 0.0
-    idle_cpu_ms: float | None = None
+    idle_cpu_ms: float | None = None  # the process's own
+    idle_children_ms: float = 0.0  # children it waited for during the idle period
     idle_s: float = 0.0
     wakeups: float = 0.0
     heavy: list[str] | None = None
     note: str = ""
 
 
-def _cpu_with_children(pid: int) -> float:
+def _cpu(pid: int) -> tuple[float, float]:
+    """(own, waited-for children) CPU seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return sum(int(f) for f in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
 
 
 class Watched:
@@ -87,19 +89,21 @@ class Watched:
         self.m = measured
         self.process = process
         self.modules = modules
-        self._cpu = 0.0
+        self._cpu = (0.0, 0.0)
         self._switches = 0
         self._t0 = 0.0
 
     def idle_start(self) -> None:
-        self._cpu = _cpu_with_children(self.process.pid)
+        self._cpu = _cpu(self.process.pid)
         self._switches = ProcStats.read(self.process.pid).switches
         self._t0 = time.monotonic()
 
     def idle_end(self) -> None:
         elapsed = time.monotonic() - self._t0
         self.m.idle_s = elapsed
-        self.m.idle_cpu_ms = (_cpu_with_children(self.process.pid) - self._cpu) * 1e3
+        own, children = _cpu(self.process.pid)
+        self.m.idle_cpu_ms = (own - self._cpu[0]) * 1e3
+        self.m.idle_children_ms = (children - self._cpu[1]) * 1e3
         self.m.wakeups = (ProcStats.read(self.process.pid).switches - self._switches) / elapsed
 
     def peak(self) -> None:
@@ -296,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle = (
             ""
             if m.idle_cpu_ms is None
-            else f", idle {m.idle_cpu_ms:.0f} ms CPU / {m.idle_s:.0f} s, {m.wakeups:.0f} wake-ups/s"
+            else f", idle {m.idle_cpu_ms:.0f} ms CPU (children {m.idle_children_ms:.0f} ms)"
+            f" / {m.idle_s:.0f} s, {m.wakeups:.0f} wake-ups/s"
         )
         heavy = "" if m.heavy is None else f", heavy modules: {', '.join(m.heavy) or 'none'}"
         print(f"{m.what}: peak {m.peak_mb:.1f} MB (budget {budget_mb(m):.0f}){idle}{heavy} {m.note}")

@@ -692,12 +692,14 @@ class Bench:
             rows.append(row)
             if m.idle_cpu_ms is not None:
                 pct = m.idle_cpu_ms / 10 / m.idle_s
+                children = f"; its children {m.idle_children_ms:.0f} ms" if m.idle_children_ms else ""
                 rows.append(
                     Row(
                         f"{m.what}: idle",
                         "nvdp",
                         f"{m.idle_s:.0f} s",
-                        value=f"{m.idle_cpu_ms:.0f} ms CPU = {pct:.3f}% core, {m.wakeups:.0f} wake-ups/s",
+                        value=f"{m.idle_cpu_ms:.0f} ms CPU = {pct:.3f}% core, {m.wakeups:.0f} wake-ups/s"
+                        + children,
                         budget=f"{IDLE_BUDGET_PCT}% core",
                         ok=pct <= IDLE_BUDGET_PCT,
                     )
