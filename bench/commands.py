@@ -50,7 +50,7 @@ NODE_FEATURE = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu-ns/nodefeatures/nv
 
 SITECUSTOMIZE = '''"""bench/commands.py: write the names in sys.modules to $NVDP_BENCH_MODULES at exit."""
 import atexit, os, sys
-_path = os.environ.get("NVDP_BENCH_MODULES")
+_path = os.environ.pop("NVDP_BENCH_MODULES", None)  # this process's, not its children's
 if _path:
     def _dump(path=_path):
         with open(path, "w") as f:

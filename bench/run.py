@@ -686,7 +686,7 @@ class Bench:
                 f"{m.what}: peak RSS",
                 "nvdp",
                 value=_megabytes(m.peak_mb * 1e6 / MIB) + heavy,
-                budget=f"{budget:.0f} MB" + ("; none" if m.kind == "plugin" else ""),
+                budget=f"{budget:.0f} MB" + ("; no heavy" if m.kind == "plugin" else ""),
                 ok=m.peak_mb <= budget and (m.kind != "plugin" or m.heavy == []),
             )
             rows.append(row)
