@@ -1,5 +1,6 @@
-"""The plugin process stays small. `nvdp plugin` as a process keeps ssl out: the block comes before any subcommand's parser imports
-grpc (the mps-control-daemon's flags pull in nvdp.api), which cost 4.5 MB of the 45 MB budget."""
+"""The plugin process stays small. `nvdp plugin` as a process keeps ssl out: the block comes before
+any subcommand's parser imports grpc (the mps-control-daemon's flags pull in nvdp.api), which cost
+4.5 MB of the 45 MB budget; difflib waits for a config with an unknown key."""
 
 from __future__ import annotations
 
