@@ -12,8 +12,9 @@ process boundary; the client is the kubelet stand-in's channel in this process:
   64-GPU simulated node and 512 time-slicing replicas (the last with /metrics off and on), each run
   interleaved with the floor answering the same requests; ratio = nvdp p50 / floor p50 (budget 1.3x).
 - GetPreferredAllocation over the 512 replicas (a quarter of them taken), sizes 1, 2, 4, 8; ratio =
-  its p50 / nvdp's Allocate p50 on the same plugin (budget 2x). The floor answering the same
-  requests shows what the transport of a 384-ID request costs.
+  its p50 / nvdp's Allocate p50 on the same plugin, those Allocate calls interleaved with them
+  (budget 2x). The floor answering the same requests shows what the transport of a 384-ID request
+  costs.
 - A simulated XID (a line appended to $NVDP_SIM_EVENTS) until the kubelet stand-in receives the
   ListAndWatch update (budget 100 ms, on p99). The simulated node's file follower polls every 20 ms.
 - Kubelet restart until Register arrives: from the moment the kubelet accepts connections (budget
@@ -21,9 +22,13 @@ process boundary; the client is the kubelet stand-in's channel in this process:
   connections for a while first (the worst case).
 - Process start until the first ListAndWatch response (nvdp and the floor).
 - Peak RSS (VmHWM) of each plugin process after its load (budget 45 MB = 45e6 bytes).
-- CPU time and context switches (wake-ups) of idle plugin processes over --idle-seconds.
+- CPU time and context switches (wake-ups) of idle plugin processes over --idle-seconds, with the
+  default 10 s device rescan and with it off.
 - The in-process allocation tables of bench/allocation.py, when it is there.
 - The device rescan's CPU per tick and per minute while nothing changes (bench/rescan.py, in process).
+- Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
+  strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
+  config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
 """
 
 from __future__ import annotations
@@ -279,6 +284,7 @@ class Options:
     restarts: int
     starts: int
     allocation_rows: bool
+    commands: bool = True
 
 
 @dataclass(frozen=True)
@@ -308,11 +314,20 @@ class Bench:
 
     @contextlib.contextmanager
     def plugin(
-        self, kubelet: Kubelet, spec: DeviceSetSpec, env: dict[str, str] | None = None
+        self,
+        kubelet: Kubelet,
+        spec: DeviceSetSpec,
+        env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
     ) -> Iterator[Process]:
         metrics = f"127.0.0.1:{free_port()}" if spec.metrics else ""
         process = start_plugin(
-            kubelet.plugin_dir, spec.nvml, config_file=spec.config, metrics_address=metrics, env=env
+            kubelet.plugin_dir,
+            spec.nvml,
+            config_file=spec.config,
+            metrics_address=metrics,
+            env=env,
+            extra=extra,
         )
         with _registered(kubelet, process, GPU, "nvdp plugin"):
             yield process
@@ -343,7 +358,7 @@ class Bench:
         )
         preferred = self.table.section(
             "GetPreferredAllocation over 512 replicas, 128 taken;"
-            " ratio = its p50 / Allocate p50 (same plugin)"
+            " ratio = its p50 / Allocate p50 (same plugin, interleaved)"
         )
         memory = self.table.section("peak RSS (VmHWM) after the Allocate load")
         for spec in sets:
@@ -355,6 +370,8 @@ class Bench:
         if self.o.allocation_rows:
             self.allocation_tables()
         self.rescan_table()
+        if self.o.commands:
+            self.commands_table()
         return self.table
 
     def device_set(
@@ -385,7 +402,6 @@ class Bench:
                 stub = stubs[name]
                 return lambda i: stub.Allocate(requests[i % len(requests)], timeout=10)
 
-            nvdp_c1 = 0.0
             for concurrency in (1, 8):
                 samples = self.interleaved({n: allocate_on(n) for n in stubs}, self.o.calls, concurrency)
                 case = f"Allocate, {spec.label}, c={concurrency}"
@@ -395,10 +411,8 @@ class Bench:
                 nvdp_row.ratio = nvdp_row.p50 / floor_row.p50
                 nvdp_row.ok = nvdp_row.ratio <= ALLOCATE_BUDGET
                 allocate += [floor_row, nvdp_row]
-                if concurrency == 1:
-                    nvdp_c1 = nvdp_row.p50
             if preferred is not None:
-                self.preferred(kubelet, ids, stubs, nvdp_c1, preferred)
+                self.preferred(kubelet, ids, stubs, allocate_on("nvdp"), preferred)
             nvdp_mib = ProcStats.read(nvdp.pid).peak_rss_mib
             floor_mib = ProcStats.read(floor.pid).peak_rss_mib
             if not memory:
@@ -436,8 +450,15 @@ class Bench:
         return samples
 
     def preferred(
-        self, kubelet: Kubelet, ids: list[str], stubs: dict[str, Any], allocate_p50: float, rows: list[Row]
+        self,
+        kubelet: Kubelet,
+        ids: list[str],
+        stubs: dict[str, Any],
+        allocate: Callable[[int], object],
+        rows: list[Row],
     ) -> None:
+        """Each size's GetPreferredAllocation calls run in rounds interleaved with the floor's and
+        with Allocate calls on the same plugin: the ratio's two p50s come from the same minutes."""
         self.progress("GetPreferredAllocation over 512 replicas")
         taken_count = len(ids) // 4
         for size in (1, 2, 4, 8):
@@ -461,7 +482,9 @@ class Bench:
                 stub = stubs[name]
                 return lambda index: stub.GetPreferredAllocation(requests[index % len(requests)], timeout=10)
 
-            samples = self.interleaved({n: prefer_on(n) for n in stubs}, self.o.preferred_calls, 1)
+            calls = {n: prefer_on(n) for n in stubs} | {"allocate": allocate}
+            samples = self.interleaved(calls, self.o.preferred_calls, 1)
+            allocate_p50 = 1e3 * statistics.median(samples["allocate"].latencies)
             case = f"GetPreferredAllocation, size {size}"
             rows.append(samples["floor"].row(case, "floor"))
             row = samples["nvdp"].row(case, "nvdp", budget=f"{PREFERRED_BUDGET}x")
@@ -584,10 +607,14 @@ class Bench:
         )
         with contextlib.ExitStack() as stack:
             watched: list[tuple[str, str, Process]] = []
-            for label, metrics in (("8 GPUs, /metrics off", False), ("8 GPUs, /metrics on", True)):
+            for label, metrics, extra in (
+                ("8 GPUs, /metrics off, rescan every 10 s (default)", False, ()),
+                ("8 GPUs, /metrics on, rescan every 10 s (default)", True, ()),
+                ("8 GPUs, /metrics off, rescan off", False, ("--device-rescan-interval", "0")),
+            ):
                 kubelet = stack.enter_context(Kubelet(self.fresh_dir("idle")))
                 process = stack.enter_context(
-                    self.plugin(kubelet, DeviceSetSpec(label, "sim:dgx-a100", metrics=metrics))
+                    self.plugin(kubelet, DeviceSetSpec(label, "sim:dgx-a100", metrics=metrics), extra=extra)
                 )
                 watched.append((label, "nvdp", process))
             kubelet = stack.enter_context(Kubelet(self.fresh_dir("idle")))
@@ -649,6 +676,42 @@ class Bench:
             row.budget, row.ok = f"{RESCAN_BUDGET_MS} ms/min", r.per_minute_10s_ms <= RESCAN_BUDGET_MS
             rows.append(row)
 
+    def commands_table(self) -> None:
+        from bench import commands
+
+        seconds = min(self.o.idle_seconds, 30.0)
+        self.progress(f"plugin modes and side commands: RSS, idle CPU for {seconds:g} s (bench/commands.py)")
+        measured = commands.measure(seconds)
+        rows = self.table.section(
+            "plugin modes and side commands: peak RSS (VmHWM); heavy modules imported"
+            f" ({', '.join(commands.HEAVY)}); idle {seconds:g} s (bench/commands.py)"
+        )
+        for m in measured:
+            budget = commands.budget_mb(m)
+            heavy = "" if m.heavy is None else f"; heavy modules: {', '.join(m.heavy) or 'none'}"
+            row = Row(
+                f"{m.what}: peak RSS",
+                "nvdp",
+                value=_megabytes(m.peak_mb * 1e6 / MIB) + heavy,
+                budget=f"{budget:.0f} MB" + ("; no heavy" if m.kind == "plugin" else ""),
+                ok=m.peak_mb <= budget and (m.kind != "plugin" or m.heavy == []),
+            )
+            rows.append(row)
+            if m.idle_cpu_ms is not None:
+                pct = m.idle_cpu_ms / 10 / m.idle_s
+                children = f"; its children {m.idle_children_ms:.0f} ms" if m.idle_children_ms else ""
+                rows.append(
+                    Row(
+                        f"{m.what}: idle",
+                        "nvdp",
+                        f"{m.idle_s:.0f} s",
+                        value=f"{m.idle_cpu_ms:.0f} ms CPU = {pct:.3f}% core, {m.wakeups:.0f} wake-ups/s"
+                        + children,
+                        budget=f"{IDLE_BUDGET_PCT}% core",
+                        ok=pct <= IDLE_BUDGET_PCT,
+                    )
+                )
+
 
 # ---- command line -------------------------------------------------------------------------------
 
@@ -666,6 +729,7 @@ def options(args: argparse.Namespace) -> Options:
         restarts=10 if quick else 20,
         starts=3 if quick else 5,
         allocation_rows=not args.no_allocation_tables,
+        commands=not args.no_commands,
     )
 
 
@@ -685,6 +749,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-allocation-tables",
         action="store_true",
         help="leave out the in-process tables of bench/allocation.py",
+    )
+    parser.add_argument(
+        "--no-commands",
+        action="store_true",
+        help="leave out the plugin modes and side commands of bench/commands.py",
     )
     parser.add_argument("--save", type=Path, metavar="FILE", help="also write the results to FILE (JSON)")
     parser.add_argument(

@@ -54,6 +54,10 @@ def _parse(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["plugin"]:
+        from nvdp.footprint import block_ssl
+
+        block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

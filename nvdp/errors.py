@@ -6,7 +6,7 @@ place, `nvdp.plugin.status`.
 
 Not here on purpose: a few module-private signals that never leave their module (and so are no
 NvdpError): `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors
-turned into field-named `ConfigError` lines by their callers), `nvdp.nvml.sim.backend.SimEventError`
+turned into field-named `ConfigError` lines by their callers), `nvdp.nvml.sim.events.SimEventError`
 (a bad events-file line, logged and skipped), and `nvdp.kube`'s HTTP answers (`_HttpError`, `_Gone`,
 turned into `KubeError` or a re-list inside the adapter).
 """

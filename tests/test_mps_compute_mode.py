@@ -14,7 +14,7 @@ import pytest
 
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
-from nvdp.nvml.sim.backend import SimEventError, SimNvml
+from nvdp.nvml.sim import SimEventError, SimNvml
 from nvdp.nvml.types import ComputeMode
 from nvdp.testing import Process, clean_env, wait_until
 from tests import test_mps_daemon

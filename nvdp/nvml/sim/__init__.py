@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from nvdp.nvml.sim.backend import SimEventError, SimNvml
+from nvdp.nvml.sim.backend import SimNvml
 from nvdp.nvml.sim.event_set import SimEventSet
+from nvdp.nvml.sim.events import SimEventError
 from nvdp.nvml.sim.node import SimGpu, SimNode
 from nvdp.nvml.sim.spec import load_node_file, load_profile, profile_names
 

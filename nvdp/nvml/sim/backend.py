@@ -3,12 +3,11 @@
 It behaves like NVML where nvdp depends on it: calls before init() raise NVML_ERROR_UNINITIALIZED;
 events are registered on whole GPUs and carry GPU/compute instance ids for MIG devices; a lost GPU
 raises NVML_ERROR_GPU_IS_LOST; event sets are owned by one thread. Faults come from `inject()`,
-fed by the $NVDP_SIM_EVENTS file follower (one JSON object per line, see the README).
+fed by the $NVDP_SIM_EVENTS file follower (one JSON object per line, `events` checks its shape).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import weakref
@@ -17,6 +16,15 @@ from dataclasses import dataclass, replace
 
 from nvdp.errors import nvml_error
 from nvdp.nvml.sim.event_set import SimEventSet
+from nvdp.nvml.sim.events import (
+    ECC_EVENTS,
+    EVENT_NAMES,
+    INSTANCE_MAX,
+    PROBE_EVENTS,
+    STATE_EVENTS,
+    SimEventError,
+    decode_event,
+)
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
@@ -36,24 +44,6 @@ logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 _ECC_TYPES = EventType.SINGLE_BIT_ECC | EventType.DOUBLE_BIT_ECC
 _BASE_TYPES = EventType.XID_CRITICAL | EventType.PSTATE | EventType.CLOCK
-_ECC_EVENTS = {"single-bit-ecc": EventType.SINGLE_BIT_ECC, "double-bit-ecc": EventType.DOUBLE_BIT_ECC}
-_PROBE_EVENTS = {
-    "retired-pages-pending": {"retired_pages_pending": True},
-    "row-remap-pending": {"row_remap_pending": True},
-    "row-remap-failure": {"row_remap_failure": True},
-}
-_STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *_PROBE_EVENTS)
-_EVENT_NAMES = ("wait-error", *_ECC_EVENTS, *_STATE_EVENTS)
-_FIELDS = ("uuid", "xid", "event", "mig", "compute-mode", "gi_id", "ci_id", "code")
-XID_MAX = 2**64 - 1  # nvmlEventData_t.eventData is an unsigned long long
-INSTANCE_MAX = 2**32 - 2  # unsigned int; 0xFFFFFFFF means "no instance"
-
-
-class SimEventError(ValueError):
-    """An injected event (or events-file line) the simulated node cannot apply.
-
-    A ValueError, not an NvdpError, on purpose: the events-file follower logs and skips such a line,
-    and `inject()`'s callers are tests; it never ends a command."""
 
 
 @dataclass
@@ -215,34 +205,17 @@ class SimNvml:
 
     def inject(self, event: Mapping[str, object] | str) -> None:
         """Apply one event (a decoded or JSON events-file line); SimEventError when it cannot be."""
-        if isinstance(event, str):
-            try:
-                event = json.loads(event)
-            except json.JSONDecodeError as e:
-                raise SimEventError(f"not JSON: {e}") from e
-        if not isinstance(event, Mapping):
-            raise SimEventError("not a JSON object")
-        unknown = [key for key in event if key not in _FIELDS]
-        if unknown:
-            raise SimEventError(f"unknown field {unknown[0]!r} (accepted: {', '.join(_FIELDS)})")
-        kinds = [key for key in ("xid", "event", "mig", "compute-mode") if key in event]
-        if len(kinds) != 1:
-            raise SimEventError("needs exactly one of 'xid', 'event', 'mig' or 'compute-mode'")
+        event = decode_event(event)
         if event.get("event") == "wait-error":
             self._fail_next_waits(event.get("code", "NVML_ERROR_UNKNOWN"))
             return
-        if "code" in event:
-            raise SimEventError('\'code\' goes only with "event": "wait-error"')
         with self._lock:
             gpu, mig = self._target(event.get("uuid"))
             if "mig" in event:
                 self._set_mig_layout(gpu, mig, event["mig"])
             elif "compute-mode" in event:
                 self._change_compute_mode(gpu, mig, event["compute-mode"])
-            elif "xid" in event:
-                xid = event["xid"]
-                if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= XID_MAX:
-                    raise SimEventError(f"xid: must be an integer from 0 to 2**64-1, got {xid!r}")
+            elif isinstance(xid := event.get("xid"), int):  # range-checked by decode_event
                 self._deliver(gpu, mig, EventType.XID_CRITICAL, xid, event)
             else:
                 self._apply_event(gpu, mig, event["event"], event)
@@ -272,11 +245,11 @@ class SimNvml:
     def _apply_event(
         self, gpu: SimGpu, mig: MigDeviceInfo | None, name: object, event: Mapping[str, object]
     ) -> None:
-        if isinstance(name, str) and name in _ECC_EVENTS:
-            self._deliver(gpu, mig, _ECC_EVENTS[name], 0, event)
+        if isinstance(name, str) and name in ECC_EVENTS:
+            self._deliver(gpu, mig, ECC_EVENTS[name], 0, event)
             return
-        if name not in _STATE_EVENTS:
-            raise SimEventError(f"event: unknown {name!r} (accepted: {', '.join(_EVENT_NAMES)})")
+        if name not in STATE_EVENTS:
+            raise SimEventError(f"event: unknown {name!r} (accepted: {', '.join(EVENT_NAMES)})")
         if "gi_id" in event or "ci_id" in event:
             raise SimEventError(f"gi_id/ci_id do not apply to {name!r}")
         state = self._state[gpu.index]
@@ -287,7 +260,7 @@ class SimNvml:
         elif name == "clear-pending":
             state.probe = ProbeResult()
         else:
-            state.probe = replace(state.probe, **_PROBE_EVENTS[str(name)])
+            state.probe = replace(state.probe, **PROBE_EVENTS[str(name)])
         logger.info("simulated GPU state change gpu=%s index=%d event=%s", gpu.uuid, gpu.index, name)
 
     def _deliver(
