@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python bench/config_manager.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Process, ProcStats, clean_env, wait_until
+from nvdp.testing import Process, ProcStats, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 
 BUDGET_BYTES = 80e6

@@ -1,8 +1,7 @@
 """What only the benchmarks run: the bare grpcio floor plugin as a process, and the machine lines.
 
 The plugin process, /proc readings and device-set files live in `nvdp.testing` (shared with the
-tests, which never import this package); they are re-exported here for benchmark modules written
-against the old home.
+tests, which never import this package).
 """
 
 from __future__ import annotations
@@ -11,35 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from nvdp.testing import (
-    REPO,
-    Process,
-    ProcStats,
-    clean_env,
-    free_port,
-    plugin_argv,
-    start_plugin,
-    thread_names,
-    wait_until,
-    write_node_file,
-    write_time_slicing_config,
-)
+from nvdp.testing import Process, clean_env
 
-__all__ = [
-    "REPO",
-    "ProcStats",
-    "Process",
-    "clean_env",
-    "free_port",
-    "machine_lines",
-    "plugin_argv",
-    "start_floor",
-    "start_plugin",
-    "thread_names",
-    "wait_until",
-    "write_node_file",
-    "write_time_slicing_config",
-]
+__all__ = ["machine_lines", "start_floor"]
 
 
 def start_floor(

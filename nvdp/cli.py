@@ -102,37 +102,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _nvidia_named(
+    prog: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace, Mapping[str, str]], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """One of NVIDIA's binary names as a console script: the same flags as the `nvdp` subcommand."""
+    parser = Parser(prog=prog, description=description, allow_abbrev=False)
+    _add_version(parser)
+    add_arguments(parser)
+    return run(_parse(parser, argv), os.environ)
+
+
 def plugin_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `nvidia-device-plugin`: NVIDIA's binary name, same flags."""
-    parser = Parser(
-        prog="nvidia-device-plugin", description="NVIDIA device plugin (nvdp).", allow_abbrev=False
+    return _nvidia_named(
+        "nvidia-device-plugin", "NVIDIA device plugin (nvdp).", _add_plugin_arguments, run_plugin, argv
     )
-    _add_version(parser)
-    _add_plugin_arguments(parser)
-    return run_plugin(_parse(parser, argv), os.environ)
 
 
 def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
     from nvdp.mps.command import add_arguments
 
-    parser = Parser(
-        prog="mps-control-daemon", description="NVIDIA MPS control daemon (nvdp).", allow_abbrev=False
+    return _nvidia_named(
+        "mps-control-daemon", "NVIDIA MPS control daemon (nvdp).", add_arguments, run_mps_control_daemon, argv
     )
-    _add_version(parser)
-    add_arguments(parser)
-    return run_mps_control_daemon(_parse(parser, argv), os.environ)
 
 
 def gfd_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gpu-feature-discovery`: NVIDIA's binary name, same flags (the name the
     config-manager finds the process by: PROCESS_TO_SIGNAL)."""
-    parser = Parser(
-        prog="gpu-feature-discovery", description="GPU feature discovery (nvdp gfd).", allow_abbrev=False
+    return _nvidia_named(
+        "gpu-feature-discovery", "GPU feature discovery (nvdp gfd).", _add_gfd_arguments, run_gfd, argv
     )
-    _add_version(parser)
-    _add_gfd_arguments(parser)
-    return run_gfd(_parse(parser, argv), os.environ)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
