@@ -58,6 +58,8 @@ def new_api_client(
             configuration.api_key = {"authorization": token}
             configuration.api_key_prefix = {"authorization": "Bearer"}
     else:
+        if kubeconfig and not os.path.isfile(kubeconfig):
+            raise KubeError(f"cannot load kubeconfig {kubeconfig}: no such file")
         try:
             if kubeconfig:
                 config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)

@@ -11,7 +11,7 @@ from nvdp.errors import KubeError
 from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.kube import KubeNodeEvents, new_api_client
 
-NO_CONFIG = "Invalid kube-config file. No configuration found."  # the client's words for a missing file
+NO_CONFIG = "no such file"  # said before the client is asked (its words: "Invalid kube-config file")
 
 
 def test_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
@@ -19,6 +19,15 @@ def test_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(KubeError) as raised:
         new_api_client(kubeconfig=str(missing))
     assert str(raised.value) == f"cannot load kubeconfig {missing}: {NO_CONFIG}"
+
+
+def test_unreadable_kubeconfig_is_one_line_with_the_clients_reason(tmp_path: Path) -> None:
+    empty = tmp_path / "kubeconfig"
+    empty.write_text("")
+    with pytest.raises(KubeError) as raised:
+        new_api_client(kubeconfig=str(empty))
+    assert str(raised.value).startswith(f"cannot load kubeconfig {empty}: ")
+    assert "\n" not in str(raised.value)
 
 
 def test_node_feature_output_without_a_config_retries_then_one_line(tmp_path: Path) -> None:
