@@ -794,3 +794,31 @@ def test_follower_thread_stops_with_shutdown(tmp_path: Path) -> None:
     node.shutdown()
     node.shutdown()
     assert len(follower_threads()) == before
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        pytest.param("dir", "simulated events file is a directory", id="a-directory"),
+        pytest.param("missing/events", "simulated events file's directory does not exist", id="no-parent"),
+    ],
+)
+def test_events_file_that_can_never_be_read_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str, said: str
+) -> None:
+    (tmp_path / "dir").mkdir()
+    follower = FileFollower(str(tmp_path / where), lambda line: None)
+    with caplog.at_level(logging.WARNING, logger="nvdp.nvml.sim.follower"):
+        follower.start()
+        follower.stop()
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [said]
+
+
+def test_events_file_yet_to_be_created_is_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    follower = FileFollower(str(tmp_path / "events"), lambda line: None)
+    with caplog.at_level(logging.WARNING, logger="nvdp.nvml.sim.follower"):
+        follower.start()
+        follower.stop()
+    assert caplog.records == []

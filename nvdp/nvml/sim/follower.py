@@ -49,6 +49,13 @@ class FileFollower:
             self._identity, self._offset = (st.st_dev, st.st_ino), st.st_size
         except OSError:
             self._identity, self._offset = None, 0
+        if os.path.isdir(self._path):
+            logger.warning("simulated events file is a directory; no event will be read file=%s", self._path)
+        elif not os.path.isdir(os.path.dirname(os.path.abspath(self._path))):
+            logger.warning(
+                "simulated events file's directory does not exist; nothing is read until it does file=%s",
+                self._path,
+            )
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="nvdp-sim-events", daemon=True)
         self._thread.start()
