@@ -1,7 +1,8 @@
 """`nvdp gfd` flags and env vars: NVIDIA's gpu-feature-discovery names, defaults and precedence.
 
 Shared settings (`--config-file`, `--mig-strategy`, `--fail-on-init-error`, `--nvidia-driver-root`,
-`--device-discovery-strategy`, nvdp's `--nvml`, logging) go through the plugin's resolver
+`--driver-root-ctr-path`, `--device-discovery-strategy`, `--resource-name-prefix`, nvdp's `--nvml`,
+logging) go through the plugin's resolver
 (`nvdp.config.resolve`); GFD's own settings are then resolved here: a flag, else its env var, else
 the config file's `flags.gfd` (`flags.useNodeFeatureAPI`), else NVIDIA's default.
 """
@@ -27,7 +28,9 @@ SHARED_FLAGS = (
     "--mig-strategy",
     "--fail-on-init-error",
     "--driver-root",
+    "--driver-root-ctr-path",
     "--device-discovery-strategy",
+    "--resource-name-prefix",
     "--config-file",
     "--nvml",
     "--log-format",
@@ -49,6 +52,11 @@ class GfdOption:
     parse: Callable[[str], object]
     help: str
     is_bool: bool = False
+    aliases: tuple[str, ...] = ()  # more env var names, read after `env`
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return (self.env, *self.aliases)
 
     @property
     def dest(self) -> str:
@@ -102,10 +110,18 @@ GFD_OPTIONS = (
         v.parse_bool,
         "publish labels as an NFD NodeFeature object instead of the feature file",
         True,
+        ("USE_NODE_FEATURE_API",),
     ),
     GfdOption(("--node-name",), "NODE_NAME", "node_name", v.string, "this node's name (for the NodeFeature)"),
     GfdOption(
         ("--namespace",), "KUBERNETES_NAMESPACE", "namespace", v.string, "namespace of the NodeFeature object"
+    ),
+    GfdOption(
+        ("--kubeconfig",),
+        "KUBECONFIG",
+        "kubeconfig",
+        v.string,
+        "kubeconfig file for the Node Feature API (in-cluster credentials when empty)",
     ),
 )
 
@@ -121,7 +137,7 @@ class GfdSettings:
     use_node_feature_api: bool = False
     node_name: str = ""
     namespace: str = ""
-    kubeconfig: str = ""  # KUBECONFIG; empty: in-cluster credentials
+    kubeconfig: str = ""  # --kubeconfig / KUBECONFIG; empty: in-cluster credentials
 
 
 def add_gfd_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +163,7 @@ def add_gfd_flags(parser: argparse.ArgumentParser) -> None:
             *option.names,
             dest=option.dest,
             default=None,
-            help=f"{option.help} [env {option.env}; default {shown}]",
+            help=f"{option.help} [env {', '.join(option.envs)}; default {shown}]",
             **extra,  # type: ignore[arg-type]
         )
 
@@ -176,8 +192,9 @@ def resolve_gfd(
         values["use_node_feature_api"] = config.flags.use_node_feature_api
     for option in GFD_OPTIONS:
         given = getattr(args, option.dest, None)
-        label = f"{option.names[0]} / {option.env}"
-        text = str(given) if given is not None else env.get(option.env)
+        env_name = next((name for name in option.envs if name in env), option.env)
+        label = f"{option.names[0]} / {env_name}"
+        text = str(given) if given is not None else env.get(env_name)
         if text is None:
             continue
         try:
@@ -188,7 +205,6 @@ def resolve_gfd(
         raise ConfigError(problems)
     if not values.get("namespace"):
         values["namespace"] = env.get("POD_NAMESPACE") or _read(token_dir or SERVICE_ACCOUNT_NAMESPACE)
-    values["kubeconfig"] = env.get("KUBECONFIG", "")
     settings = GfdSettings(config=config, **values)  # type: ignore[arg-type]
     if settings.use_node_feature_api and not settings.node_name:
         raise ConfigError("--use-node-feature-api: the node name is required (--node-name / NODE_NAME)")
