@@ -55,6 +55,18 @@ def test_kubeconfig_flag_is_what_the_node_feature_client_uses(tmp_path: Path) ->
         assert stored is not None and stored["spec"]["labels"] == {"nvidia.com/gpu.count": "1"}
 
 
+def test_kube_api_qps_and_burst_are_validated() -> None:
+    assert (parse().kube_api_qps, parse().kube_api_burst) == (5.0, 10)
+    settings = parse("--kube-api-qps", "2.5", environ={"KUBE_API_QPS": "9", "KUBE_API_BURST": "3"})
+    assert (settings.kube_api_qps, settings.kube_api_burst) == (2.5, 3)
+    with pytest.raises(ConfigError) as raised:
+        parse("--kube-api-qps", "fast", environ={"KUBE_API_BURST": "-1"})
+    assert raised.value.problems == [
+        '--kube-api-qps / KUBE_API_QPS: must be a number >= 0, got "fast"',
+        '--kube-api-burst / KUBE_API_BURST: must be an integer >= 0, got "-1"',
+    ]
+
+
 # ---- --use-node-feature-api: GFD_USE_NODE_FEATURE_API, then USE_NODE_FEATURE_API --------------
 
 
@@ -81,6 +93,13 @@ def test_bad_use_node_feature_api_alias_names_the_alias() -> None:
     assert raised.value.problems == [
         '--use-node-feature-api / USE_NODE_FEATURE_API: invalid value "maybe" (accepted: true, false, 1, 0)'
     ]
+
+
+def test_namespace_env_alias() -> None:
+    assert parse(environ={"NAMESPACE": "ns2", "POD_NAMESPACE": "pod-ns"}).namespace == "ns2"
+    both = {"KUBERNETES_NAMESPACE": "ns1", "NAMESPACE": "ns2"}
+    assert parse(environ=both).namespace == "ns1"
+    assert parse("--namespace", "flag-ns", environ=both).namespace == "flag-ns"
 
 
 # ---- --driver-root-ctr-path / --container-driver-root --------------------------------------------

@@ -72,6 +72,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _qps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise v.InvalidValue(f"must be a number >= 0, got {v.show(text)}") from None
+    if not value >= 0 or value == float("inf"):
+        raise v.InvalidValue(f"must be a number >= 0, got {v.show(text)}")
+    return value
+
+
+def _burst(text: str) -> int:
+    return v.integer(0)(int(text) if text.isascii() and text.isdigit() else text)
+
+
 GFD_OPTIONS = (
     GfdOption(("--oneshot",), "GFD_ONESHOT", "oneshot", v.parse_bool, "label once and exit", True),
     GfdOption(
@@ -114,7 +128,12 @@ GFD_OPTIONS = (
     ),
     GfdOption(("--node-name",), "NODE_NAME", "node_name", v.string, "this node's name (for the NodeFeature)"),
     GfdOption(
-        ("--namespace",), "KUBERNETES_NAMESPACE", "namespace", v.string, "namespace of the NodeFeature object"
+        ("--namespace",),
+        "KUBERNETES_NAMESPACE",
+        "namespace",
+        v.string,
+        "namespace of the NodeFeature object",
+        aliases=("NAMESPACE",),  # NVIDIA's newest gfd reads NAMESPACE
     ),
     GfdOption(
         ("--kubeconfig",),
@@ -122,6 +141,14 @@ GFD_OPTIONS = (
         "kubeconfig",
         v.string,
         "kubeconfig file for the Node Feature API (in-cluster credentials when empty)",
+    ),
+    # NVIDIA's client rate limits. Validated, not applied: nvdp's GFD makes at most two API
+    # requests per labeling pass (docs/gfd.md), far below any limit these could set.
+    GfdOption(
+        ("--kube-api-qps",), "KUBE_API_QPS", "kube_api_qps", _qps, "API queries per second (not applied)"
+    ),
+    GfdOption(
+        ("--kube-api-burst",), "KUBE_API_BURST", "kube_api_burst", _burst, "API request burst (not applied)"
     ),
 )
 
@@ -138,6 +165,8 @@ class GfdSettings:
     node_name: str = ""
     namespace: str = ""
     kubeconfig: str = ""  # --kubeconfig / KUBECONFIG; empty: in-cluster credentials
+    kube_api_qps: float = 5.0  # NVIDIA's defaults; see GFD_OPTIONS
+    kube_api_burst: int = 10
 
 
 def add_gfd_flags(parser: argparse.ArgumentParser) -> None:
