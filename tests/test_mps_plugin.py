@@ -254,3 +254,35 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         assert watcher.wait(5.0) and gate.changed(watcher)
     finally:
         watcher.close()
+
+
+def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Path) -> None:
+    """The daemon creates `<root>/nvidia.com/gpu` between `changed()` finding it missing and the
+    watch on the root: the marker made in it must still wake the supervisor (it used to sleep on
+    until something else woke it, and the resource was never served)."""
+    from nvdp.mps.ready import MpsReadiness
+    from nvdp.plugin.watch import DirWatcher
+
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    root = MpsRoot(tmp_path / "mps")
+    root.path.mkdir()
+    inner = DirWatcher(plugin_dir)
+
+    class DaemonRacingWatcher:
+        def add(self, directory: Path) -> bool:
+            if directory == root.path and not root.resource_dir(GPU).exists():
+                root.resource_dir(GPU).mkdir(parents=True)  # the daemon's mkdir lands now
+            return inner.add(directory)
+
+    try:
+        gpus = sim_gpus("pcie-4")
+        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),))
+        gate = MpsReadiness()
+        assert gate.filter(resources, gpus, str(root.path)) == []
+        assert not gate.changed(DaemonRacingWatcher())
+        root.marker(GPU).touch()
+        assert inner.wait(5.0)
+        assert gate.changed(inner)
+    finally:
+        inner.close()

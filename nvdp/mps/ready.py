@@ -4,7 +4,8 @@ ready marker `<root>/<resource>/.started` exists.
 The supervisor filters the resources it builds through `MpsReadiness.filter` and, on every wake-up
 of its directory watcher, asks `changed()`: the marker directories (or their nearest existing
 parent, before the daemon has created them) are added to the same inotify watch, so a marker that
-appears or goes wakes the supervisor at once; there is no polling loop.
+appears or goes wakes the supervisor at once; there is no polling loop. Each level is watched before
+the one below it is looked at, so a directory the daemon creates meanwhile is never missed.
 """
 
 from __future__ import annotations
@@ -59,10 +60,7 @@ class MpsReadiness:
         if not self._names or self._root is None:
             return False
         for name in self._names:
-            directory = self._root.resource_dir(name)
-            while not directory.is_dir() and directory.parent != directory:
-                directory = directory.parent
-            watcher.add(directory)
+            _watch_down_to(self._root.resource_dir(name), watcher)
         return self._present() != self._ready
 
     def _present(self) -> frozenset[str]:
@@ -70,3 +68,19 @@ class MpsReadiness:
         if root is None:
             return frozenset()
         return frozenset(n for n in self._names if root.marker(n).exists())
+
+
+def _watch_down_to(directory: Path, watcher: Watcher) -> None:
+    """Watch `directory`, or its nearest existing parent while it does not exist yet.
+
+    Top down, each level is watched before the one below it is looked at: the daemon creates
+    `<root>/<resource>` while the plugin looks, and a directory made between a look that missed it
+    and the watch on its parent would never wake the supervisor (nor would the marker made in it).
+    Here it is either seen by the next look, and watched in turn, or its creation wakes the watcher.
+    """
+    chain = [directory, *directory.parents]  # deepest first; the last, "/", always exists
+    level = next(i for i, d in enumerate(chain) if d.is_dir() or i == len(chain) - 1)
+    watcher.add(chain[level])
+    while level > 0 and chain[level - 1].is_dir():
+        level -= 1
+        watcher.add(chain[level])
