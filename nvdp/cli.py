@@ -61,31 +61,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    plugin = sub.add_parser(
-        "plugin", help="run the device plugin daemon (same as nvidia-device-plugin)", allow_abbrev=False
-    )
-    _add_version(plugin)
-    _add_plugin_arguments(plugin)
-    simulate = sub.add_parser(
-        "simulate",
-        help="run the plugin on a simulated GPU node against an in-process kubelet",
-        allow_abbrev=False,
-    )
-    _add_version(simulate)
-    _add_simulate_arguments(simulate)
-    gfd = sub.add_parser("gfd", help="label the node's GPUs for Node Feature Discovery", allow_abbrev=False)
-    _add_version(gfd)
-    _add_gfd_arguments(gfd)
-    _add_config_manager_commands(sub)
-    mps = sub.add_parser(
-        "mps-control-daemon",
-        help="run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
-        allow_abbrev=False,
-    )
     from nvdp.mps.command import add_arguments as add_mps_arguments
 
-    _add_version(mps)
-    add_mps_arguments(mps)
+    for name, help_text, add_arguments in (
+        ("plugin", "run the device plugin daemon (same as nvidia-device-plugin)", _add_plugin_arguments),
+        (
+            "simulate",
+            "run the plugin on a simulated GPU node against an in-process kubelet",
+            _add_simulate_arguments,
+        ),
+        ("gfd", "label the node's GPUs for Node Feature Discovery", _add_gfd_arguments),
+        (
+            "mps-control-daemon",
+            "run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
+            add_mps_arguments,
+        ),
+    ):
+        command = sub.add_parser(name, help=help_text, allow_abbrev=False)
+        _add_version(command)
+        add_arguments(command)
+    _add_config_manager_commands(sub)
     args = _parse(parser, argv, sub.choices)
     if args.command == "plugin":
         return run_plugin(args, os.environ)

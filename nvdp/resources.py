@@ -279,7 +279,7 @@ def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication
                 continue
             counts.setdefault(target, {})[device.uuid] = rule.replicas
             for n in range(rule.replicas):
-                members.append(_replica(device, str(AnnotatedID(device.uuid, n)), n))
+                members.append(replace(device, id=str(AnnotatedID(device.uuid, n)), replica=n))
         if rule.replicas > 1:
             meta[target] = rule
     if problems:
@@ -310,18 +310,3 @@ def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication
 def _device_order(device: Device) -> tuple[int, int, int]:
     mig = device.mig.index if device.mig is not None else -1
     return (device.gpu_index, mig, device.replica if device.replica is not None else -1)
-
-
-def _replica(device: Device, replica_id: str, n: int) -> Device:
-    return Device(
-        id=replica_id,
-        uuid=device.uuid,
-        index=device.index,
-        gpu_uuid=device.gpu_uuid,
-        gpu_index=device.gpu_index,
-        numa_node=device.numa_node,
-        paths=device.paths,
-        memory_bytes=device.memory_bytes,
-        mig=device.mig,
-        replica=n,
-    )
