@@ -65,25 +65,34 @@ def api() -> Iterator[KubeApiStandin]:
         yield standin
 
 
+def console_script(bin_dir: Path, name: str, entry: str) -> Path:
+    """A per-test copy of the console script `name` (calling `nvdp.cli.<entry>`): the config-manager
+    is told its absolute path, so tests beside ours never get our signals."""
+    bin_dir.mkdir(exist_ok=True)
+    exe = bin_dir / name
+    exe.write_text(f"#!{sys.executable}\nimport sys\nfrom nvdp.cli import {entry}\nsys.exit({entry}())\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def manager_argv(kubeconfig: Path, src: Path, dst: Path, signalled: Path, *extra: str) -> list[str]:
+    """`nvdp config-manager` for NODE, signalling `signalled` (no --poll-interval: ConfigMap edits
+    are seen through inotify)."""
+    argv = [sys.executable, "-m", "nvdp.cli", "config-manager", "--kubeconfig", str(kubeconfig)]
+    argv += ["--node-name", NODE, "--config-file-srcdir", str(src), "--config-file-dst", str(dst)]
+    return [*argv, "--process-to-signal", str(signalled), *extra]
+
+
 class Setup:
     def __init__(self, base: Path, api: KubeApiStandin, kubelet: Kubelet, processes: list[Process]) -> None:
         self.base, self.api, self.kubelet, self.processes = base, api, kubelet, processes
         self.kubeconfig = api.write_kubeconfig(base / "kubeconfig")
         self.src = ConfigMapDir(base / "src", {"a": ts(2), "b": ts(4), "default": "version: v1\n"})
         self.dst = base / "dst" / "config.yaml"
-        bin_dir = base / "bin"
-        bin_dir.mkdir()
-        self.plugin_exe = bin_dir / "nvidia-device-plugin"
-        self.plugin_exe.write_text(
-            f"#!{sys.executable}\nimport sys\nfrom nvdp.cli import plugin_main\nsys.exit(plugin_main())\n"
-        )
-        self.plugin_exe.chmod(0o755)
+        self.plugin_exe = console_script(base / "bin", "nvidia-device-plugin", "plugin_main")
 
     def manager(self, *extra: str, log: str = "manager.log", **env: str) -> Process:
-        argv = [sys.executable, "-m", "nvdp.cli", "config-manager", "--kubeconfig", str(self.kubeconfig)]
-        argv += ["--node-name", NODE, "--config-file-srcdir", str(self.src.root)]
-        argv += ["--config-file-dst", str(self.dst), "--process-to-signal", str(self.plugin_exe)]
-        argv += [*extra]  # no --poll-interval: ConfigMap edits are seen through inotify
+        argv = manager_argv(self.kubeconfig, self.src.root, self.dst, self.plugin_exe, *extra)
         process = Process(argv, self.base / log, clean_env(env))
         self.processes.append(process)
         return process

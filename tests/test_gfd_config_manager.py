@@ -8,7 +8,6 @@ the manager is told its absolute path, so tests beside ours never get our signal
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from nvdp.configmanager import process
 from nvdp.testing import REPO, Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
-from tests.test_config_manager import LABEL, NODE, NODE_PATH, ConfigMapDir, ts
+from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv, ts
 from tests.test_gfd_process import DATA
 
 # test_config_manager's fixture (the Kubernetes API stand-in serving the Node), used here by name
@@ -36,18 +35,10 @@ def test_gfd_labels_follow_the_node_label_through_the_config_manager(
     dst = tmp_path / "dst" / "config.yaml"
     out = tmp_path / "features.d" / "gfd"
     out.parent.mkdir()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    gfd_exe = bin_dir / "gpu-feature-discovery"
-    gfd_exe.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom nvdp.cli import gfd_main\nsys.exit(gfd_main())\n"
-    )
-    gfd_exe.chmod(0o755)
+    gfd_exe = console_script(tmp_path / "bin", "gpu-feature-discovery", "gfd_main")
 
     def manager(*extra: str, log: str, **env: str) -> Process:
-        argv = [sys.executable, "-m", "nvdp.cli", "config-manager", "--kubeconfig", str(kubeconfig)]
-        argv += ["--node-name", NODE, "--config-file-srcdir", str(src.root), "--config-file-dst", str(dst)]
-        argv += ["--process-to-signal", str(gfd_exe), *extra]
+        argv = manager_argv(kubeconfig, src.root, dst, gfd_exe, *extra)
         started = Process(argv, tmp_path / log, clean_env(env))
         processes.append(started)
         return started

@@ -9,7 +9,6 @@ directory and the manager is told its absolute path, so tests beside ours never 
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from nvdp.testing import REPO, Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.mps_standin import Standin
-from tests.test_config_manager import LABEL, NODE, NODE_PATH, ConfigMapDir
+from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv
 
 # test_config_manager's fixture (the Kubernetes API stand-in serving the Node), used here by name
 api = test_config_manager.api
@@ -45,19 +44,10 @@ def test_mps_daemon_follows_the_node_label_through_the_config_manager(
     dst = tmp_path / "dst" / "config.yaml"
     root = MpsRoot(tmp_path / "mps")
     standin = Standin(tmp_path / "standin")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "mps-control-daemon"
-    exe.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom nvdp.cli import mps_control_daemon_main\n"
-        "sys.exit(mps_control_daemon_main())\n"
-    )
-    exe.chmod(0o755)
+    exe = console_script(tmp_path / "bin", "mps-control-daemon", "mps_control_daemon_main")
 
     def manager(*extra: str, log: str, **env: str) -> Process:
-        argv = [sys.executable, "-m", "nvdp.cli", "config-manager", "--kubeconfig", str(kubeconfig)]
-        argv += ["--node-name", NODE, "--config-file-srcdir", str(src.root), "--config-file-dst", str(dst)]
-        argv += ["--process-to-signal", str(exe), *extra]
+        argv = manager_argv(kubeconfig, src.root, dst, exe, *extra)
         started = Process(argv, tmp_path / log, clean_env(env))
         processes.append(started)
         return started
