@@ -23,6 +23,7 @@ from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import NodeEventRecorder
 from nvdp.logs import log_event
+from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.dir_lock import DirClaim
@@ -134,6 +135,9 @@ class Daemon:
             config.flags.plugin.container_driver_root,
             environ=environ,
         )
+        # One Node event recorder (when in a cluster) for health transitions and misfits.
+        self.node_events = node_events_from_env(environ)
+        self.misfits = MisfitReport(self.node_events)
         # Metrics only when --metrics-address is set; an explicit observer
         # replaces the metrics observer but not the endpoint.
         self.metrics: Metrics | None = None
@@ -141,12 +145,10 @@ class Daemon:
         if config.metrics_address:
             from nvdp.metrics import Metrics
 
-            self.metrics = Metrics(config.metrics_address)
+            self.metrics = Metrics(config.metrics_address, misfits=self.misfits)
             counted = self.metrics.count_nvml_errors(self.nvml)
             observer = observer or self.metrics
-        self.health = NodeHealth(
-            counted, health_settings(config), environ, node_events=lambda: node_events_from_env(environ)
-        )
+        self.health = NodeHealth(counted, health_settings(config), environ, node_events=self.node_events)
         if self.metrics is not None:
             self.metrics.health = self.health
         self._servers = GrpcServers(observer)
@@ -161,6 +163,7 @@ class Daemon:
             health=self.health,
             observer=observer,
             dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
+            misfits=self.misfits,
         )
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
@@ -203,3 +206,5 @@ class Daemon:
             self._servers.shutdown()
             if self.metrics is not None:
                 self.metrics.stop()
+            if self.node_events is not None:
+                self.node_events.close()

@@ -1,5 +1,5 @@
 """The kubelet's gRPC message limit applied to resources (pure): the encoded size of a resource's
-ListAndWatch list, and the check that refuses, in one line, a resource whose list would not fit.
+ListAndWatch list, and the one line that says a resource's list would not fit.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from nvdp.devices import Device
-from nvdp.errors import ResourceError
 
 # The kubelet receives ListAndWatch with gRPC's default 4 MiB message limit; a resource whose device
 # list would not fit is refused with half of it as margin (the list's size is computed from the IDs).
@@ -46,13 +45,14 @@ def list_and_watch_bytes(devices: Sequence[Device]) -> int:
     return total
 
 
-def check_list_sizes(resources: Sequence[Listed]) -> None:
-    """Refuse, in one line, a resource whose ListAndWatch list would not fit the kubelet's limit."""
-    problems = []
+def oversized(resources: Sequence[Listed]) -> dict[str, str]:
+    """Resource name -> why, for every resource whose ListAndWatch list would not fit the kubelet's
+    limit."""
+    problems = {}
     for resource in resources:
         size = list_and_watch_bytes(list(resource.devices.values()))
         if size > MAX_LIST_AND_WATCH_BYTES:
-            problems.append(
+            problems[resource.name] = (
                 f"{resource.name}: {len(resource.devices)} devices make a {size}-byte ListAndWatch list, "
                 f"over nvdp's limit of {MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's "
                 f"{KUBELET_MAX_MESSAGE_BYTES}-byte gRPC message limit): lower the sharing replicas"
@@ -62,5 +62,4 @@ def check_list_sizes(resources: Sequence[Listed]) -> None:
                     else ""
                 )
             )
-    if problems:
-        raise ResourceError("; ".join(problems))
+    return problems

@@ -3,17 +3,30 @@
 Follows NVIDIA's device-plugin rules:
 - MIG strategy `none`: every GPU (MIG-enabled or not) is matched against `resources.gpus`.
 - `single`: MIG-enabled GPUs are skipped as whole GPUs and their MIG devices are advertised
-  (default name `nvidia.com/gpu`); all MIG devices must be of one profile and the node may not mix
-  MIG-enabled and MIG-disabled GPUs.
+  (default name `nvidia.com/gpu`); all MIG devices should be of one profile and the node should not
+  mix MIG-enabled and MIG-disabled GPUs.
 - `mixed`: whole GPUs as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
-Every GPU / MIG device must match a pattern; every MIG-enabled GPU must have MIG devices.
 Sharing (time-slicing, MPS) then replaces a resource's devices by replicas `<uuid>::<n>`, under the
 same name or a `rename`. Several sharing entries may name one resource when their `devices`
 selections are disjoint, each with its own `replicas` (per-GPU replica counts under one name);
 devices no entry selects stay whole under the unshared name; `replicas: 1` keeps a device whole
-(no `::` ID). An entry whose name is no resource of the node is refused, naming the node's resources.
-The device records come from `nvdp.devices`; a list over the kubelet's message limit is refused
-(`nvdp.list_size`).
+(no `::` ID). The device records come from `nvdp.devices`.
+
+Strict about the config's form, tolerant about the node's facts: what the config says is checked
+before (`nvdp.config`); what this node *is* never makes a build fail. Where the node does not fit the
+config, the part that does not fit is left out and named in a `Misfit` (`nvdp.misfits`), and the
+rest is served, as one ConfigMap serving a mixed fleet needs:
+- a GPU or MIG device that matches no `resources.gpus` / `resources.mig` pattern is not advertised;
+- a MIG-enabled GPU without MIG devices yet (mig-manager between layouts) is not advertised until
+  they appear (the rescan serves them);
+- under `single`, a node that mixes MIG-enabled and MIG-disabled GPUs serves the MIG devices (the
+  layout `single` is for) and leaves the whole GPUs out; one with several MIG profiles serves the
+  profile most of its MIG devices have (on a tie, the first by name);
+- a sharing entry that names no resource of this node is not applied; one that selects devices this
+  node does not have shares those it has; one that selects devices an earlier entry of the same
+  name selected is not applied;
+- a resource whose ListAndWatch list would exceed the kubelet's message limit (`nvdp.list_size`) is
+  not advertised.
 """
 
 from __future__ import annotations
@@ -25,7 +38,8 @@ from dataclasses import dataclass, field, replace
 from nvdp.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
 from nvdp.errors import ConfigError
 from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors; importers use either
-from nvdp.list_size import check_list_sizes
+from nvdp.list_size import oversized
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 
 DEFAULT_PREFIX = "nvidia.com/"
@@ -124,6 +138,19 @@ def mig_resource_name(profile: str) -> str:
     return f"{DEFAULT_PREFIX}mig-{profile.replace('+', '.')}"
 
 
+@dataclass(frozen=True)
+class NodeResources:
+    """What a node serves under a config: its resources, and the misfits (node facts that kept part of
+    the config from applying here, each naming what was left out)."""
+
+    resources: list[Resource]
+    misfits: tuple[Misfit, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.resources]
+
+
 def build_resources(
     gpus: Sequence[GpuInfo],
     *,
@@ -133,63 +160,104 @@ def build_resources(
     sharing: Sequence[Replication] = (),
     mig_minors: Mapping[str, int] | None = None,
     allocation_policy: str = "distributed",
-) -> list[Resource]:
-    """Map the node's GPUs onto resources. Raises ResourceError with every problem found."""
+) -> NodeResources:
+    """Map the node's GPUs onto resources; what does not fit the config is left out as a misfit.
+    Raises ConfigError only for an unknown MIG strategy (the config's form)."""
     if mig_strategy not in MIG_STRATEGIES:
         raise ConfigError(
             f"flags.migStrategy: invalid value {mig_strategy!r} (accepted: none, single, mixed)"
         )
     gpu_patterns = list(gpu_patterns) or default_gpu_patterns()
     mig_patterns = list(mig_patterns) or default_mig_patterns(mig_strategy, gpus)
-    problems: list[str] = []
+    misfits: list[Misfit] = []
     by_name: dict[str, list[Device]] = {}
 
     def add(name: str, device: Device) -> None:
         by_name.setdefault(name, []).append(device)
 
-    for gpu in gpus:
-        if gpu.mig_enabled and mig_strategy != "none":
-            continue
-        match = next((p for p in gpu_patterns if p.matches(gpu.name)), None)
-        if match is None:
-            problems.append(f"GPU {gpu.index} name {gpu.name!r} does not match any resources.gpus pattern")
-            continue
-        add(match.name, gpu_device(gpu))
-
+    migs = [g for g in gpus if g.mig_enabled and mig_strategy != "none"]
+    whole = [g for g in gpus if g not in migs]
     if mig_strategy != "none":
-        whole = [g for g in gpus if not g.mig_enabled]
-        migs = [g for g in gpus if g.mig_enabled]
         for gpu in migs:
             if not gpu.mig_devices:
-                problems.append(f"GPU {gpu.index} has MIG enabled but no MIG devices configured")
-        if mig_strategy == "single":
-            if whole and migs:
-                problems.append(
-                    "mig-strategy single: all GPUs must have the same MIG mode "
-                    f"(MIG enabled on {_indices(migs)}, disabled on {_indices(whole)})"
-                )
-            profiles = sorted({m.profile for g in migs for m in g.mig_devices})
-            if len(profiles) > 1:
-                problems.append(
-                    f"mig-strategy single: more than one MIG profile on the node ({', '.join(profiles)})"
-                )
-        for gpu in migs:
-            for mig in gpu.mig_devices:
-                match = next((p for p in mig_patterns if p.matches(mig.profile)), None)
-                if match is None:
-                    problems.append(
-                        f"MIG device {gpu.index}:{mig.index} profile {mig.profile!r} "
-                        "does not match any resources.mig pattern"
+                misfits.append(
+                    Misfit(
+                        "MigWithoutDevices",
+                        f"GPU {gpu.index}",
+                        f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices yet; not "
+                        "advertised until they are created",
                     )
-                    continue
-                add(match.name, mig_device(gpu, mig, mig_minors))
-    if problems:
-        raise ResourceError("; ".join(problems))
+                )
+        migs = [g for g in migs if g.mig_devices]
+    if mig_strategy == "single" and migs and whole:
+        misfits.append(
+            Misfit(
+                "MigModeMixed",
+                f"GPUs {_indices(whole)}",
+                "mig-strategy single: GPUs "
+                f"{_indices(whole)} have MIG disabled while {_indices(migs)} have MIG enabled; serving "
+                "the MIG devices, the whole GPUs are not advertised",
+            )
+        )
+        whole = []
+    for gpu in whole:
+        match = next((p for p in gpu_patterns if p.matches(gpu.name)), None)
+        if match is None:
+            misfits.append(
+                Misfit(
+                    "DeviceUnmatched",
+                    f"GPU {gpu.index}",
+                    f"GPU {gpu.index} name {gpu.name!r} matches no resources.gpus pattern; not advertised",
+                )
+            )
+            continue
+        add(match.name, gpu_device(gpu))
+    served_profile = _single_profile(migs, misfits) if mig_strategy == "single" else None
+    for gpu in migs:
+        for mig in gpu.mig_devices:
+            if served_profile is not None and mig.profile != served_profile:
+                continue
+            match = next((p for p in mig_patterns if p.matches(mig.profile)), None)
+            if match is None:
+                misfits.append(
+                    Misfit(
+                        "DeviceUnmatched",
+                        f"MIG device {gpu.index}:{mig.index}",
+                        f"MIG device {gpu.index}:{mig.index} profile {mig.profile!r} matches no "
+                        "resources.mig pattern; not advertised",
+                    )
+                )
+                continue
+            add(match.name, mig_device(gpu, mig, mig_minors))
 
     resources = {name: Resource(name, DeviceSet(devs)) for name, devs in by_name.items()}
-    built = [_with_policy(r, allocation_policy) for r in _apply_sharing(resources, sharing)]
-    check_list_sizes(built)
-    return built
+    built = [_with_policy(r, allocation_policy) for r in _apply_sharing(resources, sharing, misfits)]
+    too_big = oversized(built)
+    for name, why in too_big.items():
+        misfits.append(Misfit("DeviceListTooLarge", name, f"{why}; not advertised", withholds=(name,)))
+    return NodeResources([r for r in built if r.name not in too_big], tuple(misfits))
+
+
+def _single_profile(migs: Sequence[GpuInfo], misfits: list[Misfit]) -> str | None:
+    """Under `single`: the MIG profile to serve (the one most MIG devices have; first by name on a
+    tie), with a misfit naming the MIG devices of other profiles."""
+    counts: dict[str, int] = {}
+    for mig in (m for g in migs for m in g.mig_devices):
+        counts[mig.profile] = counts.get(mig.profile, 0) + 1
+    if not counts:
+        return None
+    served = min(counts, key=lambda profile: (-counts[profile], profile))
+    if len(counts) > 1:
+        others = sorted(p for p in counts if p != served)
+        misfits.append(
+            Misfit(
+                "MigProfilesMixed",
+                "profiles " + ", ".join(others),
+                f"mig-strategy single: more than one MIG profile on the node ({', '.join(sorted(counts))}); "
+                f"serving {served}, MIG devices of {', '.join(others)} are not advertised",
+            )
+        )
+    return served
 
 
 def _with_policy(resource: Resource, policy: str) -> Resource:
@@ -209,24 +277,41 @@ def _entry(rule: Replication, i: int) -> str:
     return f"sharing.{section}.resources[{i}]"
 
 
-def _select_shared(resource: Resource, rule: Replication, entry: str) -> list[Device]:
+def _select_shared(resource: Resource, rule: Replication, entry: str, misfits: list[Misfit]) -> list[Device]:
+    """The devices of `resource` the entry selects; a selection beyond this node's devices shares
+    those it has, with a misfit naming what is missing."""
     devices = list(resource.devices.values())
     if rule.devices == "all":
         return devices
     if isinstance(rule.devices, int):
         if rule.devices > len(devices):
-            raise ResourceError(
-                f"{entry}: {rule.name}: {rule.devices} devices requested to be shared, "
-                f"but only {len(devices)} available"
+            misfits.append(
+                Misfit(
+                    "SharingDevicesMissing",
+                    entry,
+                    f"{entry}: {rule.name}: {rule.devices} devices requested to be shared, but only "
+                    f"{len(devices)} available; sharing those",
+                )
             )
         return devices[: rule.devices]
     chosen: list[Device] = []
+    missing: list[str] = []
     for ref in rule.devices:
         found = next((d for d in devices if ref in (d.uuid, d.index)), None)
         if found is None:
-            raise ResourceError(f"{entry}: {rule.name}: no device with index or UUID {ref!r}")
-        if found not in chosen:
+            missing.append(ref)
+        elif found not in chosen:
             chosen.append(found)
+    if missing:
+        refs = ", ".join(repr(m) for m in missing)
+        outcome = "sharing the others" if chosen else "entry not applied"
+        misfits.append(
+            Misfit(
+                "SharingDevicesMissing",
+                entry,
+                f"{entry}: {rule.name}: no device with index or UUID {refs} on this node; {outcome}",
+            )
+        )
     return chosen
 
 
@@ -241,30 +326,41 @@ def _device_names(devices: Sequence[Device]) -> str:
     return " and ".join(parts)
 
 
-def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication]) -> list[Resource]:
+def _apply_sharing(
+    resources: dict[str, Resource], sharing: Sequence[Replication], misfits: list[Misfit]
+) -> list[Resource]:
     out: dict[str, list[Device]] = {n: list(r.devices.values()) for n, r in resources.items()}
     meta: dict[str, Replication] = {}
     counts: dict[str, dict[str, int]] = {}
     claimed: dict[str, tuple[int, str]] = {}  # device id -> (entry index, entry path)
-    problems: list[str] = []
     for i, rule in enumerate(sharing):
         entry = _entry(rule, i)
         source = resources.get(rule.name)
         if source is None:
-            problems.append(
-                f"{entry}: {rule.name} matches no resource on this node "
-                f"(it could match: {', '.join(sorted(resources)) or 'none, the node has no devices'})"
+            misfits.append(
+                Misfit(
+                    "SharingEntryUnmatched",
+                    entry,
+                    f"{entry}: {rule.name} matches no resource on this node; entry not applied "
+                    f"(it could match: {', '.join(sorted(resources)) or 'none, the node has no devices'})",
+                )
             )
             continue
-        shared = _select_shared(source, rule, entry)
+        shared = _select_shared(source, rule, entry, misfits)
+        if not shared:
+            continue
         overlap: dict[str, list[Device]] = {}
         for device in shared:
             if device.id in claimed:
                 overlap.setdefault(claimed[device.id][1], []).append(device)
         for other, both in overlap.items():
-            problems.append(
-                f"{entry}: selects {_device_names(both)} of {rule.name}, also selected by {other}; "
-                "entries with the same name need disjoint devices"
+            misfits.append(
+                Misfit(
+                    "SharingEntriesOverlap",
+                    entry,
+                    f"{entry}: selects {_device_names(both)} of {rule.name}, also selected by {other}; "
+                    "entries with the same name need disjoint devices; entry not applied",
+                )
             )
         if overlap:
             continue
@@ -282,8 +378,6 @@ def _apply_sharing(resources: dict[str, Resource], sharing: Sequence[Replication
                 members.append(replace(device, id=str(AnnotatedID(device.uuid, n)), replica=n))
         if rule.replicas > 1:
             meta[target] = rule
-    if problems:
-        raise ResourceError("; ".join(problems))
     result: list[Resource] = []
     for name, devices in out.items():
         if not devices:

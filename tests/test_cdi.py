@@ -27,7 +27,7 @@ from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.resources import Replication, ResourceError, build_resources
+from nvdp.resources import Replication, build_resources
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
 
@@ -211,7 +211,7 @@ def test_publish_writes_once_and_keeps_unchanged_files(
     root, gpus = node
     spec_dir = tmp_path / "cdi"
     cdi = settings_for(root, spec_dir)
-    resources = build_resources(gpus)
+    resources = build_resources(gpus).resources
     publisher = CdiPublisher()
     with caplog.at_level(logging.INFO, logger="nvdp.cdi"):
         result = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
@@ -234,7 +234,7 @@ def test_unwritable_spec_dir_is_one_error_and_nothing_advertised(
     blocker.write_text("")
     cdi = settings_for(root, blocker / "cdi")
     with caplog.at_level(logging.ERROR, logger="nvdp.cdi"):
-        result = CdiPublisher().publish(cdi, gpus, build_resources(gpus), DRIVER_VERSION)
+        result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.resources == []
     assert log_lines(caplog) == [
         "cannot write CDI spec; resources that need it are not advertised "
@@ -252,7 +252,7 @@ def test_device_with_missing_node_takes_only_its_resource_off(
         gpus,
         gpu_patterns=[],
         sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))],
-    )
+    ).resources
     assert [r.name for r in resources] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
     with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
         result = CdiPublisher().publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
@@ -270,7 +270,7 @@ def test_modes_and_imex_names_and_stale_spec_removed(
     root, gpus = node
     spec_dir = tmp_path / "cdi"
     on = settings_for(root, spec_dir, modes=("gds", "mofed", "gdrcopy"), imex_channels=(0,))
-    result = CdiPublisher().publish(on, gpus, build_resources(gpus), DRIVER_VERSION)
+    result = CdiPublisher().publish(on, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == (
         "k8s.device-plugin.nvidia.com/gds=all",
         "k8s.device-plugin.nvidia.com/mofed=all",
@@ -278,7 +278,9 @@ def test_modes_and_imex_names_and_stale_spec_removed(
         "k8s.device-plugin.nvidia.com/imex-channel=channel0",
     )
     assert len(os.listdir(spec_dir)) == 5
-    CdiPublisher().publish(settings_for(root, spec_dir), gpus, build_resources(gpus), DRIVER_VERSION)
+    CdiPublisher().publish(
+        settings_for(root, spec_dir), gpus, build_resources(gpus).resources, DRIVER_VERSION
+    )
     assert os.listdir(spec_dir) == ["k8s.device-plugin.nvidia.com-gpu.json"]
 
 
@@ -286,13 +288,15 @@ def test_mode_without_device_nodes_is_not_offered(tmp_path: Path) -> None:
     gpus = sim_gpus("pcie-4")
     make_node(tmp_path / "root", gpus)
     cdi = settings_for(tmp_path / "root", tmp_path / "cdi", modes=("gds",))
-    result = CdiPublisher().publish(cdi, gpus, build_resources(gpus), DRIVER_VERSION)
+    result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == () and len(result.resources) == 1
 
 
 def test_replicas_resolve_to_their_gpu_device() -> None:
     gpus = sim_gpus("pcie-4")
-    [shared] = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 4, devices=("1",))][:1])[-1:]
+    [shared] = build_resources(
+        gpus, sharing=[Replication("nvidia.com/gpu", 4, devices=("1",))][:1]
+    ).resources[-1:]
     cdi = CdiSettings()
     names = answer_names(shared, cdi)
     assert f"k8s.device-plugin.nvidia.com/gpu={gpus[1].uuid}" in names
@@ -343,7 +347,7 @@ def test_imex_required_channel_missing_is_refused(tmp_path: Path) -> None:
 
 
 def test_imex_channel_nodes_passed_with_device_specs() -> None:
-    gpu = build_resources(sim_gpus("pcie-4"))[0].devices
+    gpu = build_resources(sim_gpus("pcie-4")).resources[0].devices
     options = ResponseOptions(pass_device_specs=True, imex_channel_paths=(IMEX_NODE,))
     response = container_response([next(iter(gpu.values()))], options, "")
     assert [d.container_path for d in response.devices] == [IMEX_NODE, "/dev/nvidia0"]
@@ -351,7 +355,7 @@ def test_imex_channel_nodes_passed_with_device_specs() -> None:
 
 def test_answer_names_use_the_compat_kind_when_asked() -> None:
     gpus = sim_gpus("pcie-4")
-    device = next(iter(build_resources(gpus)[0].devices.values()))
+    device = next(iter(build_resources(gpus).resources[0].devices.values()))
     options = ResponseOptions(
         device_list_strategy=("cdi-cri",), cdi_kind="nvidia.com/gpu", cdi_devices=("v/gds=all",)
     )
@@ -383,8 +387,10 @@ def roots() -> Iterator[dict[str, Path]]:
 
 def test_single_and_mixed_strategies_are_both_exercised() -> None:
     gpus = NODES["dgx-a100-mig-gpu0"]()
-    assert [r.name for r in build_resources(gpus, mig_strategy="single")] == ["nvidia.com/gpu"]
-    assert [r.name for r in build_resources(gpus, mig_strategy="mixed")] == ["nvidia.com/mig-1g.5gb"]
+    assert [r.name for r in build_resources(gpus, mig_strategy="single").resources] == ["nvidia.com/gpu"]
+    assert [r.name for r in build_resources(gpus, mig_strategy="mixed").resources] == [
+        "nvidia.com/mig-1g.5gb"
+    ]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -410,13 +416,10 @@ def test_every_answer_name_resolves_in_written_specs(
     picks: list[int],
 ) -> None:
     gpus = NODES[profile]()
-    try:
-        resources = build_resources(gpus, mig_strategy=mig_strategy)
-    except ResourceError:
-        return  # a layout the strategy refuses: nothing is served, nothing to resolve
+    resources = build_resources(gpus, mig_strategy=mig_strategy).resources
     if replicas:
         rules = [Replication(r.name, replicas) for r in resources]
-        resources = build_resources(gpus, mig_strategy=mig_strategy, sharing=rules)
+        resources = build_resources(gpus, mig_strategy=mig_strategy, sharing=rules).resources
     root = roots[profile]
     with tempfile.TemporaryDirectory(prefix="nvdp-cdi-specs-") as spec_dir:
         cdi = settings_for(

@@ -288,7 +288,9 @@ def test_mode_label_uses_the_reader() -> None:
     from nvdp.resources import build_resources
 
     facts = NodeFacts((gpu,), "550.54.15", "12.4", modes={"GPU-0": "graphics"})
-    labels = node_labels(facts, build_resources([gpu]), mig_strategy="none", sharing_strategy="none").labels
+    labels = node_labels(
+        facts, build_resources([gpu]).resources, mig_strategy="none", sharing_strategy="none"
+    ).labels
     assert labels["nvidia.com/gpu.mode"] == "graphics"
     assert labels["nvidia.com/gpu.family"] == "turing"
 

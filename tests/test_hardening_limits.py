@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pytest
-
 from nvdp.api import UNHEALTHY, pb
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
@@ -16,7 +14,7 @@ from nvdp.kubelet import Kubelet
 from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import Replication, ResourceError, build_resources, default_mig_patterns
+from nvdp.resources import Replication, build_resources, default_mig_patterns
 from nvdp.testing import Process, start_plugin
 from tests.test_config_options import WITH_FILE, errors
 
@@ -40,7 +38,7 @@ def test_replicas_over_the_cap_are_refused_in_one_line() -> None:
 
 def test_list_size_is_the_encoded_size() -> None:
     gpus = sim_gpus()
-    (resource,) = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 3)])
+    (resource,) = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 3)]).resources
     response = pb.ListAndWatchResponse()
     for device in resource.devices.values():
         item = response.devices.add(ID=device.id, health=UNHEALTHY)
@@ -49,20 +47,26 @@ def test_list_size_is_the_encoded_size() -> None:
     assert list_and_watch_bytes(list(resource.devices.values())) == response.ByteSize()
 
 
-def test_a_resource_too_large_for_the_kubelet_is_refused() -> None:
+def test_a_resource_too_large_for_the_kubelet_is_withheld() -> None:
     base = sim_gpus()
     gpus = [
         dataclasses.replace(base[n % 8], uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000", index=n)
         for n in range(64)
     ]
-    with pytest.raises(ResourceError) as refused:
-        build_resources(gpus, sharing=[Replication("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
-    assert str(refused.value) == (
-        "nvidia.com/gpu: 65536 devices make a 4254336-byte ListAndWatch list, over nvdp's limit of "
-        f"{MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's 4194304-byte gRPC message limit): lower "
-        "the sharing replicas (at most 504 here)"
+    built = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
+    assert built.resources == []
+    assert [(m.reason, m.message, m.withholds) for m in built.misfits] == [
+        (
+            "DeviceListTooLarge",
+            "nvidia.com/gpu: 65536 devices make a 4254336-byte ListAndWatch list, over nvdp's limit of "
+            f"{MAX_LIST_AND_WATCH_BYTES} bytes (half the kubelet's 4194304-byte gRPC message limit): lower "
+            "the sharing replicas (at most 504 here); not advertised",
+            ("nvidia.com/gpu",),
+        )
+    ]
+    assert (
+        len(build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 256)]).resources[0].devices) == 16384
     )
-    assert len(build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 256)])[0].devices) == 16384
 
 
 def test_mig_profile_with_attributes_gets_nvidias_resource_name() -> None:

@@ -29,7 +29,7 @@ from nvdp.testing import wait_until
 def server(sock_dir: Path) -> Iterator[DevicePluginServer]:
     nvml = open_sim("pcie-4")
     nvml.init()
-    (resource,) = build_resources(nvml.gpus())
+    (resource,) = build_resources(nvml.gpus()).resources
     nvml.shutdown()
     executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS)
     plugin = DevicePluginServer(resource, sock_dir / resource.socket_name, ResponseOptions(), executor)

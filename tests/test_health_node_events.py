@@ -96,7 +96,6 @@ def test_transitions_become_node_events(api: StubApi) -> None:
     router.handle([HealthChange(GPU, False, "GPU has fallen off the bus", 79, True, 1.0)])
     router.handle([HealthChange(GPU, True, "recovered", None, False, 61.0)])
     assert events.join(10)
-    router.close()
     assert [r[1] for r in api.requests] == ["/api/v1/namespaces/default/events"] * 2
     assert api.requests[0][2]["authorization"] == "Bearer secret"
     first, second = api.requests[0][3], api.requests[1][3]
@@ -135,7 +134,6 @@ def test_api_failure_does_not_stop_health(
     router.handle([HealthChange(GPU, True, "recovered", None, False, 2.0)])
     assert target.calls == [([f"{GPU}::0", f"{GPU}::1"], False), ([f"{GPU}::0", f"{GPU}::1"], True)]
     assert events.join(20)
-    router.close()
     assert events.failed == 2 and events.sent == 0
     lines = [r for r in caplog.records if r.getMessage() == "node event not recorded"]
     assert len(lines) == 2

@@ -35,6 +35,7 @@ PURE = {
     "nvdp.health.xid",
     "nvdp.kubelet.validation",
     "nvdp.list_size",
+    "nvdp.misfits",
     "nvdp.mps.allocate",
     "nvdp.mps.layout",
     "nvdp.mps.plan",

@@ -389,6 +389,8 @@ def test_rpc_counters_and_latency_are_exact(plugin: Plugin, kubelet: Kubelet) ->
         "nvdp_listandwatch_streams": "gauge",
         "nvdp_health_events_total": "counter",
         "nvdp_health_monitor_degraded": "gauge",
+        "nvdp_node_misfits": "gauge",
+        "nvdp_node_misfits_total": "counter",
         "nvdp_device_layout_changes_total": "counter",
     }
     assert value(text, "nvdp_device_layout_changes_total", kind="mig") == 0

@@ -18,8 +18,8 @@ from nvdp.config import add_plugin_flags, resolve
 from nvdp.errors import ConfigError
 from nvdp.kubelet import Kubelet
 from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import check_node
-from nvdp.resources import Replication, ResourceError, build_resources
+from nvdp.mps.plan import node_misfits
+from nvdp.resources import Replication, build_resources
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from tests.mps_standin import Standin
 from tests.sim import sim_gpus
@@ -172,26 +172,26 @@ def test_config_refusals(argv: list[str], text: str, expected: list[str], tmp_pa
     assert problems(argv, text, tmp_path) == expected
 
 
-def test_node_refusals() -> None:
+def test_node_misfits() -> None:
     mps = (Replication("nvidia.com/gpu", 20, strategy="mps"),)
     mig = sim_gpus("dgx-a100-mig")[3:4]  # one GPU, MIG 7g.40gb
-    with pytest.raises(ResourceError) as info:
-        check_node(build_resources(mig, mig_strategy="single", sharing=mps), mig)
-    assert str(info.value) == (
-        "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 3:0 would be shared)"
-    )
+    assert [
+        m.message
+        for m in node_misfits(build_resources(mig, mig_strategy="single", sharing=mps).resources, mig)
+    ] == [
+        "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 3:0 would be shared); "
+        "not advertised"
+    ]
     volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:1]]
-    with pytest.raises(ResourceError) as info:
-        check_node(build_resources(volta, sharing=mps), volta)
-    assert str(info.value) == (
+    assert [m.message for m in node_misfits(build_resources(volta, sharing=mps).resources, volta)] == [
         "sharing.mps: nvidia.com/gpu: 20 replicas are more than MPS supports on GPU 0 "
-        "(compute capability 7.0: 16 clients)"
-    )
+        "(compute capability 7.0: 16 clients); not advertised"
+    ]
     turing = [g.__class__(**{**g.__dict__, "compute_capability": (7, 5)}) for g in sim_gpus("pcie-4")[:1]]
-    check_node(build_resources(turing, sharing=mps), turing)
+    assert node_misfits(build_resources(turing, sharing=mps).resources, turing) == []
 
 
-def test_node_refusal_stops_the_plugin_with_one_line(sock_dir: Path, tmp_path: Path) -> None:
+def test_node_misfit_is_one_warning_and_the_plugin_keeps_running(sock_dir: Path, tmp_path: Path) -> None:
     node = tmp_path / "mig.yaml"
     node.write_text("gpus:\n  - name: NVIDIA A100-SXM4-40GB\n    mig: [7g.40gb]\n")
     config = tmp_path / "c.yaml"
@@ -202,11 +202,14 @@ def test_node_refusal_stops_the_plugin_with_one_line(sock_dir: Path, tmp_path: P
         config_file=config,
         extra=["--mig-strategy", "single", "--mps-root", str(tmp_path / "mps")],
     )
-    assert plugin.wait(20) == 1
-    assert (
-        "cannot serve this node's devices: sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices "
-        "(MIG device 0:0 would be shared)"
-    ) in plugin.log()
+    line = (
+        "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 0:0 would be shared); "
+        "not advertised reason=MpsUnsupported"
+    )
+    with plugin:
+        wait_until(lambda: line in plugin.log(), 20, "the misfit line")
+        assert plugin.alive()
+        assert plugin.log().count(line) == 1
     assert "Traceback" not in plugin.log()
 
 
@@ -237,9 +240,9 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
     try:
         assert watcher.uses_inotify
         gpus = sim_gpus("pcie-4")
-        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),))
+        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, gpus, str(root.path)) == []  # no marker: not served
+        assert gate.filter(resources, str(root.path)) == []  # no marker: not served
         root.path.mkdir()
         assert not gate.changed(watcher)  # watches the MPS root, the nearest existing directory
         root.resource_dir(GPU).mkdir(parents=True)
@@ -248,7 +251,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         root.marker(GPU).touch()
         assert watcher.wait(5.0)
         assert gate.changed(watcher)
-        assert [r.name for r in gate.filter(resources, gpus, str(root.path))] == [GPU]
+        assert [r.name for r in gate.filter(resources, str(root.path))] == [GPU]
         assert not watcher.wait(0.05)  # nothing else happened
         root.marker(GPU).unlink()
         assert watcher.wait(5.0) and gate.changed(watcher)
@@ -277,9 +280,9 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
 
     try:
         gpus = sim_gpus("pcie-4")
-        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),))
+        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, gpus, str(root.path)) == []
+        assert gate.filter(resources, str(root.path)) == []
         assert not gate.changed(DaemonRacingWatcher())
         root.marker(GPU).touch()
         assert inner.wait(5.0)

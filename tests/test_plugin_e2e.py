@@ -231,23 +231,21 @@ def test_taken_metrics_port_is_one_error_line_and_devices_still_served(
     assert "Traceback" not in plugin.log()
 
 
-def test_refused_mig_layout_exits_1_or_idles_without_fail_on_init_error(sock_dir: Path) -> None:
-    plugin = start_plugin(sock_dir, "sim:dgx-a100-mig", extra=["--mig-strategy", "single"])
-    assert plugin.wait(20) == 1
-    assert "cannot serve this node's devices: mig-strategy single: all GPUs must have the same MIG mode" in (
-        plugin.log()
-    )
-    idle = start_plugin(
-        sock_dir,
-        "sim:dgx-a100-mig",
-        extra=["--mig-strategy", "single", "--fail-on-init-error=false"],
-        log_path=sock_dir / "idle.log",
-    )
-    wait_until(lambda: "idling until SIGHUP" in idle.log(), timeout=20, what="idle line")
-    assert idle.alive()
-    idle.send(signal.SIGTERM)
-    assert idle.wait(10) == 0
-    assert "Traceback" not in plugin.log() + idle.log()
+@pytest.mark.parametrize("fail_on_init_error", ["true", "false"])
+def test_a_mig_layout_the_strategy_cannot_serve_whole_is_served_in_part_with_warnings(
+    sock_dir: Path, kubelet: Kubelet, fail_on_init_error: str
+) -> None:
+    extra = ["--mig-strategy", "single", f"--fail-on-init-error={fail_on_init_error}"]
+    with start_plugin(sock_dir, "sim:dgx-a100-mig", extra=extra) as plugin:
+        kubelet.wait_for_registration(GPU, timeout=20)
+        devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)
+        assert all(i.startswith("MIG-") for i in devices)  # the 1g.5gb MIG devices: most of them
+        log = plugin.log()
+        assert "have MIG enabled; serving the MIG devices, the whole GPUs are not advertised" in log
+        assert "serving 1g.5gb, MIG devices of 2g.10gb, 3g.20gb, 7g.40gb are not advertised" in log
+        plugin.send(signal.SIGTERM)
+        assert plugin.wait(10) == 0
+    assert "Traceback" not in plugin.log()
 
 
 def test_fail_requests_greater_than_one_applies_to_replicas_only(

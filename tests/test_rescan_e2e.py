@@ -78,10 +78,8 @@ def test_mixed_layout_change_served_without_a_signal(
 def test_single_strategy_node_becomes_servable_after_repartitioning(
     sock_dir: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    plugin, events = start(
-        sock_dir, processes, "--mig-strategy", "single", "--fail-on-init-error=false", interval=0.5
-    )
-    wait_until(lambda: "idling until SIGHUP" in plugin.log(), timeout=20, what="idle line")
+    plugin, events = start(sock_dir, processes, "--mig-strategy", "single", interval=0.5)
+    kubelet.wait_for_devices("nvidia.com/gpu", lambda d: len(d) == 8, timeout=20)  # GPU 0's and 2's 1g.5gb
     for gpu in sim_gpus("dgx-a100-mig"):
         if [m.profile for m in gpu.mig_devices] != ["1g.5gb"] * 7:
             inject(events, uuid=gpu.uuid, mig=["1g.5gb"] * 7)

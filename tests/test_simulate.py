@@ -68,8 +68,18 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "version" in result.stderr
     assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_node_that_does_not_fit_the_strategy_is_served_with_one_warning_per_misfit() -> None:
     result = run("--profile", "dgx-a100-mig", "--mig-strategy", "single")
-    assert result.returncode == 1 and "more than one MIG profile" in result.stderr
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
+    assert [w.rsplit(" reason=", 1)[1] for w in warnings] == ["MigModeMixed", "MigProfilesMixed"]
+    assert "more than one MIG profile on the node (1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb); serving 1g.5gb" in (
+        warnings[1]
+    )
+    assert "nvidia.com/gpu                  8 devices" in result.stdout
     assert "Traceback" not in result.stderr
 
 

@@ -6,8 +6,9 @@ Every file is validated strictly (unknown keys are errors here, so typos are cau
 plugin only warns about them), with the plugin's support rules on what the file states
 (`nvdp.config.rules.file_problems`: e.g. tegra discovery is refused; an MPS root is not required of
 a file, the plugin's --mps-root / MPS_ROOT may supply it); with `--nvml` the resources the file would
-produce on that node (simulated or real) are built and printed. Returns the lines to print and the
-exit status.
+produce on that node (simulated or real) are built and printed, with a warning line for each part
+of the file that does not fit that node (a misfit: the plugin warns about it and serves the rest, so
+it is no error here either). Returns the lines to print and the exit status.
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
     from nvdp.settings import daemon_settings
 
     settings = daemon_settings(config)
-    resources = settings.resources(gpus)
-    lines = [f"{path}: ok, {len(resources)} resource(s) (migStrategy {settings.mig_strategy})"]
-    for resource in resources:
+    built = settings.resources(gpus)
+    lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {settings.mig_strategy})"]
+    for resource in built.resources:
         sharing = f" {resource.sharing} x{resource.replicas}" if resource.sharing else ""
         lines.append(f"  {resource.name}: {len(resource.devices)} device(s){sharing}")
+    lines.extend(f"  warning: {misfit.message}" for misfit in built.misfits)
     return lines

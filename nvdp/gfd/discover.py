@@ -15,9 +15,8 @@ from nvdp.config import Config
 from nvdp.errors import NvdpError
 from nvdp.gfd.labels import MACHINE_UNKNOWN, LabelResult, NodeFacts, invalid_mig_labels, node_labels
 from nvdp.logs import log_event
-from nvdp.mps.plan import check_node
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.resources import Resource, ResourceError
+from nvdp.resources import NodeResources
 from nvdp.settings import daemon_settings
 
 log = logging.getLogger(__name__)
@@ -25,18 +24,18 @@ log = logging.getLogger(__name__)
 SYSFS_PCI = Path("/sys/bus/pci/devices")
 # PCI class codes of NVIDIA GPUs: VGA controller (display enabled) and 3D controller (compute only).
 _PCI_MODES = {"0x0300": "graphics", "0x0302": "compute"}
+# Misfits that make a `single` node's MIG layout invalid: NVIDIA's gfd then labels it as such.
+SINGLE_INVALID_REASONS = frozenset(
+    {"MigModeMixed", "MigProfilesMixed", "MigWithoutDevices", "MpsUnsupported"}
+)
 
 
-def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[list[Resource], frozenset[str]]:
-    """What the plugin would advertise for these GPUs and config, and the renamed resource names.
-
-    Raises ConfigError for a config the plugin refuses, ResourceError for an unservable layout
-    (MPS on MIG devices, or more MPS clients than a GPU takes, included: the plugin refuses those).
-    """
+def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[NodeResources, frozenset[str]]:
+    """What the plugin would advertise for these GPUs and config (with the misfits: what of the config
+    does not fit this node), and the renamed resource names. Raises ConfigError for a config the
+    plugin refuses."""
     settings = daemon_settings(config)
-    resources = settings.resources(gpus)
-    check_node(resources, gpus)
-    return resources, frozenset(r.rename for r in settings.sharing if r.rename)
+    return settings.resources(gpus), frozenset(r.rename for r in settings.sharing if r.rename)
 
 
 def read_machine_type(path: str) -> str:
@@ -80,19 +79,14 @@ def discover(
     if not gpus:
         return LabelResult({}, ("no GPUs found on the node; no labels generated",))
     strategy = config.flags.mig_strategy
+    built, renamed = plugin_resources(gpus, config)
+    invalid = [m.message for m in built.misfits if m.reason in SINGLE_INVALID_REASONS]
     try:
-        resources, renamed = plugin_resources(gpus, config)
-    except ResourceError as error:
-        if strategy != "single":
-            raise
-        try:
-            return invalid_mig_labels(facts, str(error))
-        except ValueError as bad:
-            raise NvdpError(f"cannot label the node: {bad}") from bad
-    try:
+        if strategy == "single" and invalid:
+            return invalid_mig_labels(facts, "; ".join(invalid))
         return node_labels(
             facts,
-            resources,
+            built.resources,
             mig_strategy=strategy,
             sharing_strategy=config.sharing.strategy,
             renamed=renamed,

@@ -6,7 +6,7 @@ metrics and /readyz read. Kubernetes Node events are an optional sink handed in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from nvdp.health.monitor import HealthMonitor
 from nvdp.health.router import HealthRouter, NodeEventSink
@@ -18,8 +18,8 @@ from nvdp.nvml.types import GpuInfo, Nvml
 class NodeHealth:
     """One health monitor per node feeding one router.
 
-    `node_events` is called once, and only when health checks are on, for the Node event sink (None:
-    no Node events).
+    `node_events` is where health transitions go as Node events when health checks are on (None: no
+    Node events); its owner closes it.
     """
 
     def __init__(
@@ -27,15 +27,14 @@ class NodeHealth:
         nvml: Nvml,
         settings: HealthSettings,
         environ: Mapping[str, str],
-        node_events: Callable[[], NodeEventSink | None] | None = None,
+        node_events: NodeEventSink | None = None,
     ) -> None:
         self._nvml = nvml
         self._settings = settings
         self._environ = environ
         self._gpus: list[GpuInfo] = []
         self.policy = XidPolicy.from_env(environ, settings)
-        sink = node_events() if node_events is not None and self.policy.enabled else None
-        self.router = HealthRouter(node_events=sink)
+        self.router = HealthRouter(node_events=node_events if self.policy.enabled else None)
         self.monitor: HealthMonitor | None = None
 
     def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
@@ -74,7 +73,6 @@ class NodeHealth:
     def stop(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
-        self.router.close()
 
 
 def _uuids(gpus: Sequence[GpuInfo]) -> set[str]:

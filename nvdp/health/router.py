@@ -35,8 +35,6 @@ class NodeEventSink(Protocol):
 
     def record(self, event_type: str, reason: str, message: str) -> None: ...
 
-    def close(self, timeout: float = 1.0) -> None: ...
-
 
 class HealthRouter:
     """The monitor's listener. Thread-safe: `set_targets` runs on reloads, `handle` on the monitor."""
@@ -167,10 +165,6 @@ class HealthRouter:
                 device=dropped.uuid,
                 healthy=dropped.healthy,
             )
-
-    def close(self) -> None:
-        if self._node_events is not None:
-            self._node_events.close()
 
     def _report(self, resource: str, index: str, change: HealthChange, before: HealthChange | None) -> None:
         fields: dict[str, Any] = {"resource": resource, "device": change.uuid, "index": index}

@@ -13,7 +13,7 @@ are on (--metrics-address not empty), so a daemon without metrics does not pay e
 from nvdp.metrics.endpoint import HttpEndpoint, Pages, parse_address
 from nvdp.metrics.readiness import SOCKET_GRACE_S, Probes
 from nvdp.metrics.service import Endpoint, Metrics
-from nvdp.metrics.sources import HealthView, PluginServerView, RegistrationState
+from nvdp.metrics.sources import HealthView, MisfitView, PluginServerView, RegistrationState
 
 __all__ = [
     "SOCKET_GRACE_S",
@@ -21,6 +21,7 @@ __all__ = [
     "HealthView",
     "HttpEndpoint",
     "Metrics",
+    "MisfitView",
     "Pages",
     "PluginServerView",
     "Probes",

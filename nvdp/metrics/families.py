@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import grpc
 
-from nvdp.metrics.sources import HealthView, RegistrationState
+from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
 from nvdp.promtext import Counter, CounterChild, Gauge, Histogram, HistogramChild, MetricFamily, Registry
 
 # Allocate answers in well under a millisecond; a slow GetPreferredAllocation on a big node in tens.
@@ -36,10 +36,11 @@ class MetricFamilies:
     """nvdp's metric families in one registry, and the StatusObserver that counts into them.
     Thread-safe. `registrations` and `health` are read at scrape time once the daemon sets them."""
 
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str, misfits: MisfitView | None = None) -> None:
         self.registry = Registry()
         self.registrations: RegistrationState | None = None
         self.health: HealthView | None = None
+        self.misfits = misfits
         self._rpcs: dict[tuple[str, str], _Rpc] = {}
 
         r = self.registry
@@ -153,4 +154,29 @@ class _StateCollector:
             "nvdp_health_monitor_degraded", "1 while the health monitor cannot watch NVML events.", "gauge"
         )
         degraded.add([], 1.0 if status is not None and status.degraded else 0.0)
-        return [device_healthy, devices, streams, events, degraded]
+        return [device_healthy, devices, streams, events, degraded, *self._misfits()]
+
+    def _misfits(self) -> list[MetricFamily]:
+        view = self._families.misfits
+        now = MetricFamily(
+            "nvdp_node_misfits",
+            "Node facts that keep part of the config from applying on this node now, by reason.",
+            "gauge",
+            ["reason"],
+        )
+        seen = MetricFamily(
+            "nvdp_node_misfits_total",
+            "Node facts that kept part of the config from applying, reported since start, by reason.",
+            "counter",
+            ["reason"],
+        )
+        if view is None:
+            return [now, seen]
+        current: dict[str, int] = {}
+        for misfit in view.current():
+            current[misfit.reason] = current.get(misfit.reason, 0) + 1
+        counts = view.seen()
+        for reason in sorted(counts):
+            now.add([reason], current.get(reason, 0))
+            seen.add([reason], counts[reason])
+        return [now, seen]

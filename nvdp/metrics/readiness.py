@@ -2,8 +2,10 @@
 node's health at probe time; nothing here keeps a copy of either.
 
 Ready means: every resource is registered with the running kubelet, every plugin server answers an
-RPC over its socket (`rpc_probe`, checked at most every RPC_PROBE_CACHE_S per socket), and the health
-monitor runs and has not been degraded beyond `health.degradedGracePeriod`."""
+RPC over its socket (`rpc_probe`, checked at most every RPC_PROBE_CACHE_S per socket), no resource the
+config asks for is left without devices by a node fact (`nvdp.misfits`: missing device nodes, an MPS
+daemon not up, ...), and the health monitor runs and has not been degraded beyond
+`health.degradedGracePeriod`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nvdp.metrics.sources import HealthView, RegistrationState
+from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
 
 SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supervisor restarts it
 RPC_PROBE_CACHE_S = 5.0  # a socket's RPC probe outcome is reused this long
@@ -24,9 +26,10 @@ class Probes:
     """Answers the probes. `registrations` and `health` are set by the daemon once they exist; until the
     supervisor has decided what to serve (`served()`), the daemon is starting."""
 
-    def __init__(self) -> None:
+    def __init__(self, misfits: MisfitView | None = None) -> None:
         self.registrations: RegistrationState | None = None
         self.health: HealthView | None = None
+        self.misfits = misfits
         self.rpc_probe: RpcProbe | None = None
         self._lock = threading.Lock()
         self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
@@ -92,6 +95,10 @@ class Probes:
         silent = self._not_answering(source)
         if silent:
             return f"not answering: {', '.join(silent)}"
+        withheld = self.misfits.withheld() if self.misfits is not None else {}
+        if withheld:
+            reasons = "; ".join(f"{resource} ({why})" for resource, why in sorted(withheld.items()))
+            return f"withheld by a node fact: {reasons}"
         health = self.health
         if registered and health is not None and health.checks_enabled:  # no devices, nothing to watch
             status = health.monitor_status()

@@ -13,7 +13,7 @@ from nvdp.metrics.endpoint import HttpEndpoint, Pages
 from nvdp.metrics.families import MetricFamilies
 from nvdp.metrics.nvml_errors import CountingNvml
 from nvdp.metrics.readiness import Probes
-from nvdp.metrics.sources import HealthView, RegistrationState
+from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
 from nvdp.nvml.types import Nvml
 
 
@@ -47,11 +47,16 @@ class Metrics:
     rpc_done: Callable[[str, str, grpc.StatusCode, float], None]  # the hot path: no extra call
 
     def __init__(
-        self, address: str, *, version: str = __version__, endpoint: EndpointFactory = HttpEndpoint
+        self,
+        address: str,
+        *,
+        version: str = __version__,
+        endpoint: EndpointFactory = HttpEndpoint,
+        misfits: MisfitView | None = None,
     ) -> None:
         self.address = address
-        self.families = MetricFamilies(version)
-        self.probes = Probes()
+        self.families = MetricFamilies(version, misfits)
+        self.probes = Probes(misfits)
         self.registry = self.families.registry
         self.rpc_done = self.families.rpc_done
         self._endpoint = endpoint(address, self)

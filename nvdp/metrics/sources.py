@@ -2,8 +2,8 @@
 
 The supervisor keeps the registration state and the plugin servers; the node's health keeps device
 health and the monitor's status. Metrics read them at scrape or probe time through these protocols and
-keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer` and
-`nvdp.health.node.NodeHealth` provide them).
+keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer`,
+`nvdp.health.node.NodeHealth` and `nvdp.misfit_report.MisfitReport` provide them).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nvdp.health.types import HealthChange, MonitorStatus
+from nvdp.misfits import Misfit
 from nvdp.resources import Resource
 
 
@@ -63,4 +64,18 @@ class HealthView(Protocol):
 
     def unhealthy(self) -> Mapping[str, HealthChange]:
         """GPU/MIG uuid -> the change that made it Unhealthy."""
+        ...
+
+
+class MisfitView(Protocol):
+    """The node facts that keep part of the config from applying (`nvdp.misfit_report.MisfitReport`)."""
+
+    def current(self) -> list[Misfit]: ...
+
+    def withheld(self) -> Mapping[str, str]:
+        """Resource -> why the config's resource has no device on this node now."""
+        ...
+
+    def seen(self) -> Mapping[str, int]:
+        """Reason -> misfits of that reason reported since start."""
         ...

@@ -21,13 +21,14 @@ from nvdp.config import OPTIONS, Config, resolve
 from nvdp.config import values as v
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.logs import log_event, setup_logging
+from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import ComputeModes, Nvml
 from nvdp.settings import daemon_settings
 
 from .controller import MpsController
 from .layout import MpsRoot
-from .plan import MPS_STRATEGY, DaemonPlan, check_node, daemon_plans
+from .plan import MPS_STRATEGY, DaemonPlan, daemon_plans
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,9 @@ def node_plans(config: Config, nvml: Nvml) -> dict[str, DaemonPlan]:
     """The daemons this node needs under `config` (the plugin builds the same resources)."""
     if config.sharing.strategy != MPS_STRATEGY:
         return {}
-    gpus = nvml.gpus()
-    resources = daemon_settings(config).resources(gpus)
-    check_node(resources, gpus)
-    return daemon_plans(resources)
+    built = daemon_settings(config).resources(nvml.gpus())
+    MisfitReport().update("resources", built.misfits)
+    return daemon_plans(built.resources)
 
 
 @dataclass

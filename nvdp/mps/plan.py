@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nvdp.devices import Device
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import Resource, ResourceError
+from nvdp.resources import Resource
 
 from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
 
@@ -135,34 +136,39 @@ def config_problems(config: Config) -> list[str]:
     return problems
 
 
-def check_node(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> None:
-    """MPS refusals that depend on the node's devices. Raises ResourceError naming each one."""
+def node_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list[Misfit]:
+    """What MPS cannot share on this node's devices: one misfit per MPS resource, withholding it."""
     by_uuid: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
-    problems = []
+    misfits = []
     for resource in resources:
         if resource.sharing != MPS_STRATEGY:
             continue
         mig = next((d for d in resource.devices.values() if d.mig is not None), None)
+        problems = []
         if mig is not None:
-            problems.append(
-                f"sharing.mps: {resource.name}: MPS is not supported on MIG devices "
-                f"(MIG device {mig.index} would be shared)"
-            )
-            continue
-        for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in resource.devices.values()):
-            gpu = by_uuid.get(gpu_uuid)
-            if gpu is None or gpu.compute_capability >= (7, 5):
-                continue
-            replicas = resource.replicas_of(gpu_uuid)
-            if replicas > MAX_CLIENTS_BEFORE_7_5:
-                major, minor = gpu.compute_capability
-                problems.append(
-                    f"sharing.mps: {resource.name}: {replicas} replicas are more than MPS "
-                    f"supports on GPU {gpu.index} (compute capability {major}.{minor}: "
-                    f"{MAX_CLIENTS_BEFORE_7_5} clients)"
+            problems.append(f"MPS is not supported on MIG devices (MIG device {mig.index} would be shared)")
+        else:
+            for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in resource.devices.values()):
+                gpu = by_uuid.get(gpu_uuid)
+                if gpu is None or gpu.compute_capability >= (7, 5):
+                    continue
+                replicas = resource.replicas_of(gpu_uuid)
+                if replicas > MAX_CLIENTS_BEFORE_7_5:
+                    major, minor = gpu.compute_capability
+                    problems.append(
+                        f"{replicas} replicas are more than MPS supports on GPU {gpu.index} "
+                        f"(compute capability {major}.{minor}: {MAX_CLIENTS_BEFORE_7_5} clients)"
+                    )
+        if problems:
+            misfits.append(
+                Misfit(
+                    "MpsUnsupported",
+                    resource.name,
+                    f"sharing.mps: {resource.name}: {'; '.join(problems)}; not advertised",
+                    withholds=(resource.name,),
                 )
-    if problems:
-        raise ResourceError("; ".join(problems))
+            )
+    return misfits
 
 
 def restart_delay(failures: int, base: float, cap: float) -> float:

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Protocol
 
 from nvdp.logs import log_event
-from nvdp.nvml.types import GpuInfo
 from nvdp.resources import Resource
 
 from .layout import MpsRoot
-from .plan import MPS_STRATEGY, check_node
+from .plan import MPS_STRATEGY
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +34,8 @@ class MpsReadiness:
         self._names: tuple[str, ...] = ()  # the MPS resources of the last build
         self._ready: frozenset[str] = frozenset()  # those of them with a marker then
 
-    def filter(
-        self, resources: Sequence[Resource], gpus: Sequence[GpuInfo], root: str | None
-    ) -> list[Resource]:
-        """The resources to serve now: MPS ones only while their marker exists. Raises
-        ResourceError for what MPS refuses on this node (MIG devices, too many clients)."""
-        check_node(resources, gpus)
+    def filter(self, resources: Sequence[Resource], root: str | None) -> list[Resource]:
+        """The resources to serve now: MPS ones only while their marker exists."""
         self._names = tuple(r.name for r in resources if r.sharing == MPS_STRATEGY)
         self._root = MpsRoot(Path(root)) if root else None
         self._ready = self._present()

@@ -31,6 +31,7 @@ from nvdp.plugin.types import (
     DaemonSettings,
     DirClaimHooks,
     HealthHooks,
+    MisfitSink,
     NodeFacts,
     PluginServer,
     Registrar,
@@ -40,7 +41,7 @@ from nvdp.plugin.types import (
     Watcher,
 )
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import Resource, ResourceError
+from nvdp.resources import Resource
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
@@ -68,6 +69,7 @@ class Supervisor(Generic[S]):
         health: HealthHooks | None = None,
         observer: StatusObserver[S] | None = None,
         dir_claim: DirClaimHooks | None = None,
+        misfits: MisfitSink | None = None,
     ) -> None:
         self._nvml = nvml
         self._dir_claim = dir_claim
@@ -81,6 +83,7 @@ class Supervisor(Generic[S]):
         self._allocator_factory = allocator_factory
         self._health = health
         self._observer = observer
+        self._misfits = misfits
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
         self._stop = threading.Event()
@@ -116,7 +119,7 @@ class Supervisor(Generic[S]):
         try:
             self._start_nvml()
             if self._nvml_ok:
-                self._initial_apply()
+                self._apply(self.settings)
             retry_in: float | None = None
             while not self._stop.is_set():
                 if self._dir_claim is not None:
@@ -176,8 +179,10 @@ class Supervisor(Generic[S]):
         self.gpus = self._nvml.gpus()
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        resources = settings.resources(self.gpus, minors)
-        return self._mps.filter(resources, self.gpus, settings.response.mps_root)
+        built = settings.resources(self.gpus, minors)
+        if self._misfits is not None:
+            self._misfits.update("resources", built.misfits)
+        return self._mps.filter(built.resources, settings.response.mps_root)
 
     def _serve(
         self,
@@ -269,14 +274,6 @@ class Supervisor(Generic[S]):
         if self._health is not None:
             self._health.start(self.gpus, settings.health)
         self._servers_changed()
-
-    def _initial_apply(self) -> None:
-        """Serve the node's resources; when they cannot be built (e.g. a MIG layout the strategy
-        refuses) exit with the error if fail-on-init-error, else say so and wait for a SIGHUP."""
-        try:
-            self._apply(self.settings)
-        except ResourceError as error:
-            self._init_failed("cannot serve this node's devices", error)
 
     def _init_failed(self, what: str, error: NvdpError) -> None:
         """NVIDIA's failOnInitError: exit with the reason, or say it once and idle until SIGHUP."""

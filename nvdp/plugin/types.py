@@ -5,19 +5,21 @@ beside it in nvdp.plugin and nvdp.health; tests hand in fakes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 from nvdp.cdi.names import CdiSettings
 from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.misfits import Misfit
+from nvdp.mps.plan import node_misfits as mps_misfits
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.status import RpcObserver
 from nvdp.plugin.watch import FileId
-from nvdp.resources import NamePattern, Replication, Resource, build_resources
+from nvdp.resources import NamePattern, NodeResources, Replication, Resource, build_resources
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,10 @@ class DaemonSettings:
 
     def resources(
         self, gpus: Sequence[GpuInfo], mig_minors: Mapping[str, int] | None = None
-    ) -> list[Resource]:
-        """The resources these settings make of `gpus` (the plugin, gfd and `config check` share it).
-        Raises ResourceError for a layout the MIG strategy cannot serve."""
-        return build_resources(
+    ) -> NodeResources:
+        """The resources these settings make of `gpus`, and the misfits: what of the config does not
+        fit this node (the plugin, gfd, the MPS daemon and `config check` share it)."""
+        built = build_resources(
             gpus,
             mig_strategy=self.mig_strategy,
             gpu_patterns=self.gpu_patterns,
@@ -55,6 +57,9 @@ class DaemonSettings:
             mig_minors=mig_minors,
             allocation_policy=self.allocation_policy,
         )
+        unfit = mps_misfits(built.resources, gpus)
+        withheld = {name for misfit in unfit for name in misfit.withholds}
+        return NodeResources([r for r in built.resources if r.name not in withheld], (*built.misfits, *unfit))
 
 
 class PluginServer(HealthTarget, Protocol):
@@ -144,6 +149,13 @@ class HealthHooks(Protocol):
 
     def set_targets(self, targets: Sequence[HealthTarget]) -> None: ...
     def stop(self) -> None: ...
+
+
+class MisfitSink(Protocol):
+    """Where the node facts that keep part of the config from applying go, per source
+    (`nvdp.misfit_report.MisfitReport`)."""
+
+    def update(self, source: str, misfits: Iterable[Misfit]) -> None: ...
 
 
 class StatusObserver(RpcObserver, Protocol[S_contra]):

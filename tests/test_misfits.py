@@ -1,0 +1,110 @@
+"""Node facts that do not fit the config (misfits): reported once each as a WARNING line, a Node event
+and a metric; the rest of the node is served; a resource left without devices makes /readyz fail."""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nvdp.kubelet import Kubelet
+from nvdp.metrics import Probes
+from nvdp.misfit_report import MisfitReport
+from nvdp.misfits import Misfit
+from nvdp.testing import free_port, start_plugin, wait_until
+from tests.sim import sim_gpus
+
+GPU = "nvidia.com/gpu"
+UNMATCHED = Misfit("SharingEntryUnmatched", "sharing.timeSlicing.resources[0]", "entry 0 matches nothing")
+NO_NODES = Misfit("DeviceNodesMissing", "/dev/nvidia0", "no device nodes", withholds=(GPU,))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, str]] = []
+
+    def record(self, event_type: str, reason: str, message: str) -> None:
+        self.recorded.append((event_type, reason, message))
+
+
+def test_a_new_misfit_is_one_warning_and_one_event_until_it_goes(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="nvdp.misfit_report")
+    events = Events()
+    report = MisfitReport(events)
+    report.update("resources", [UNMATCHED])
+    report.update("resources", [UNMATCHED])  # a reload that sees it again: said once
+    report.update("cdi", [NO_NODES])
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "entry 0 matches nothing"),
+        ("WARNING", "no device nodes"),
+    ]
+    assert events.recorded == [
+        ("Warning", "SharingEntryUnmatched", "entry 0 matches nothing"),
+        ("Warning", "DeviceNodesMissing", "no device nodes"),
+    ]
+    assert report.current() == [UNMATCHED, NO_NODES]
+    assert report.withheld() == {GPU: "no device nodes"}
+    caplog.clear()
+    report.update("cdi", [])
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "resolved")]
+    assert report.withheld() == {}
+    report.update("cdi", [NO_NODES])  # back again: a new fact, said again
+    assert report.seen() == {"SharingEntryUnmatched": 1, "DeviceNodesMissing": 2}
+    assert len(events.recorded) == 3
+
+
+class _Registrations:
+    servers: dict[str, object] = {}
+
+    def registrations(self) -> dict[str, bool]:
+        return {}
+
+
+def test_readiness_names_a_resource_a_misfit_withholds() -> None:
+    report = MisfitReport()
+    probes = Probes(report)
+    probes.registrations = _Registrations()  # type: ignore[assignment]
+    probes.served()
+    report.update("resources", [UNMATCHED])  # a ConfigMap entry that does not apply: normal, still ready
+    assert probes.readiness_problem() is None
+    report.update("cdi", [NO_NODES])
+    assert probes.readiness_problem() == "withheld by a node fact: nvidia.com/gpu (no device nodes)"
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_sharing_entry_for_a_resource_the_node_lacks_leaves_the_others_applied(
+    sock_dir: Path, tmp_path: Path
+) -> None:
+    """Issue case 1: one ConfigMap for MIG and whole-GPU nodes, on a node without MIG."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/mig-1g.5gb\n      replicas: 4\n"
+        "    - name: nvidia.com/gpu\n      replicas: 2\n"
+    )
+    port = free_port()
+    with Kubelet(sock_dir) as kubelet:
+        with start_plugin(sock_dir, config_file=config, metrics_address=f"127.0.0.1:{port}") as plugin:
+            kubelet.wait_for_registration(GPU, timeout=20)
+            devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 16)
+            assert f"{sim_gpus('dgx-a100')[7].uuid}::1" in devices
+            wait_until(lambda: _get(port, "/readyz")[0] == 200, 10, "ready")
+            _, metrics = _get(port, "/metrics")
+            assert 'nvdp_node_misfits{reason="SharingEntryUnmatched"} 1' in metrics
+            assert 'nvdp_node_misfits_total{reason="SharingEntryUnmatched"} 1' in metrics
+            warnings = [line for line in plugin.log().splitlines() if " WARNING " in line]
+            assert [line.split(" WARNING ", 1)[1] for line in warnings] == [
+                "sharing.timeSlicing.resources[0]: nvidia.com/mig-1g.5gb matches no resource on this node; "
+                "entry not applied (it could match: nvidia.com/gpu) reason=SharingEntryUnmatched"
+            ]
+            assert plugin.alive()
