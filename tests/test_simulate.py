@@ -76,8 +76,9 @@ def test_a_node_that_does_not_fit_the_strategy_is_served_with_one_warning_per_mi
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
     assert [w.rsplit(" reason=", 1)[1] for w in warnings] == ["MigModeMixed", "MigProfilesMixed"]
-    assert "more than one MIG profile on the node (1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb); serving 1g.5gb" in (
-        warnings[1]
+    assert (
+        "more than one MIG profile on the node (1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb); serving 1g.5gb"
+        in (warnings[1])
     )
     assert "nvidia.com/gpu                  8 devices" in result.stdout
     assert "Traceback" not in result.stderr
