@@ -10,6 +10,12 @@
 - `rules`: what the plugin accepts across settings and what this version supports (checked by
   `resolve`).
 - `values`: scalar checks and Go durations shared by the three.
+
+Strict about the config's form, tolerant about the node's facts: everything here is about the form
+(types, unknown values, ranges, conflicting keys), decidable from flags, env and file alone, and
+refused with one line per problem. Nothing here reads the node; what of a valid config does not fit
+a node (an entry naming a resource the node lacks, a MIG GPU between layouts) is found where
+resources are built (`nvdp.resources`) and reported as a misfit (`nvdp.misfits`), never refused.
 """
 
 from nvdp.config.load import load_file, parse, parse_text
