@@ -107,3 +107,13 @@ class SelectionError(NvdpError):
 
 class CandidateError(NvdpError):
     """config-manager: the selected entry cannot be read, or the plugin's loader refuses it."""
+
+
+class UnreadableFile(NvdpError):
+    """A file nvdp was pointed at cannot be read, is not a regular file, or is too large
+    (`nvdp.files.read_bounded`). `reason` says which, in words ("is a FIFO", "larger than 1 MiB")."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")

@@ -249,7 +249,12 @@ def _ts(entry: str) -> str:
 MESSAGES = {
     "version": ("version: v2", 'version: unsupported version "v2" (accepted: v1)'),
     "version-type": ("version: 1", "version: must be a string, got 1"),
-    "unknown-top": ("foo: 1", f"foo: unknown field {_ACCEPTED_TOP}"),
+    "unknown-top": ("version: v1\nfoo: 1", f"foo: unknown field {_ACCEPTED_TOP}"),
+    "no-known-top": (
+        "foo: 1\nbar: 2",
+        "not an nvdp/NVIDIA device plugin config: no known top-level key (found: foo, bar;"
+        " known: version, flags, resources, sharing, imex, health)",
+    ),
     "unknown-hint": (
         "flags: {migstrategy: none}",
         "flags.migstrategy: unknown field (did you mean migStrategy?)",
@@ -406,7 +411,7 @@ MESSAGES = {
         'health.probeInterval: out of range, got "1000000000h"',
     ),
     "top-list": ("- a", "the config must be a mapping (version, flags, resources, ...), got a list"),
-    "top-scalar": ("hello", 'the config must be a mapping (version, flags, resources, ...), got "hello"'),
+    "top-scalar": ("hello", "the config must be a mapping (version, flags, resources, ...), got a string"),
     "yaml-syntax": (
         "flags: {a: [}",
         "invalid YAML at line 1, column 13: expected the node content, but found '}'",
@@ -415,7 +420,7 @@ MESSAGES = {
     "json-duplicate": ('{"version": "v1", "version": "v1"}', 'invalid config: duplicate key "version"'),
     "huge-int": ("a: " + "9" * 50, "invalid YAML at line 1, column 4: number too large"),
     "deep": ("[" * 50000, "invalid config: nested too deeply"),
-    "odd-key": ('"a b": 1', f'"a b": unknown field {_ACCEPTED_TOP}'),
+    "odd-key": ('version: v1\n"a b": 1', f'"a b": unknown field {_ACCEPTED_TOP}'),
 }
 
 

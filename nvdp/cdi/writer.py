@@ -8,16 +8,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from nvdp.errors import UnreadableFile
+from nvdp.files import read_bounded
+
 
 def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     """Put `content` at directory/name: a temp file in the same directory, fsync, rename, fsync of
     the directory. Returns False (and writes nothing) when the file already holds `content`.
     Raises OSError when the directory cannot be created or written."""
     target = directory / name
-    try:
-        if target.read_bytes() == content:
+    try:  # bounded: whatever is there (a FIFO, a huge file) is read no further than `content` goes
+        if read_bounded(target, len(content)) == content:
             return False
-    except OSError:
+    except UnreadableFile:
         pass
     directory.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)

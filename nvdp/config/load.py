@@ -2,12 +2,18 @@
 
 The walk is driven by the dataclass field metadata in `nvdp.config.model`: unknown keys, wrong
 types and invalid values each add one line naming the field path, and every problem is reported
-at once in one `ConfigError`. `null` means "not set". Like NVIDIA's plugin, an empty file and a
-file without `version` are v1 with defaults. Unknown keys are lenient by default, the Kubernetes
-way: each one is a WARNING line (with a "did you mean" hint) and the file loads, so a file written
-for a newer NVIDIA release still runs; `strict=True` (`--strict-config`, `nvdp config check`) makes
-them errors. Unlike NVIDIA's plugin, duplicate keys and sharing with both time-slicing and MPS are
-refused instead of silently ignored.
+at once in one `ConfigError` (at most MAX_PROBLEMS lines, then a count). `null` means "not set".
+Like NVIDIA's plugin, an empty file and a file without `version` are v1 with defaults. Unknown keys
+are lenient by default, the Kubernetes way: each one is a WARNING line (with a "did you mean" hint)
+and the file loads, so a file written for a newer NVIDIA release still runs; `strict=True`
+(`--strict-config`, `nvdp config check`) makes them errors. Unlike NVIDIA's plugin, duplicate keys
+and sharing with both time-slicing and MPS are refused instead of silently ignored.
+
+A path may name anything, so only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`:
+`/dev/zero`, a FIFO or a directory is refused before it is read), and a mapping none of whose
+top-level keys is a config key (`version`, `flags`, ...) is no config at all (a wrong path, say
+`/etc/shadow`): it is refused with one line that quotes none of its content, never served on
+defaults. Values quoted in messages are cut short (`nvdp.config.values.show`).
 """
 
 from __future__ import annotations
@@ -17,15 +23,16 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from nvdp.config.model import SHARED_SUFFIX, Config, Health, ReplicatedResources, Sharing
-from nvdp.config.values import InvalidValue, show
-from nvdp.errors import ConfigError
+from nvdp.config.values import InvalidValue, describe_keys, show
+from nvdp.errors import ConfigError, UnreadableFile
+from nvdp.files import MAX_FILE_BYTES, describe_size, read_bounded
 from nvdp.logs import log_event
 
 if TYPE_CHECKING:
@@ -40,9 +47,9 @@ def load_file(path: str | Path, *, strict: bool = False) -> Config:
     """Read and validate a config file. Raises ConfigError (source = the path) on any problem;
     unknown keys are problems only when `strict`, else one WARNING line each."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read config file: {error.strerror or error}", source=str(path)) from error
+        text = read_bounded(path, MAX_TEXT_BYTES).decode("utf-8")
+    except UnreadableFile as error:
+        raise ConfigError(f"cannot read config file: {error.reason}", source=str(path)) from error
     except UnicodeDecodeError as error:
         raise ConfigError(f"config file is not UTF-8 text (byte {error.start})", source=str(path)) from error
     return parse_text(text, source=str(path), strict=strict)
@@ -62,23 +69,43 @@ def parse(data: object, source: str | None = None, *, strict: bool = False) -> C
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
+        got = "a string" if isinstance(data, str) else show(data)  # quoting none of a one-line secret
         raise ConfigError(
-            f"the config must be a mapping (version, flags, resources, ...), got {show(data)}", source=source
+            f"the config must be a mapping (version, flags, resources, ...), got {got}", source=source
+        )
+    if data and not any(key in _TOP_LEVEL_KEYS for key in data):
+        raise ConfigError(
+            f"not an nvdp/NVIDIA device plugin config: no known top-level key ({describe_keys(list(data))};"
+            f" known: {', '.join(_TOP_LEVEL_KEYS)})",
+            source=source,
         )
     problems: list[str] = []
     unknown: list[str] = problems if strict else []
     config = _build(Config, data, "", problems, unknown)
     if problems or config is None:
-        raise ConfigError(problems, source=source)
+        raise ConfigError(_at_most(MAX_PROBLEMS, problems, "problems"), source=source)
     prefix = f"{source}: " if source else ""
-    for line in unknown:  # lenient: one line each, the plugin runs
+    for line in _at_most(MAX_PROBLEMS, unknown, "unknown fields"):  # lenient: one line each, the plugin runs
         log_event(log, logging.WARNING, f"{prefix}{line}; ignored (--strict-config refuses it)")
     return config
 
 
+MAX_PROBLEMS = 100  # lines reported for one file; a generated file may hold thousands of mistakes
+
+
+def _at_most(limit: int, lines: list[str], what: str) -> list[str]:
+    if len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"and {len(lines) - limit} more {what}"]
+
+
+_TOP_LEVEL_KEYS = tuple(f.metadata["key"] for f in fields(Config) if "key" in f.metadata)
+
+
 # ---- decoding ----------------------------------------------------------------------------------
 
-MAX_TEXT_BYTES = 1 << 20  # a ConfigMap holds at most 1 MiB
+MAX_TEXT_BYTES = MAX_FILE_BYTES  # a ConfigMap holds at most 1 MiB
+_MAX_PROBLEM_CHARS = 120  # a parser's message can quote the input: cut it short
 _MAX_DIGITS = 40  # any integer a config needs fits; longer ones are refused before int() sees them
 
 # The pure-Python SafeLoader: on absurdly nested input it raises RecursionError where the C one crashes.
@@ -120,7 +147,7 @@ def _json_int(text: str) -> int:
 
 def _decode(text: str) -> object:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-        raise ValueError(f"larger than {MAX_TEXT_BYTES} bytes")
+        raise ValueError(f"larger than {describe_size(MAX_TEXT_BYTES)}")
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
@@ -132,10 +159,16 @@ def _decode(text: str) -> object:
 def _syntax_problem(error: BaseException) -> str:
     if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
         mark = error.problem_mark
-        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {_clip(str(error.problem))}"
     if isinstance(error, RecursionError):
         return "invalid config: nested too deeply"
-    return "invalid config: " + " ".join(str(error).split())
+    return "invalid config: " + _clip(str(error))
+
+
+def _clip(message: str) -> str:
+    """A parser's message on one line and cut short (it may quote the file, e.g. an alias name)."""
+    words = " ".join(message.split())
+    return words if len(words) <= _MAX_PROBLEM_CHARS else words[: _MAX_PROBLEM_CHARS - 3] + "..."
 
 
 # ---- the walk ----------------------------------------------------------------------------------
@@ -200,15 +233,17 @@ def _convert(
 def _finish_replicated(section: ReplicatedResources, path: str, problems: list[str]) -> ReplicatedResources:
     if not section.resources:
         problems.append(f"{path}.resources: must list at least one resource")
+    by_name: dict[str, _Earlier] = {}
     for j, resource in enumerate(section.resources):
-        for i, earlier in enumerate(section.resources[:j]):
-            if earlier.name == resource.name:
-                overlap = _overlap(earlier.devices, resource.devices)
-                if overlap:
-                    problems.append(
-                        f"{path}.resources[{j}].devices: overlaps resources[{i}] of the same name "
-                        f"{resource.name} on {overlap}; entries with the same name need disjoint devices"
-                    )
+        earlier = by_name.setdefault(resource.name, _Earlier())
+        i = earlier.first_overlap(resource.devices)
+        if i is not None:
+            overlap = _overlap(section.resources[i].devices, resource.devices)
+            problems.append(
+                f"{path}.resources[{j}].devices: overlaps resources[{i}] of the same name "
+                f"{resource.name} on {overlap}; entries with the same name need disjoint devices"
+            )
+        earlier.add(j, resource.devices)
     if not section.rename_by_default:
         return section
     return replace(
@@ -217,6 +252,38 @@ def _finish_replicated(section: ReplicatedResources, path: str, problems: list[s
             r if r.rename else replace(r, rename=r.name + SHARED_SUFFIX) for r in section.resources
         ),
     )
+
+
+@dataclass
+class _Earlier:
+    """The earlier entries of one resource name, indexed so that each new entry finds the first one
+    it overlaps in time linear in its own devices (a file may hold 100,000 entries)."""
+
+    first: int | None = None  # the first entry of all
+    first_all: int | None = None  # the first `devices: all`
+    first_count: int | None = None  # the first `devices: N`
+    by_ref: dict[object, int] = field(default_factory=dict)  # a device reference -> its first entry
+
+    def first_overlap(self, devices: object) -> int | None:
+        """The lowest index of an earlier entry whose devices certainly share one with `devices`."""
+        found = [self.first_all]
+        if devices == "all":
+            found.append(self.first)
+        elif isinstance(devices, int):
+            found.append(self.first_count)
+        elif isinstance(devices, tuple):
+            found.extend(self.by_ref.get(ref) for ref in devices)
+        return min((i for i in found if i is not None), default=None)
+
+    def add(self, index: int, devices: object) -> None:
+        self.first = index if self.first is None else self.first
+        if devices == "all" and self.first_all is None:
+            self.first_all = index
+        elif isinstance(devices, int) and self.first_count is None:
+            self.first_count = index
+        elif isinstance(devices, tuple):
+            for ref in devices:
+                self.by_ref.setdefault(ref, index)
 
 
 def _overlap(a: object, b: object) -> str | None:

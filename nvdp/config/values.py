@@ -28,15 +28,22 @@ class InvalidValue(ValueError):
         super().__init__(message)
 
 
+SHOWN_CHARS = 64  # the most characters of a string value a message quotes
+
+
 def show(value: object) -> str:
-    """A value as it appears in an error message: strings quoted, containers named, long ones cut."""
+    """A value as it appears in an error message: strings quoted (what cannot be printed escaped),
+    containers named, and nothing longer than SHOWN_CHARS (a file given by mistake may be a secret:
+    a message quotes a short piece of a value, never a long line of it)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 80 else text[:76] + '..."'
+        inner = "".join(
+            c if c.isprintable() else _escape(c) for c in json.dumps(value, ensure_ascii=False)[1:-1]
+        )
+        return f'"{inner}"' if len(inner) <= SHOWN_CHARS else f'"{inner[:SHOWN_CHARS]}..."'
     if isinstance(value, int):
         return str(value) if value.bit_length() <= 64 else "a very large number"
     if isinstance(value, float):
@@ -46,6 +53,26 @@ def show(value: object) -> str:
     if isinstance(value, list | tuple | set | frozenset):
         return "a list"
     return f"a value of type {type(value).__name__}"
+
+
+_KEY_NAME = re.compile(r"[A-Za-z_][\w.-]{0,39}")  # what a field name could look like
+_KEYS_SHOWN = 5
+
+
+def describe_keys(keys: Sequence[object]) -> str:
+    """The keys of a file that is not what it was meant to be, for a refusal line: "found: a, b and
+    3 more". Quotes no key that does not look like a field name: the file may be a secret given by
+    mistake (`/etc/shadow`), whose "keys" are whole lines of it."""
+    names = [key for key in keys if isinstance(key, str) and _KEY_NAME.fullmatch(key)][:_KEYS_SHOWN]
+    if not names:
+        return f"found {len(keys)} key{'s' if len(keys) > 1 else ''}, none of them a field name"
+    more = len(keys) - len(names)
+    return f"found: {', '.join(names)}" + (f" and {more} more" if more else "")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def accepted(choices: Sequence[str]) -> str:

@@ -2,7 +2,9 @@
 
 The destination is a symlink to `<srcdir>/<entry>` (through the ConfigMap's `..data` link, so an edit
 of the ConfigMap shows through it) or to /dev/null for the empty config. It is replaced with
-rename(2) of a fresh link: the plugin never sees a missing or half-written file.
+rename(2) of a fresh link: the plugin never sees a missing or half-written file. Entries and the
+destination are read as the plugin reads its config file (`nvdp.files.read_bounded`): a regular file
+of at most 1 MiB, or /dev/null.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from nvdp.config import parse_text
 from nvdp.config.rules import file_problems
 from nvdp.errors import CandidateError as CandidateError  # defined in nvdp.errors
-from nvdp.errors import ConfigError
+from nvdp.errors import ConfigError, UnreadableFile
+from nvdp.files import read_bounded
 
 DEV_NULL = "/dev/null"
 
@@ -34,9 +36,9 @@ def read_candidate(srcdir: str, entry: str) -> tuple[Effective, bytes]:
         return Effective(DEV_NULL, _digest(b"")), b""
     target = os.path.join(srcdir, entry)
     try:
-        content = Path(target).read_bytes()
-    except OSError as error:
-        raise CandidateError(f"cannot read entry {entry!r}: {error.strerror or error}") from error
+        content = read_bounded(target)
+    except UnreadableFile as error:
+        raise CandidateError(f"cannot read entry {entry!r}: {error.reason}") from error
     return Effective(target, _digest(content)), content
 
 
@@ -57,11 +59,12 @@ def validate(entry: str, content: bytes, *, strict: bool = False) -> None:
 
 
 def current(dst: str) -> Effective | None:
-    """What `dst` points at now (None when it does not exist or cannot be read)."""
+    """What `dst` points at now (None when it does not exist or cannot be read: a link to
+    something that is no config file, say, which the next apply replaces)."""
     try:
         target = os.readlink(dst) if os.path.islink(dst) else os.path.abspath(dst)
-        return Effective(target, _digest(Path(dst).read_bytes()))
-    except OSError:
+        return Effective(target, _digest(read_bounded(dst)))
+    except (OSError, UnreadableFile):
         return None
 
 

@@ -12,8 +12,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nvdp.config import Config
-from nvdp.errors import NvdpError
-from nvdp.gfd.labels import MACHINE_UNKNOWN, LabelResult, NodeFacts, invalid_mig_labels, node_labels
+from nvdp.errors import NvdpError, UnreadableFile
+from nvdp.files import read_bounded
+from nvdp.gfd.labels import (
+    MACHINE_UNKNOWN,
+    LabelResult,
+    NodeFacts,
+    invalid_mig_labels,
+    node_labels,
+    sanitise,
+)
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.resources import NodeResources
@@ -28,6 +36,8 @@ _PCI_MODES = {"0x0300": "graphics", "0x0302": "compute"}
 SINGLE_INVALID_REASONS = frozenset(
     {"MigModeMixed", "MigProfilesMixed", "MigWithoutDevices", "MpsUnsupported"}
 )
+MACHINE_TYPE_MAX_BYTES = 4096
+LABEL_VALUE_MAX = 63
 
 
 def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[NodeResources, frozenset[str]]:
@@ -39,14 +49,40 @@ def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[NodeResou
 
 
 def read_machine_type(path: str) -> str:
-    """The DMI product name, "unknown" (with a warning) when the file cannot be read."""
+    """The DMI product name (e.g. /sys/class/dmi/id/product_name: one short line), "unknown" with
+    one WARNING when the file cannot be read (as NVIDIA's gfd does) or does not hold a plausible
+    product name: more than one line, binary, or longer than a label value once sanitised. Only a
+    regular file of at most 4 KiB is read (a sysfs attribute is at most a page)."""
     if not path:
         return MACHINE_UNKNOWN
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or MACHINE_UNKNOWN
-    except OSError as error:
-        log_event(log, logging.WARNING, "cannot read the machine type", file=path, error=error.strerror)
+        content = read_bounded(path, MACHINE_TYPE_MAX_BYTES)
+    except UnreadableFile as error:
+        log_event(log, logging.WARNING, "cannot read the machine type", file=path, error=error.reason)
         return MACHINE_UNKNOWN
+    try:
+        text = content.decode("utf-8").strip()
+        problem = _implausible_machine_type(text)
+    except UnicodeDecodeError:
+        text, problem = "", "not UTF-8 text"
+    if problem:
+        log_event(log, logging.WARNING, "not a machine type; labelled unknown", file=path, reason=problem)
+        return MACHINE_UNKNOWN
+    return text or MACHINE_UNKNOWN
+
+
+def _implausible_machine_type(text: str) -> str | None:
+    """Why stripped text is no DMI product name, in words; None when it may be one."""
+    if "\n" in text or "\r" in text:
+        return "more than one line"
+    if not text.isprintable():
+        return "holds characters that are not text"
+    value = sanitise(text).strip("-_.")  # as `nvdp.gfd.labels.sanitise_machine` makes it a label value
+    if len(value) > LABEL_VALUE_MAX:
+        return f"longer than a label value ({LABEL_VALUE_MAX} characters)"
+    if text and not value:
+        return "holds no character a label value can carry"
+    return None
 
 
 def pci_mode(pci_bus_id: str, sysfs: Path = SYSFS_PCI) -> str:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from nvdp.config import Config, resolve
 from nvdp.config import values as v
 from nvdp.config.options import OPTIONS
-from nvdp.errors import ConfigError
+from nvdp.errors import ConfigError, UnreadableFile
+from nvdp.files import read_bounded
 
 DEFAULT_OUTPUT_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
@@ -245,8 +246,8 @@ def resolve_gfd(
 
 
 def _read(path: str) -> str:
+    """The service account's namespace ("" when there is none: a namespace is at most 63 bytes)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
+        return read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
+    except UnreadableFile:
         return ""

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from nvdp.errors import NvdpError
+from nvdp.errors import NvdpError, UnreadableFile
+from nvdp.files import read_bounded
 from nvdp.gfd.labels import TIMESTAMP_LABEL, format_labels
 from nvdp.logs import log_event
 
@@ -52,9 +53,10 @@ class FileOutput:
             sys.stdout.write(text)
             sys.stdout.flush()
             return True
-        try:  # what is on disk now: someone may have removed or edited the file
-            current: str | None = _without_timestamp(self.path.read_text(encoding="utf-8"))
-        except OSError:
+        try:  # what is on disk now: someone may have removed, edited or replaced the file
+            on_disk = read_bounded(self.path).decode("utf-8", errors="replace")
+            current: str | None = _without_timestamp(on_disk)
+        except UnreadableFile:  # gone, or no longer a file of labels: it is replaced
             current = None
         if current == _without_timestamp(text):
             return False

@@ -227,8 +227,9 @@ class SimNvml:
         try:
             self.inject(text)
         except SimEventError as e:
+            reason = str(e) if len(str(e)) <= 160 else str(e)[:157] + "..."  # it may quote the line
             logger.warning(
-                "simulated event skipped file=%s reason=%r line=%r", self.events_path, str(e), text[:200]
+                "simulated event skipped file=%s reason=%r line=%r", self.events_path, reason, text[:64]
             )
 
     def _target(self, uuid: object) -> tuple[SimGpu, MigDeviceInfo | None]:

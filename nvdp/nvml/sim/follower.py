@@ -4,7 +4,9 @@ The thread polls stat() every `interval_s` (idle cost: one syscall per poll), st
 end, and copes with the file appearing later, being truncated, removed, or replaced (renamed over).
 A line is handed over once its newline is written. The callback's failures are logged, never fatal.
 A line longer than `max_line` bytes is dropped with one warning (its rest is skipped up to the next
-newline), so a writer that never ends a line cannot grow the follower's memory without bound.
+newline), so a writer that never ends a line cannot grow the follower's memory without bound. Only a
+regular file is read, at most 1 MiB a poll: a directory, FIFO or device at the path is one warning
+and is never opened (a FIFO swapped in between the checks cannot block the open: O_NONBLOCK).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+
+from nvdp.files import OPEN_FLAGS, not_regular
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class FileFollower:
         self._offset = 0
         self._partial = b""
         self._last_error = ""
+        self._refused: tuple[int, int, str] | None = None  # the non-regular file last warned about
 
     def start(self) -> None:
         """Start following from the file's current end (from its start if it appears later)."""
@@ -47,11 +52,10 @@ class FileFollower:
         try:
             st = os.stat(self._path)
             self._identity, self._offset = (st.st_dev, st.st_ino), st.st_size
+            self._regular(st)  # a directory, FIFO or device there: said now, once
         except OSError:
             self._identity, self._offset = None, 0
-        if os.path.isdir(self._path):
-            logger.warning("simulated events file is a directory; no event will be read file=%s", self._path)
-        elif not os.path.isdir(os.path.dirname(os.path.abspath(self._path))):
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self._path))):
             logger.warning(
                 "simulated events file's directory does not exist; nothing is read until it does file=%s",
                 self._path,
@@ -86,13 +90,18 @@ class FileFollower:
         except FileNotFoundError:
             self._identity, self._offset, self._partial, self._skipping = None, 0, b"", False
             return
+        if not self._regular(st):
+            return
         identity = (st.st_dev, st.st_ino)
         if identity != self._identity or st.st_size < self._offset:  # new file, or truncated
             self._identity, self._offset, self._partial, self._skipping = identity, 0, b"", False
         if st.st_size == self._offset:
             return
-        with open(self._path, "rb") as f:
-            st = os.fstat(f.fileno())
+        fd = os.open(self._path, OPEN_FLAGS)  # a FIFO swapped in after stat() cannot block the open
+        try:
+            st = os.fstat(fd)
+            if not self._regular(st):
+                return
             if (st.st_dev, st.st_ino) != self._identity:  # replaced between stat and open
                 self._identity, self._offset, self._partial, self._skipping = (
                     (st.st_dev, st.st_ino),
@@ -100,8 +109,9 @@ class FileFollower:
                     b"",
                     False,
                 )
-            f.seek(self._offset)
-            data = f.read(_MAX_READ)
+            data = os.pread(fd, _MAX_READ, self._offset)
+        finally:
+            os.close(fd)
         self._last_error = ""
         self._offset += len(data)
         for raw in self._complete_lines(data):
@@ -109,6 +119,19 @@ class FileFollower:
                 self._on_line(raw.decode("utf-8", errors="replace"))
             except Exception:  # one bad line never stops the follower
                 logger.exception("simulated event line failed file=%s", self._path)
+
+    def _regular(self, st: os.stat_result) -> bool:
+        """Whether the path is a regular file now; one warning when it is something else (a FIFO or
+        a device is never read: it could block the follower or never end)."""
+        kind = not_regular(st.st_mode)
+        if kind is None:
+            self._refused = None
+            return True
+        if (st.st_dev, st.st_ino, kind) != self._refused:
+            logger.warning("simulated events file %s; nothing is read while it is file=%s", kind, self._path)
+            self._refused = (st.st_dev, st.st_ino, kind)
+        self._identity, self._offset, self._partial, self._skipping = None, 0, b"", False
+        return False
 
     def _complete_lines(self, data: bytes) -> list[bytes]:
         """The lines `data` completes; an over-long line is dropped (one warning) up to its newline."""

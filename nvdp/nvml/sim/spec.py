@@ -10,12 +10,15 @@ field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are nod
 from __future__ import annotations
 
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nvdp.errors import ConfigError
+from nvdp.config.values import describe_keys
+from nvdp.errors import ConfigError, UnreadableFile
+from nvdp.files import read_bounded
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
@@ -26,6 +29,21 @@ from nvdp.nvml.types import PcieLevel
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_DRIVER_VERSION = "12.4"
+
+_SHOWN_CHARS = 64  # the longest value or message piece quoted in a problem line
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring = 2, 4, 4, _SHOWN_CHARS
+
+
+def _quote(value: object) -> str:
+    """A value in a problem line, as Python writes it, cut short (`reprlib`: a YAML alias bomb is
+    never written out in full)."""
+    return _clip(_REPR.repr(value))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
 
 _NODE_FIELDS = ("driver_version", "cuda_driver_version", "uuid_seed", "gpus", "nvswitch", "nvlinks", "pcie")
 _GPU_FIELDS = (
@@ -55,7 +73,7 @@ def load_profile(name: str) -> SimNode:
     names = profile_names()
     if name not in names:
         raise ConfigError(
-            f"--nvml sim:{name}: unknown simulated node profile {name!r}; "
+            f"--nvml sim:{name}: unknown simulated node profile {_quote(name)}; "
             f"accepted: {', '.join(names)}, or sim:/path/to/node.yaml"
         )
     text = (PROFILES_DIR / f"{name}.yaml").read_text()
@@ -66,9 +84,11 @@ def load_node_file(path: str | Path) -> SimNode:
     """A simulated node from a YAML node file; ConfigError with every problem found."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read simulated node file: {e.strerror or e}", source=str(p)) from e
+        text = read_bounded(p).decode("utf-8")
+    except UnreadableFile as e:
+        raise ConfigError(f"cannot read simulated node file: {e.reason}", source=str(p)) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"simulated node file is not UTF-8 text (byte {e.start})", source=str(p)) from e
     return parse_node(_load_yaml(text, str(p)), p.stem, str(p))
 
 
@@ -78,8 +98,8 @@ def _load_yaml(text: str, source: str) -> object:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"invalid YAML{where}: {problem}", source=source) from e
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"invalid YAML{where}: {_clip(problem)}", source=source) from e
 
 
 def parse_node(data: object, name: str, source: str) -> SimNode:
@@ -102,12 +122,17 @@ class _NodeParser:
         if not isinstance(data, dict):
             self.fail("node", "must be a mapping with a 'gpus' list")
             return None
+        if data and not any(key in _NODE_FIELDS for key in data):
+            self.fail(
+                "node", f"not a simulated node file: no known top-level key ({describe_keys(list(data))})"
+            )
+            return None
         self.unknown(data, _NODE_FIELDS, "")
         driver = self.version(data, "driver_version", DEFAULT_DRIVER_VERSION, r"^\d+(\.\d+)+$")
         cuda = self.version(data, "cuda_driver_version", DEFAULT_CUDA_DRIVER_VERSION, _VERSION.pattern)
         seed = data.get("uuid_seed", name)
         if not isinstance(seed, str) or not seed:
-            self.fail("uuid_seed", f"must be a non-empty string, got {seed!r}")
+            self.fail("uuid_seed", f"must be a non-empty string, got {_quote(seed)}")
             seed = name
         groups = data.get("gpus")
         if not isinstance(groups, list):
@@ -130,19 +155,19 @@ class _NodeParser:
     def unknown(self, data: dict[Any, Any], accepted: tuple[str, ...], prefix: str) -> None:
         for key in data:
             if key not in accepted:
-                self.fail(f"{prefix}{key}", f"unknown field (accepted: {', '.join(accepted)})")
+                self.fail(f"{prefix}{_clip(str(key))}", f"unknown field (accepted: {', '.join(accepted)})")
 
     def version(self, data: dict[Any, Any], key: str, default: str, pattern: str) -> str:
         value = data.get(key, default)
         text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
         if not re.match(pattern, text):
-            self.fail(key, f"must be a version string like {default!r}, got {value!r}")
+            self.fail(key, f"must be a version string like {_quote(default)}, got {_quote(value)}")
             return default
         return text
 
     def integer(self, value: object, where: str, minimum: int) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(where, f"must be an integer >= {minimum}, got {value!r}")
+            self.fail(where, f"must be an integer >= {minimum}, got {_quote(value)}")
             return None
         return value
 
@@ -151,13 +176,15 @@ class _NodeParser:
         if value is None:
             return None
         if not isinstance(value, list) or len(value) != count:
-            self.fail(f"{where}.{key}", f"must be a list of {count} entries (one per GPU), got {value!r}")
+            self.fail(
+                f"{where}.{key}", f"must be a list of {count} entries (one per GPU), got {_quote(value)}"
+            )
             return None
         return value
 
     def gpu_group(self, group: object, where: str, first: int, seed: str) -> list[SimGpu]:
         if not isinstance(group, dict):
-            self.fail(where, f"must be a mapping with at least a 'name', got {group!r}")
+            self.fail(where, f"must be a mapping with at least a 'name', got {_quote(group)}")
             return []
         self.unknown(group, _GPU_FIELDS, f"{where}.")
         name = group.get("name")
@@ -170,7 +197,7 @@ class _NodeParser:
 
         memory = group.get("memory_mib", model.memory_mib if model else None)
         if memory is None:
-            self.fail(f"{where}.memory_mib", f"required for GPU model {name!r} ({known})")
+            self.fail(f"{where}.memory_mib", f"required for GPU model {_quote(name)} ({known})")
             memory = 1
         memory = self.integer(memory, f"{where}.memory_mib", 1) or 1
 
@@ -178,18 +205,18 @@ class _NodeParser:
 
         mig_capable = group.get("mig_capable", bool(model and model.mig_slices))
         if not isinstance(mig_capable, bool):
-            self.fail(f"{where}.mig_capable", f"must be true or false, got {mig_capable!r}")
+            self.fail(f"{where}.mig_capable", f"must be true or false, got {_quote(mig_capable)}")
             mig_capable = False
         mig_slices = group.get("mig_slices", (model.mig_slices if model else 0) or 7)
         if mig_slices not in (4, 7) or isinstance(mig_slices, bool):
-            self.fail(f"{where}.mig_slices", f"must be 7 (A100, H100) or 4 (A30), got {mig_slices!r}")
+            self.fail(f"{where}.mig_slices", f"must be 7 (A100, H100) or 4 (A30), got {_quote(mig_slices)}")
             mig_slices = 7
         geometry = MigGeometry(memory, mig_slices, model.mig_memory_mib if model else None)
         layout = self.mig_layout(group, where, mig_capable, geometry)
 
         ecc = group.get("ecc", True)
         if not isinstance(ecc, bool):
-            self.fail(f"{where}.ecc", f"must be true or false, got {ecc!r}")
+            self.fail(f"{where}.ecc", f"must be true or false, got {_quote(ecc)}")
             ecc = True
         numa = self.numa(group, where, count)
         bus_ids = self.per_gpu(group, "pci_bus_ids", where, count)
@@ -203,7 +230,7 @@ class _NodeParser:
             bus_id = self.bus_id(bus_ids[k], f"{where}.pci_bus_ids[{k}]") if bus_ids else None
             uuid = uuids[k] if uuids else derived_uuid("GPU", f"{seed}/gpu/{index}")
             if not isinstance(uuid, str) or not uuid.startswith("GPU-"):
-                self.fail(f"{where}.uuids[{k}]", f"must be a string starting with 'GPU-', got {uuid!r}")
+                self.fail(f"{where}.uuids[{k}]", f"must be a string starting with 'GPU-', got {_quote(uuid)}")
             minor = self.integer(minors[k], f"{where}.minors[{k}]", 0) if minors else index
             gpus.append(
                 SimGpu(
@@ -232,7 +259,9 @@ class _NodeParser:
         values = self.per_gpu(group, "lost", where, count)
         if values is None or not all(isinstance(v, bool) for v in values):
             if values is not None:
-                self.fail(f"{where}.lost", f"must be true, false or a list of {count} of them, got {value!r}")
+                self.fail(
+                    f"{where}.lost", f"must be true, false or a list of {count} of them, got {_quote(value)}"
+                )
             return [False] * count
         return values
 
@@ -242,11 +271,11 @@ class _NodeParser:
         value = group.get("compute_capability")
         if value is None:
             if default is None:
-                self.fail(f"{where}.compute_capability", f"required for GPU model {name!r} ({known})")
+                self.fail(f"{where}.compute_capability", f"required for GPU model {_quote(name)} ({known})")
             return default or (0, 0)
         m = re.match(r"^(\d+)\.(\d+)$", str(value)) if isinstance(value, (str, float)) else None
         if m is None:
-            self.fail(f"{where}.compute_capability", f"must be 'MAJOR.MINOR' like '8.0', got {value!r}")
+            self.fail(f"{where}.compute_capability", f"must be 'MAJOR.MINOR' like '8.0', got {_quote(value)}")
             return (0, 0)
         return (int(m[1]), int(m[2]))
 
@@ -257,7 +286,9 @@ class _NodeParser:
         if layout is None:
             return None
         if not isinstance(layout, list) or not all(isinstance(p, str) for p in layout):
-            self.fail(f"{where}.mig", f"must be a list of MIG profile names like '1g.5gb', got {layout!r}")
+            self.fail(
+                f"{where}.mig", f"must be a list of MIG profile names like '1g.5gb', got {_quote(layout)}"
+            )
             return None
         if not capable:
             self.fail(f"{where}.mig", "this GPU is not MIG capable (set mig_capable: true)")
@@ -278,7 +309,9 @@ class _NodeParser:
         value = group.get("numa", 0)
         values = value if isinstance(value, list) else [value] * count
         if len(values) != count:
-            self.fail(f"{where}.numa", f"must be one node for all GPUs or a list of {count}, got {value!r}")
+            self.fail(
+                f"{where}.numa", f"must be one node for all GPUs or a list of {count}, got {_quote(value)}"
+            )
             return [0] * count
         result: list[int | None] = []
         for k, v in enumerate(values):
@@ -289,7 +322,7 @@ class _NodeParser:
     def bus_id(self, value: object, where: str) -> str | None:
         bus_id = _bus_id(value) if isinstance(value, str) else None
         if bus_id is None:
-            self.fail(where, f"must be a PCI bus id like '00000000:07:00.0', got {value!r}")
+            self.fail(where, f"must be a PCI bus id like '00000000:07:00.0', got {_quote(value)}")
         return bus_id
 
     def unique(self, gpus: list[SimGpu]) -> None:
@@ -298,7 +331,9 @@ class _NodeParser:
             for gpu in gpus:
                 value = getattr(gpu, what)
                 if value in seen:
-                    self.fail("gpus", f"GPUs {seen[value]} and {gpu.index} have the same {what} {value!r}")
+                    self.fail(
+                        "gpus", f"GPUs {seen[value]} and {gpu.index} have the same {what} {_quote(value)}"
+                    )
                 seen.setdefault(value, gpu.index)
 
     def nvswitch(self, value: object, gpus: list[SimGpu]) -> int:
@@ -320,13 +355,13 @@ class _NodeParser:
         if value is None:
             return []
         if not isinstance(value, list):
-            self.fail(key, f"must be a list of entries with {' and '.join(fields)}, got {value!r}")
+            self.fail(key, f"must be a list of entries with {' and '.join(fields)}, got {_quote(value)}")
             return []
         entries = []
         for n, entry in enumerate(value):
             where = f"{key}[{n}]"
             if not isinstance(entry, dict):
-                self.fail(where, f"must be a mapping with {' and '.join(fields)}, got {entry!r}")
+                self.fail(where, f"must be a mapping with {' and '.join(fields)}, got {_quote(entry)}")
                 continue
             self.unknown(entry, fields, f"{where}.")
             gpus = entry.get("gpus")
@@ -363,7 +398,7 @@ class _NodeParser:
             name = entry.get("level")
             level = PcieLevel.__members__.get(name.upper()) if isinstance(name, str) else None
             if level is None:
-                self.fail(f"{where}.level", f"must be one of {accepted}, got {name!r}")
+                self.fail(f"{where}.level", f"must be one of {accepted}, got {_quote(name)}")
                 continue
             for a in gpus:
                 for b in gpus:

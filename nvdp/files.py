@@ -1,0 +1,94 @@
+"""Bounded reads of the files an nvdp command is pointed at: regular files only, never more than a limit.
+
+A path given on the command line, in a ConfigMap or an env var may name anything: `/dev/zero` (a
+read never ends), a FIFO (an open blocks until a writer comes), a sparse file of gigabytes, a
+directory. `read_bounded` refuses each of those with one line that says what the path is, before
+reading it: the path is stat()ed first (so no device is even opened), then opened with O_NONBLOCK
+(a FIFO swapped in meanwhile cannot block the open) and fstat()ed again, and at most `limit` + 1
+bytes are read whatever the file claims its size is. `/dev/null` is the one non-regular file read,
+as the empty file it is: config-manager links the empty config to it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from nvdp.errors import UnreadableFile
+
+MIB = 1 << 20
+MAX_FILE_BYTES = MIB  # a ConfigMap holds at most 1 MiB; no file nvdp reads needs more
+
+_NULL_DEVICE = os.makedev(1, 3)  # Linux's /dev/null
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
+    """The content of a regular file of at most `limit` bytes (b"" for /dev/null).
+
+    Raises UnreadableFile (one line naming `path`) when the file cannot be opened, is not a regular
+    file ("is a FIFO", "is a character device", "is a directory", ...) or holds more than `limit`
+    bytes ("larger than 1 MiB"); never reads more than `limit` + 1 bytes."""
+    name = os.fspath(path)
+    try:
+        found = os.stat(name)
+        if _is_null_device(found):
+            return b""
+        _check(name, found, limit)
+        fd = os.open(name, OPEN_FLAGS)
+    except OSError as error:
+        raise UnreadableFile(name, error.strerror or str(error)) from error
+    try:
+        opened = os.fstat(fd)
+        if _is_null_device(opened):
+            return b""
+        _check(name, opened, limit)  # replaced between stat() and open()
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as error:
+        raise UnreadableFile(name, error.strerror or str(error)) from error
+    finally:
+        os.close(fd)
+    if left <= 0:  # the file grew past its stat() size, or /proc-like files that report 0
+        raise UnreadableFile(name, f"larger than {describe_size(limit)}")
+    return b"".join(chunks)
+
+
+def describe_size(size: int) -> str:
+    """A byte count in words: "1 MiB", "4 KiB", "100 bytes"."""
+    for unit, factor in (("MiB", MIB), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} bytes"
+
+
+def _check(name: str, found: os.stat_result, limit: int) -> None:
+    kind = not_regular(found.st_mode)
+    if kind:
+        raise UnreadableFile(name, kind)
+    if found.st_size > limit:
+        raise UnreadableFile(name, f"larger than {describe_size(limit)}")
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "is a directory"),
+        (stat.S_ISFIFO, "is a FIFO"),
+        (stat.S_ISCHR, "is a character device"),
+        (stat.S_ISBLK, "is a block device"),
+        (stat.S_ISSOCK, "is a socket"),
+    )
+    return next((words for test, words in kinds if test(mode)), "is not a regular file")
+
+
+def _is_null_device(found: os.stat_result) -> bool:
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == _NULL_DEVICE
