@@ -89,7 +89,9 @@ class Supervisor(Generic[S]):
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
-        self._kubelet = KubeletLink(settings.kubelet_socket, register, ready=self.ready, observer=observer)
+        self._kubelet = KubeletLink(
+            settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._wake
+        )
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
@@ -97,11 +99,13 @@ class Supervisor(Generic[S]):
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
         self._stop.set()
-        if self._watcher:
-            self._watcher.wake()
+        self._wake()
 
     def request_reload(self) -> None:
         self._reload_requested.set()
+        self._wake()
+
+    def _wake(self) -> None:
         if self._watcher:
             self._watcher.wake()
 
@@ -333,8 +337,7 @@ class Supervisor(Generic[S]):
     def request_rescan(self) -> None:
         """Apply the node's current layout with the current settings, as a reload does."""
         self._rescan.set()
-        if self._watcher:
-            self._watcher.wake()
+        self._wake()
 
     def served_gpus(self) -> list[GpuInfo] | None:
         """The enumeration the served resources come from; None before the first one."""
