@@ -32,7 +32,9 @@ from nvdp.testing import Process, free_port, start_plugin, wait_until
 from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"
-OTHERS = MAX_LIST_AND_WATCH_STREAMS - 1  # streams other clients may hold beside the kubelet's
+# docs/hardening.md: 16 streams per server, one place kept for the kubelet; other clients share 15.
+STREAMS = 16
+OTHERS = STREAMS - 1
 
 
 @pytest.fixture
@@ -86,6 +88,10 @@ def refused(streams: Streams) -> grpc.RpcError:
 # ---- the server, in process ---------------------------------------------------------------------
 
 
+def test_the_bound_is_the_documented_one() -> None:
+    assert MAX_LIST_AND_WATCH_STREAMS == STREAMS
+
+
 def test_unary_rpcs_answer_with_many_unread_streams(server: DevicePluginServer) -> None:
     channels = [grpc.insecure_channel(f"unix://{server.socket_path}") for _ in range(GRPC_WORKERS + 8)]
     try:
@@ -102,7 +108,7 @@ def test_unary_rpcs_answer_with_many_unread_streams(server: DevicePluginServer) 
             )
             assert len(stub.Allocate(request, timeout=2.0).container_responses) == 1
         assert time.monotonic() - started < 2.0
-        assert server.open_streams <= MAX_LIST_AND_WATCH_STREAMS
+        assert server.open_streams <= STREAMS
         for stream in streams:
             stream.cancel()
     finally:
@@ -121,10 +127,10 @@ def test_every_stream_gets_every_update_and_the_excess_is_refused(server: Device
         error = refused(streams)
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error.details() == (
-            f"{GPU}: at most {MAX_LIST_AND_WATCH_STREAMS} ListAndWatch streams (one kept for the "
+            f"{GPU}: at most {STREAMS} ListAndWatch streams (one kept for the "
             "kubelet); close another stream first"
         )
-        assert server.open_streams == MAX_LIST_AND_WATCH_STREAMS
+        assert server.open_streams == STREAMS
         device = sorted(server.devices)[1]
         server.set_health([device], False)
         for stream in streams.open:  # the kubelet's and every other one: nothing was ended
