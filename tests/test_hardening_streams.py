@@ -37,14 +37,31 @@ STREAMS = 16
 OTHERS = STREAMS - 1
 
 
+class RpcRecorder:
+    """The server's RpcObserver (metrics in the daemon): (method, code) of every reported call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, grpc.StatusCode]] = []
+
+    def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.calls.append((method, code))
+
+
 @pytest.fixture
-def server(sock_dir: Path) -> Iterator[DevicePluginServer]:
+def rpcs() -> RpcRecorder:
+    return RpcRecorder()
+
+
+@pytest.fixture
+def server(sock_dir: Path, rpcs: RpcRecorder) -> Iterator[DevicePluginServer]:
     nvml = open_sim("pcie-4")
     nvml.init()
     (resource,) = build_resources(nvml.gpus())
     nvml.shutdown()
     executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS)
-    plugin = DevicePluginServer(resource, sock_dir / resource.socket_name, ResponseOptions(), executor)
+    plugin = DevicePluginServer(
+        resource, sock_dir / resource.socket_name, ResponseOptions(), executor, observer=rpcs
+    )
     plugin.start()
     yield plugin
     plugin.stop(grace=0.0)
@@ -116,7 +133,9 @@ def test_unary_rpcs_answer_with_many_unread_streams(server: DevicePluginServer) 
             c.close()
 
 
-def test_every_stream_gets_every_update_and_the_excess_is_refused(server: DevicePluginServer) -> None:
+def test_every_stream_gets_every_update_and_the_excess_is_refused(
+    server: DevicePluginServer, rpcs: RpcRecorder
+) -> None:
     streams = Streams(server.socket_path)
     lost: list[str] = []
     try:
@@ -131,6 +150,7 @@ def test_every_stream_gets_every_update_and_the_excess_is_refused(server: Device
             "kubelet); close another stream first"
         )
         assert server.open_streams == STREAMS
+        assert rpcs.calls == [("ListAndWatch", grpc.StatusCode.RESOURCE_EXHAUSTED)]  # metrics count it
         device = sorted(server.devices)[1]
         server.set_health([device], False)
         for stream in streams.open:  # the kubelet's and every other one: nothing was ended
