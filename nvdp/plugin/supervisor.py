@@ -2,7 +2,8 @@
 to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
 
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes, a stop or reload is requested, or a registration retry is due.
+kubelet's directory changes, a stop or reload is requested, a registration retry is due, or the
+kubelet's ListAndWatch stream of a resource ended (the kubelet dropped it: register it again).
 Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
 directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
 reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
@@ -99,13 +100,16 @@ class Supervisor(Generic[S]):
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
         self._stop.set()
-        self._wake()
+        if self._watcher:
+            self._watcher.wake()
 
     def request_reload(self) -> None:
         self._reload_requested.set()
-        self._wake()
+        if self._watcher:
+            self._watcher.wake()
 
     def _wake(self) -> None:
+        """Wake the loop (the kubelet link, when the kubelet's stream of a resource ended)."""
         if self._watcher:
             self._watcher.wake()
 
@@ -337,7 +341,8 @@ class Supervisor(Generic[S]):
     def request_rescan(self) -> None:
         """Apply the node's current layout with the current settings, as a reload does."""
         self._rescan.set()
-        self._wake()
+        if self._watcher:
+            self._watcher.wake()
 
     def served_gpus(self) -> list[GpuInfo] | None:
         """The enumeration the served resources come from; None before the first one."""
