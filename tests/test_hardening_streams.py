@@ -357,6 +357,28 @@ def test_the_kubelet_dropping_its_stream_leads_to_a_new_registration(node: Node,
     assert f"re-registered with kubelet resource={GPU}" in log
 
 
+def test_after_a_kubelet_restart_the_kubelet_gets_in_with_others_at_the_bound(node: Node) -> None:
+    """A kubelet restart wipes the plugin sockets: the server restarts (other clients' streams end
+    with the old one) and the restarted kubelet's stream is served; other clients reconnect after."""
+    node.wait_ready()
+    for _ in range(OTHERS):
+        node.streams.add()
+    node.kubelet.restart()
+    node.kubelet.wait_for_registration(GPU, count=2, timeout=15)
+    node.kubelet.wait_for_devices(GPU, lambda d: len(d) == 4, timeout=10)
+    for stream in node.streams.open:  # ended with the old server (cleanly, or cut mid-send)
+        with pytest.raises((StopIteration, grpc.RpcError)):
+            next(stream)
+    node.streams.close()
+    node.streams.open.clear()
+    for _ in range(OTHERS):
+        node.streams.add()
+    node.inject(uuid=node.gpus[3], xid=79)
+    node.kubelet.wait_for_devices(GPU, lambda d: d[node.gpus[3]].health == "Unhealthy", timeout=10)
+    assert refused(node.streams).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    node.wait_ready()
+
+
 # ---- /readyz proves the servers answer ------------------------------------------------------
 
 
