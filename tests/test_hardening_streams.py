@@ -22,6 +22,7 @@ import pytest
 from nvdp.api import pb, pb_grpc
 from nvdp.daemon import GRPC_WORKERS
 from nvdp.kubelet import Kubelet
+from nvdp.logs import TextFormatter
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
 from nvdp.plugin.probe import PROBE_TIMEOUT_S, rpc_problem
@@ -134,7 +135,7 @@ def test_unary_rpcs_answer_with_many_unread_streams(server: DevicePluginServer) 
 
 
 def test_every_stream_gets_every_update_and_the_excess_is_refused(
-    server: DevicePluginServer, rpcs: RpcRecorder
+    server: DevicePluginServer, rpcs: RpcRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     streams = Streams(server.socket_path)
     lost: list[str] = []
@@ -149,8 +150,14 @@ def test_every_stream_gets_every_update_and_the_excess_is_refused(
             f"{GPU}: at most {STREAMS} ListAndWatch streams (one kept for the "
             "kubelet); close another stream first"
         )
+        for _ in range(2):  # a client retrying
+            assert refused(streams).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert server.open_streams == STREAMS
-        assert rpcs.calls == [("ListAndWatch", grpc.StatusCode.RESOURCE_EXHAUSTED)]  # metrics count it
+        assert rpcs.calls == [("ListAndWatch", grpc.StatusCode.RESOURCE_EXHAUSTED)] * 3  # metrics count them
+        lines = [TextFormatter().format(r) for r in caplog.records if "refused" in r.getMessage()]
+        assert [line.split(" ", 1)[1] for line in lines] == [
+            f"WARNING ListAndWatch refused: too many streams resource={GPU} limit=16 refused=1"
+        ]
         device = sorted(server.devices)[1]
         server.set_health([device], False)
         for stream in streams.open:  # the kubelet's and every other one: nothing was ended

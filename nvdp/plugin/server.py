@@ -113,7 +113,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._kubelet_stream: _Stream | None = None  # the stream opened first after the registration
         self._awaited_kubelet: Callable[[], None] | None = None  # registered, its stream not opened yet
         self._refused = 0  # streams refused since the last refusal line
-        self._refusal_logged = -REFUSAL_LOG_INTERVAL_S
+        self._refusal_logged: float | None = None  # time.monotonic() of the last refusal line
         self._stream_pool: ThreadPoolExecutor | None = None
         self._server: grpc.Server | None = None
         self._socket_id: FileId | None = None
@@ -159,10 +159,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         except OSError as error:
             raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
-        # Two workers over the bound: the kubelet's previous stream (the kubelet closes it) and one
-        # to refuse an excess stream with. Threads start as streams come.
+        # Room over the bound for earlier kubelet streams the kubelet has not closed yet and for
+        # refusing excess streams; a thread starts only when a stream needs it.
         self._stream_pool = ThreadPoolExecutor(
-            max_workers=MAX_LIST_AND_WATCH_STREAMS + 2, thread_name_prefix="grpc-stream"
+            max_workers=2 * MAX_LIST_AND_WATCH_STREAMS, thread_name_prefix="grpc-stream"
         )
         with self._cond:
             self._stopping = False
@@ -304,9 +304,11 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                     self._kubelet_stream, self._awaited_kubelet = stream, None
                 return stream
             self._refused += 1
-            refused, log_now = self._refused, started - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S
+            now = time.monotonic()
+            last = self._refusal_logged
+            refused, log_now = self._refused, last is None or now - last >= REFUSAL_LOG_INTERVAL_S
             if log_now:
-                self._refused, self._refusal_logged = 0, started
+                self._refused, self._refusal_logged = 0, now
         message = (
             f"{self.resource_name}: at most {MAX_LIST_AND_WATCH_STREAMS} ListAndWatch streams "
             "(one kept for the kubelet); close another stream first"
