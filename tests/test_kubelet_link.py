@@ -4,13 +4,20 @@ fake servers and a recording observer; no sockets, no threads."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from nvdp.errors import RegistrationError
-from nvdp.plugin.kubelet_link import RETRY_MAX_S, RETRY_MIN_S, KubeletLink
+from nvdp.plugin.kubelet_link import (
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    STREAM_LOST_DELAY_S,
+    STREAM_STABLE_S,
+    KubeletLink,
+)
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.watch import FileId
 
@@ -23,6 +30,10 @@ RESTARTED_KUBELET: FileId = (1, 101)
 class FakeServer:
     socket_path: Path
     allocator: PreferredAllocator | None = None
+    kubelet_stream_lost: Callable[[], None] | None = None  # handed in with each registration
+
+    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
+        self.kubelet_stream_lost = lost
 
 
 @dataclass
@@ -64,10 +75,28 @@ class Rig:
         self.registrar = FakeRegistrar()
         self.observer = Recorder()
         self.ready = threading.Event()
-        self.link = KubeletLink(KUBELET, self.registrar, ready=self.ready, observer=self.observer)
+        self.now = 1000.0
+        self.wakes = 0
+        self.link = KubeletLink(
+            KUBELET,
+            self.registrar,
+            ready=self.ready,
+            observer=self.observer,
+            wake=self.wake,
+            clock=lambda: self.now,
+        )
         self.servers = {name: FakeServer(Path(f"/kubelet/{name.replace('/', '-')}.sock")) for name in names}
         for name in names:
             self.link.expect(name)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def kubelet_drops_stream(self, name: str) -> None:
+        """The kubelet's stream of `name` (from its latest registration) ends."""
+        lost = self.servers[name].kubelet_stream_lost
+        assert lost is not None
+        lost()
 
     def register(self, kubelet_id: FileId = FIRST_KUBELET, previous: float | None = None) -> float | None:
         self.registrar.kubelet_id = kubelet_id
@@ -147,3 +176,80 @@ def test_ready_with_nothing_to_serve_and_forgotten_servers_are_not_reported() ->
     assert rig.observer.events == []
     assert rig.register() is None
     assert rig.registrar.calls == []
+
+
+# ---- the kubelet's ListAndWatch stream ends while the kubelet stays -----------------------------
+
+
+def test_a_dropped_stream_unregisters_at_once_and_registers_again_after_a_delay() -> None:
+    rig = Rig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
+    assert rig.register() is None
+    rig.kubelet_drops_stream("nvidia.com/gpu")  # on a gRPC thread: wakes the loop
+    assert rig.wakes == 1
+    assert rig.link.registrations() == {"nvidia.com/gpu": False, "nvidia.com/mig-1g.5gb": True}
+
+    assert rig.register() == pytest.approx(STREAM_LOST_DELAY_S)  # the kubelet finishes dropping it
+    assert not rig.ready.is_set() and len(rig.registrar.calls) == 2
+    rig.now += STREAM_LOST_DELAY_S / 2
+    assert rig.register() == pytest.approx(STREAM_LOST_DELAY_S / 2)
+    rig.now += STREAM_LOST_DELAY_S / 2
+    assert rig.register() is None
+    assert rig.ready.is_set()
+    assert [call[1] for call in rig.registrar.calls] == [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.5gb",
+        "nvidia.com/gpu",
+    ]
+    assert rig.observer.events[-1] == "registered nvidia.com/gpu first=False"
+    assert rig.link.registrations() == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": True}
+
+
+def test_streams_that_keep_ending_back_off_and_a_stable_one_resets() -> None:
+    rig = Rig("nvidia.com/gpu")
+    rig.register()
+    delays = []
+    for _ in range(5):
+        rig.now += 1.0  # each new stream ends a second after its registration
+        rig.kubelet_drops_stream("nvidia.com/gpu")
+        delay = rig.register()
+        assert delay is not None
+        delays.append(delay)
+        rig.now += delay
+        assert rig.register() is None
+    assert delays == pytest.approx([STREAM_LOST_DELAY_S, 1.0, 2.0, 4.0, RETRY_MAX_S])
+    rig.now += STREAM_STABLE_S  # a stream that lasted
+    rig.kubelet_drops_stream("nvidia.com/gpu")
+    assert rig.register() == pytest.approx(STREAM_LOST_DELAY_S)
+
+
+def test_an_earlier_registrations_stream_or_a_restarted_kubelet_is_not_held_back() -> None:
+    rig = Rig("nvidia.com/gpu")
+    rig.register()
+    earlier = rig.servers["nvidia.com/gpu"].kubelet_stream_lost
+    assert earlier is not None
+    rig.register(RESTARTED_KUBELET)  # registered again: the earlier stream is not the kubelet's now
+    earlier()
+    assert rig.link.registrations() == {"nvidia.com/gpu": True}
+    assert rig.register(RESTARTED_KUBELET) is None and len(rig.registrar.calls) == 2
+
+    rig.kubelet_drops_stream("nvidia.com/gpu")  # a kubelet restart ends the stream, then a new socket
+    assert rig.register(FIRST_KUBELET) is None, "a new kubelet is registered with at once"
+    assert len(rig.registrar.calls) == 3
+
+    rig.kubelet_drops_stream("nvidia.com/gpu")
+    rig.link.kubelet_gone()  # the kubelet's socket went: already forgotten, nothing more to do
+    assert rig.observer.events[-1] == "kubelet lost"
+    assert rig.register(RESTARTED_KUBELET) is None and len(rig.registrar.calls) == 4
+
+
+def test_a_registration_that_failed_hands_the_next_attempt_a_new_stream_callback() -> None:
+    rig = Rig("nvidia.com/gpu")
+    rig.registrar.refuse = {"nvidia.com/gpu"}
+    rig.register()
+    failed = rig.servers["nvidia.com/gpu"].kubelet_stream_lost
+    rig.registrar.refuse = set()
+    assert rig.register(previous=RETRY_MIN_S) is None
+    assert failed is not None and rig.servers["nvidia.com/gpu"].kubelet_stream_lost is not failed
+    failed()  # a stream taken for the kubelet's while nothing was registered: ignored
+    assert rig.link.registrations() == {"nvidia.com/gpu": True}
+    assert rig.register() is None and len(rig.registrar.calls) == 2

@@ -50,6 +50,7 @@ class FakeServer:
         self.started = False
         self.stopped = False
         self.wiped = False
+        self.kubelet_stream_lost: Callable[[], None] | None = None  # handed in with each registration
 
     @property
     def resource_name(self) -> str:
@@ -73,6 +74,9 @@ class FakeServer:
 
     def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
         self.resource, self.allocator = resource, allocator
+
+    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
+        self.kubelet_stream_lost = lost
 
 
 class Kubelet:

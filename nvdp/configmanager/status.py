@@ -7,14 +7,11 @@ beside the ERROR log line. The metrics are a handful of gauges and counters, wri
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from nvdp.http_endpoint import HttpEndpoint
 
 
 @dataclass(frozen=True)
@@ -60,56 +57,34 @@ def not_ready(s: Snapshot, alarm_after: float) -> str | None:
 
 
 class StatusServer:
-    """Serves the snapshot `read()` returns. `start()` binds; `stop()` is idempotent."""
+    """Serves the snapshot `read()` returns on nvdp's HTTP endpoint (the plugin's, with its bounds on
+    slow clients). `start()` binds (NvdpError when it cannot); `stop()` is idempotent."""
 
     def __init__(self, address: str, read: Callable[[], Snapshot], alarm_after: float) -> None:
-        host, _, port = address.rpartition(":")
-        self._bind = (host.removeprefix("[").removesuffix("]"), int(port))
         self._read = read
         self._alarm_after = alarm_after
-        self._server: ThreadingHTTPServer | None = None
+        self._endpoint = HttpEndpoint(address, self)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
+        return self._endpoint.port
 
     def start(self) -> StatusServer:
-        status = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                snapshot = status._read()
-                if self.path == "/metrics":
-                    self._send(200, render(snapshot, status._alarm_after), CONTENT_TYPE)
-                elif self.path == "/healthz":
-                    self._send(200, b"ok\n")
-                elif self.path == "/readyz":
-                    reason = not_ready(snapshot, status._alarm_after)
-                    self._send(503 if reason else 200, f"{reason or 'ok'}\n".encode())
-                else:
-                    self._send(404, b"not found\n")
-
-            def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(self._bind, Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
+        self._endpoint.start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._endpoint.stop()
+
+    # ---- Pages ----------------------------------------------------------------------------------
+    def render_metrics(self) -> bytes:
+        return render(self._read(), self._alarm_after)
+
+    def liveness_problem(self) -> str | None:
+        return None
+
+    def readiness_problem(self) -> str | None:
+        return not_ready(self._read(), self._alarm_after)
 
 
 def failing_for(since: float | None) -> float:

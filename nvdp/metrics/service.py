@@ -9,7 +9,7 @@ from typing import Protocol
 import grpc
 
 from nvdp import __version__
-from nvdp.metrics.endpoint import HttpEndpoint, Pages
+from nvdp.http_endpoint import HttpEndpoint, Pages
 from nvdp.metrics.families import MetricFamilies
 from nvdp.metrics.nvml_errors import CountingNvml
 from nvdp.metrics.readiness import Probes

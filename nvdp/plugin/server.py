@@ -1,11 +1,18 @@
 """One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
 
 Unary RPCs run on the worker pool handed in (shared by the node's servers); ListAndWatch streams run
-on a small pool of each server's own, so no number of open streams can hold a worker that Allocate
-needs. A server keeps at most MAX_LIST_AND_WATCH_STREAMS streams: a newer stream from the same peer
-replaces its oldest (the kubelet keeps one and opens a new one after a restart; over a unix socket
-every peer reads "unix:", so the newest stream wins), and one from another peer is refused with
-RESOURCE_EXHAUSTED.
+on a pool of each server's own, so no number of open streams can hold a worker that Allocate needs.
+
+Streams are served independently: every open stream gets every device-list change, and no stream is
+ended by another client's arrival. A server serves at most MAX_LIST_AND_WATCH_STREAMS at once, one
+place kept for the kubelet: the first stream opened after each registration (`expect_kubelet_stream`)
+is the kubelet's and is always admitted; a stream from any other client (a debugging grpcurl, a
+monitoring agent) beyond the bound is refused with RESOURCE_EXHAUSTED. Over a unix socket every peer
+reads "unix:", so which stream is the kubelet's is known only by when it opens.
+
+When the kubelet's stream ends while the server serves, the kubelet has dropped the resource (it
+treats a stream end as the plugin's disconnect and marks every device unhealthy); the callback handed
+in with the registration is told, so that the resource registers again (`nvdp.plugin.kubelet_link`).
 
 Every RPC goes through `nvdp.plugin.status.rpc`, the one place where nvdp errors become gRPC status
 codes.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +46,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
-MAX_LIST_AND_WATCH_STREAMS = 2  # per server: the kubelet's stream and one spare (a reconnect overlapping)
+# Per server, the kubelet's stream included: the kubelet and a few debuggers or monitors. An idle stream
+# costs a parked thread (docs/hardening.md has the measured memory).
+MAX_LIST_AND_WATCH_STREAMS = 16
+REFUSAL_LOG_INTERVAL_S = 60.0  # a client retrying a refused stream logs one line a minute, with the count
 
 
 class PreferredAllocator(Protocol):
@@ -47,11 +58,10 @@ class PreferredAllocator(Protocol):
 
 @dataclass(eq=False)
 class _Stream:
-    """One open ListAndWatch stream."""
+    """One open ListAndWatch stream; `kubelet_lost` is set on the kubelet's (called when it ends)."""
 
-    peer: str
     context: grpc.ServicerContext
-    replaced: bool = False
+    kubelet_lost: Callable[[], None] | None = None
 
 
 class _OnPool:
@@ -99,7 +109,11 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._version = 0
         self._list_response = self._build_list()
         self._stopping = False
-        self._streams: list[_Stream] = []  # oldest first
+        self._streams: list[_Stream] = []
+        self._kubelet_stream: _Stream | None = None  # the stream opened first after the registration
+        self._awaited_kubelet: Callable[[], None] | None = None  # registered, its stream not opened yet
+        self._refused = 0  # streams refused since the last refusal line
+        self._refusal_logged: float | None = None  # time.monotonic() of the last refusal line
         self._stream_pool: ThreadPoolExecutor | None = None
         self._server: grpc.Server | None = None
         self._socket_id: FileId | None = None
@@ -145,9 +159,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         except OSError as error:
             raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
-        # One worker over the cap: a new stream gets a thread to replace the oldest with.
+        # Room over the bound for earlier kubelet streams the kubelet has not closed yet and for
+        # refusing excess streams; a thread starts only when a stream needs it.
         self._stream_pool = ThreadPoolExecutor(
-            max_workers=MAX_LIST_AND_WATCH_STREAMS + 1, thread_name_prefix="grpc-stream"
+            max_workers=2 * MAX_LIST_AND_WATCH_STREAMS, thread_name_prefix="grpc-stream"
         )
         with self._cond:
             self._stopping = False
@@ -225,6 +240,14 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             pre_start_required=False, get_preferred_allocation_available=self._allocator is not None
         )
 
+    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
+        """A registration is being sent: the next stream to open is the kubelet's. It is admitted
+        whatever other clients hold, and `lost` is called (on the stream's thread) when it ends while
+        this server serves. The kubelet's stream of an earlier registration is then an ordinary one."""
+        with self._cond:
+            self._awaited_kubelet = lost
+            self._kubelet_stream = None
+
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Any:
         stream = self._admit(context)
 
@@ -233,70 +256,77 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 self._cond.notify_all()
 
         context.add_callback(wake)
+        is_kubelet = stream.kubelet_lost is not None
         log_event(
             log,
             logging.INFO,
             "ListAndWatch started",
             resource=self.resource_name,
             devices=len(self.resource.devices),
+            client="kubelet" if is_kubelet else "other",
         )
         try:
             sent = -1
             while True:
                 with self._cond:
-                    while (
-                        sent == self._version
-                        and not self._stopping
-                        and not stream.replaced
-                        and context.is_active()
-                    ):
+                    while sent == self._version and not self._stopping and context.is_active():
                         self._cond.wait(timeout=30.0)
-                    if self._stopping or stream.replaced or not context.is_active():
+                    if self._stopping or not context.is_active():
                         return
                     sent = self._version
                     response = self._list_response
                 yield response
         finally:
-            with self._cond:
-                if stream in self._streams:
-                    self._streams.remove(stream)
-            log_event(
-                log,
-                logging.INFO,
-                "ListAndWatch ended",
-                resource=self.resource_name,
-                reason="replaced by a newer stream" if stream.replaced else "closed",
-            )
+            self._stream_ended(stream, is_kubelet)
+
+    def _stream_ended(self, stream: _Stream, was_kubelet: bool) -> None:
+        with self._cond:
+            self._streams.remove(stream)
+            lost = stream.kubelet_lost if stream is self._kubelet_stream and not self._stopping else None
+            if stream is self._kubelet_stream:
+                self._kubelet_stream = None
+        client = "kubelet" if was_kubelet else "other"
+        log_event(log, logging.INFO, "ListAndWatch ended", resource=self.resource_name, client=client)
+        if lost is not None:
+            lost()
 
     def _admit(self, context: grpc.ServicerContext) -> _Stream:
-        """Count a new stream in; at the cap, end the oldest stream of the same peer (or refuse)."""
-        stream = _Stream(context.peer(), context)
-        replaced: _Stream | None = None
+        """Count a new stream in: the awaited kubelet's always, another client's while under the bound
+        (else refused with RESOURCE_EXHAUSTED). No open stream is ever ended for a new one."""
+        started = time.perf_counter()
         with self._cond:
-            if len(self._streams) >= MAX_LIST_AND_WATCH_STREAMS:
-                oldest = next((s for s in self._streams if s.peer == stream.peer), None)
-                if oldest is None:
-                    log_event(
-                        log,
-                        logging.WARNING,
-                        "ListAndWatch refused: too many streams",
-                        resource=self.resource_name,
-                        peer=stream.peer,
-                        limit=MAX_LIST_AND_WATCH_STREAMS,
-                    )
-                    context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"{self.resource_name}: at most {MAX_LIST_AND_WATCH_STREAMS} ListAndWatch streams",
-                    )
-                else:
-                    replaced = oldest
-                    oldest.replaced = True
-                    self._streams.remove(oldest)
-                    self._cond.notify_all()
-            self._streams.append(stream)
-        if replaced is not None:
-            replaced.context.cancel()  # also ends one blocked sending to a client that never reads
-        return stream
+            stream = _Stream(context, self._awaited_kubelet)
+            others = sum(s is not self._kubelet_stream for s in self._streams)
+            admitted = stream.kubelet_lost is not None or others < MAX_LIST_AND_WATCH_STREAMS - 1
+            if admitted:
+                self._streams.append(stream)
+                if stream.kubelet_lost is not None:
+                    self._kubelet_stream, self._awaited_kubelet = stream, None
+                return stream
+            self._refused += 1
+            now = time.monotonic()
+            last = self._refusal_logged
+            refused, log_now = self._refused, last is None or now - last >= REFUSAL_LOG_INTERVAL_S
+            if log_now:
+                self._refused, self._refusal_logged = 0, now
+        message = (
+            f"{self.resource_name}: at most {MAX_LIST_AND_WATCH_STREAMS} ListAndWatch streams "
+            "(one kept for the kubelet); close another stream first"
+        )
+        if log_now:
+            log_event(
+                log,
+                logging.WARNING,
+                "ListAndWatch refused: too many streams",
+                resource=self.resource_name,
+                limit=MAX_LIST_AND_WATCH_STREAMS,
+                refused=refused,
+            )
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        if self.observer is not None:
+            self.observer.rpc_done(self.resource_name, "ListAndWatch", code, time.perf_counter() - started)
+        context.abort(code, message)
+        raise AssertionError("unreachable: context.abort raises")
 
     @rpc
     def GetPreferredAllocation(

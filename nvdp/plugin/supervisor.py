@@ -2,7 +2,8 @@
 to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
 
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes, a stop or reload is requested, or a registration retry is due.
+kubelet's directory changes, a stop or reload is requested, a registration retry is due, or the
+kubelet's ListAndWatch stream of a resource ended (the kubelet dropped it: register it again).
 Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
 directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
 reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
@@ -92,7 +93,9 @@ class Supervisor(Generic[S]):
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
-        self._kubelet = KubeletLink(settings.kubelet_socket, register, ready=self.ready, observer=observer)
+        self._kubelet = KubeletLink(
+            settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._wake
+        )
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
@@ -105,6 +108,11 @@ class Supervisor(Generic[S]):
 
     def request_reload(self) -> None:
         self._reload_requested.set()
+        if self._watcher:
+            self._watcher.wake()
+
+    def _wake(self) -> None:
+        """Wake the loop (the kubelet link, when the kubelet's stream of a resource ended)."""
         if self._watcher:
             self._watcher.wake()
 

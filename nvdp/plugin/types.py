@@ -5,7 +5,7 @@ beside it in nvdp.plugin and nvdp.health; tests hand in fakes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -85,6 +85,11 @@ class PluginServer(HealthTarget, Protocol):
     def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
         """Serve changed devices of the same resource on the running server (same stream and
         registration); devices that remain keep their health."""
+        ...
+
+    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
+        """A registration is being sent: the next ListAndWatch stream is the kubelet's; `lost` is
+        called (on any thread) when it ends while the server serves."""
         ...
 
 
