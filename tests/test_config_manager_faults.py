@@ -199,3 +199,31 @@ def test_the_record_is_retried_when_the_api_fails_and_never_fought_over(
     manager.set_labels({LABEL: "default"}, {APPLIED_ANNOTATION: "ts4"})
     assert manager.reconcile().changed and node.recorded() == "default"
     assert node.api.count("PATCH", NODE_PATH) == 5
+
+
+def test_io_failures_are_retried_and_refusals_wait_for_a_change(node: Node) -> None:
+    """`retrying` (readiness, the retry loop) is set for what a retry may fix, the source or the
+    destination failing, and not for a refusal, which only a label or ConfigMap change fixes."""
+    dst = node.base / "dst" / "config.yaml"
+    manager = ConfigManager(Settings(NODE, str(node.src.root), str(dst), send_signal=False))
+    manager.set_labels({LABEL: "a"})
+    assert manager.reconcile().changed and manager.retrying is None
+
+    node.src.root.rename(node.base / "src-away")  # the ConfigMap volume cannot be read
+    outcome = manager.reconcile()
+    assert outcome.entry == "a" and manager.retrying == outcome.problem
+    assert outcome.problem is not None and outcome.problem.startswith(f"cannot list {node.src.root}: ")
+    (node.base / "src-away").rename(node.src.root)
+    assert not manager.reconcile().changed and manager.retrying is None
+
+    # An entry whose read fails (EIO: this process's memory at address 0, a regular file in /proc).
+    (node.src.root / "mem").symlink_to("/proc/self/mem")
+    manager.set_labels({LABEL: "mem"})
+    outcome = manager.reconcile()
+    assert outcome.entry == "a" and outcome.problem == manager.retrying
+    assert outcome.problem is not None and outcome.problem.startswith("cannot read entry 'mem': ")
+
+    manager.set_labels({LABEL: "nope"})
+    outcome = manager.reconcile()
+    assert outcome.problem is not None and outcome.problem.startswith("no config entry named 'nope'")
+    assert manager.retrying is None and manager.refused_total == 1

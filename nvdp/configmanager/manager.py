@@ -276,7 +276,7 @@ class ConfigManager:
         try:
             wanted, content = files.read_candidate(self.settings.config_file_srcdir, entry)
         except CandidateError as error:
-            if isinstance(error.__cause__, OSError):
+            if _caused_by_os_error(error):  # a read that failed, not a file of the wrong kind or size
                 raise _Failed(str(error)) from error
             raise SelectionError(str(error)) from error
         if wanted != self._applied:
@@ -369,6 +369,15 @@ class ConfigManager:
             self._events.create_node_event(event_type, reason, message)
         except Exception as error:  # an event is best effort; the config work goes on
             log_event(log, logging.WARNING, "cannot create node event", reason=reason, error=str(error))
+
+
+def _caused_by_os_error(error: BaseException) -> bool:
+    cause = error.__cause__
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 __all__ = ["EMPTY", "AppliedRecord", "ConfigManager", "NodeEvents", "Outcome"]
