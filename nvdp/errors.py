@@ -7,8 +7,7 @@ place, `nvdp.plugin.status`.
 Not here on purpose: a few module-private signals that never leave their module (and so are no
 NvdpError): `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors
 turned into field-named `ConfigError` lines by their callers), `nvdp.nvml.sim.events.SimEventError`
-(a bad events-file line, logged and skipped), and `nvdp.kube`'s HTTP answers (`_HttpError`, `_Gone`,
-turned into `KubeError` or a re-list inside the adapter).
+(a bad events-file line, logged and skipped).
 """
 
 from __future__ import annotations
@@ -82,6 +81,26 @@ class RegistrationError(NvdpError):
 
 class KubeError(NvdpError):
     """The Kubernetes API server could not be reached or refused a request (one line)."""
+
+
+class KubeStatusError(KubeError):
+    """The API server answered with an error status (or a watch stream with an ERROR event)."""
+
+    def __init__(self, status: int, detail: str, reason: str = "") -> None:
+        self.status, self.reason = status, reason
+        super().__init__(f"HTTP {status} {' '.join(detail.split())[:200]}")
+
+
+class KubeGone(KubeStatusError):
+    """410 Gone: the resourceVersion asked for is too old (compacted); list again."""
+
+
+class KubeWatchSilent(KubeError):
+    """A watch stream said nothing, not even its headers, for `bound` seconds: taken for dead."""
+
+    def __init__(self, bound: float, last_heard: float) -> None:
+        self.last_heard = last_heard  # time.monotonic() of the last bytes (or of the request)
+        super().__init__(f"watch silent for {bound:g}s; connection dropped")
 
 
 class KubeletError(NvdpError):

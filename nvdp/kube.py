@@ -9,7 +9,10 @@ server is on; importing this module costs nothing. A process that blocked `ssl`
 One client constructor (`new_api_client`: a host for tests, a kubeconfig, or the in-cluster service
 account) serves every user: the plugin's node events, gfd's NodeFeature, the config-manager's Node
 watch. Requests go through the client's ApiClient untyped (JSON in, JSON out; `_request`), not the
-typed APIs, whose models cost about 22 MB more RSS; API failures are one-line KubeErrors.
+typed APIs, whose models cost about 22 MB more RSS; API failures are one-line KubeErrors. Every
+response body is read to its end before its connection goes back to the client's pool (`_request`);
+a watch stream left early closes its connection instead (`_watch_stream`): a connection handed back
+with unread bytes makes the next request on it read them as its status line (`BadStatusLine`).
 
 Node events: a health transition becomes an Event on the node's Node object, as the kubelet records
 its own node events: namespace `default`, involvedObject `{kind: Node, name: <node>, uid: <node>}`
@@ -22,12 +25,13 @@ import datetime
 import json
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from nvdp.errors import KubeError
+from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,7 @@ class KubeNodeEvents:
         body = self.event_body(event_type, reason, message)
         path = f"/api/v1/namespaces/{self._namespace}/events"
         try:
-            _request(self._api_client, "POST", path, {}, self._timeout, body=body).release_conn()
+            _request(self._api_client, "POST", path, {}, self._timeout, body=body)
         except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
             raise KubeError(f"cannot create event on node {self._node}: {_one_line(error)}") from error
 
@@ -163,11 +167,11 @@ def apply_node_feature(
 
     try:
         try:
-            current = _get_json(api_client, f"{collection}/{name}", {}, timeout)
-        except _HttpError as error:
+            current = get_json(api_client, f"{collection}/{name}", {}, timeout)
+        except KubeStatusError as error:
             if error.status != 404:
                 raise
-            _request(api_client, "POST", collection, {}, timeout, body=body).release_conn()
+            _request(api_client, "POST", collection, {}, timeout, body=body)
             return "created"
         metadata = current.get("metadata") or {}
         spec = current.get("spec") or {}
@@ -178,177 +182,124 @@ def apply_node_feature(
         ):
             return "unchanged"
         body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
-        _request(api_client, "PUT", f"{collection}/{name}", {}, timeout, body=body).release_conn()
+        _request(api_client, "PUT", f"{collection}/{name}", {}, timeout, body=body)
         return "updated"
-    except _HttpError as error:
+    except KubeStatusError as error:
         raise KubeError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
     except Exception as error:  # urllib3 / socket errors: one line, not a traceback
         raise KubeError(f"{where}: cannot reach the API server: {_one_line(error)}") from error
 
 
-# ---- config-manager: a list+watch of one Node ---------------------------------------------------
+# ---- Nodes: metadata, annotations, list and watch (nvdp config-manager) --------------------------
 
 
-def node_labels(api_client: Any, node_name: str, *, timeout: float = 10.0) -> dict[str, str] | None:
-    """The labels of one Node (one GET); None when the Node does not exist. Raises KubeError."""
+@dataclass(frozen=True)
+class NodeMeta:
+    """What the config-manager reads of a Node: its labels and annotations."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> NodeMeta:
+        metadata = obj.get("metadata") or {}
+        return cls(_strings(metadata.get("labels")), _strings(metadata.get("annotations")))
+
+
+def node_metadata(api_client: Any, node_name: str, *, timeout: float = 10.0) -> NodeMeta | None:
+    """The labels and annotations of one Node (one GET); None when the Node does not exist. Raises
+    KubeError."""
     try:
-        node = _get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
-    except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
-        if isinstance(error, _HttpError) and error.status == 404:
+        node = get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
+    except KubeStatusError as error:
+        if error.status == 404:
             return None
-        raise KubeError(f"cannot read node {node_name}: {_one_line(error)}") from error
-    return _labels(node)
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
+    except KubeError as error:
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
+    return NodeMeta.of(node)
 
 
-class NodeWatch:
-    """List+watch one Node (field selector metadata.name=<node>) and hand its labels to `on_labels`
-    (None when the Node is gone). Resumes from the last resourceVersion after the server ends a
-    watch; re-lists on 410 Gone; retries every other failure with capped exponential backoff and
-    never stops until `stop` is set. `on_failure(message, failing_for_seconds)` hears each failure;
-    a line is logged at WARNING, and at ERROR once the watch has been failing for `alarm_after` s.
-    Requests go through the client's ApiClient untyped (JSON), as everywhere here (module docstring).
-    """
+def patch_node_annotations(
+    api_client: Any, node_name: str, annotations: Mapping[str, str | None], *, timeout: float = 10.0
+) -> None:
+    """Set annotations on a Node (None removes one) with a JSON merge patch: RBAC `nodes: patch`.
+    Raises KubeError."""
+    body = {"metadata": {"annotations": dict(annotations)}}
+    path = f"/api/v1/nodes/{node_name}"
+    try:
+        _request(
+            api_client, "PATCH", path, {}, timeout, body=body, content_type="application/merge-patch+json"
+        )
+    except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
+        raise KubeError(f"cannot annotate node {node_name}: {_one_line(error)}") from error
 
-    def __init__(
-        self,
-        api_client: Any,
-        node_name: str,
-        on_labels: Callable[[dict[str, str] | None], None],
-        *,
-        on_failure: Callable[[str, float], None] | None = None,
-        timeout_seconds: int = 300,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        alarm_after: float = 60.0,
-    ) -> None:
-        self._api_client = api_client
-        self._node = node_name
-        self._on_labels = on_labels
-        self._on_failure = on_failure
-        self._timeout_seconds = timeout_seconds
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._alarm_after = alarm_after
-        self.failing_since: float | None = None  # monotonic time of the first failure in a row
-        self.lists = 0  # full lists done (the first, and one after each 410 Gone)
 
-    @property
-    def selector(self) -> str:
-        return f"metadata.name={self._node}"
+def get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    """One GET and its JSON object (a list: `items` and `metadata.resourceVersion`). Raises
+    KubeStatusError (KubeGone for 410) on an error status, else KubeError (one line)."""
+    try:
+        data = json.loads(_request(api_client, "GET", path, query, timeout))
+    except KubeError:
+        raise
+    except Exception as error:  # urllib3 / socket errors, a body that is no JSON
+        raise KubeError(_one_line(error)) from error
+    if not isinstance(data, dict):
+        raise KubeError(f"unexpected answer from {path}")
+    return data
 
-    def run(self, stop: threading.Event) -> None:
-        """Watch until `stop` is set (checked between requests and events)."""
-        version: str | None = None
-        delay = self._backoff_initial
-        alarmed = False
-        while not stop.is_set():
-            try:
-                if version is None:
-                    nodes = _get_json(self._api_client, "/api/v1/nodes", {"fieldSelector": self.selector}, 30)
-                    self.lists += 1
-                    items = nodes.get("items") or []
-                    self._on_labels(_labels(items[0]) if items else None)
-                    version = str(nodes["metadata"]["resourceVersion"])
-                    self._recovered()
-                    delay, alarmed = self._backoff_initial, False
-                version = self._watch(version, stop)
-                self._recovered()
-                delay, alarmed = self._backoff_initial, False
-                continue
-            except _Gone:
-                log.info("node watch expired (410 Gone); listing again node=%s", self._node)
-                version = None
-                continue
-            except _HttpError as error:
-                message = str(error)
-            except Exception as error:  # connection refused, timeouts, bad answers: retry, never stop
-                message = _one_line(error)
-            now = time.monotonic()
-            if self.failing_since is None:
-                self.failing_since = now
-            failing_for = now - self.failing_since
-            if failing_for >= self._alarm_after and not alarmed:
-                alarmed = True
-                log.error(
-                    "node watch has been failing node=%s for=%.0fs error=%r; the config is not following"
-                    " the node label until it recovers",
-                    self._node,
-                    failing_for,
-                    message,
-                )
-            else:
-                log.warning("node watch failed node=%s error=%r retry_in=%.1fs", self._node, message, delay)
-            if self._on_failure is not None:
-                self._on_failure(message, failing_for)
-            stop.wait(delay)
-            delay = min(delay * 2, self._backoff_max)
 
-    def _watch(self, version: str, stop: threading.Event) -> str:
-        """One watch request from `version` until the server ends it; the last version seen."""
-        from kubernetes.watch.watch import iter_resp_lines
+def watch(
+    api_client: Any, path: str, query: Mapping[str, str], *, silence: float
+) -> Generator[dict[str, Any], None, None]:
+    """The events of one watch request (`query` has `watch=true`), decoded, until the server ends
+    the stream; `close()` the generator to leave early (its connection is then closed, not reused).
+    An ERROR event raises KubeStatusError (KubeGone for 410); a stream that says nothing, not even
+    its headers, for `silence` s (a half-open connection, a stalled server) raises KubeWatchSilent;
+    any other failure KubeError (one line)."""
+    from kubernetes.watch.watch import iter_resp_lines
 
-        query = {
-            "fieldSelector": self.selector,
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._timeout_seconds),
-            "watch": "true",
-        }
-        response = _request(self._api_client, "GET", "/api/v1/nodes", query, (10, self._timeout_seconds + 30))
-        try:
+    heard = time.monotonic()
+    try:
+        with _watch_stream(api_client, path, query, (10, silence)) as response:
             for line in iter_resp_lines(response):
+                heard = time.monotonic()
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise _HttpError(int(obj.get("code") or 0), str(obj.get("message") or obj))
-                self._recovered()
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind == "DELETED":
-                    self._on_labels(None)
-                elif kind in ("ADDED", "MODIFIED"):
-                    self._on_labels(_labels(obj))
-                if stop.is_set():
-                    break
-        finally:
-            response.release_conn()
-        return version
-
-    def _recovered(self) -> None:
-        if self.failing_since is not None:
-            log.info(
-                "node watch recovered node=%s after=%.1fs", self._node, time.monotonic() - self.failing_since
-            )
-            self.failing_since = None
+                if not isinstance(event, dict):
+                    raise ValueError(f"not a watch event: {line[:100]}")
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise _status_error(int(status.get("code") or 0), status.get("message") or status, "")
+                yield event
+    except KubeError:
+        raise
+    except Exception as error:
+        if _is_read_timeout(error):
+            raise KubeWatchSilent(silence, heard) from error
+        raise KubeError(_one_line(error)) from error
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, detail: str, reason: str = "") -> None:
-        self.status, self.reason = status, reason
-        super().__init__(f"HTTP {status} {' '.join(detail.split())[:200]}")
+# ---- requests: every body read (or the connection closed) before the connection is reused -------
 
 
-class _Gone(Exception):
-    """410 Gone: the resourceVersion is too old; list again."""
-
-
-def _request(
+def _send(
     api_client: Any,
     method: str,
     path: str,
     query: Mapping[str, str],
     timeout: float | tuple[float, float],
-    body: object = None,
+    body: object,
+    content_type: str,
 ) -> Any:
-    """One request through the client's ApiClient (auth, TLS, proxies from the kubeconfig); raises
-    _HttpError (or _Gone) on a non-2xx answer. Returns the urllib3 response, body unread (`.data`
-    reads it; `.stream()` follows a watch)."""
+    """One request through the client's ApiClient (auth, TLS, proxies from the kubeconfig). Returns
+    the urllib3 response of a 2xx answer with its body unread: the caller reads it to the end or
+    closes it (`_request`, `_watch_stream`). A non-2xx answer is read, its connection released,
+    and raised as KubeStatusError (KubeGone for 410)."""
     headers = {"Accept": "application/json"}
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     if hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
         serialized = api_client.param_serialize(
             method,
@@ -364,7 +315,9 @@ def _request(
         )
         raw = response.response
         if not 200 <= raw.status <= 299:
-            raise _http_error(raw.status, raw.data, raw.reason)
+            with _released(raw):
+                data = raw.data
+            raise _status_error(raw.status, data, raw.reason)
         return raw
     from kubernetes.client.exceptions import ApiException  # older clients (swagger-codegen)
 
@@ -380,29 +333,74 @@ def _request(
             _preload_content=False,
             _request_timeout=timeout,
         )
-    except ApiException as error:
-        raise _http_error(int(error.status or 0), error.body, error.reason) from error
+    except ApiException as error:  # the client read the answer's body into the exception
+        raise _status_error(int(error.status or 0), error.body, error.reason) from error
 
 
-def _http_error(status: int, body: object, reason: object) -> Exception:
+def _request(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    timeout: float | tuple[float, float],
+    body: object = None,
+    content_type: str = "application/json",
+) -> bytes:
+    """One request, its whole body read and its connection released in every case; the body of a
+    2xx answer. Raises KubeStatusError (KubeGone for 410) on a non-2xx answer."""
+    raw = _send(api_client, method, path, query, timeout, body, content_type)
+    with _released(raw):
+        return bytes(raw.data or b"")
+
+
+@contextmanager
+def _watch_stream(
+    api_client: Any, path: str, query: Mapping[str, str], timeout: float | tuple[float, float]
+) -> Iterator[Any]:
+    """A streaming GET (a watch): the urllib3 response. A stream read to its end releases its
+    connection; one left early (stop, an ERROR event, a timeout) is closed, never handed back."""
+    raw = _send(api_client, "GET", path, query, timeout, None, "application/json")
+    with _released(raw):
+        yield raw
+
+
+@contextmanager
+def _released(raw: Any) -> Iterator[None]:
+    """Hand `raw`'s connection back to the pool when the block read the body to its end (urllib3
+    closes the file there); close it when the block raised or left bytes unread (the next request
+    on it would read them as its status line)."""
+    complete = False
+    try:
+        yield
+        complete = bool(raw.isclosed())
+    finally:
+        if not complete:
+            raw.close()
+        raw.release_conn()
+
+
+def _status_error(status: int, body: object, reason: object) -> KubeStatusError:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
     try:
         detail = json.loads(text).get("message") or reason
     except (ValueError, AttributeError):
         detail = text or reason
-    return _Gone() if status == 410 else _HttpError(status, str(detail), str(reason or ""))
+    return (KubeGone if status == 410 else KubeStatusError)(status, str(detail), str(reason or ""))
 
 
-def _get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
-    data = json.loads(_request(api_client, "GET", path, query, timeout).data)
-    if not isinstance(data, dict):
-        raise _HttpError(200, f"unexpected answer from {path}")
-    return data
+def _is_read_timeout(error: BaseException) -> bool:
+    from urllib3.exceptions import ReadTimeoutError
+
+    seen: BaseException | None = error
+    while seen is not None:  # urllib3 wraps socket timeouts; the client may wrap urllib3's errors
+        if isinstance(seen, ReadTimeoutError | TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
-def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
+def _strings(mapping: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, Mapping) else {}
 
 
 def _one_line(error: BaseException) -> str:

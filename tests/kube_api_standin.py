@@ -12,7 +12,15 @@ Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, label
 (500, 410, ...); `expire()` forgets the event history, so a watch resuming from an older version
 gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
 open watch streams (a dropped connection). POST creates an object in the collection (Events) and
-records it in `created`. `requests` logs (method, path, query) of every request.
+records it in `created`; PUT replaces an object; PATCH merges a JSON merge patch into one (a watched
+MODIFIED). `requests` logs (method, path, query) of every request.
+
+Faults of the connection, as real servers and networks produce them: `late_bodies = seconds` sends
+every answer's headers first and its body (a stream: its final chunk) that much later, on a
+keep-alive connection (a client that hands the connection back without reading the body then reads
+it as the next answer's status line); `gone_every_watch = True` answers every watch with an
+in-stream ERROR 410 event; `stall_watches = True` answers new watches with their headers and then
+nothing (a half-open connection), until `end_watches()`.
 """
 
 from __future__ import annotations
@@ -55,6 +63,10 @@ class KubeApiStandin:
     objects: dict[str, Obj] = field(default_factory=dict)
     created: list[Obj] = field(default_factory=list)
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    late_bodies: float = 0.0
+    gone_every_watch: bool = False
+    stall_watches: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -130,6 +142,13 @@ class KubeApiStandin:
                 else:
                     current[key] = value
             return self._store("MODIFIED", path, obj)
+
+    def merge_patch(self, path: str, patch: Obj) -> Obj | None:
+        """Apply a JSON merge patch (RFC 7386) to the object at `path`; None when there is none."""
+        with self._lock:
+            if path not in self.objects:
+                return None
+            return self._store("MODIFIED", path, _merge(self.objects[path], patch))
 
     def delete(self, path: str) -> None:
         with self._lock:
@@ -226,6 +245,15 @@ class KubeApiStandin:
 
     def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:
         """Events for the collection at `path` after `resourceVersion`, until the timeout."""
+        if self.gone_every_watch:
+            yield {"type": "ERROR", "object": _status(410, "too old resource version (injected)")}
+            return
+        if self.stall_watches:
+            with self._lock:
+                generation = self._generation
+                while generation == self._generation:
+                    self._lock.wait()
+            return
         name = _field_name(query)
         prefix = path.rstrip("/") + "/"
         timeout = float(query.get("timeoutSeconds") or 1800)
@@ -271,6 +299,18 @@ def _field_name(query: Mapping[str, str]) -> str | None:
     return None
 
 
+def _merge(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge(merged.get(key), value)
+    return merged
+
+
 def _status(code: int, message: str) -> Obj:
     reasons = {404: "NotFound", 410: "Expired", 500: "InternalError", 409: "AlreadyExists"}
     return {
@@ -304,7 +344,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
+        self._late()
         self.wfile.write(data)
+
+    def _late(self) -> None:
+        """With `late_bodies`: the headers go out now, what follows that much later."""
+        if self.api.late_bodies:
+            self.wfile.flush()
+            time.sleep(self.api.late_bodies)
 
     def _failed(self, path: str, watch: bool) -> bool:
         status = self.api._take_failure(self.command, path, watch)
@@ -333,13 +380,41 @@ class _Handler(BaseHTTPRequestHandler):
             meta = {"resourceVersion": version}
             self._send_json(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items})
 
-    def do_POST(self) -> None:
-        path, _ = self._parse()
-        if self._failed(path, False):
-            return
+    def _body(self) -> Obj:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        return body if isinstance(body, dict) else {}
+
+    def do_POST(self) -> None:
+        path, _ = self._parse()
+        body = self._body()  # read first: an answer must not leave the request's body on the connection
+        if self._failed(path, False):
+            return
         self._send_json(201, self.api._create(path, body))
+
+    def do_PUT(self) -> None:
+        path, _ = self._parse()
+        body = self._body()
+        if self._failed(path, False):
+            return
+        if path not in self.api.objects:
+            self._send_json(404, _status(404, f"{path} not found"))
+            return
+        self._send_json(200, self.api.put(path, body))
+
+    def do_PATCH(self) -> None:
+        path, _ = self._parse()
+        body = self._body()
+        if self._failed(path, False):
+            return
+        if self.headers.get("Content-Type") != "application/merge-patch+json":
+            self._send_json(415, _status(415, f"unsupported patch type {self.headers.get('Content-Type')}"))
+            return
+        patched = self.api.merge_patch(path, body)
+        if patched is None:
+            self._send_json(404, _status(404, f"{path} not found"))
+        else:
+            self._send_json(200, patched)
 
     def _stream(self, path: str, query: Mapping[str, str]) -> None:
         self.send_response(200)
@@ -351,6 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
                 line = json.dumps(event).encode() + b"\n"
                 self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
                 self.wfile.flush()
+            self._late()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):

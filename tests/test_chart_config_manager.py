@@ -1,6 +1,7 @@
 """The config-manager in the chart and the static manifest: init container + sidecar, shared process
 namespace, the ConfigMap as the source dir and an emptyDir as the destination, NODE_NAME from the
-downward API, RBAC to list and watch nodes: exactly when a ConfigMap of entries is used."""
+downward API, RBAC to list, watch and patch (annotate) nodes: exactly when a ConfigMap of entries is
+used."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
         )
     role = only(docs, "ClusterRole")
     nodes = [r for r in role["rules"] if "nodes" in r["resources"]]
-    assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "watch"]]
+    # patch: the applied entry is recorded in a Node annotation (a restarted pod falls back to it)
+    assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "patch", "watch"]]
     return env(sidecar)
 
 

@@ -409,6 +409,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
     import urllib.request
 
     from nvdp import kube
+    from nvdp.configmanager import node_watch
     from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
     from tests.kube_api_standin import KubeApiStandin
 
@@ -419,10 +420,10 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         api.fail(500, 1000, path_prefix="/api/v1/nodes")
         seen: list[dict[str, str] | None] = []
         failures: list[str] = []
-        watch = kube.NodeWatch(
+        watch = node_watch.NodeWatch(
             kube.new_api_client(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig"))),
             "n",
-            seen.append,
+            lambda node: seen.append(None if node is None else node.labels),
             on_failure=lambda message, _: failures.append(message),
             backoff_initial=0.01,
             backoff_max=0.05,
@@ -435,7 +436,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         ).start()
         stop = threading.Event()
         thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="nvdp.kube"):
+        with caplog.at_level(logging.WARNING, logger="nvdp.configmanager.node_watch"):
             thread.start()
             api.wait_for(lambda: any(r.levelno == logging.ERROR for r in caplog.records), 10, "alarm line")
             with pytest.raises(urllib.error.HTTPError) as caught:
@@ -467,7 +468,9 @@ def test_strict_config_refuses_entries_with_unknown_keys(tmp_path: Path) -> None
     assert outcome.problem == "newer: flags.migstrategy: unknown field (did you mean migStrategy?); " + (
         "newer: flags.plugin.gpuSharingOrder: unknown field (accepted: passDeviceSpecs, "
         "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
-        "kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy)"
+        "kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy); without the label: no label"
+        " value, no default config, and no fallback strategy applies (tried: none configured; entries: a,"
+        " bad, newer)"
     )
     (tmp_path / "lenient").mkdir()
     lenient, _, dst2 = _manager(tmp_path / "lenient")

@@ -8,8 +8,12 @@ plugin's config file at the selected ConfigMap entry, as NVIDIA's config-manager
   symlink swap.
 - `process`: finding the plugin process by name in /proc and signalling it.
 - `manager`: the reconcile loop (label changes from the Node watch, ConfigMap content changes
-  through inotify on the mounted directory), problems as one log line plus an Event on the Node.
-- `command`: the process: the Kubernetes client, the watch thread (`nvdp.kube.NodeWatch`), --oneshot.
+  through inotify on the mounted directory), problems as one log line plus an Event on the Node,
+  failed applies retried with backoff, the applied entry recorded on the Node for restarted pods.
+- `node_watch`: the list+watch of the own Node (resumed, re-listed with client-go's backoff, dropped
+  when silent, never stopped).
+- `command`: the process: the Kubernetes client, the watch thread, the Node annotation record,
+  --oneshot.
 - `status`: optional /metrics, /healthz, /readyz (`--metrics-address`).
 - `check`: `nvdp config check FILE...`, strict validation, the plugin's support rules, and the
   resources a file would produce.

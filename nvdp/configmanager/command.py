@@ -1,4 +1,5 @@
-"""Running `nvdp config-manager`: the Kubernetes client, the Node watch thread and the loop.
+"""Running `nvdp config-manager`: the Kubernetes client, the Node watch thread, the record of the
+applied entry on the Node, and the loop.
 
 The CLI (nvdp/cli.py) parses, prints and installs signal handlers; this module does the work.
 """
@@ -10,7 +11,8 @@ import threading
 
 from nvdp import kube
 from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.settings import Settings
+from nvdp.configmanager.node_watch import NodeWatch
+from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from nvdp.logs import log_event
@@ -21,27 +23,49 @@ EVENT_COMPONENT = "nvidia-device-plugin-config-manager"
 ALARM_AFTER = 60.0  # seconds of failing watch before the ERROR line and /readyz 503
 
 
+class NodeAnnotationRecord:
+    """Records the entry put in place as the Node's APPLIED_ANNOTATION (RBAC: nodes patch)."""
+
+    def __init__(self, client: object, node_name: str) -> None:
+        self._client, self._node = client, node_name
+
+    def write(self, entry: str) -> None:
+        kube.patch_node_annotations(self._client, self._node, {APPLIED_ANNOTATION: entry})
+
+
 def connect(settings: Settings) -> tuple[object, ConfigManager]:
-    """The API client and a manager that records Events on the Node. Raises KubeError."""
+    """The API client and a manager that records Events and the applied entry on the Node. Raises
+    KubeError."""
     client = kube.new_api_client(kubeconfig=settings.kubeconfig)
     events = kube.KubeNodeEvents(settings.node_name, api_client=client, component=EVENT_COMPONENT)
-    return client, ConfigManager(settings, events)
+    return client, ConfigManager(settings, events, NodeAnnotationRecord(client, settings.node_name))
 
 
 def oneshot(settings: Settings) -> int:
-    """Read the label once, apply, exit: 0 when a config is in place, 1 otherwise."""
+    """Read the Node once, apply, exit: 0 when a config is in place, 1 otherwise. Without the API
+    server there is no label to follow: exit 1 (the kubelet retries the init container) rather than
+    a guess that could shrink the node."""
     client, manager = connect(settings)
-    manager.set_labels(kube.node_labels(client, settings.node_name))
+    _set_node(manager, kube.node_metadata(client, settings.node_name))
     outcome = manager.reconcile()
     return 0 if outcome.entry is not None else 1
 
 
+def _set_node(manager: ConfigManager, node: kube.NodeMeta | None) -> None:
+    manager.set_labels(None if node is None else node.labels, None if node is None else node.annotations)
+
+
 def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigManager] | None = None) -> int:
     """Watch the Node and reconcile until `stop` is set."""
-    client, manager = connect(settings)
+    _, manager = connect(settings)
     if manager_ready is not None:
         manager_ready.append(manager)
-    watch = kube.NodeWatch(client, settings.node_name, manager.set_labels, alarm_after=ALARM_AFTER)
+    # The watch's own client makes no retries: it retries with backoff, and a retry of a request
+    # stalled before its headers would double the time its silence takes to be noticed.
+    watch_client = kube.new_api_client(kubeconfig=settings.kubeconfig, retries=0)
+    watch = NodeWatch(
+        watch_client, settings.node_name, lambda node: _set_node(manager, node), alarm_after=ALARM_AFTER
+    )
     status = None
     if settings.metrics_address:
 
@@ -52,6 +76,7 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
                 refused_total=manager.refused_total,
                 signals_total=manager.signals_sent,
                 watch_failing_for=failing_for(watch.failing_since),
+                retrying=manager.retrying,
             )
 
         status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()
@@ -74,7 +99,7 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
     return 0
 
 
-def _watch(watch: kube.NodeWatch, stop: threading.Event) -> None:
+def _watch(watch: NodeWatch, stop: threading.Event) -> None:
     try:
         watch.run(stop)
     except BaseException as error:  # NodeWatch.run never returns early; if it did, say so loudly

@@ -1,14 +1,23 @@
 """The reconcile loop of `nvdp config-manager`.
 
-Inputs: the node's label value (from the Node watch thread, or one GET with --oneshot) and the
-mounted ConfigMap directory (watched with inotify: the kubelet's update of a ConfigMap swaps the
-`..data` link in it, so an edit of the ConfigMap is applied without a restart and nothing wakes while
-nothing changes; re-read every `--poll-interval` only where inotify is unavailable). Each pass
-selects an entry, reads it, and when the effective file (link target or content) differs from what
-the destination serves: validates it with the plugin's loader and support rules, swaps the symlink
-and signals the plugin once. A problem (unknown label value, unreadable or invalid
-entry) is one log line naming the node, label value and reason, plus a Warning Event on the Node;
-the current config stays and watching goes on. The same problem is reported once, not every pass.
+Inputs: the node's label value and annotations (from the Node watch thread, or one GET with
+--oneshot) and the mounted ConfigMap directory (watched with inotify: the kubelet's update of a
+ConfigMap swaps the `..data` link in it, so an edit of the ConfigMap is applied without a restart and
+nothing wakes while nothing changes; re-read every `--poll-interval` only where inotify is
+unavailable). Each pass selects an entry, reads it, and when the effective file (link target or
+content) differs from what the destination serves: validates it with the plugin's loader and support
+rules, swaps the symlink and signals the plugin once.
+
+A refusal (unknown label value, invalid entry) is one log line naming the node, label value and
+reason, plus a Warning Event on the Node; the current config stays and watching goes on until the
+label or the ConfigMap changes. A failure to put a config in place (the source or destination
+cannot be read or written) is reported the same way, once, and retried with backoff until it
+succeeds; `retrying` says why meanwhile (readiness). The same problem is reported once, not every
+pass.
+
+Each config put in place is recorded on the Node (`APPLIED_ANNOTATION`, through `AppliedRecord`), so
+that a restarted pod whose label names no usable entry starts on the entry the node last had, not on
+the default: the emptyDir holding the destination does not survive a pod restart.
 """
 
 from __future__ import annotations
@@ -21,8 +30,8 @@ from typing import Protocol
 
 from nvdp.configmanager import files, process
 from nvdp.configmanager.selection import EMPTY, list_entries, select
-from nvdp.configmanager.settings import Settings
-from nvdp.errors import NvdpError, SelectionError
+from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
+from nvdp.errors import CandidateError, NvdpError, SelectionError
 from nvdp.logs import log_event
 from nvdp.plugin.watch import IN_CLOSE_WRITE, DirWatcher
 
@@ -30,10 +39,25 @@ log = logging.getLogger(__name__)
 
 EVENT_REASON_REFUSED = "DevicePluginConfigRefused"
 EVENT_REASON_APPLIED = "DevicePluginConfigApplied"
+EVENT_REASON_FAILED = "DevicePluginConfigFailed"
+RETRY_INITIAL_S = 1.0  # a config that could not be put in place: first retry, doubling up to
+RETRY_MAX_S = 30.0
 
 
 class NodeEvents(Protocol):
     def create_node_event(self, event_type: str, reason: str, message: str) -> None: ...
+
+
+class AppliedRecord(Protocol):
+    """Where the entry put in place is recorded for a restarted pod (the Node's annotation)."""
+
+    def write(self, entry: str) -> None:
+        """Record `entry` ("" = the empty config). Raises NvdpError."""
+        ...
+
+
+class _Failed(Exception):
+    """A config could not be put in place for a reason a retry may fix (I/O)."""
 
 
 @dataclass(frozen=True)
@@ -44,19 +68,34 @@ class Outcome:
 
 
 class ConfigManager:
-    """One node's config selection. `reconcile()` runs a pass; `set_label()` is thread-safe and
+    """One node's config selection. `reconcile()` runs a pass; `set_labels()` is thread-safe and
     wakes `run()`."""
 
-    def __init__(self, settings: Settings, events: NodeEvents | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        events: NodeEvents | None = None,
+        record: AppliedRecord | None = None,
+        *,
+        retry_initial: float = RETRY_INITIAL_S,
+        retry_max: float = RETRY_MAX_S,
+    ) -> None:
         self.settings = settings
         self._events = events
+        self._record = record
+        self._retry_initial, self._retry_max = retry_initial, retry_max
         self._label: str | None = None
         self._label_known = False
+        self._recorded: str | None = None  # the Node's APPLIED_ANNOTATION (None: absent, or no Node)
+        self._node_present = False
         self._wake = threading.Event()
         self._watcher: DirWatcher | None = None  # while run() waits on the source directory
         self._lock = threading.Lock()
         self._reported: str | None = None
+        self._record_reported: str | None = None
+        self._to_record: str | None = None  # an entry put in place here and not recorded yet
         self.entry: str | None = None
+        self.retrying: str | None = None  # why the selected config is not in place (a retry is due)
         self.signals_sent = 0
         self.applied_total = 0
         self.refused_total = 0
@@ -68,12 +107,15 @@ class ConfigManager:
 
     # ---- inputs ----------------------------------------------------------------------------------
 
-    def set_labels(self, labels: dict[str, str] | None) -> None:
-        """The node's labels (None: the Node is gone). Wakes the loop when the value changed."""
+    def set_labels(self, labels: dict[str, str] | None, annotations: dict[str, str] | None = None) -> None:
+        """The node's labels and annotations (labels None: the Node is gone). Wakes the loop when the
+        label's value changed."""
         value = (labels or {}).get(self.settings.node_label) or None
         with self._lock:
             changed = not self._label_known or value != self._label
             self._label, self._label_known = value, True
+            self._node_present = labels is not None
+            self._recorded = (annotations or {}).get(APPLIED_ANNOTATION)
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
             self.wake()
@@ -83,12 +125,19 @@ class ConfigManager:
         with self._lock:
             return self._label
 
+    @property
+    def recorded(self) -> str | None:
+        """The entry the Node records as last put in place on it (None: none recorded)."""
+        with self._lock:
+            return self._recorded
+
     # ---- the loop --------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile on each label change, each change in the source directory and each `wake()`,
         until `stop` is set (the setter calls `wake()` too). Where inotify is unavailable, the
-        directory is re-read every poll interval instead.
+        directory is re-read every poll interval instead. While a config could not be put in place
+        or recorded, passes are retried with backoff (RETRY_INITIAL_S doubling to RETRY_MAX_S).
 
         No periodic safety re-read with inotify: every event in the directory wakes a full pass (a
         queue overflow too: it also makes the descriptor readable), events after a pass's start
@@ -98,6 +147,7 @@ class ConfigManager:
         """
         watcher = DirWatcher(Path(self.settings.config_file_srcdir), extra_events=IN_CLOSE_WRITE)
         self._watcher = watcher
+        delay = self._retry_initial
         try:
             while not stop.is_set():
                 self._wake.clear()
@@ -105,10 +155,16 @@ class ConfigManager:
                     self.reconcile()
                 if stop.is_set() or self._wake.is_set():
                     continue
-                if watcher.uses_inotify:
-                    watcher.wait(None)
+                retry_in: float | None = None
+                if self.retrying is not None or self._to_record is not None:
+                    retry_in, delay = delay, min(delay * 2, self._retry_max)
                 else:
-                    self._wake.wait(self.settings.poll_interval)
+                    delay = self._retry_initial
+                if watcher.uses_inotify:
+                    watcher.wait(retry_in)
+                else:
+                    poll = self.settings.poll_interval
+                    self._wake.wait(poll if retry_in is None else min(poll, retry_in))
         finally:
             self._watcher = None
             watcher.close()
@@ -127,34 +183,35 @@ class ConfigManager:
             self._applied, self._baseline_taken = files.current(s.config_file_dst), True
         now = self._applied
         try:
-            entries = list_entries(s.config_file_srcdir)
             try:
-                entry = select(label, entries, s.default_config, s.fallback_strategies)
+                entries = list_entries(s.config_file_srcdir)
             except SelectionError as error:
-                if now is not None or not label:
-                    raise
-                # Nothing served yet (first start): a bad label must not leave the plugin without a
-                # config; use what the node would get without the label, and still report the label.
-                try:
-                    entry = select(None, entries, s.default_config, s.fallback_strategies)
-                except SelectionError as fallback:
-                    raise SelectionError(f"{error}; without the label: {fallback}") from fallback
-                self._report(label, f"no config entry named {label!r}; using {entry or 'the empty config'}")
-            wanted, content = files.read_candidate(s.config_file_srcdir, entry)
+                raise _Failed(str(error)) from error
+            try:
+                entry, wanted, content, note = self._choose(label, entries, first=now is None)
+            except SelectionError as refused:
+                self._report(label, str(refused))
+                return Outcome(False, self.entry, str(refused))
             if now == wanted:
                 self._clear()
                 self.entry = entry
+                self._record_entry()
                 return Outcome(False, entry)
-            files.validate(entry, content, strict=s.strict_config)
-            files.link(s.config_file_dst, wanted.target)
+            try:
+                files.link(s.config_file_dst, wanted.target)
+            except OSError as error:
+                raise _Failed(f"cannot link {s.config_file_dst}: {error.strerror or error}") from error
             self._applied = wanted
-        except (NvdpError, OSError) as error:
-            reason = str(error) if isinstance(error, NvdpError) else f"{error.strerror or error}"
-            self._report(label, reason)
-            return Outcome(False, self.entry, reason)
+        except _Failed as failed:
+            self._report(label, str(failed), retrying=True)
+            self._record_entry()
+            return Outcome(False, self.entry, str(failed))
         self._clear()
+        if note is not None:  # the label's own pick was refused; the node got `entry` instead
+            self._report(label, note)
         self.applied_total += 1
         previous, self.entry = self.entry, entry
+        self._to_record = entry
         log_event(
             log,
             logging.INFO,
@@ -169,9 +226,100 @@ class ConfigManager:
             self._emit("Normal", EVENT_REASON_APPLIED, f"device plugin config {entry or '(empty)'} applied")
         if s.send_signal:
             self._signal()
+        self._record_entry()
         return Outcome(True, entry)
 
+    def _choose(
+        self, label: str | None, entries: list[str], *, first: bool
+    ) -> tuple[str, files.Effective, bytes, str | None]:
+        """The entry to serve, its file and content, and (when the label's own pick was refused and
+        another entry is served instead) the refusal to report. Raises SelectionError (a refusal:
+        nothing to serve until the label or the ConfigMap changes) or _Failed (I/O: retry).
+
+        With nothing in place yet (`first`: the init container, a restarted pod) a refused label
+        must not leave the plugin without a config: the node gets the entry recorded as last put
+        in place on it, else what it would get without the label; the label is still reported."""
+        s = self.settings
+        try:
+            entry = select(label, entries, s.default_config, s.fallback_strategies)
+            return (entry, *self._candidate(entry), None)
+        except SelectionError as error:
+            if not first:
+                raise
+            problem = str(error)
+        fallbacks: list[tuple[str, str]] = []  # (entry, how it was found)
+        recorded = self.recorded
+        if recorded is not None:
+            if recorded in entries or recorded == EMPTY:
+                fallbacks.append((recorded, "the entry last applied on this node"))
+            else:
+                problem += f"; the entry last applied on this node, {recorded!r}, is not an entry any more"
+        if label:
+            try:
+                fallbacks.append((select(None, entries, s.default_config, s.fallback_strategies), ""))
+            except SelectionError as without:
+                problem += f"; without the label: {without}"
+        for entry, how in fallbacks:
+            try:
+                effective, content = self._candidate(entry)
+            except SelectionError as refused:
+                problem += f"; {refused}"
+                continue
+            using = entry or "the empty config"
+            return entry, effective, content, f"{problem}; using {using}" + (f" ({how})" if how else "")
+        raise SelectionError(problem)
+
+    def _candidate(self, entry: str) -> tuple[files.Effective, bytes]:
+        """The entry's file and content, validated unless the destination serves it already.
+        Raises SelectionError (refused: not a file the plugin would take) or _Failed (a read that
+        failed: retry)."""
+        try:
+            wanted, content = files.read_candidate(self.settings.config_file_srcdir, entry)
+        except CandidateError as error:
+            if _caused_by_os_error(error):  # a read that failed, not a file of the wrong kind or size
+                raise _Failed(str(error)) from error
+            raise SelectionError(str(error)) from error
+        if wanted != self._applied:
+            try:
+                files.validate(entry, content, strict=self.settings.strict_config)
+            except CandidateError as error:
+                raise SelectionError(str(error)) from error
+        return wanted, content
+
     # ---- outputs ---------------------------------------------------------------------------------
+
+    def _record_entry(self) -> None:
+        """Record the entry in place on the Node: one put in place here (until recorded), or the
+        one in place when the Node records none yet. Never "corrects" another manager's record
+        otherwise: the plugin's, GFD's and MPS's managers of one node would fight while one of
+        their ConfigMap mounts lags. A failure is one WARNING line; the loop retries."""
+        with self._lock:
+            recorded, present = self._recorded, self._node_present
+        wanted = self._to_record
+        if wanted is None and recorded is None and self.entry is not None:
+            wanted = self.entry
+        if wanted is None or wanted == recorded or self._record is None or not present:
+            self._to_record = None
+            return
+        try:
+            self._record.write(wanted)
+        except NvdpError as error:
+            self._to_record = wanted
+            if str(error) != self._record_reported:
+                self._record_reported = str(error)
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "cannot record the applied config on the node; retrying (a restarted pod whose label"
+                    " names no usable entry starts on the last recorded one)",
+                    entry=wanted or "(empty)",
+                    error=str(error),
+                )
+            return
+        with self._lock:
+            self._recorded = wanted
+        self._to_record = self._record_reported = None
+        log_event(log, logging.INFO, "applied config recorded", annotation=APPLIED_ANNOTATION, entry=wanted)
 
     def _signal(self) -> None:
         s = self.settings
@@ -187,27 +335,32 @@ class ConfigManager:
                 process=s.process_to_signal,
             )
 
-    def _report(self, label: str | None, reason: str) -> None:
+    def _report(self, label: str | None, reason: str, *, retrying: bool = False) -> None:
+        self.retrying = reason if retrying else None
         if reason == self._reported:
             return
         self._reported = reason
-        self.refused_total += 1
         kept = self.entry if self.entry is not None else "(none yet)"
+        if not retrying:
+            self.refused_total += 1
         log_event(
             log,
             logging.ERROR,
-            "config not applied; keeping the current config",
+            "config not applied; keeping the current config" + ("; retrying" if retrying else ""),
             node=self.settings.node_name,
             label=label or "",
             current=kept or "(empty)",
             reason=reason,
         )
         self._emit(
-            "Warning", EVENT_REASON_REFUSED, f"label {self.settings.node_label}={label or ''}: {reason}"
+            "Warning",
+            EVENT_REASON_FAILED if retrying else EVENT_REASON_REFUSED,
+            f"label {self.settings.node_label}={label or ''}: {reason}",
         )
 
     def _clear(self) -> None:
         self._reported = None
+        self.retrying = None
 
     def _emit(self, event_type: str, reason: str, message: str) -> None:
         if self._events is None:
@@ -218,4 +371,13 @@ class ConfigManager:
             log_event(log, logging.WARNING, "cannot create node event", reason=reason, error=str(error))
 
 
-__all__ = ["EMPTY", "ConfigManager", "NodeEvents", "Outcome"]
+def _caused_by_os_error(error: BaseException) -> bool:
+    cause = error.__cause__
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+__all__ = ["EMPTY", "AppliedRecord", "ConfigManager", "NodeEvents", "Outcome"]

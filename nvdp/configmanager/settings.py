@@ -21,6 +21,11 @@ DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
 FALLBACK_STRATEGIES = ("named", "single", "empty")
 NAMED_FALLBACK = "default"  # the entry the `named` strategy looks for
+# The Node annotation recording the entry last put in place on the node (value: the entry name; ""
+# for the empty config), read when a restarted pod's label names no usable entry. An nvdp-named key
+# (the `nvdp.` subdomain), not NVIDIA's `nvidia.com/` prefix that the label uses: NVIDIA's
+# config-manager writes no such record, and a key of theirs could one day mean something else.
+APPLIED_ANNOTATION = "nvdp.nvidia.com/device-plugin.config.applied"
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ _OPTIONS: tuple[tuple[str, str, str, _Parser, str, str], ...] = (
         listen_address,
         "value",
         'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
-        " node watch has been failing for a minute)",
+        " node watch has been failing or silent for a minute, or the selected config is not in place)",
     ),
     (
         "--strict-config",

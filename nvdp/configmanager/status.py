@@ -1,8 +1,9 @@
 """`/metrics`, `/healthz` and `/readyz` of `nvdp config-manager` (`--metrics-address`, off by default).
 
-/readyz answers 503 while no config has been applied yet, or while the Node watch has been failing
-for longer than the alarm time (the config is then not following the label): the readiness signal
-beside the ERROR log line. The metrics are a handful of gauges and counters, written out by hand.
+/readyz answers 503 while no config has been applied yet, while the config the node should have
+could not be put in place (it is retried with backoff), or while the Node watch has been failing or
+silent for longer than the alarm time (the config is then not following the label): the readiness
+signal beside the ERROR log line. The metrics are a handful of gauges and counters, written out by hand.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Snapshot:
     refused_total: int
     signals_total: int
     watch_failing_for: float  # seconds; 0 when the watch is fine
+    retrying: str | None = None  # why the selected config is not in place (being retried)
 
 
 def render(s: Snapshot, alarm_after: float) -> bytes:
@@ -44,6 +46,9 @@ def render(s: Snapshot, alarm_after: float) -> bytes:
         "# HELP nvdp_config_manager_watch_healthy 0 once the watch has failed for over the alarm time.",
         "# TYPE nvdp_config_manager_watch_healthy gauge",
         f"nvdp_config_manager_watch_healthy {int(failing < alarm_after)}",
+        "# HELP nvdp_config_manager_apply_failing 1 while the selected config is not in place (retried).",
+        "# TYPE nvdp_config_manager_apply_failing gauge",
+        f"nvdp_config_manager_apply_failing {int(s.retrying is not None)}",
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -51,6 +56,8 @@ def render(s: Snapshot, alarm_after: float) -> bytes:
 def not_ready(s: Snapshot, alarm_after: float) -> str | None:
     if not s.applied:
         return "no config applied yet"
+    if s.retrying is not None:
+        return f"config not in place, retrying: {s.retrying}"
     if s.watch_failing_for >= alarm_after:
         return f"node watch failing for {s.watch_failing_for:.0f}s"
     return None
