@@ -18,7 +18,7 @@ import logging
 import os
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import discover, pci_mode
@@ -214,11 +214,13 @@ def _open_nvml(settings: GfdSettings) -> Nvml:
     return open_nvml(settings.config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root)
 
 
-def default_events(settings: GfdSettings) -> NodeEventRecorder | None:
+def default_events(
+    settings: GfdSettings, environ: Mapping[str, str] = os.environ
+) -> NodeEventRecorder | None:
     """Node events for misfits where the API server is reachable: the node's name (NODE_NAME /
-    --node-name) and a kubeconfig or in-cluster credentials; else None."""
+    --node-name) and a kubeconfig or in-cluster credentials (in `environ`); else None."""
     return node_events_from_env(
-        os.environ, node=settings.node_name, kubeconfig=settings.kubeconfig, component=EVENT_COMPONENT
+        environ, node=settings.node_name, kubeconfig=settings.kubeconfig, component=EVENT_COMPONENT
     )
 
 
