@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvdp import kube
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
-from nvdp.health.node_events import NodeEventRecorder
+from nvdp.health.node_events import node_events_from_env
 from nvdp.logs import log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
@@ -83,19 +82,6 @@ class GrpcServers:
     def shutdown(self) -> None:
         """After the servers stopped: drop what is still queued."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def node_events_from_env(
-    environ: Mapping[str, str], *, token_file: str = kube.SERVICE_ACCOUNT_TOKEN, max_queue: int = 64
-) -> NodeEventRecorder | None:
-    """A recorder when NODE_NAME is set and in-cluster credentials exist; else None (feature off).
-
-    The `kubernetes` client is built (and ssl let in) only when the first event is sent."""
-    node = environ.get("NODE_NAME", "")
-    if not node or not kube.in_cluster(environ, token_file):
-        return None
-
-    return NodeEventRecorder(lambda: kube.KubeNodeEvents(node), max_queue=max_queue)
 
 
 def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSettings]:

@@ -3,13 +3,18 @@ real Helm engine and checked against the Kubernetes API schemas."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tomllib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvdp.config import OPTIONS
 from nvdp.gfd.options import GFD_OPTIONS
+from nvdp.testing import clean_env
 from tests.test_deploy import (
     NAMESPACE,
     ROOT,
@@ -240,3 +245,42 @@ def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> Non
     assert env_of(daemonset)["NVDP_NVML"] == "sim:dgx-a100"
     for doc in out.docs:
         check_schema(doc)
+
+
+MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+
+
+def console_script(name: str) -> list[str]:
+    """The argv of one of the image's console scripts (pyproject's [project.scripts]), run from here."""
+    module, _, function = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][
+        name
+    ].partition(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
+def test_the_gfd_container_labels_an_mps_entry(render: Callable[..., Rendered], tmp_path: Path) -> None:
+    """The GFD pod's own command line and env, run against the rendered ConfigMap's MPS entry: it
+    labels the node (NVIDIA's gfd does; the chart gives the GFD pod no MPS root, and needs none)."""
+    out = render(
+        {"gfd": {"enabled": True}, "config": {"map": {"default": MPS_ENTRY}}, "nvml": "sim:dgx-a100"}
+    )
+    ctr = gfd_container(gfd_daemonset(out))
+    entry = next(d for d in out.docs if d["kind"] == "ConfigMap" and "default" in d.get("data", {}))
+    config = tmp_path / "config.yaml"  # what the config-manager's init container links /config/config.yaml to
+    config.write_text(entry["data"]["default"])
+    env = {k: v for k, v in clean_env().items() if not k.startswith("GFD_") and k not in GFD_ENV}
+    from_pod = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE}
+    for var in ctr["env"]:
+        value = var["value"] if "value" in var else from_pod[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        env[var["name"]] = str(config) if value == "/config/config.yaml" else value
+    assert "MPS_ROOT" not in env and env["NVDP_NVML"] == "sim:dgx-a100"
+    features = tmp_path / "features.d" / "gfd"  # the hostPath mount
+    features.parent.mkdir()
+    (command,) = ctr["command"]
+    argv = [*console_script(command), *ctr.get("args", []), "--oneshot", "--output-file", str(features)]
+    result = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    labels = dict(line.split("=", 1) for line in features.read_text().splitlines())
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4" and labels["nvidia.com/mps.capable"] == "true"

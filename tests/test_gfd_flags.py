@@ -182,3 +182,42 @@ def test_help_lists_the_new_flags() -> None:
     ):
         assert name in text
     assert "GFD_USE_NODE_FEATURE_API, USE_NODE_FEATURE_API" in text
+
+
+# ---- the plugin's rules that gfd does not need ------------------------------------------------
+
+
+def test_gfd_needs_no_mps_root_or_kubelet_socket(tmp_path: Path) -> None:
+    """gfd only describes the node: the settings only the running plugin uses are not asked of it;
+    the plugin, given the same, still refuses them."""
+    from nvdp.config import add_plugin_flags, resolve
+
+    config = tmp_path / "mps.yaml"
+    config.write_text("version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n")
+    environ = {"KUBELET_SOCKET": ""}
+    settings = parse("--config-file", str(config), environ=environ)
+    assert settings.config.sharing.strategy == "mps" and settings.config.flags.mps_root is None
+    parser = argparse.ArgumentParser()
+    add_plugin_flags(parser)
+    with pytest.raises(ConfigError) as refused:
+        resolve(parser.parse_args(["--config-file", str(config)]), environ)
+    assert refused.value.problems == [
+        "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path",
+        "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)",
+    ]
+
+
+def test_gfd_node_events_need_a_node_name_and_an_api_server(tmp_path: Path) -> None:
+    """Through a kubeconfig here (in-cluster credentials: tests/test_health_node_events.py)."""
+    from nvdp.health.node_events import NodeEventRecorder
+
+    kubeconfig = str(tmp_path / "kubeconfig")
+    assert gfd_run.default_events(parse(environ={"KUBECONFIG": kubeconfig}), {}) is None  # no node name
+    assert gfd_run.default_events(parse(environ={"NODE_NAME": "n1"}), {}) is None  # no API server
+    for settings in (
+        parse(environ={"NODE_NAME": "n1", "KUBECONFIG": kubeconfig}),
+        parse("--node-name", "n1", "--kubeconfig", kubeconfig),
+    ):
+        recorder = gfd_run.default_events(settings, {})
+        assert isinstance(recorder, NodeEventRecorder)
+        recorder.close()

@@ -25,12 +25,13 @@ from nvdp.gfd.labels import (
     gpu_family,
     node_labels,
     sanitise,
+    single_strategy_problem,
     version_labels,
 )
 from nvdp.kubelet import Kubelet
 from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 DATA = Path(__file__).resolve().parent / "data" / "gfd"
 PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
@@ -64,6 +65,11 @@ CASES += [
     ("dgx-a100", "none", "mps-renamed"),
     ("dgx-a100", "none", "mps-per-gpu"),
     ("a100-mig-single", "single", "mps"),  # MPS on MIG devices: the plugin refuses the node
+    # A MIG-enabled GPU without MIG devices (mig-manager between layouts), alone and beside others.
+    *[(n, m, None) for n in ("a100-mig-empty", "dgx-a100-repartition") for m in ("none", "single", "mixed")],
+    ("dgx-a100", "none", "ts-unmatched"),  # an entry for a MIG profile on a node without MIG
+    ("dgx-a100-mig", "mixed", "ts-unmatched"),  # the same entry where both apply
+    ("dgx-a100-mig", "single", "ts"),  # invalid single layout: NVIDIA's whole-GPU sharing label stays
 ]
 
 
@@ -137,9 +143,18 @@ def _advertised(config: Config, plugin_dir: Path) -> dict[str, list[str]]:
             thread.join(10)
 
 
-# Layouts the plugin refuses (it advertises nothing): labelled invalid, tested below.
-REFUSED = [("dgx-a100-mig", "single", None), ("a100-mig-single", "single", "mps")]
-VALID_CASES = [c for c in CASES if c not in REFUSED]
+# Layouts NVIDIA's gfd labels invalid under the single strategy (nvdp's plugin serves part of some of
+# them, or nothing), and a node whose only GPU has no MIG devices yet (nothing advertised under
+# mixed): labelled as NVIDIA's gfd labels them, tested below.
+LABELLED_APART = [
+    ("dgx-a100-mig", "single", None),
+    ("dgx-a100-mig", "single", "ts"),
+    ("a100-mig-single", "single", "mps"),
+    ("a100-mig-empty", "single", None),
+    ("a100-mig-empty", "mixed", None),
+    ("dgx-a100-repartition", "single", None),
+]
+VALID_CASES = [c for c in CASES if c not in LABELLED_APART]
 
 
 @pytest.mark.parametrize("case", VALID_CASES, ids=_case_id)
@@ -170,10 +185,113 @@ def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None
         assert labels[f"{GPU_RESOURCE}.count"] == "0" and labels[f"{GPU_RESOURCE}.replicas"] == "0"
 
 
-def test_single_strategy_that_the_plugin_refuses_is_labelled_invalid() -> None:
-    labels = _labels(_config("dgx-a100-mig", "single", None))
+# What NVIDIA's gfd writes for a node whose only GPU is MIG-enabled without MIG devices, with the
+# timestamp: 27 labels under mixed and under single (its whole-GPU labels, then the invalid ones).
+NVIDIA_KEYS_ONE_EMPTY_MIG_GPU = {
+    *(f"nvidia.com/cuda.{k}" for k in ("driver.major", "driver.minor", "driver.rev", "runtime.major")),
+    *(f"nvidia.com/cuda.{k}" for k in ("runtime.minor", "runtime-version.major", "runtime-version.minor")),
+    *(f"nvidia.com/cuda.driver-version.{k}" for k in ("major", "minor", "revision", "full")),
+    "nvidia.com/cuda.runtime-version.full",
+    *(f"nvidia.com/gpu.{k}" for k in ("product", "count", "replicas", "sharing-strategy", "memory")),
+    *(f"nvidia.com/gpu.{k}" for k in ("family", "compute.major", "compute.minor", "mode", "machine")),
+    "nvidia.com/mig.capable",
+    "nvidia.com/mig.strategy",
+    "nvidia.com/mps.capable",
+    "nvidia.com/vgpu.present",
+}
+
+
+@pytest.mark.parametrize("mig", ["mixed", "single"])
+def test_a_mig_gpu_without_mig_devices_gets_nvidias_labels(mig: str) -> None:
+    labels = _labels(_config("a100-mig-empty", mig, None))
+    assert set(labels) == NVIDIA_KEYS_ONE_EMPTY_MIG_GPU and len(labels) + 1 == 27  # + the timestamp
+    assert labels["nvidia.com/mig.strategy"] == mig and labels["nvidia.com/mig.capable"] == "true"
+    identity = {
+        k: labels["nvidia.com/gpu." + k] for k in ("family", "compute.major", "compute.minor", "mode")
+    }
+    assert identity == {"family": "ampere", "compute.major": "8", "compute.minor": "0", "mode": "compute"}
+    assert labels["nvidia.com/gpu.replicas"] == "0" and labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    product = "NVIDIA-A100-SXM4-40GB" + ("-MIG-INVALID" if mig == "single" else "")
+    assert labels["nvidia.com/gpu.product"] == product
+
+
+@pytest.mark.parametrize(
+    ("node", "sharing", "reason"),
+    [
+        pytest.param("dgx-a100-mig", None, "devices with MIG enabled and disable detected", id="mixed-modes"),
+        pytest.param(
+            "dgx-a100-mig", "ts", "devices with MIG enabled and disable detected", id="mixed-modes-ts"
+        ),
+        pytest.param("a100-mig-empty", None, "at least one MIG device is enabled but empty", id="empty"),
+        pytest.param(
+            "dgx-a100-repartition", None, "at least one MIG device is enabled but empty", id="repartition"
+        ),
+        pytest.param("a100-mig-single", "mps", "MPS sharing is not supported for MIG devices", id="mps"),
+    ],
+)
+def test_invalid_single_layouts_keep_nvidias_whole_gpu_labels(
+    node: str, sharing: str | None, reason: str
+) -> None:
+    config = _config(node, "single", sharing)
+    nvml = open_nvml(config.nvml)
+    nvml.init()
+    try:
+        result = discover(nvml, config, machine_type_file="")
+    finally:
+        nvml.shutdown()
+    labels = result.labels
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
-    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("0", "0")
+    zeros = {k: labels["nvidia.com/gpu." + k] for k in ("count", "replicas", "memory")}
+    assert zeros == {"count": "0", "replicas": "0", "memory": "0"}
+    # NVIDIA's whole-GPU labels stay: the GPUs' architecture, mode and sharing strategy.
+    assert (labels["nvidia.com/gpu.family"], labels["nvidia.com/gpu.mode"]) == ("ampere", "compute")
+    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == ("8", "0")
+    # Time-slicing whole GPUs shows where the node has MIG-disabled GPUs (dgx-a100-mig's GPUs 4-7).
+    assert labels["nvidia.com/gpu.sharing-strategy"] == ("time-slicing" if sharing == "ts" else "none")
+    assert labels["nvidia.com/mps.capable"] == "false"
+    assert result.warnings == (f"invalid configuration for mig-strategy=single: {reason}",)
+
+
+def _gpu(index: int, *profiles: str, mig: bool = True) -> GpuInfo:
+    migs = tuple(
+        MigDeviceInfo(f"MIG-{index}-{n}", n, n + 1, 0, p, 5 * 2**30, f"GPU-{index}", index)
+        for n, p in enumerate(profiles)
+    )
+    return GpuInfo(
+        index, f"GPU-{index}", "NVIDIA A100-SXM4-40GB", index, 40 * 2**30, (8, 0), f"0000000{index}:07:00.0",
+        None, mig_capable=True, mig_enabled=mig, mig_devices=migs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpus", "sharing", "reason"),
+    [
+        pytest.param([_gpu(0, mig=False), _gpu(1, mig=False)], "none", None, id="no-mig"),
+        pytest.param([_gpu(0, "1g.5gb"), _gpu(1, "1g.5gb")], "none", None, id="valid"),
+        pytest.param(
+            [_gpu(0, "1g.5gb"), _gpu(1)], "none", "at least one MIG device is enabled but empty", id="empty"
+        ),
+        pytest.param(
+            [_gpu(0, "1g.5gb"), _gpu(1, mig=False)],
+            "none",
+            "devices with MIG enabled and disable detected",
+            id="mixed-modes",
+        ),
+        pytest.param(  # NVIDIA checks for an empty MIG GPU first
+            [_gpu(0), _gpu(1, mig=False)], "none", "at least one MIG device is enabled but empty", id="order"
+        ),
+        pytest.param(
+            [_gpu(0, "1g.5gb"), _gpu(1, "2g.10gb")],
+            "none",
+            "more than one MIG device type present on node",
+            id="profiles",
+        ),
+        pytest.param([_gpu(0, "1g.5gb")], "mps", "MPS sharing is not supported for MIG devices", id="mps"),
+        pytest.param([_gpu(0, "1g.5gb")], "time-slicing", None, id="time-slicing"),
+    ],
+)
+def test_single_strategy_problems_are_nvidias(gpus: list[GpuInfo], sharing: str, reason: str | None) -> None:
+    assert single_strategy_problem(gpus, sharing) == reason
 
 
 def test_mps_on_mig_devices_is_labelled_invalid_and_not_mps_capable() -> None:

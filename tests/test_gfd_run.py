@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -260,3 +261,110 @@ def test_node_feature_already_up_to_date_is_left_alone() -> None:
         stored = api.get(path)
         assert stored is not None and stored["spec"] == {"features": {}, "labels": {"a": "2"}}
         assert stored["metadata"]["resourceVersion"] == "1"
+
+
+# ---- node facts never end the loop ---------------------------------------------------------------
+
+CASE1_CONFIG = Path(__file__).parent / "data" / "gfd" / "configs" / "ts-unmatched.yaml"
+
+
+class FakeEvents:
+    """The Node events client at its boundary: what the recorder would post."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
+        self.posted.append((event_type, reason, message))
+
+
+def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.health.node_events import NodeEventRecorder
+
+    caplog.set_level(logging.INFO)
+    client = FakeEvents()
+    recorder = Recorder()
+    case1 = parse("--nvml", "sim:dgx-a100", "--config-file", str(CASE1_CONFIG))
+    settings = _settings(sleep_interval=3600.0, config=case1.config)
+    gfd = Gfd(
+        settings,
+        reload_settings=lambda: settings,
+        output_factory=lambda s, stop: recorder,
+        events_factory=lambda s: NodeEventRecorder(lambda: client),
+    )
+    thread = threading.Thread(target=gfd.run)
+    thread.start()
+    try:
+        for n in range(1, 4):  # three passes, one misfit
+            wait_until(lambda n=n: gfd.passes == n, 20, f"pass {n}")
+            gfd.request_reload()
+    finally:
+        gfd.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    entry = "sharing.timeSlicing.resources[1]"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and entry in r.getMessage()]
+    assert len(warnings) == 1
+    assert warnings[0].getMessage() == (
+        f"{entry}: nvidia.com/mig-1g.5gb matches no resource on this node; entry not applied "
+        "(it could match: nvidia.com/gpu)"
+    )
+    assert [(t, r) for t, r, _ in client.posted] == [("Warning", "SharingEntryUnmatched")]
+    assert dict(gfd.misfits.seen()) == {"SharingEntryUnmatched": 1}
+    # the other entry applies: the node is labelled as NVIDIA's gfd labels it
+    labels = recorder.writes[-1]
+    assert labels["nvidia.com/gpu.replicas"] == "2"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
+
+
+class FailingOutput(Recorder):
+    """An output whose writes fail (a full or read-only disk) while `failing` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+        self.attempts = 0
+
+    def write(self, labels: Mapping[str, str]) -> bool:
+        self.attempts += 1
+        if self.failing:
+            raise NvdpError("cannot write labels to /x/gfd: No space left on device")
+        return super().write(labels)
+
+
+def test_a_failed_write_keeps_the_loop_and_is_one_line_until_it_works(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    output = FailingOutput()
+    settings = _settings(sleep_interval=3600.0)
+    gfd = Gfd(settings, reload_settings=lambda: settings, output_factory=lambda s, stop: output)
+    thread = threading.Thread(target=gfd.run)
+    thread.start()
+    try:
+        for n in range(1, 4):  # three failed passes
+            wait_until(lambda n=n: output.attempts == n and gfd.passes == n, 20, f"pass {n}")
+            gfd.request_reload()
+        assert thread.is_alive() and output.removed == 0, "the labels on disk stay while it fails"
+        output.failing = False
+        wait_until(lambda: output.writes, 20, "labels written once the disk has room")
+    finally:
+        gfd.request_stop()
+        thread.join(10)
+    assert not thread.is_alive() and output.removed == 1
+    failed = [r for r in caplog.records if r.getMessage().startswith("labels not published")]
+    assert len(failed) == 1 and failed[0].levelno == logging.ERROR
+    assert (
+        failed[0].__dict__["nvdp_fields"]["error"] == "cannot write labels to /x/gfd: No space left on device"
+    )
+    assert [r.getMessage() for r in caplog.records].count("labels published again") == 1
+    assert gfd.publish_error is None
+
+
+def test_a_failed_write_in_oneshot_is_an_error() -> None:
+    output = FailingOutput()
+    settings = _settings(oneshot=True)
+    gfd = Gfd(settings, reload_settings=lambda: settings, output_factory=lambda s, stop: output)
+    with pytest.raises(NvdpError, match="No space left on device"):
+        gfd.run()

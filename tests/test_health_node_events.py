@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from nvdp.daemon import node_events_from_env
 from nvdp.devices import Device, DeviceSet
 from nvdp.health import HealthChange, HealthRouter, NodeEventRecorder
+from nvdp.health.node_events import node_events_from_env
 from nvdp.kube import KubeNodeEvents
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -183,7 +183,7 @@ def test_the_plugin_imports_kubernetes_only_when_an_event_is_sent(tmp_path: Path
 import sys
 from nvdp.footprint import block_ssl
 block_ssl()
-from nvdp.daemon import node_events_from_env
+from nvdp.health.node_events import node_events_from_env
 env = {{"NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "127.0.0.1"}}
 events = node_events_from_env(env, token_file={str(token)!r})
 before = "kubernetes" in sys.modules

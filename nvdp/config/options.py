@@ -326,10 +326,15 @@ def add_plugin_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(
-    args: argparse.Namespace, environ: Mapping[str, str], *, file_loader: Callable[[str], Config] = load_file
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    *,
+    file_loader: Callable[[str], Config] = load_file,
+    rules: Callable[[Config], list[str]] = plugin_problems,
 ) -> Config:
     """The effective config: flag > env var > config file > default. Raises ConfigError listing
-    every problem (bad flag / env values, the file's problems, `nvdp.config.rules`)."""
+    every problem (bad flag / env values, the file's problems, the command's `rules` from
+    `nvdp.config.rules`: the plugin's by default)."""
     problems: list[str] = []
     given: dict[str, object] = {}
     for option in OPTIONS:
@@ -356,7 +361,7 @@ def resolve(
     flags = replace(config.flags, nvidia_dev_root=config.flags.dev_root)
     config = replace(config, config_file=config_file, flags=flags)
     if file_ok:
-        problems += plugin_problems(config)
+        problems += rules(config)
     if problems:
         raise ConfigError(problems)
     return config

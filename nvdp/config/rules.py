@@ -2,7 +2,9 @@
 
 One list, checked once on the resolved config (`nvdp.config.options.resolve`), every problem one line
 naming the setting; the chart's guards (charts/nvidia-device-plugin/templates/validation.yml) refuse
-the same values with the same words.
+the same values with the same words. These are rules on the config's form; what a node *is* never
+makes a config wrong here (`nvdp.misfits`). Commands that only read part of the config check only
+that part's settings: `gfd_problems` asks for no MPS root and no kubelet socket, which gfd never uses.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ TEGRA_UNSUPPORTED = (
 )
 
 
-def plugin_problems(config: Config) -> list[str]:
-    """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits)."""
+def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str]:
+    """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits).
+    `runs_the_plugin=False` leaves out the settings only the running plugin needs (the kubelet's socket,
+    an MPS root)."""
     flags = config.flags
     problems = []
-    if not flags.plugin.kubelet_socket:
+    if runs_the_plugin and not flags.plugin.kubelet_socket:
         problems.append(KUBELET_SOCKET_EMPTY)
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
@@ -46,12 +50,19 @@ def plugin_problems(config: Config) -> list[str]:
                 'sharing.mps: MPS sharing is not supported with MIG strategy "mixed" '
                 "(--mig-strategy / MIG_STRATEGY / flags.migStrategy)"
             )
-        if not flags.mps_root:
+        if runs_the_plugin and not flags.mps_root:
             problems.append(
                 "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
             )
     problems += mps_config_problems(config)
     return problems
+
+
+def gfd_problems(config: Config) -> list[str]:
+    """Every reason `nvdp gfd` refuses `config`: the plugin's rules on what the labels describe (sharing,
+    MIG strategy, discovery). gfd only describes the node, so it needs no MPS root (NVIDIA's gfd labels
+    an MPS config without one; the chart's GFD pod sets none) and no kubelet socket."""
+    return plugin_problems(config, runs_the_plugin=False)
 
 
 # What flags or env vars may supply when a file leaves it out, so a file alone is not refused for it.

@@ -2,25 +2,33 @@
 
 The resources come from `nvdp.resources.build_resources` with the settings the plugin derives from
 the same config (`nvdp.settings.daemon_settings`), so the labels describe exactly what the plugin
-advertises.
+advertises. Strict about the config's form, tolerant about the node's facts: a part of the config
+this node does not fit (a sharing entry for a resource it lacks, a MIG-enabled GPU without MIG
+devices) is left out of the labels as it is of the plugin's resources, and comes back as a misfit
+for the caller to report; the rest of the node is labelled. Under the single MIG strategy a layout
+NVIDIA's gfd calls invalid gets NVIDIA's labels for it (`nvdp.gfd.labels.invalid_mig_labels`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from nvdp.config import Config
 from nvdp.errors import NvdpError, UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.gfd.labels import (
+    GPU_RESOURCE,
     MACHINE_UNKNOWN,
     LabelResult,
     NodeFacts,
     invalid_mig_labels,
+    majority_model,
     node_labels,
     sanitise,
+    single_strategy_problem,
 )
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -32,10 +40,6 @@ log = logging.getLogger(__name__)
 SYSFS_PCI = Path("/sys/bus/pci/devices")
 # PCI class codes of NVIDIA GPUs: VGA controller (display enabled) and 3D controller (compute only).
 _PCI_MODES = {"0x0300": "graphics", "0x0302": "compute"}
-# Misfits that make a `single` node's MIG layout invalid: NVIDIA's gfd then labels it as such.
-SINGLE_INVALID_REASONS = frozenset(
-    {"MigModeMixed", "MigProfilesMixed", "MigWithoutDevices", "MpsUnsupported"}
-)
 MACHINE_TYPE_MAX_BYTES = 4096
 LABEL_VALUE_MAX = 63
 
@@ -116,19 +120,34 @@ def discover(
         return LabelResult({}, ("no GPUs found on the node; no labels generated",))
     strategy = config.flags.mig_strategy
     built, renamed = plugin_resources(gpus, config)
-    invalid = [m.message for m in built.misfits if m.reason in SINGLE_INVALID_REASONS]
+    invalid = single_strategy_problem(gpus, config.sharing.strategy) if strategy == "single" else None
     try:
-        if strategy == "single" and invalid:
-            return invalid_mig_labels(facts, "; ".join(invalid))
-        return node_labels(
-            facts,
-            built.resources,
-            mig_strategy=strategy,
-            sharing_strategy=config.sharing.strategy,
-            renamed=renamed,
-        )
+        if invalid is not None:
+            result = invalid_mig_labels(facts, invalid, whole_gpu_sharing=whole_gpu_sharing(gpus, config))
+        else:
+            result = node_labels(
+                facts,
+                built.resources,
+                mig_strategy=strategy,
+                sharing_strategy=config.sharing.strategy,
+                renamed=renamed,
+            )
     except ValueError as error:
         raise NvdpError(f"cannot label the node: {error}") from error
+    return replace(result, misfits=built.misfits)
+
+
+def whole_gpu_sharing(gpus: Sequence[GpuInfo], config: Config) -> str:
+    """`gpu.sharing-strategy` as NVIDIA's whole-GPU labels give it: the config's strategy when its first
+    entry for `nvidia.com/gpu` time-slices it (replicas > 1) and a MIG-disabled GPU of the labelled
+    (majority) model exists; else `none`."""
+    replicated = config.sharing.replicated
+    if replicated is None or config.sharing.strategy != "time-slicing":
+        return "none"
+    entry = next((r for r in replicated.resources if r.name == GPU_RESOURCE), None)
+    model = majority_model(gpus)
+    whole = any(g.name == model and not g.mig_enabled for g in gpus)
+    return config.sharing.strategy if entry is not None and entry.replicas > 1 and whole else "none"
 
 
 def describe_labels(nvml: Nvml, config: Config) -> str:

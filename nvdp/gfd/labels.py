@@ -14,6 +14,10 @@ The per-resource labels (`<resource>.count`, `.replicas`, `.sharing-strategy`, `
 MIG-enabled under the mixed strategy, or every GPU is shared under a new name), it still names the
 node's GPU model, with count 0 and replicas 0, as NVIDIA does for resources that are not allocatable.
 A node with several GPU models is labelled with its majority model (a warning names them all).
+
+Under the single MIG strategy a layout NVIDIA's gfd calls invalid (`single_strategy_problem`: a
+MIG-enabled GPU without MIG devices, MIG-enabled beside MIG-disabled GPUs, several MIG profiles) gets
+NVIDIA's labels for it (`invalid_mig_labels`), whatever part of it the plugin serves.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.resources import DEFAULT_PREFIX, Resource
 
@@ -51,8 +56,12 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class LabelResult:
+    """A pass's labels; `warnings` about the labels themselves, `misfits` what of the config does not
+    fit this node (the plugin's, `nvdp.resources.NodeResources.misfits`)."""
+
     labels: Labels
     warnings: tuple[str, ...] = ()
+    misfits: tuple[Misfit, ...] = ()
 
 
 def sanitise(text: str) -> str:
@@ -69,6 +78,13 @@ def gpu_family(major: int, minor: int) -> str:
     if major in (10, 12):
         return "blackwell"
     return _FAMILIES.get(major, "undefined")
+
+
+def majority_model(gpus: Sequence[GpuInfo]) -> str:
+    """The most common GPU model; a tie goes to the model of the lowest GPU index."""
+    counts = Counter(g.name for g in gpus)
+    best = max(counts.values())
+    return next(g.name for g in sorted(gpus, key=lambda g: g.index) if counts[g.name] == best)
 
 
 def version_labels(driver_version: str, cuda_version: str) -> Labels:
@@ -162,7 +178,7 @@ def node_labels(
     labels["nvidia.com/vgpu.present"] = _bool(facts.vgpu_present)
     models = Counter(g.name for g in facts.gpus)
     if len(models) > 1:
-        majority = _majority(facts.gpus)
+        majority = majority_model(facts.gpus)
         warnings.append(
             f"multiple GPU models on the node ({', '.join(sorted(models))}); "
             f"the nvidia.com/gpu.* labels describe the majority model {majority}"
@@ -170,7 +186,7 @@ def node_labels(
 
     if not any(r.name == GPU_RESOURCE for r in resources):
         # No allocatable nvidia.com/gpu: still say which GPUs the node has.
-        gpu = next(g for g in facts.gpus if g.name == _majority(facts.gpus))
+        gpu = next(g for g in facts.gpus if g.name == majority_model(facts.gpus))
         labels.update(_gpu_identity(GPU_RESOURCE, gpu, facts))
         labels.update(_counts(GPU_RESOURCE, 0, 0, "none", _product(gpu.name)))
     for resource in resources:
@@ -178,23 +194,44 @@ def node_labels(
     return LabelResult(labels, tuple(warnings))
 
 
-def invalid_mig_labels(facts: NodeFacts, reason: str) -> LabelResult:
-    """What NVIDIA writes when the single MIG strategy cannot serve the node (mixed MIG modes or
-    profiles): the product with `-MIG-INVALID`, count, replicas and memory 0."""
+def single_strategy_problem(gpus: Sequence[GpuInfo], sharing_strategy: str) -> str | None:
+    """Why NVIDIA's gfd labels a node invalid under the single MIG strategy (its words), or None.
+
+    NVIDIA's checks, in its order: a MIG-enabled GPU without MIG devices, MIG-enabled beside
+    MIG-disabled GPUs, more than one MIG profile; and MPS with MIG enabled, where NVIDIA's gfd fails
+    the pass (nvdp labels the node invalid instead: the plugin shares no MIG device with MPS)."""
+    migs = [g for g in gpus if g.mig_enabled]
+    if not migs:
+        return None  # the single strategy on a node without MIG is the none strategy
+    if any(not g.mig_devices for g in migs):
+        return "at least one MIG device is enabled but empty"
+    if len(migs) != len(gpus):
+        return "devices with MIG enabled and disable detected"
+    if len({m.profile for g in migs for m in g.mig_devices}) > 1:
+        return "more than one MIG device type present on node"
+    if sharing_strategy == "mps":
+        return "MPS sharing is not supported for MIG devices"
+    return None
+
+
+def invalid_mig_labels(facts: NodeFacts, reason: str, *, whole_gpu_sharing: str = "none") -> LabelResult:
+    """NVIDIA's labels for a node the single MIG strategy cannot serve (`single_strategy_problem`).
+
+    As NVIDIA's gfd: its whole-GPU labels first (the GPUs' identity: `gpu.family`, `gpu.compute.*`,
+    `gpu.mode`, and `gpu.sharing-strategy`, which is `whole_gpu_sharing`: the config's strategy when it
+    time-slices `nvidia.com/gpu` and the node has MIG-disabled GPUs of the labelled model, else
+    `none`), then `gpu.product=<model>-MIG-INVALID` (the first MIG-enabled GPU's model) and count,
+    replicas and memory 0. `mps.capable` is false: nothing is shared with MPS on such a node."""
     base = node_labels(facts, (), mig_strategy="single", sharing_strategy="none")
-    labels = {k: v for k, v in base.labels.items() if not k.startswith(GPU_RESOURCE + ".")}
-    labels["nvidia.com/gpu.machine"] = base.labels["nvidia.com/gpu.machine"]
-    gpu = (
-        next(g for g in facts.gpus if g.mig_enabled)
-        if any(g.mig_enabled for g in facts.gpus)
-        else facts.gpus[0]
-    )
+    labels = dict(base.labels)
+    gpu = next((g for g in facts.gpus if g.mig_enabled), facts.gpus[0])
     labels.update(
         {
             "nvidia.com/gpu.product": _product(gpu.name, "MIG", "INVALID"),
             "nvidia.com/gpu.count": "0",
             "nvidia.com/gpu.replicas": "0",
             "nvidia.com/gpu.memory": "0",
+            "nvidia.com/gpu.sharing-strategy": whole_gpu_sharing,
         }
     )
     return LabelResult(labels, (*base.warnings, f"invalid configuration for mig-strategy=single: {reason}"))
@@ -217,13 +254,6 @@ def format_labels(labels: Mapping[str, str]) -> str:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
-
-
-def _majority(gpus: Sequence[GpuInfo]) -> str:
-    """The most common GPU model; a tie goes to the model of the lowest GPU index."""
-    counts = Counter(g.name for g in gpus)
-    best = max(counts.values())
-    return next(g.name for g in sorted(gpus, key=lambda g: g.index) if counts[g.name] == best)
 
 
 def _product(*parts: str, shared: bool = False) -> str:
@@ -287,7 +317,7 @@ def _resource_labels(
         out.update({f"{resource.name}.{k}": str(v) for k, v in mig_attributes(mig, parent).items()})
         return out
     gpus = [by_uuid[u] for u in units if u in by_uuid]
-    model = _majority(gpus)
+    model = majority_model(gpus)
     gpu = next(g for g in gpus if g.name == model)
     out = _counts(resource.name, len(units), replicas, strategy, _product(model, shared=suffix))
     out.update(_gpu_identity(resource.name, gpu, facts))

@@ -3,8 +3,10 @@
 Shared settings (`--config-file`, `--mig-strategy`, `--fail-on-init-error`, `--nvidia-driver-root`,
 `--driver-root-ctr-path`, `--device-discovery-strategy`, `--resource-name-prefix`, nvdp's `--nvml`,
 logging) go through the plugin's resolver
-(`nvdp.config.resolve`); GFD's own settings are then resolved here: a flag, else its env var, else
-the config file's `flags.gfd` (`flags.useNodeFeatureAPI`), else NVIDIA's default.
+(`nvdp.config.resolve`) with gfd's rules (`nvdp.config.rules.gfd_problems`: the plugin's, less the
+settings gfd never uses, such as an MPS root); GFD's own settings are then resolved here: a flag,
+else its env var, else the config file's `flags.gfd` (`flags.useNodeFeatureAPI`), else NVIDIA's
+default.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from nvdp.config import Config, resolve
 from nvdp.config import values as v
 from nvdp.config.options import OPTIONS
+from nvdp.config.rules import gfd_problems
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
 
@@ -208,7 +211,7 @@ def resolve_gfd(
             env[plugin_env] = env[gfd_env]
     problems: list[str] = []
     try:
-        config = resolve(args, env)
+        config = resolve(args, env, rules=gfd_problems)
     except ConfigError as error:
         problems.extend(error.problems)
         config = Config()

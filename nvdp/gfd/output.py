@@ -2,7 +2,10 @@
 
 The feature file is replaced atomically (a temp file in the same directory, then rename), so NFD
 never reads half of it, and only when the labels changed: the timestamp label alone changing does
-not rewrite it. The NodeFeature is created or replaced through `nvdp.kube`, retried with backoff.
+not rewrite it. The file itself is never opened for writing: a write that fails anywhere (no room for
+the temp file, a failed write or fsync, a rename refused) removes the temp file and raises, and the
+last labels stay as they were. The NodeFeature is created or replaced through `nvdp.kube`, retried
+with backoff.
 """
 
 from __future__ import annotations

@@ -3,6 +3,13 @@
 SIGHUP (`request_reload`) re-reads the configuration and labels at once; SIGTERM / SIGINT
 (`request_stop`) end the loop, and the feature file is removed so stale labels do not outlive the
 DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns.
+
+A node fact never ends the loop. What of the config does not fit the node (a misfit) is reported
+through `nvdp.misfit_report.MisfitReport`: one WARNING line and one Node event (where the API server
+is reachable) when it first appears, not one per pass. Labels that cannot be published (a full or
+read-only disk, an unreachable API server) leave the last published ones in place: one ERROR line
+when publishing starts failing, a retry each pass, one INFO line when it works again; only
+`--oneshot`, which has no next pass, exits 1.
 """
 
 from __future__ import annotations
@@ -11,20 +18,25 @@ import logging
 import os
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import discover, pci_mode
 from nvdp.gfd.labels import TIMESTAMP_LABEL, Labels
 from nvdp.gfd.options import GfdSettings
 from nvdp.gfd.output import FileOutput, NodeFeatureOutput, Output
+from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
 from nvdp.logs import log_event
+from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
 
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], bool]  # sleep up to N seconds; True when a stop was requested
+MISFIT_SOURCE = "labels"
+EVENT_COMPONENT = "gpu-feature-discovery"  # the Node events' source, NVIDIA's binary name
+EVENTS_CLOSE_TIMEOUT_S = 5.0  # on exit, time to send the Node events still queued
 
 
 class Waker:
@@ -74,6 +86,7 @@ class Gfd:
         reload_settings: Callable[[], GfdSettings],
         output_factory: Callable[[GfdSettings, Sleep], Output] | None = None,
         nvml_factory: Callable[[GfdSettings], Nvml] | None = None,
+        events_factory: Callable[[GfdSettings], NodeEventRecorder | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -83,6 +96,10 @@ class Gfd:
         self._clock = clock
         self._waker = Waker()
         self.passes = 0
+        self._events = (events_factory or default_events)(settings)
+        self.misfits = MisfitReport(self._events)
+        self._warned: frozenset[str] = frozenset()  # the last pass's warnings, logged once
+        self.publish_error: str | None = None  # why the last labels were not published, if they were not
 
     # ---- signals (called from signal handlers: set flags and write to a pipe, nothing else) -----
     def request_stop(self) -> None:
@@ -113,6 +130,8 @@ class Gfd:
             if not settings.oneshot:
                 output.remove()
             waker.close()
+            if self._events is not None:
+                self._events.close(timeout=EVENTS_CLOSE_TIMEOUT_S)
 
     def _apply_reload(self, settings: GfdSettings, output: Output) -> tuple[GfdSettings, Output]:
         try:
@@ -136,9 +155,29 @@ class Gfd:
         labels = self.compute(settings)
         if not settings.no_timestamp:
             labels[TIMESTAMP_LABEL] = str(int(self._clock()))
-        output.write(labels)
+        self._publish(settings, output, labels)
         self.passes += 1
         return labels
+
+    def _publish(self, settings: GfdSettings, output: Output, labels: Labels) -> None:
+        """Write the labels; when that fails, the last published ones stay (the output replaces them
+        atomically or not at all) and the next pass tries again. One line when publishing starts
+        failing (or fails for another reason), one when it works again; `--oneshot` raises."""
+        try:
+            output.write(labels)
+        except NvdpError as error:
+            if settings.oneshot:
+                raise
+            if str(error) != self.publish_error:
+                log_event(
+                    log, logging.ERROR, "labels not published; the last published labels stay, retrying "
+                    "each pass", error=str(error), retry_in=f"{settings.sleep_interval:g}s",
+                )  # fmt: skip
+            self.publish_error = str(error)
+            return
+        if self.publish_error is not None:
+            log_event(log, logging.INFO, "labels published again")
+            self.publish_error = None
 
     def compute(self, settings: GfdSettings) -> Labels:
         """This pass's labels (no timestamp). NVML init failures are fatal with fail-on-init-error,
@@ -163,13 +202,26 @@ class Gfd:
         finally:
             nvml.shutdown()
         for warning in result.warnings:
-            log_event(log, logging.WARNING, warning)
+            if warning not in self._warned:
+                log_event(log, logging.WARNING, warning)
+        self._warned = frozenset(result.warnings)
+        self.misfits.update(MISFIT_SOURCE, result.misfits)
         return dict(result.labels)
 
 
 def _open_nvml(settings: GfdSettings) -> Nvml:
     flags = settings.config.flags
     return open_nvml(settings.config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root)
+
+
+def default_events(
+    settings: GfdSettings, environ: Mapping[str, str] = os.environ
+) -> NodeEventRecorder | None:
+    """Node events for misfits where the API server is reachable: the node's name (NODE_NAME /
+    --node-name) and a kubeconfig or in-cluster credentials (in `environ`); else None."""
+    return node_events_from_env(
+        environ, node=settings.node_name, kubeconfig=settings.kubeconfig, component=EVENT_COMPONENT
+    )
 
 
 def default_output(settings: GfdSettings, sleep: Sleep) -> Output:

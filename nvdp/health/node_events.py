@@ -1,9 +1,9 @@
-"""Kubernetes Node events for health transitions, off the health path.
+"""Kubernetes Node events (health transitions, misfits), off the path of what reports them.
 
 `record()` only puts the event on a bounded queue (dropping it, with a warning, when the queue is
 full); a worker thread creates the client lazily and posts the events. A slow or failing API server
 therefore never delays health handling. The client is anything with `NodeEventClient`'s one
-method (`nvdp.kube.KubeNodeEvents`, wired in by `nvdp.daemon`).
+method; `node_events_from_env` wires in `nvdp.kube.KubeNodeEvents` for the plugin and gfd.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from nvdp import kube
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,34 @@ class NodeEventRecorder:
         else:
             with self._lock:
                 self.sent += 1
+
+
+def node_events_from_env(
+    environ: Mapping[str, str],
+    *,
+    node: str | None = None,
+    kubeconfig: str = "",
+    component: str = kube.EVENT_SOURCE,
+    token_file: str = kube.SERVICE_ACCOUNT_TOKEN,
+    max_queue: int = 64,
+) -> NodeEventRecorder | None:
+    """A recorder for events on this node (`node`, else NODE_NAME) when the API server is reachable:
+    through `kubeconfig` when given, else with in-cluster credentials; None otherwise (feature off).
+
+    The `kubernetes` client is built (and ssl let in) only when the first event is sent."""
+    name = environ.get("NODE_NAME", "") if node is None else node
+    if not name:
+        return None
+    if kubeconfig:
+        return NodeEventRecorder(
+            lambda: kube.KubeNodeEvents(
+                name, api_client=kube.new_api_client(kubeconfig=kubeconfig), component=component
+            ),
+            max_queue=max_queue,
+        )
+    if not kube.in_cluster(environ, token_file):
+        return None
+    return NodeEventRecorder(lambda: kube.KubeNodeEvents(name, component=component), max_queue=max_queue)
 
 
 def _one_line(error: Exception) -> str:
