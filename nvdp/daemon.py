@@ -165,6 +165,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
             self.metrics.probes.rpc_probe = rpc_problem
+            self.metrics.probes.registration_problems = self.supervisor.registration_problems
         registry = self.metrics.registry if self.metrics is not None else None
         self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 

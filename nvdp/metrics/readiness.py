@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nvdp.metrics.sources import HealthView, RegistrationState
@@ -18,6 +18,7 @@ SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supe
 RPC_PROBE_CACHE_S = 5.0  # a socket's RPC probe outcome is reused this long
 
 RpcProbe = Callable[[Path], str | None]  # socket -> None when its server answers, else why not
+RegistrationProblems = Callable[[], Mapping[str, str]]  # resource -> why it cannot be registered now
 
 
 class Probes:
@@ -28,6 +29,7 @@ class Probes:
         self.registrations: RegistrationState | None = None
         self.health: HealthView | None = None
         self.rpc_probe: RpcProbe | None = None
+        self.registration_problems: RegistrationProblems | None = None
         self._lock = threading.Lock()
         self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
         self._served = False
@@ -88,7 +90,8 @@ class Probes:
         registered = source.registrations()
         missing = sorted(name for name, ok in registered.items() if not ok)
         if missing:
-            return f"not registered: {', '.join(missing)}"
+            why = self.registration_problems() if self.registration_problems is not None else {}
+            return "not registered: " + ", ".join(f"{n} ({why[n]})" if n in why else n for n in missing)
         silent = self._not_answering(source)
         if silent:
             return f"not answering: {', '.join(silent)}"

@@ -6,8 +6,14 @@ whatever the umask) and writes its pid there. A second instance says who holds t
 or exits 1 with fail-on-init-error. A directory that cannot be used (read-only, not a directory,
 no permission) is said in one line and retried with backoff, as the kubelet's other socket errors are.
 
-A kubelet restart empties the directory, lock file included: `refresh()` (called on every supervisor
-wake-up) takes the lock again on a new file, so a waiting instance cannot claim the directory then.
+The claim is on the path, not on the directory found at start: a kubelet restart empties the
+directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
+a file or a symlink to another directory in its place. `refresh()` (called on every supervisor
+wake-up) sees that the lock file at the path is no longer the one it holds and takes the lock again
+on a new file there, so a waiting instance cannot claim the directory then; while that cannot be
+done (the directory is gone, a file, read-only) it says so once and tells the supervisor when to try
+again. After start the directory is never created by nvdp: that is the kubelet's (or its
+installer's) to do, and a directory made in between would get in their way.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import threading
 from pathlib import Path
 
+from nvdp.dirs import make_dirs
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
 from nvdp.logs import log_event
 
@@ -39,6 +46,9 @@ class DirClaim:
         self.path = directory / LOCK_NAME
         self._fail_if_held = fail_if_held
         self._fd: int | None = None
+        self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
+        self._retry_s = RETRY_MIN_S  # refresh()'s next backoff while the lock cannot be taken again
+        self._said: str | None = None  # the error refresh() last said
 
     @property
     def held(self) -> bool:
@@ -52,7 +62,7 @@ class DirClaim:
         said_held: str | None = None
         while not stop.is_set():
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                make_dirs(self.directory)
                 holder = self._try_lock()
             except OSError as error:
                 text = _one_line(error)
@@ -71,6 +81,7 @@ class DirClaim:
             if holder is None:
                 if said_unusable is not None or said_held is not None:
                     log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+                self._claimed = True
                 return True
             message = (
                 f"kubelet directory {self.directory} is in use by another nvdp "
@@ -90,26 +101,49 @@ class DirClaim:
             stop.wait(HELD_POLL_S)
         return False
 
-    def refresh(self) -> None:
-        """Lock again when the lock file was removed (a kubelet restart empties the directory).
-        Raises DirLockHeld when another process took the directory meanwhile."""
-        if self._fd is None or _same_file(self._fd, self.path):
-            return
+    def refresh(self) -> float | None:
+        """Lock again when the lock file at the path is no longer ours (a kubelet restart emptied
+        the directory, or the directory was replaced). None while the claim holds, else the delay
+        before the next try (backoff, 50 ms doubling to 5 s). Raises DirLockHeld when another
+        process took the directory meanwhile."""
+        if not self._claimed or (self._fd is not None and _same_file(self._fd, self.path)):
+            return None
         self._close()
         try:
             holder = self._try_lock()
-        except OSError as error:  # the directory is going away with the kubelet: next wake-up
-            log_event(log, logging.WARNING, "cannot re-create the lock file", error=_one_line(error))
-            return
+        except OSError as error:
+            text = _one_line(error)
+            if text != self._said:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "kubelet directory unusable; retrying",
+                    path=str(self.directory),
+                    error=text,
+                )
+                self._said = text
+            delay, self._retry_s = self._retry_s, min(RETRY_MAX_S, self._retry_s * 2)
+            return delay
         if holder is not None:
             raise DirLockHeld(
                 f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
                 f"restarted (lock {self.path} held by pid={holder})"
             )
-        log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
+        if self._said is not None:
+            log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+        else:
+            log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
+        self._said, self._retry_s = None, RETRY_MIN_S
+        return None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the claim does not hold now (the error refresh() last met), None while it holds."""
+        return self._said if self._claimed and self._fd is None else None
 
     def release(self) -> None:
         """Remove the lock file when it is still ours and unlock. Idempotent."""
+        self._claimed = False
         if self._fd is None:
             return
         if _same_file(self._fd, self.path):

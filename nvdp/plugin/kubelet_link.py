@@ -134,8 +134,10 @@ class KubeletLink:
         if failed:
             return min(RETRY_MAX_S, max(RETRY_MIN_S, (previous_retry or RETRY_MIN_S) * 2))
         # Ready also with nothing to serve (no GPUs, or NVML failed with fail-on-init-error=false):
-        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
-        self._ready.set()
+        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why. Not
+        # while a server left out of `servers` (it cannot listen yet) is still to be registered.
+        if self._registered_at.keys() <= servers.keys():
+            self._ready.set()
         return None
 
     def registrations(self) -> dict[str, bool]:
