@@ -39,8 +39,15 @@ def plugin(sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Pro
     """A plugin registered with the stand-in; its log outside the directory that is replaced."""
     process = start_plugin(sock_dir, "sim:pcie-4", log_path=tmp_path / "plugin.log")
     processes.append(process)
-    kubelet.wait_for_registration(GPU, timeout=20)
+    settled(process, kubelet)
     return process
+
+
+def settled(plugin: Process, kubelet: Kubelet) -> None:
+    """Registered, its stream open, and the plugin's loop back to waiting."""
+    kubelet.wait_for_registration(GPU, timeout=20)
+    kubelet.wait_for_devices(GPU, timeout=20)
+    wait_until(lambda: "registered with kubelet" in plugin.log(), timeout=10, what="the registered line")
 
 
 def lock_holder(directory: Path) -> str:
@@ -102,7 +109,7 @@ def test_symlink_repointed_to_another_directory(
     with Kubelet(link) as kubelet:
         plugin = start_plugin(link, "sim:pcie-4", log_path=tmp_path / "plugin.log")
         processes.append(plugin)
-        kubelet.wait_for_registration(GPU, timeout=20)
+        settled(plugin, kubelet)
         with Kubelet(second) as there:
             swap = other_dir / "dp.new"
             swap.symlink_to(second)
@@ -170,7 +177,8 @@ def test_read_only_directory_while_the_kubelet_restarts(
             timeout=10,
             what="/readyz saying why",
         )
-        assert body == f"not registered: {GPU} (cannot listen on {sock_dir / SOCKET}: Read-only file system)\n"
+        why = f"cannot listen on {sock_dir / SOCKET}: Read-only file system"
+        assert body == f"not registered: {GPU} ({why})\n"
         assert plugin.alive()
     finally:
         subprocess.run(["umount", str(sock_dir)], check=True)
