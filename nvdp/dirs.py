@@ -10,7 +10,8 @@ creates goes through `make_dirs`, parents included; a directory that already exi
 - the CDI spec directory (`--cdi-spec-dir`, default /var/run/cdi; `nvdp.cdi.writer`);
 - the MPS root and under it the shm mount point, each resource's pipe and log directories
   (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`);
-- the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`).
+- the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`);
+- the kubelet stand-in's plugin directory (`nvdp.kubelet.registration`; tests, `nvdp simulate`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ DIR_MODE = 0o755
 
 
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
-    """Create `path` and its missing parents, each with exactly `mode`. Raises OSError (also
-    NotADirectoryError when a file stands in the way).
+    """Create `path` and its missing parents, each with exactly `mode`. Raises OSError
+    (FileExistsError naming the file when a file stands in the way).
 
     Each directory is made owner-only first (the umask can only take bits away) and then set to
     `mode`, so no one else can write into it for an instant under a permissive umask."""

@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from nvdp.dirs import make_dirs
+
 
 def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     """Put `content` at directory/name: a temp file in the same directory, fsync, rename, fsync of
@@ -19,7 +21,7 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
             return False
     except OSError:
         pass
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)  # 0755 whatever the umask: a stranger's spec would run its hooks as root
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
