@@ -16,6 +16,7 @@ creates goes through `make_dirs`, parents included; a directory that already exi
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -23,18 +24,19 @@ DIR_MODE = 0o755
 
 
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
-    """Create `path` and its missing parents, each with exactly `mode`. Raises OSError
-    (FileExistsError naming the file when a file stands in the way).
+    """Create `path` and its missing parents, each with exactly `mode`, as `mkdir -p` does. Raises
+    OSError: NotADirectoryError when a file stands where a parent should be, FileExistsError when
+    one stands at `path`.
 
     Each directory is made owner-only first (the umask can only take bits away) and then set to
     `mode`, so no one else can write into it for an instant under a permissive umask."""
     missing: list[Path] = []
     here = Path(os.path.abspath(path))
-    while not here.is_dir():
+    while not os.path.lexists(here) and here.parent != here:
         missing.append(here)
-        if here.parent == here:
-            break
         here = here.parent
+    if not missing and not here.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(here))
     for directory in reversed(missing):
         try:
             os.mkdir(directory, 0o700)

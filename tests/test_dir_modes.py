@@ -52,10 +52,11 @@ def test_make_dirs_refuses_a_file_in_the_way(tmp_path: Path) -> None:
     from nvdp.dirs import make_dirs
 
     (tmp_path / "file").write_text("x")
-    for path in (tmp_path / "file" / "sub", tmp_path / "file"):
-        with pytest.raises(FileExistsError) as refused:
-            make_dirs(path)
-        assert refused.value.filename == str(tmp_path / "file")
+    with pytest.raises(NotADirectoryError):
+        make_dirs(tmp_path / "file" / "sub")
+    with pytest.raises(FileExistsError) as refused:
+        make_dirs(tmp_path / "file")
+    assert refused.value.filename == str(tmp_path / "file")
 
 
 def test_plugin_makes_the_kubelet_and_cdi_directories_0755_under_umask_000(
