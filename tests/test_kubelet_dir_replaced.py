@@ -59,8 +59,12 @@ def lock_holder(directory: Path) -> str:
 
 def remove(directory: Path, plugin: Process) -> None:
     """Remove the kubelet directory (kubelet.sock, our socket and lock with it) and wait until the
-    plugin has looked at the path without it: the new one then comes after that look."""
-    shutil.rmtree(directory)
+    plugin has looked at the path without it: the new one then comes after that look. Moved away
+    first, so the plugin never sees it half removed (it would lock a new file there, and `rm -rf`
+    would find the directory not empty)."""
+    trash = directory.with_name(directory.name + ".removed")
+    directory.rename(trash)
+    shutil.rmtree(trash)
     wait_until(
         lambda: "kubelet directory unusable; retrying" in plugin.log(),
         timeout=10,
@@ -137,14 +141,18 @@ def test_directory_replaced_by_a_file_then_a_directory_again(
     assert plugin.log().count("Not a directory") == 1, "said once, not once per retry"
 
 
-def _read_only(path: Path) -> bool:
-    done = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], capture_output=True)
+def _bind(source: Path, target: Path, *options: str) -> bool:
+    done = subprocess.run(["mount", "--bind", *options, str(source), str(target)], capture_output=True)
     return done.returncode == 0
 
 
-def _readyz(port: int) -> tuple[int, str]:
+def _read_only(path: Path) -> bool:
+    return _bind(path, path, "-o", "ro")
+
+
+def _readyz(port: int, path: str = "/readyz") -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -186,3 +194,34 @@ def test_read_only_directory_while_the_kubelet_restarts(
     wait_until(lambda: _readyz(port)[0] == 200, timeout=10, what="ready again")
     assert plugin.log().count("plugin server cannot listen") == 1, "said once, not once per retry"
     assert "plugin server listening again" in plugin.log() and "Traceback" not in plugin.log()
+
+
+def test_a_mount_of_a_removed_directory_fails_healthz(
+    sock_dir: Path, other_dir: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """In a pod the kubelet directory is a hostPath mount: removed on the host, the container keeps
+    the removed directory and never sees the new one. Only a restart helps: /healthz says so."""
+    mounted = sock_dir / "device-plugins"
+    mounted.mkdir()
+    if os.geteuid() != 0 or not _bind(other_dir, mounted):
+        pytest.skip("needs a bind mount (root with CAP_SYS_ADMIN)")
+    port = free_port()
+    plugin: Process | None = None
+    try:
+        with Kubelet(mounted) as kubelet:
+            plugin = start_plugin(
+                mounted, "sim:pcie-4", log_path=tmp_path / "plugin.log", metrics_address=f"127.0.0.1:{port}"
+            )
+            processes.append(plugin)
+            settled(plugin, kubelet)
+            assert _readyz(port, "/healthz") == (200, "ok\n")
+        shutil.rmtree(other_dir)  # on the "host"
+        status, body = wait_until(
+            lambda: (r := _readyz(port, "/healthz"))[0] == 503 and r, timeout=10, what="/healthz failing"
+        )
+        assert "kubelet directory unusable" in body and "restart the container to mount the new one" in body
+        assert plugin.alive() and plugin.log().count("this mount of it is stale") == 1
+    finally:
+        if plugin is not None:
+            plugin.stop()  # its sockets keep the mount busy
+        subprocess.run(["umount", str(mounted)], check=True)

@@ -30,6 +30,7 @@ class Probes:
         self.health: HealthView | None = None
         self.rpc_probe: RpcProbe | None = None
         self.registration_problems: RegistrationProblems | None = None
+        self.restart_needed: Callable[[], str | None] | None = None  # why only a restart helps
         self._lock = threading.Lock()
         self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
         self._served = False
@@ -42,10 +43,14 @@ class Probes:
 
     def liveness_problem(self) -> str | None:
         """None when every server serves on its socket or is being restarted (socket wiped by a kubelet
-        restart less than SOCKET_GRACE_S ago, or the kubelet is away); else why not."""
+        restart less than SOCKET_GRACE_S ago, or the kubelet is away); else why not. Also not live
+        while the kubelet directory is a stale mount (removed on the host): a restart mounts the new one."""
         source = self.registrations
         if source is None:
             return None
+        restart = self.restart_needed() if self.restart_needed is not None else None
+        if restart is not None:
+            return f"kubelet directory unusable: {restart}"
         servers = dict(source.servers)
         registered = source.registrations()
         now = time.monotonic()

@@ -14,6 +14,11 @@ on a new file there, so a waiting instance cannot claim the directory then; whil
 done (the directory is gone, a file, read-only) it says so once and tells the supervisor when to try
 again. After start the directory is never created by nvdp: that is the kubelet's (or its
 installer's) to do, and a directory made in between would get in their way.
+
+In a pod the directory is a hostPath mount: when the host's directory is removed, the container's
+mount keeps the removed one (it reads as a directory with no links, where nothing can be created),
+and no new directory on the host ever shows through it. That is said in the same line, and
+`stale_mount` lets /healthz fail, so the kubelet restarts the container, which mounts the new one.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ OWNER_ONLY = 0o600
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 HELD_POLL_S = 1.0  # how often a waiting instance tries the lock again
+STALE_MOUNT = (
+    "the directory was removed, and this mount of it is stale: restart the container to mount the new one"
+)
 
 
 class DirClaim:
@@ -49,6 +57,7 @@ class DirClaim:
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
         self._retry_s = RETRY_MIN_S  # refresh()'s next backoff while the lock cannot be taken again
         self._said: str | None = None  # the error refresh() last said
+        self._stale = False  # the path names a removed directory (a stale mount)
 
     @property
     def held(self) -> bool:
@@ -112,7 +121,8 @@ class DirClaim:
         try:
             holder = self._try_lock()
         except OSError as error:
-            text = _one_line(error)
+            self._stale = _removed(self.directory)
+            text = _one_line(error) + (f"; {STALE_MOUNT}" if self._stale else "")
             if text != self._said:
                 log_event(
                     log,
@@ -133,13 +143,18 @@ class DirClaim:
             log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
         else:
             log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
-        self._said, self._retry_s = None, RETRY_MIN_S
+        self._said, self._retry_s, self._stale = None, RETRY_MIN_S, False
         return None
 
     @property
     def problem(self) -> str | None:
         """Why the claim does not hold now (the error refresh() last met), None while it holds."""
         return self._said if self._claimed and self._fd is None else None
+
+    @property
+    def stale_mount(self) -> bool:
+        """The claim cannot hold because the path names a removed directory (see the module)."""
+        return self._stale and self._claimed and self._fd is None
 
     def release(self) -> None:
         """Remove the lock file when it is still ours and unlock. Idempotent."""
@@ -197,6 +212,15 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     own = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _removed(directory: Path) -> bool:
+    """`directory` names a directory that was removed: reachable by its path only as the root of a
+    mount whose source is gone."""
+    try:
+        return os.stat(directory).st_nlink == 0
+    except OSError:
+        return False
 
 
 def _one_line(error: OSError) -> str:

@@ -344,6 +344,12 @@ class Supervisor(Generic[S]):
         that any thread may take)."""
         return self._kubelet.registrations()
 
+    def restart_needed(self) -> str | None:
+        """Why only a restart can serve again (the kubelet directory is a stale mount), for
+        /healthz; None otherwise."""
+        claim = self._dir_claim
+        return claim.problem if claim is not None and claim.stale_mount else None
+
     def registration_problems(self) -> dict[str, str]:
         """Resource -> why it cannot be registered now (its server cannot listen, the kubelet
         directory is unusable), for /readyz; a snapshot that any thread may take."""

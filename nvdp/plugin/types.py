@@ -175,4 +175,9 @@ class DirClaimHooks(Protocol):
         """Why the claim does not hold now, None while it holds."""
         ...
 
+    @property
+    def stale_mount(self) -> bool:
+        """The path names a removed directory: only a restart (a new mount) brings it back."""
+        ...
+
     def release(self) -> None: ...
