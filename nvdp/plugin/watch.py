@@ -2,13 +2,14 @@
 
 Linux inotify through ctypes. The watch follows the directory's *path*, not the inode it named at
 start: a kubelet restart deletes our sockets and re-creates kubelet.sock in the directory, and a
-kubelet reinstall may remove the directory itself and create a new one, put a symlink to another
-directory in its place, or re-point such a symlink. So besides the directory's own entries, each
-directory the path is looked up through (its parents, and a symlink's target's parents) is watched
-for the one name that matters there; a change to any of those names, or the directory going
-(IN_DELETE_SELF, IN_MOVE_SELF, IN_IGNORED), wakes the waiter and the watch is armed again on what
-the path names now, before `wait` returns. Where inotify is unavailable we fall back to stat()
-every 100 ms.
+kubelet reinstall may remove the directory and create a new one, put a file or a symlink to another
+directory in its place, or re-point such a symlink. So the directory's entries are watched, and
+every component of its path (each parent, each symlink, each symlink's target) for its own removal
+or move (IN_DELETE_SELF, IN_MOVE_SELF; a symlink is re-pointed by replacing it); a component that is
+missing is watched for in its parent, by name. Any of these, or a watch dropped (IN_IGNORED,
+IN_UNMOUNT), wakes the waiter, and the watches are armed again on what the path names now before
+`wait` returns. Other entries of the parents do not wake it (they are not watched while the path
+resolves). Where inotify is unavailable we fall back to stat() every 100 ms.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ IN_MOVE_SELF = 0x800
 IN_UNMOUNT = 0x2000
 IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
+IN_DONT_FOLLOW = 0x2000000
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _ENTRIES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
@@ -43,6 +45,7 @@ _SELF = IN_DELETE_SELF | IN_MOVE_SELF
 _GONE = _SELF | IN_UNMOUNT | IN_IGNORED  # the watched inode is no longer what the path names
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 _MAX_SYMLINKS = 40  # as the kernel's path lookup
+_MAX_STEPS = 1000  # lookups per arming: a path that keeps changing is armed again on its next event
 _FALLBACK_POLL_S = 0.1
 
 
@@ -186,17 +189,21 @@ class DirWatcher:
         return matters
 
     def _arm(self) -> None:
-        """Watch what `directory` names now: each directory the path is looked up through (for the
-        name looked up there) and, when it resolves to a directory, its entries.
+        """Watch what `directory` names now (see the module's docstring).
 
-        Top down, each directory is watched before the name is looked up in it, so a change made
-        while arming is either seen by the lookup or reported by the watch."""
+        Top down, each component is watched before it is looked at, so a change made while arming
+        is either seen by the look or reported by the watch."""
         watches: dict[int, Names] = {}
+        masks: dict[int, int] = {}
 
-        def watch(directory: str, mask: int, names: Names) -> bool:
-            wd = self._add_watch(Path(directory), mask) if self._fd is not None else -1
+        def watch(path: str, mask: int, names: Names) -> bool:
+            wd = self._add_watch(Path(path), mask) if self._fd is not None else -1
             if wd < 0:
                 return False
+            if wd in masks and masks[wd] & ~mask:  # the same inode reached twice: keep both
+                mask |= masks[wd]
+                self._add_watch(Path(path), mask)
+            masks[wd] = mask
             before = watches.get(wd, frozenset())
             watches[wd] = None if names is None or before is None else before | names
             return True
@@ -204,23 +211,28 @@ class DirWatcher:
         current = "/"
         pending = list(Path(os.path.abspath(self.directory)).parts[1:])
         links = 0
-        resolved: str | None = None
-        while self._fd is not None:
-            if not pending:
-                resolved = current
+        for _ in range(_MAX_STEPS):
+            if not pending or self._fd is None:
                 break
-            name = pending.pop(0)
+            name = pending[0]
             if name == "..":
                 current = os.path.dirname(current)
+                pending.pop(0)
                 continue
-            if not watch(current, _ENTRIES | _SELF, frozenset({name})):
-                break  # `current` went meanwhile: its parent's watch has seen it
             candidate = os.path.join(current, name)
+            last = len(pending) == 1
+            mask = (self._content_mask if last else _SELF) | IN_DONT_FOLLOW
+            if not watch(candidate, mask, None if last else frozenset()):
+                # Missing: watch for its name in the parent, then look again.
+                if not watch(current, _ENTRIES | _SELF, frozenset({name})) or not os.path.lexists(candidate):
+                    break  # its creation (or the parent's going) will be seen
+                continue  # made meanwhile: watch it
             try:
                 st = os.lstat(candidate)
             except OSError:
-                break  # missing: its creation will be seen
-            if stat.S_ISLNK(st.st_mode):
+                continue  # gone meanwhile (its watch says so too): look again
+            pending.pop(0)
+            if stat.S_ISLNK(st.st_mode):  # the link itself is watched: re-pointing replaces it
                 links += 1
                 try:
                     target = os.readlink(candidate)
@@ -234,9 +246,7 @@ class DirWatcher:
             elif stat.S_ISDIR(st.st_mode):
                 current = candidate
             else:
-                break  # a file where a directory should be: wait until it is replaced
-        if resolved is not None:
-            watch(resolved, self._content_mask, None)
+                break  # a file where a directory should be: watched until it is replaced
         for directory in list(self._added):
             if not watch(str(directory), self._content_mask, None):
                 self._added.discard(directory)
