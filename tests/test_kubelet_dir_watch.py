@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -116,6 +117,22 @@ def test_replaced_by_a_symlink_repointed_and_its_target_recreated(
     assert watcher.wait(CHANGE_S)
 
 
+def test_directory_removed_while_a_socket_is_bound_in_it(watched: tuple[Path, DirWatcher]) -> None:
+    """The removed directory's IN_DELETE_SELF waits while a socket bound in it holds it (a plugin
+    server that was not restarted yet): its parent reports the removal."""
+    directory, watcher = watched
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+        bound.bind(str(directory / "nvidia-gpu.sock"))
+        bound.listen()
+        shutil.rmtree(directory)
+        while watcher.wait(QUIET_S):
+            pass
+        directory.mkdir()
+        assert watcher.wait(CHANGE_S)
+        (directory / "kubelet.sock").touch()
+        assert watcher.wait(CHANGE_S)
+
+
 def test_other_entries_of_the_parents_do_not_wake_it(watched: tuple[Path, DirWatcher]) -> None:
     directory, watcher = watched
     (directory.parent / "pod-resources").mkdir()
@@ -130,15 +147,26 @@ def test_other_entries_of_the_parents_do_not_wake_it(watched: tuple[Path, DirWat
 
 def test_claim_is_taken_again_in_a_new_directory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     directory = tmp_path / "device-plugins"
-    claim = DirClaim(directory, fail_if_held=True)
+    now = [0.0]
+    claim = DirClaim(directory, fail_if_held=True, clock=lambda: now[0])
+
+    def refresh_when_due() -> float | None:
+        delay = claim.refresh()
+        now[0] += delay or 0.0
+        return delay
+
     assert claim.acquire(threading.Event())
     assert claim.refresh() is None and claim.problem is None
     shutil.rmtree(directory)
     with caplog.at_level(logging.INFO, logger="nvdp.plugin.dir_lock"):
-        delays = [claim.refresh() for _ in range(3)]
-        assert delays == [0.05, 0.1, 0.2]  # backoff while the directory is gone
-        assert claim.problem is not None and "(ENOENT)" in claim.problem
+        assert refresh_when_due() == 0.05 and claim.problem is None  # not at once: rm -rf may be running
+        delays = [refresh_when_due() for _ in range(3)]
+        assert delays == [0.1, 0.2, 0.4]  # backoff while the directory is gone
+        assert claim.problem is not None and "(ENOENT)" in claim.problem and not claim.stale_mount
         directory.mkdir()
+        now[0] -= 0.1
+        assert claim.refresh() == pytest.approx(0.1)  # not due yet: not tried
+        now[0] += 0.1
         assert claim.refresh() is None and claim.problem is None
     assert [r.getMessage() for r in caplog.records] == [
         "kubelet directory unusable; retrying",  # once, not once per try

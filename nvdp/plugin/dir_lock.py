@@ -28,6 +28,8 @@ import fcntl
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nvdp.dirs import make_dirs
@@ -49,13 +51,17 @@ STALE_MOUNT = (
 class DirClaim:
     """Claims `directory` for this process: `acquire()` once, `refresh()` on wake-ups, `release()`."""
 
-    def __init__(self, directory: Path, *, fail_if_held: bool) -> None:
+    def __init__(
+        self, directory: Path, *, fail_if_held: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.directory = directory
+        self._clock = clock
         self.path = directory / LOCK_NAME
         self._fail_if_held = fail_if_held
         self._fd: int | None = None
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
         self._retry_s = RETRY_MIN_S  # refresh()'s next backoff while the lock cannot be taken again
+        self._retry_at: float | None = None  # when refresh() tries to lock again
         self._said: str | None = None  # the error refresh() last said
         self._stale = False  # the path names a removed directory (a stale mount)
 
@@ -113,11 +119,17 @@ class DirClaim:
     def refresh(self) -> float | None:
         """Lock again when the lock file at the path is no longer ours (a kubelet restart emptied
         the directory, or the directory was replaced). None while the claim holds, else the delay
-        before the next try (backoff, 50 ms doubling to 5 s). Raises DirLockHeld when another
-        process took the directory meanwhile."""
+        before the next try: the first 50 ms after the file went (a directory being removed is
+        not filled again under `rm -rf`), then backoff doubling to 5 s. Raises DirLockHeld when
+        another process took the directory meanwhile."""
         if not self._claimed or (self._fd is not None and _same_file(self._fd, self.path)):
             return None
         self._close()
+        now = self._clock()
+        if self._retry_at is None:  # just gone: not at once, an `rm -rf` may be under way
+            self._retry_at = now + RETRY_MIN_S
+        if now < self._retry_at:
+            return self._retry_at - now
         try:
             holder = self._try_lock()
         except OSError as error:
@@ -132,8 +144,9 @@ class DirClaim:
                     error=text,
                 )
                 self._said = text
-            delay, self._retry_s = self._retry_s, min(RETRY_MAX_S, self._retry_s * 2)
-            return delay
+            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            self._retry_at = now + self._retry_s
+            return self._retry_s
         if holder is not None:
             raise DirLockHeld(
                 f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
@@ -143,7 +156,7 @@ class DirClaim:
             log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
         else:
             log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
-        self._said, self._retry_s, self._stale = None, RETRY_MIN_S, False
+        self._said, self._retry_s, self._retry_at, self._stale = None, RETRY_MIN_S, None, False
         return None
 
     @property

@@ -193,11 +193,12 @@ class Supervisor(Generic[S]):
         options: ResponseOptions,
         allocator: PreferredAllocator | None,
     ) -> S:
-        """Build and start the server of one resource, in place of any before it (to be registered)."""
+        """Build and start the server of one resource, in place of any before it (to be registered
+        once it listens: one that cannot is kept and started again with backoff)."""
         server = self._make_server(resource, socket_path, options, allocator)
         self.servers[resource.name] = server
         self._kubelet.expect(resource.name)
-        self._listening.start(server)  # one that cannot listen is kept and retried
+        self._listening.start(server)
         return server
 
     def _servers_changed(self) -> None:

@@ -6,10 +6,12 @@ kubelet reinstall may remove the directory and create a new one, put a file or a
 directory in its place, or re-point such a symlink. So the directory's entries are watched, and
 every component of its path (each parent, each symlink, each symlink's target) for its own removal
 or move (IN_DELETE_SELF, IN_MOVE_SELF; a symlink is re-pointed by replacing it); a component that is
-missing is watched for in its parent, by name. Any of these, or a watch dropped (IN_IGNORED,
-IN_UNMOUNT), wakes the waiter, and the watches are armed again on what the path names now before
-`wait` returns. Other entries of the parents do not wake it (they are not watched while the path
-resolves). Where inotify is unavailable we fall back to stat() every 100 ms.
+missing, and the directory itself, are watched for in their parent, by name (a removed directory's
+IN_DELETE_SELF waits until nothing holds it, and a socket bound in it does). Any of these, or a
+watch dropped (IN_IGNORED, IN_UNMOUNT), wakes the waiter, and the watches are armed again on what the
+path names now before `wait` returns. Other entries of the parents do not end the wait, and those of
+the grandparents and above are not watched while the path resolves. Where inotify is unavailable we
+fall back to stat() every 100 ms.
 """
 
 from __future__ import annotations
@@ -221,6 +223,8 @@ class DirWatcher:
                 continue
             candidate = os.path.join(current, name)
             last = len(pending) == 1
+            if last and not watch(current, _ENTRIES | _SELF, frozenset({name})):
+                break  # the parent went meanwhile: its own watch has reported it
             mask = (self._content_mask if last else _SELF) | IN_DONT_FOLLOW
             if not watch(candidate, mask, None if last else frozenset()):
                 # Missing: watch for its name in the parent, then look again.
