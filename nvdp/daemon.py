@@ -154,6 +154,8 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.registrations = self.supervisor
             self.metrics.probes.rpc_probe = rpc_problem
+            self.metrics.probes.registration_problems = self.supervisor.registration_problems
+            self.metrics.probes.restart_needed = self.supervisor.restart_needed
         registry = self.metrics.registry if self.metrics is not None else None
         self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 

@@ -92,7 +92,7 @@ def test_claim_waits_until_stopped_and_relocks_a_removed_lock_file(tmp_path: Pat
     stop.set()
     assert not DirClaim(tmp_path, fail_if_held=False).acquire(stop)
     (tmp_path / LOCK_NAME).unlink()  # a kubelet restart empties the directory
-    holder.refresh()
+    wait_until(lambda: holder.refresh() is None, timeout=5, what="the lock taken again")
     assert (tmp_path / LOCK_NAME).read_text() == f"pid={os.getpid()}\n"
     with pytest.raises(DirLockHeld):
         DirClaim(tmp_path, fail_if_held=True).acquire(threading.Event())

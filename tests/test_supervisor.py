@@ -191,7 +191,13 @@ class BrokenNvml:
 class Rig:
     """A supervisor on a thread with every seam faked; `reloads` feeds its reload() source."""
 
-    def __init__(self, tmp_path: Path, settings: DaemonSettings, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        settings: DaemonSettings,
+        nvml: Any = None,
+        server_type: type[FakeServer] = FakeServer,
+    ) -> None:
         self.kubelet = Kubelet()
         self.facts = FakeFacts()
         self.health = FakeHealth()
@@ -208,7 +214,7 @@ class Rig:
             options: ResponseOptions,
             allocator: PreferredAllocator | None,
         ) -> FakeServer:
-            server = FakeServer(resource, socket_path, options, allocator)
+            server = server_type(resource, socket_path, options, allocator)
             self.made.append(server)
             return server
 

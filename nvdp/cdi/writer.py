@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from nvdp.dirs import make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded
 
@@ -22,7 +23,7 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
             return False
     except UnreadableFile:
         pass
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)  # 0755 whatever the umask: a stranger's spec would run its hooks as root
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:

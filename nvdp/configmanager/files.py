@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvdp.config import parse_text
 from nvdp.config.rules import file_problems
+from nvdp.dirs import make_dirs
 from nvdp.errors import CandidateError as CandidateError  # defined in nvdp.errors
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
@@ -71,7 +73,7 @@ def current(dst: str) -> Effective | None:
 def link(dst: str, target: str) -> None:
     """Point `dst` at `target` atomically (a new link renamed over the old one)."""
     folder = os.path.dirname(os.path.abspath(dst))
-    os.makedirs(folder, exist_ok=True)
+    make_dirs(Path(folder))
     temporary = os.path.join(folder, f".{os.path.basename(dst)}.{os.getpid()}.tmp")
     try:
         os.unlink(temporary)

@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple, NoReturn, Protocol
 import grpc
 
 from nvdp.api import pb, pb_grpc
+from nvdp.dirs import make_dirs
 from nvdp.errors import KubeletError
 from nvdp.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint
 from nvdp.kubelet.validation import endpoint_problem, registration_problem
@@ -114,7 +115,7 @@ class RegistrationServer:
         """
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
             raise KubeletError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.plugin_dir)
         removed = cleanup_plugin_dir(self.plugin_dir)
         if removed:
             log.info("removed plugin sockets dir=%s sockets=%s", self.plugin_dir, ",".join(sorted(removed)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
@@ -20,6 +20,7 @@ SOCKET_GRACE_S = 30.0  # a plugin socket may be missing this long while the supe
 RPC_PROBE_CACHE_S = 5.0  # a socket's RPC probe outcome is reused this long
 
 RpcProbe = Callable[[Path], str | None]  # socket -> None when its server answers, else why not
+RegistrationProblems = Callable[[], Mapping[str, str]]  # resource -> why it cannot be registered now
 
 
 class Probes:
@@ -31,6 +32,8 @@ class Probes:
         self.health: HealthView | None = None
         self.misfits = misfits
         self.rpc_probe: RpcProbe | None = None
+        self.registration_problems: RegistrationProblems | None = None
+        self.restart_needed: Callable[[], str | None] | None = None  # why only a restart helps
         self._lock = threading.Lock()
         self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
         self._served = False
@@ -43,10 +46,14 @@ class Probes:
 
     def liveness_problem(self) -> str | None:
         """None when every server serves on its socket or is being restarted (socket wiped by a kubelet
-        restart less than SOCKET_GRACE_S ago, or the kubelet is away); else why not."""
+        restart less than SOCKET_GRACE_S ago, or the kubelet is away); else why not. Also not live
+        while the kubelet directory is a stale mount (removed on the host): a restart mounts the new one."""
         source = self.registrations
         if source is None:
             return None
+        restart = self.restart_needed() if self.restart_needed is not None else None
+        if restart is not None:
+            return f"kubelet directory unusable: {restart}"
         servers = dict(source.servers)
         registered = source.registrations()
         now = time.monotonic()
@@ -91,7 +98,8 @@ class Probes:
         registered = source.registrations()
         missing = sorted(name for name, ok in registered.items() if not ok)
         if missing:
-            return f"not registered: {', '.join(missing)}"
+            why = self.registration_problems() if self.registration_problems is not None else {}
+            return "not registered: " + ", ".join(f"{n} ({why[n]})" if n in why else n for n in missing)
         silent = self._not_answering(source)
         if silent:
             return f"not answering: {', '.join(silent)}"

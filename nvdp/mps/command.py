@@ -19,6 +19,7 @@ from typing import Protocol
 
 from nvdp.config import OPTIONS, Config, resolve
 from nvdp.config import values as v
+from nvdp.dirs import make_dirs
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.logs import log_event, setup_logging
 from nvdp.misfit_report import MisfitReport
@@ -155,7 +156,7 @@ def mount_shm(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     if os.path.ismount(shm):
         _run(["umount", str(shm)], f"unmount {shm}")
     try:
-        shm.mkdir(parents=True, exist_ok=True, mode=0o755)
+        make_dirs(shm)
     except OSError as error:
         raise NvdpError(f"cannot create {shm}: {error.strerror}") from error
     _run(["mount", "-t", "tmpfs", "-o", SHM_MOUNT_OPTIONS, "shm", str(shm)], f"mount a tmpfs at {shm}")

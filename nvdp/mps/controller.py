@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.dirs import make_dirs
 from nvdp.errors import MpsError, NvdpError
 from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
@@ -95,8 +96,7 @@ class MpsController:
     # ---- main loop ----------------------------------------------------------------------------
     def run(self, plans: Mapping[str, DaemonPlan]) -> None:
         """Serve `plans` until request_stop(), then tear every daemon down."""
-        self.root.path.mkdir(parents=True, exist_ok=True)
-        self.root.shm_dir.mkdir(exist_ok=True)
+        make_dirs(self.root.shm_dir)  # the root too
         try:
             self._converge(plans)
             if self._idle_reason is not None:
@@ -181,8 +181,8 @@ class MpsController:
         log_event(log, logging.INFO, "starting MPS daemon", resource=name, gpus=",".join(plan.uuids))
         try:
             self._set_compute_mode(plan.uuids, ComputeMode.EXCLUSIVE_PROCESS)
-            daemon.control.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            daemon.control.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            make_dirs(daemon.control.pipe_dir)
+            make_dirs(daemon.control.log_dir)
             self._start_daemon(daemon)
             for command in plan.limit_commands():
                 daemon.control.send(command)

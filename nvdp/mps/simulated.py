@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvdp.config import Config
+from nvdp.dirs import make_dirs
 from nvdp.errors import NvdpError
 
 from .layout import MpsRoot
@@ -20,9 +21,9 @@ def skip_daemon(config: Config) -> str | None:
         return None
     root = MpsRoot(Path(config.flags.mps_root))
     try:
-        root.shm_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(root.shm_dir)
         for entry in mps.resources:
-            root.pipe_dir(entry.advertised_name).mkdir(parents=True, exist_ok=True)
+            make_dirs(root.pipe_dir(entry.advertised_name))
             root.marker(entry.advertised_name).touch()
     except OSError as error:
         raise NvdpError(

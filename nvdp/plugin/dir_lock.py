@@ -6,8 +6,19 @@ whatever the umask) and writes its pid there. A second instance says who holds t
 or exits 1 with fail-on-init-error. A directory that cannot be used (read-only, not a directory,
 no permission) is said in one line and retried with backoff, as the kubelet's other socket errors are.
 
-A kubelet restart empties the directory, lock file included: `refresh()` (called on every supervisor
-wake-up) takes the lock again on a new file, so a waiting instance cannot claim the directory then.
+The claim is on the path, not on the directory found at start: a kubelet restart empties the
+directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
+a file or a symlink to another directory in its place. `refresh()` (called on every supervisor
+wake-up) sees that the lock file at the path is no longer the one it holds and takes the lock again
+on a new file there, so a waiting instance cannot claim the directory then; while that cannot be
+done (the directory is gone, a file, read-only) it says so once and tells the supervisor when to try
+again. After start the directory is never created by nvdp: that is the kubelet's (or its
+installer's) to do, and a directory made in between would get in their way.
+
+In a pod the directory is a hostPath mount: when the host's directory is removed, the container's
+mount keeps the removed one (it reads as a directory with no links, where nothing can be created),
+and no new directory on the host ever shows through it. That is said in the same line, and
+`stale_mount` lets /healthz fail, so the kubelet restarts the container, which mounts the new one.
 """
 
 from __future__ import annotations
@@ -17,8 +28,11 @@ import fcntl
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from nvdp.dirs import make_dirs
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
 from nvdp.logs import log_event
 
@@ -29,16 +43,27 @@ OWNER_ONLY = 0o600
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 HELD_POLL_S = 1.0  # how often a waiting instance tries the lock again
+STALE_MOUNT = (
+    "the directory was removed, and this mount of it is stale: restart the container to mount the new one"
+)
 
 
 class DirClaim:
     """Claims `directory` for this process: `acquire()` once, `refresh()` on wake-ups, `release()`."""
 
-    def __init__(self, directory: Path, *, fail_if_held: bool) -> None:
+    def __init__(
+        self, directory: Path, *, fail_if_held: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.directory = directory
+        self._clock = clock
         self.path = directory / LOCK_NAME
         self._fail_if_held = fail_if_held
         self._fd: int | None = None
+        self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
+        self._retry_s = RETRY_MIN_S  # refresh()'s next backoff while the lock cannot be taken again
+        self._retry_at: float | None = None  # when refresh() tries to lock again
+        self._said: str | None = None  # the error refresh() last said
+        self._stale = False  # the path names a removed directory (a stale mount)
 
     @property
     def held(self) -> bool:
@@ -52,7 +77,7 @@ class DirClaim:
         said_held: str | None = None
         while not stop.is_set():
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                make_dirs(self.directory)
                 holder = self._try_lock()
             except OSError as error:
                 text = _one_line(error)
@@ -71,6 +96,7 @@ class DirClaim:
             if holder is None:
                 if said_unusable is not None or said_held is not None:
                     log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+                self._claimed = True
                 return True
             message = (
                 f"kubelet directory {self.directory} is in use by another nvdp "
@@ -90,26 +116,62 @@ class DirClaim:
             stop.wait(HELD_POLL_S)
         return False
 
-    def refresh(self) -> None:
-        """Lock again when the lock file was removed (a kubelet restart empties the directory).
-        Raises DirLockHeld when another process took the directory meanwhile."""
-        if self._fd is None or _same_file(self._fd, self.path):
-            return
+    def refresh(self) -> float | None:
+        """Lock again when the lock file at the path is no longer ours (a kubelet restart emptied
+        the directory, or the directory was replaced). None while the claim holds, else the delay
+        before the next try: the first 50 ms after the file went (a directory being removed is
+        not filled again under `rm -rf`), then backoff doubling to 5 s. Raises DirLockHeld when
+        another process took the directory meanwhile."""
+        if not self._claimed or (self._fd is not None and _same_file(self._fd, self.path)):
+            return None
         self._close()
+        now = self._clock()
+        if self._retry_at is None:  # just gone: not at once, an `rm -rf` may be under way
+            self._retry_at = now + RETRY_MIN_S
+        if now < self._retry_at:
+            return self._retry_at - now
         try:
             holder = self._try_lock()
-        except OSError as error:  # the directory is going away with the kubelet: next wake-up
-            log_event(log, logging.WARNING, "cannot re-create the lock file", error=_one_line(error))
-            return
+        except OSError as error:
+            self._stale = _removed(self.directory)
+            text = _one_line(error) + (f"; {STALE_MOUNT}" if self._stale else "")
+            if text != self._said:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "kubelet directory unusable; retrying",
+                    path=str(self.directory),
+                    error=text,
+                )
+                self._said = text
+            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            self._retry_at = now + self._retry_s
+            return self._retry_s
         if holder is not None:
             raise DirLockHeld(
                 f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
                 f"restarted (lock {self.path} held by pid={holder})"
             )
-        log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
+        if self._said is not None:
+            log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+        else:
+            log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
+        self._said, self._retry_s, self._retry_at, self._stale = None, RETRY_MIN_S, None, False
+        return None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the claim does not hold now (the error refresh() last met), None while it holds."""
+        return self._said if self._claimed and self._fd is None else None
+
+    @property
+    def stale_mount(self) -> bool:
+        """The claim cannot hold because the path names a removed directory (see the module)."""
+        return self._stale and self._claimed and self._fd is None
 
     def release(self) -> None:
         """Remove the lock file when it is still ours and unlock. Idempotent."""
+        self._claimed = False
         if self._fd is None:
             return
         if _same_file(self._fd, self.path):
@@ -163,6 +225,15 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     own = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _removed(directory: Path) -> bool:
+    """`directory` names a directory that was removed: reachable by its path only as the root of a
+    mount whose source is gone."""
+    try:
+        return os.stat(directory).st_nlink == 0
+    except OSError:
+        return False
 
 
 def _one_line(error: OSError) -> str:

@@ -202,8 +202,10 @@ class KubeletLink:
         if waiting is not None:
             return waiting
         # Ready also with nothing to serve (no GPUs, or NVML failed with fail-on-init-error=false):
-        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why.
-        self._ready.set()
+        # a DaemonSet rollout must not stall on such a node; the logs and metrics say why. Not
+        # while a server left out of `servers` (it cannot listen yet) is still to be registered.
+        if self._registrations.keys() <= servers.keys():
+            self._ready.set()
         return None
 
     def registrations(self) -> dict[str, bool]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -148,7 +149,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         """Bind the socket (replacing a stale one from a killed run), owner-only (0600) whatever the
-        umask, and start serving. Raises NvdpError (one line) when the socket cannot be made."""
+        umask, and start serving. Raises NvdpError (one line, with the OS error) when the socket
+        cannot be made; nothing is left running then, and start() may be called again."""
         if self._server is not None:
             return
         try:
@@ -157,7 +159,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         except FileNotFoundError:
             pass
         except OSError as error:
-            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
+            raise self._cannot_listen(error) from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         # Room over the bound for earlier kubelet streams the kubelet has not closed yet and for
         # refusing excess streams; a thread starts only when a stream needs it.
@@ -167,23 +169,35 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         with self._cond:
             self._stopping = False
         pb_grpc.add_DevicePluginServicer_to_server(_Handlers(self, self._stream_pool), server)
+        try:
+            self._listen(server)
+        except NvdpError:
+            pool, self._stream_pool = self._stream_pool, None
+            pool.shutdown(wait=False)
+            raise
+        server.start()
+        self._server = server
+        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
+        # False and the supervisor restarts this server.
+        self._socket_id = file_id(self.socket_path)
+
+    def _listen(self, server: grpc.Server) -> None:
         old_umask = os.umask(0o077)  # bind() creates the socket file: owner-only from the start
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
-        except RuntimeError as error:
-            raise NvdpError(f"cannot listen on {self.socket_path}: {error}") from error
+        except RuntimeError as error:  # gRPC does not say why: a plain bind() does
+            raise self._cannot_listen(_bind_error(self.socket_path) or error) from error
         finally:
             os.umask(old_umask)
         try:
             os.chmod(self.socket_path, SOCKET_MODE)
         except OSError as error:
             server.stop(None)
-            raise NvdpError(f"cannot listen on {self.socket_path}: {error.strerror or error}") from error
-        server.start()
-        self._server = server
-        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
-        # False and the supervisor restarts this server.
-        self._socket_id = file_id(self.socket_path)
+            raise self._cannot_listen(error) from error
+
+    def _cannot_listen(self, error: Exception) -> NvdpError:
+        text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        return NvdpError(f"cannot listen on {self.socket_path}: {text}")
 
     def socket_is_ours(self) -> bool:
         """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
@@ -389,3 +403,18 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             self._version += 1
             self._list_response = self._build_list()
             self._cond.notify_all()
+
+
+def _bind_error(path: Path) -> OSError | None:
+    """Why a unix socket cannot be bound at `path` (read-only or full directory, a file in the way,
+    path too long), None when a plain bind() works now (its file is removed again)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(os.fsencode(path))
+        except OSError as error:
+            return error
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    return None

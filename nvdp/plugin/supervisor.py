@@ -2,8 +2,10 @@
 to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
 
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes, a stop or reload is requested, a registration retry is due, or the
-kubelet's ListAndWatch stream of a resource ended (the kubelet dropped it: register it again).
+kubelet's directory changes (or what its path names: removed, re-created, replaced), a stop or
+reload is requested, a retry is due (a registration, a server that could not listen, the
+directory's lock while the directory is unusable), or the kubelet's ListAndWatch stream of a
+resource ended (the kubelet dropped it: register it again).
 Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
 directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
 reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
@@ -19,11 +21,13 @@ from pathlib import Path
 from typing import Generic
 
 from nvdp.cdi import CdiPublisher
+from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
 from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.kubelet_link import KubeletLink
+from nvdp.plugin.listen_retry import ListenRetry
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
@@ -96,6 +100,7 @@ class Supervisor(Generic[S]):
         self._kubelet = KubeletLink(
             settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._wake
         )
+        self._listening = ListenRetry()  # servers that could not listen on their socket
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
@@ -120,7 +125,7 @@ class Supervisor(Generic[S]):
     def run(self) -> None:
         """Serve until request_stop(). Raises InitError when NVML fails and fail-on-init-error."""
         if self._dir_claim is None:
-            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.plugin_dir)
         elif not self._dir_claim.acquire(self._stop):
             return
         self._watcher = self._make_watcher(self.plugin_dir)
@@ -130,8 +135,7 @@ class Supervisor(Generic[S]):
                 self._apply(self.settings)
             retry_in: float | None = None
             while not self._stop.is_set():
-                if self._dir_claim is not None:
-                    self._dir_claim.refresh()
+                dir_retry = self._dir_claim.refresh() if self._dir_claim is not None else None
                 if self._reload_requested.is_set():
                     self._reload_requested.clear()
                     self._do_reload()
@@ -141,15 +145,18 @@ class Supervisor(Generic[S]):
                 if self._nvml_ok and self._mps.changed(self._watcher):
                     self._mps_changed()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
+                wait = dir_retry
                 if kubelet_id is None:
                     self._kubelet.kubelet_gone()
                     retry_in = None
-                else:
+                elif dir_retry is None:  # the directory is ours: (re)start servers, register
                     self._restart_wiped_servers()
-                    retry_in = self._kubelet.register_pending(self.servers, kubelet_id, retry_in)
+                    listening = {n: s for n, s in self.servers.items() if s.socket_is_ours()}
+                    retry_in = self._kubelet.register_pending(listening, kubelet_id, retry_in)
+                    wait = _sooner(retry_in, self._listening.retry_in())
                 if self._stop.is_set():
                     break
-                self._watcher.wait(retry_in)
+                self._watcher.wait(wait)
         finally:
             self._shutdown()
 
@@ -199,11 +206,12 @@ class Supervisor(Generic[S]):
         options: ResponseOptions,
         allocator: PreferredAllocator | None,
     ) -> S:
-        """Build and start the server of one resource, in place of any before it (to be registered)."""
+        """Build and start the server of one resource, in place of any before it (to be registered
+        once it listens: one that cannot is kept and started again with backoff)."""
         server = self._make_server(resource, socket_path, options, allocator)
-        server.start()
         self.servers[resource.name] = server
         self._kubelet.expect(resource.name)
+        self._listening.start(server)
         return server
 
     def _servers_changed(self) -> None:
@@ -214,8 +222,15 @@ class Supervisor(Generic[S]):
             self._observer.servers_changed(dict(self.servers))
 
     def _restart_wiped_servers(self) -> None:
-        """Start a new server, same resource and socket, for each one whose socket was removed."""
-        wiped = [server for server in self.servers.values() if not server.socket_is_ours()]
+        """Start a new server, same resource and socket, for each one whose socket was removed;
+        start again those that could not listen, when their retry is due."""
+        failing = self._listening.failing
+        if failing and self._listening.take_due():
+            for name in list(failing):
+                self._listening.start(self.servers[name])
+        wiped = [
+            s for s in self.servers.values() if s.resource_name not in failing and not s.socket_is_ours()
+        ]
         for server in wiped:
             log_event(
                 log, logging.INFO, "plugin socket removed; restarting server", resource=server.resource_name
@@ -250,6 +265,7 @@ class Supervisor(Generic[S]):
                 server.stop(grace=0.2)
                 del self.servers[name]
                 self._kubelet.forget(name)
+                self._listening.forget(name)
                 log_event(
                     log,
                     logging.INFO,
@@ -334,6 +350,21 @@ class Supervisor(Generic[S]):
         that any thread may take)."""
         return self._kubelet.registrations()
 
+    def restart_needed(self) -> str | None:
+        """Why only a restart can serve again (the kubelet directory is a stale mount), for
+        /healthz; None otherwise."""
+        claim = self._dir_claim
+        return claim.problem if claim is not None and claim.stale_mount else None
+
+    def registration_problems(self) -> dict[str, str]:
+        """Resource -> why it cannot be registered now (its server cannot listen, the kubelet
+        directory is unusable), for /readyz; a snapshot that any thread may take."""
+        problems = dict(self._listening.failing)
+        directory = self._dir_claim.problem if self._dir_claim is not None else None
+        if directory is not None:
+            problems = dict.fromkeys(list(self.servers), f"kubelet directory unusable: {directory}")
+        return problems
+
     # ---- device layout changes (nvdp.plugin.rescan) ----------------------------------------------
     def request_rescan(self) -> None:
         """Apply the node's current layout with the current settings, as a reload does."""
@@ -359,3 +390,8 @@ class Supervisor(Generic[S]):
         log_event(
             log, logging.INFO, "device layout applied", resources=",".join(sorted(self.servers)) or "none"
         )
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    """The shorter of two optional delays (None: no timer)."""
+    return b if a is None else a if b is None else min(a, b)

@@ -73,7 +73,10 @@ class PluginServer(HealthTarget, Protocol):
     def options(self) -> ResponseOptions: ...
     @property
     def allocator(self) -> PreferredAllocator | None: ...
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Listen and serve. Raises NvdpError when the socket cannot be made (may be retried)."""
+        ...
+
     def stop(self, grace: float = 0.5) -> None:
         """Idempotent; removes the server's socket when it is still ours."""
         ...
@@ -179,8 +182,19 @@ class DirClaimHooks(Protocol):
         """Block until the directory is usable and locked (True) or `stop` is set (False)."""
         ...
 
-    def refresh(self) -> None:
-        """Lock again after a kubelet restart emptied the directory."""
+    def refresh(self) -> float | None:
+        """Lock again after a kubelet restart emptied or replaced the directory. None while the
+        claim holds, else the delay before the next try."""
+        ...
+
+    @property
+    def problem(self) -> str | None:
+        """Why the claim does not hold now, None while it holds."""
+        ...
+
+    @property
+    def stale_mount(self) -> bool:
+        """The path names a removed directory: only a restart (a new mount) brings it back."""
         ...
 
     def release(self) -> None: ...
