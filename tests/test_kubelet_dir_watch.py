@@ -192,7 +192,7 @@ def test_server_that_cannot_listen_says_why_and_starts_later(sock_dir: Path) -> 
         pytest.skip("needs a read-only bind mount (root with CAP_SYS_ADMIN)")
     nvml = open_sim("pcie-4")
     nvml.init()
-    (resource,) = build_resources(nvml.gpus())
+    (resource,) = build_resources(nvml.gpus()).resources
     executor = ThreadPoolExecutor(max_workers=4)
     server = DevicePluginServer(resource, sock_dir / resource.socket_name, ResponseOptions(), executor)
     threads = threading.active_count()
