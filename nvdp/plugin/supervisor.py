@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic
@@ -94,16 +95,32 @@ class Supervisor(Generic[S]):
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
 
-    # ---- requests from signal handlers / other threads ----------------------------------------
+    # ---- requests from other threads (nvdp.signals' dispatcher, tests) --------------------------
     def request_stop(self) -> None:
         self._stop.set()
         if self._watcher:
             self._watcher.wake()
 
-    def request_reload(self) -> None:
+    def request_reload(self) -> bool:
+        """Ask for a reload; True when that made one pending (False: one already was, and this
+        request is part of it)."""
+        newly = not self._reload_requested.is_set()
         self._reload_requested.set()
         if self._watcher:
             self._watcher.wake()
+        return newly
+
+    def abandon(self) -> None:
+        """The stop did not finish (the loop is blocked): remove our sockets and the directory lock
+        now, without waiting for the loop or the servers. Any thread; the process exits next."""
+        for server in list(self.servers.values()):
+            if server.socket_is_ours():
+                try:
+                    server.socket_path.unlink()
+                except OSError:
+                    pass
+        if self._dir_claim is not None:
+            self._dir_claim.release()
 
     # ---- main loop ----------------------------------------------------------------------------
     def run(self) -> None:
