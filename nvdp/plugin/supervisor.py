@@ -305,10 +305,37 @@ class Supervisor(Generic[S]):
         if self._observer is not None:
             self._observer.servers_changed({})  # idling on purpose: nothing to register
 
+    def _load_settings(self) -> DaemonSettings | None:
+        """The reload source's new settings, loaded on a thread of its own while the loop waits for
+        them or a stop: a load that blocks (a config file on a hung mount) cannot hold the stop
+        back. None when the stop came first (the load is left behind; the process is ending)."""
+        loaded: Future[DaemonSettings] = Future()
+        watcher = self._watcher
+        assert watcher is not None  # set by run() before its loop
+
+        def load() -> None:
+            try:
+                loaded.set_result(self._reload_source())
+            except BaseException as error:
+                loaded.set_exception(error)
+            finally:
+                watcher.wake()
+
+        threading.Thread(target=load, name="config-reload", daemon=True).start()
+        while not loaded.done():
+            if self._stop.is_set():
+                return None
+            watcher.wait(None)
+        return loaded.result()
+
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
         try:
-            settings = self._reload_source()
+            loaded = self._load_settings()
+            if loaded is None:
+                log_event(log, logging.INFO, "reload abandoned: stopping")
+                return
+            settings = loaded
             if not self._nvml_ok:
                 self._start_nvml()
             if self._nvml_ok:
