@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = """#!{python}
-import json, os, sys, time
+import fcntl, json, os, sys, time
 state = os.environ["MPS_STANDIN_DIR"]
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 logdir = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "")
@@ -29,15 +29,19 @@ with open(os.path.join(state, "calls.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\\n")
 
 def knob(name):
-    path = os.path.join(state, name)
     try:
-        n = int(open(path).read() or 0)
+        f = open(os.path.join(state, name), "r+")
     except FileNotFoundError:
         return False
-    if n <= 0:
-        return False
-    open(path, "w").write(str(n - 1))
-    return True
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # commands run at the same time (the quits of a stop)
+        n = int(f.read() or 0)
+        if n <= 0:
+            return False
+        f.seek(0)
+        f.truncate()
+        f.write(str(n - 1))
+        return True
 
 alive = os.path.join(pipe, "control")
 if args != ["-d"] and knob("hang-command"):
