@@ -1,6 +1,7 @@
 """Nothing holds a stop back: SIGTERM during a reload that blocks stops the plugin at once, cleanly;
-the MPS control daemon with hung `nvidia-cuda-mps-control` commands stops within a few seconds,
-compute modes restored first and the hung commands killed."""
+a stop stuck in a hung NVML call ends at the deadline or at a second SIGTERM, sockets and lock
+removed; the MPS control daemon with hung `nvidia-cuda-mps-control` commands stops within a few
+seconds, compute modes restored first and the hung commands killed."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import pytest
 from nvdp.kubelet import Kubelet
 from nvdp.mps.controller import STOP_QUIT_TIMEOUT_S
 from nvdp.mps.layout import MpsRoot
+from nvdp.nvml import open_nvml
 from nvdp.plugin.dir_lock import LOCK_NAME
 from nvdp.plugin.supervisor import DaemonSettings
+from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S
 from nvdp.testing import Process, start_plugin, wait_until, write_time_slicing_config
 from tests import test_supervisor
 from tests.mps_standin import Standin
+from tests.sim import sim_gpus
 from tests.test_mps_daemon import daemon_process
 from tests.test_supervisor import Rig
 
@@ -81,6 +85,65 @@ def test_plugin_sigterm_during_a_blocked_reload_exits_0_and_cleans_up(
         "plugin.log",
     ]
     assert "Traceback" not in plugin.log()
+
+
+def test_a_hung_simulated_gpu_blocks_enumeration_until_restored() -> None:
+    nvml = open_nvml("sim:pcie-4")
+    nvml.init()
+    uuid = sim_gpus("pcie-4")[2].uuid
+    nvml.inject({"uuid": uuid, "event": "gpu-hung"})  # type: ignore[attr-defined]
+    listed: list[int] = []
+    thread = threading.Thread(target=lambda: listed.append(len(nvml.gpus())), daemon=True)
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive() and listed == []
+    nvml.inject({"uuid": uuid, "event": "gpu-restored"})  # type: ignore[attr-defined]
+    thread.join(5)
+    assert listed == [4]
+    nvml.shutdown()
+
+
+def plugin_stuck_in_nvml(kubelet: Kubelet, processes: list[Process], sock_dir: Path) -> Process:
+    """A plugin whose reload is blocked in NVML: its GPU enumeration hangs (`gpu-hung`)."""
+    events = sock_dir / "events"
+    events.touch()
+    plugin = start_plugin(kubelet.plugin_dir, env={"NVDP_SIM_EVENTS": str(events)})
+    processes.append(plugin)
+    kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=30)
+    assert {p.name for p in kubelet.plugin_dir.iterdir()} >= {"nvidia-gpu.sock", LOCK_NAME}
+    with events.open("a") as f:
+        f.write(f'{{"uuid": "{sim_gpus("dgx-a100")[0].uuid}", "event": "gpu-hung"}}\n')
+    wait_until(lambda: "event=gpu-hung" in plugin.log(), 10, "the GPU hung")
+    plugin.send(signal.SIGHUP)
+    wait_until(lambda: "reloading configuration" in plugin.log(), 10, "reload started")
+    plugin.send(signal.SIGTERM)
+    wait_until(lambda: "signal received; stopping" in plugin.log(), 10, "stop requested")
+    return plugin
+
+
+def test_plugin_stuck_in_nvml_exits_at_a_second_sigterm_and_cleans_up(
+    kubelet: Kubelet, processes: list[Process], sock_dir: Path
+) -> None:
+    plugin = plugin_stuck_in_nvml(kubelet, processes, sock_dir)
+    assert plugin.alive()
+    began = time.monotonic()
+    plugin.send(signal.SIGTERM)
+    assert plugin.wait(10) == 1
+    assert time.monotonic() - began < 2.0
+    assert sorted(p.name for p in kubelet.plugin_dir.iterdir()) == ["events", "kubelet.sock", "plugin.log"]
+    assert "second SIGTERM; exiting now without waiting for the stop status=1" in plugin.log()
+
+
+@pytest.mark.soak
+def test_plugin_stuck_in_nvml_is_ended_at_the_stop_deadline(
+    kubelet: Kubelet, processes: list[Process], sock_dir: Path
+) -> None:
+    began = time.monotonic()
+    plugin = plugin_stuck_in_nvml(kubelet, processes, sock_dir)
+    assert plugin.wait(STOP_DEADLINE_S + ABANDON_BUDGET_S + 5) == 1
+    assert time.monotonic() - began >= STOP_DEADLINE_S
+    assert sorted(p.name for p in kubelet.plugin_dir.iterdir()) == ["events", "kubelet.sock", "plugin.log"]
+    assert f"stop did not finish within {STOP_DEADLINE_S:g}s; exiting now status=1" in plugin.log()
 
 
 TWO_MPS = (
