@@ -185,7 +185,7 @@ def test_mps_daemon_with_hung_control_commands_stops_within_seconds(
     daemon.send(signal.SIGTERM)
     assert daemon.wait(20) == 0, daemon.log()[-3000:]
     took = time.monotonic() - began
-    assert took < STOP_QUIT_TIMEOUT_S + 2.0, f"stopped after {took:.1f}s"
+    assert took < STOP_QUIT_TIMEOUT_S + 3.0, f"stopped after {took:.1f}s"
     log = daemon.log().splitlines()
     modes = [line.rpartition("mode=")[2] for line in log if "simulated compute mode set" in line]
     assert modes == ["EXCLUSIVE_PROCESS"] * 4 + ["DEFAULT"] * 4  # recorded by the simulated node
