@@ -1,16 +1,17 @@
 """`nvdp.signals` in a real process (tests/signal_target.py): a SIGHUP storm coalesces into a few
 reloads and the process keeps running; the first SIGTERM stops it, logged once; a second SIGTERM,
 or a stop that does not finish within the deadline, abandons (cleanup) and exits 1 at once; a
-signal that comes before the command is attached is kept for it."""
+signal that comes before the command is attached is kept for it; `close()` restores what was there."""
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
-from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S
+from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S, SignalHandling
 from nvdp.testing import Process, clean_env, wait_until
 from tests.signal_storm import storm
 
@@ -104,3 +105,17 @@ def test_signals_before_the_command_is_attached_are_kept(tmp_path: Path) -> None
 
 def test_the_deadline_leaves_room_in_kubernetes_default_grace_period() -> None:
     assert STOP_DEADLINE_S + ABANDON_BUDGET_S <= 30 / 2
+
+
+def test_close_puts_the_previous_handlers_and_wakeup_fd_back() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    handling = SignalHandling().install()
+    try:
+        assert all(signal.getsignal(s) is not before[s] for s in before)
+        assert any(t.name == "signals" for t in threading.enumerate())
+    finally:
+        handling.close()
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert signal.set_wakeup_fd(-1) == -1  # none was set before
+    assert not any(t.name == "signals" for t in threading.enumerate())
+    handling.close()  # idempotent
