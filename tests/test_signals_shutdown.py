@@ -115,7 +115,7 @@ def plugin_stuck_in_nvml(kubelet: Kubelet, processes: list[Process], sock_dir: P
         f.write(f'{{"uuid": "{sim_gpus("dgx-a100")[0].uuid}", "event": "gpu-hung"}}\n')
     wait_until(lambda: "event=gpu-hung" in plugin.log(), 10, "the GPU hung")
     plugin.send(signal.SIGHUP)
-    wait_until(lambda: "reloading configuration" in plugin.log(), 10, "reload started")
+    wait_until(lambda: "enumeration blocked by a hung GPU" in plugin.log(), 10, "reload stuck in NVML")
     plugin.send(signal.SIGTERM)
     wait_until(lambda: "signal received; stopping" in plugin.log(), 10, "stop requested")
     return plugin

@@ -113,6 +113,8 @@ class SimNvml:
         set and only uuid, index, name, minor and bus id when lost before their first listing."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
+            if any(state.hung for state in self._state):
+                logger.info("simulated GPU enumeration blocked by a hung GPU node=%s", self.node.name)
             while any(state.hung for state in self._state):
                 self._unhung.wait()
             states = [(state.mig, state.lost) for state in self._state]
