@@ -1,6 +1,7 @@
 """`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`; `gpu-feature-discovery` is `nvdp gfd`.
 
-This module is the only place that prints, installs signal handlers or chooses exit codes.
+This module is the only place that prints, installs signal handlers (through nvdp.signals, which
+handles them) or chooses exit codes.
 """
 
 from __future__ import annotations
@@ -9,18 +10,17 @@ import argparse
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 from nvdp import __version__
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event, setup_logging
+from nvdp.signals import SignalTarget, handle_signals
 
 log = logging.getLogger("nvdp")
 
@@ -175,12 +175,13 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except NvdpError as error:
         return _exit_on_error(error)
     setup_logging(config.log_format, config.log_level)
+    signals = handle_signals()  # before the daemon is built: a SIGTERM while it starts stops it too
     try:
         daemon = Daemon(config, reload_config=lambda: resolve(args, environ), environ=environ)
     except NvdpError as error:
         log_event(log, logging.ERROR, "cannot start", error=str(error))
         return 1
-    _install_signal_handlers(daemon.request_stop, daemon.request_reload)
+    signals.attach(SignalTarget(daemon.request_stop, daemon.request_reload, daemon.abandon))
     try:
         daemon.run()
     except NvdpError as error:
@@ -199,29 +200,18 @@ def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str])
         prepared = prepare(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    _install_signal_handlers(prepared.controller.request_stop, prepared.controller.request_reload)
+    controller = prepared.controller
+    handle_signals().attach(
+        SignalTarget(controller.request_stop, controller.request_reload, controller.abandon)
+    )
     try:
-        prepared.controller.run(prepared.plans)
+        controller.run(prepared.plans)
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))
         return 1
     finally:
         prepared.nvml.shutdown()
     return 0
-
-
-def _install_signal_handlers(stop: Callable[[], None], reload: Callable[[], None]) -> None:
-    def on_stop(signum: int, frame: FrameType | None) -> None:
-        log_event(log, logging.INFO, "signal received; stopping", signal=signal.Signals(signum).name)
-        stop()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        log_event(log, logging.INFO, "SIGHUP received; reloading")
-        reload()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
 
 
 def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -253,10 +243,13 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(mps_note)
     setup_logging(config.log_format, "warning" if config.log_level == "info" else config.log_level)
     stop = threading.Event()
-    if args.serve:
-        _install_signal_handlers(stop.set, lambda: None)
+    signals = handle_signals() if args.serve else None
     try:
-        with Simulation(config, env, reload_config=lambda: resolve(args, env)) as sim:
+        simulation = Simulation(config, env, reload_config=lambda: resolve(args, env))
+        if signals is not None:
+            daemon = simulation.daemon
+            signals.attach(SignalTarget(stop.set, daemon.request_reload, daemon.abandon))
+        with simulation as sim:
             sim.demo(sys.stdout)
             if args.serve:
                 sim.serve_until(stop, sys.stdout)
@@ -299,7 +292,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     setup_logging(settings.config.log_format, settings.config.log_level)
     log_event(log, logging.INFO, "gfd starting", config=settings.config.to_dict())
     gfd = Gfd(settings, reload_settings=lambda: resolve_gfd(args, environ))
-    _install_signal_handlers(gfd.request_stop, gfd.request_reload)
+    handle_signals().attach(SignalTarget(gfd.request_stop, gfd.request_reload, gfd.abandon))
     try:
         gfd.run()
     except NvdpError as error:
@@ -358,15 +351,14 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
             return command.oneshot(settings)
         managers: list[ConfigManager] = []
 
-        def reconcile_now() -> None:  # SIGHUP
-            for manager in managers:
-                manager.wake()
+        def reconcile_now() -> bool:  # SIGHUP: True when that made a pass pending
+            return any([manager.wake() for manager in managers])
 
         def stop_now() -> None:  # SIGTERM/SIGINT: the loop waits on inotify, wake it to stop
             stop.set()
             reconcile_now()
 
-        _install_signal_handlers(stop_now, reconcile_now)
+        handle_signals().attach(SignalTarget(stop_now, reconcile_now))
         return command.serve(settings, stop, managers)
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))

@@ -166,8 +166,12 @@ class Daemon:
     def request_stop(self) -> None:
         self.supervisor.request_stop()
 
-    def request_reload(self) -> None:
-        self.supervisor.request_reload()
+    def request_reload(self) -> bool:
+        return self.supervisor.request_reload()
+
+    def abandon(self) -> None:
+        """A stop that did not finish: see `Supervisor.abandon`."""
+        self.supervisor.abandon()
 
     def run(self) -> None:
         log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.config.to_json()))

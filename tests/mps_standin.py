@@ -4,8 +4,9 @@ first on PATH. It records every invocation (argv, the MPS env vars, stdin) as a 
 `<log>/control.log`); a command needs that file (else it fails like the real one with no daemon),
 answers `get_*` with 100 and `quit` removes the file. Like a daemon that keeps its inherited
 stdout / stderr, the forked "daemon" holds them until it quits. Knob files make it fail: `fail-start` /
-`fail-command` hold how many of the next `-d` / commands fail. `kill_daemon` makes the daemon die;
-`-d` while one runs fails, as the real one does.
+`fail-command` hold how many of the next `-d` / commands fail, `hang-command` how many of the next
+commands hang (for a minute, as a client of a wedged daemon waits on its pipe). `kill_daemon` makes the
+daemon die; `-d` while one runs fails, as the real one does.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = """#!{python}
-import json, os, sys, time
+import fcntl, json, os, sys, time
 state = os.environ["MPS_STANDIN_DIR"]
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 logdir = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "")
@@ -28,17 +29,24 @@ with open(os.path.join(state, "calls.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\\n")
 
 def knob(name):
-    path = os.path.join(state, name)
     try:
-        n = int(open(path).read() or 0)
+        f = open(os.path.join(state, name), "r+")
     except FileNotFoundError:
         return False
-    if n <= 0:
-        return False
-    open(path, "w").write(str(n - 1))
-    return True
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # commands run at the same time (the quits of a stop)
+        n = int(f.read() or 0)
+        if n <= 0:
+            return False
+        f.seek(0)
+        f.truncate()
+        f.write(str(n - 1))
+        return True
 
 alive = os.path.join(pipe, "control")
+if args != ["-d"] and knob("hang-command"):
+    time.sleep(60)
+    sys.exit(1)
 if args == ["-d"]:
     if os.path.exists(alive):
         print("An instance of this daemon is already running", file=sys.stderr)
@@ -104,6 +112,9 @@ class Standin:
 
     def fail_command(self, times: int) -> None:
         (self.dir / "fail-command").write_text(str(times))
+
+    def hang_command(self, times: int) -> None:
+        (self.dir / "hang-command").write_text(str(times))
 
     @staticmethod
     def kill_daemon(pipe: Path) -> None:

@@ -169,12 +169,14 @@ class ConfigManager:
             self._watcher = None
             watcher.close()
 
-    def wake(self) -> None:
-        """Run a pass now (thread-safe; also from a signal handler: a pipe write)."""
+    def wake(self) -> bool:
+        """Run a pass now (thread-safe). True when that made a pass pending (False: one already was)."""
+        newly = not self._wake.is_set()
         self._wake.set()
         watcher = self._watcher
         if watcher is not None:
             watcher.wake()
+        return newly
 
     def reconcile(self) -> Outcome:
         s = self.settings

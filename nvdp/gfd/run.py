@@ -40,12 +40,8 @@ EVENTS_CLOSE_TIMEOUT_S = 5.0  # on exit, time to send the Node events still queu
 
 
 class Waker:
-    """Sleep until a timeout or a signal, safely woken from a signal handler.
-
-    A handler may interrupt the main thread anywhere, even inside a `threading.Event`'s own lock,
-    so `Event.set()` from a handler can deadlock. The handler here only sets flags and writes a byte
-    to a pipe (async-signal-safe); the sleeper waits on the pipe with select().
-    """
+    """Sleep until a timeout or a `wake()` from another thread (nvdp.signals' dispatcher): flags
+    and a byte written to a pipe that the sleeper waits on with select(); no lock is taken."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
@@ -71,7 +67,8 @@ class Waker:
         return self.stopping
 
     def close(self) -> None:
-        for fd in (self._read, self._write):
+        fds, (self._read, self._write) = (self._read, self._write), (-1, -1)
+        for fd in fds:  # -1 from now on: a late wake() must not write into a reused descriptor
             try:
                 os.close(fd)
             except OSError:
@@ -95,26 +92,37 @@ class Gfd:
         self._nvml_factory = nvml_factory or _open_nvml
         self._clock = clock
         self._waker = Waker()
+        self._output: Output | None = None  # while run() labels
         self.passes = 0
         self._events = (events_factory or default_events)(settings)
         self.misfits = MisfitReport(self._events)
         self._warned: frozenset[str] = frozenset()  # the last pass's warnings, logged once
         self.publish_error: str | None = None  # why the last labels were not published, if they were not
 
-    # ---- signals (called from signal handlers: set flags and write to a pipe, nothing else) -----
+    # ---- requests from other threads (nvdp.signals' dispatcher, tests): flags and a pipe write ----
     def request_stop(self) -> None:
         self._waker.stopping = True
         self._waker.wake()
 
-    def request_reload(self) -> None:
+    def request_reload(self) -> bool:
+        """Ask for a reload; True when that made one pending (False: one already was)."""
+        newly = not self._waker.reload_requested
         self._waker.reload_requested = True
         self._waker.wake()
+        return newly
+
+    def abandon(self) -> None:
+        """The stop did not finish (a labelling pass is blocked): remove the labels now, as the
+        stop would have, so that they do not outlive the process. Any thread."""
+        output = self._output
+        if output is not None and not self.settings.oneshot:
+            output.remove()
 
     # ---- loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         settings = self.settings
         waker = self._waker
-        output = self._output_factory(settings, waker.sleep)
+        output = self._output = self._output_factory(settings, waker.sleep)
         try:
             while True:
                 self.label_once(settings, output)
@@ -147,7 +155,7 @@ class Gfd:
             settings.use_node_feature_api,
         ):
             output.remove()
-            output = self._output_factory(fresh, self._waker.sleep)
+            output = self._output = self._output_factory(fresh, self._waker.sleep)
         self.settings = fresh
         return fresh, output
 

@@ -5,8 +5,10 @@ daemon, send the default limits, then create the ready marker the plugin waits f
 `health_interval` a cheap query goes through the pipe; a daemon that fails it (or fails to start)
 loses its marker and is started again after a capped exponential backoff. The daemon's own log
 files are followed into this process's log. `request_reload()` converges on new plans by diff
-(start, stop or re-limit); `request_stop()` quits every daemon, restores the DEFAULT compute mode and
-removes the markers. Both are safe to call from a signal handler.
+(start, stop or re-limit). `request_stop()` ends the loop within a few seconds whatever the daemons
+do: a control command in flight is killed, then the markers go, the GPUs' compute modes are
+restored to DEFAULT, and every daemon is sent `quit` at once, each bounded by STOP_QUIT_TIMEOUT_S.
+Both requests come from another thread (nvdp.signals' dispatcher) and never block.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 HEALTH_QUERY = "get_default_active_thread_percentage"
 LOG_FILES = ("control.log", "server.log")
 LOG_POLL_S = 1.0
+STOP_QUIT_TIMEOUT_S = 3.0  # a daemon's `quit` at stop; a hung one is killed then
 
 
 class PlanSource(Protocol):
@@ -81,17 +84,30 @@ class MpsController:
         self._clock = clock
         self.daemons: dict[str, _Daemon] = {}
         self._wake = threading.Event()
-        self._stop = False
+        self._stopping = threading.Event()  # also cancels the control command in flight
         self._reload = False
 
-    # ---- requests (signal handlers, other threads) ---------------------------------------------
+    # ---- requests (nvdp.signals' dispatcher, other threads) ------------------------------------
     def request_stop(self) -> None:
-        self._stop = True
+        self._stopping.set()
         self._wake.set()
 
-    def request_reload(self) -> None:
+    def request_reload(self) -> bool:
+        """Ask for a reload; True when that made one pending (False: one already was)."""
+        newly = not self._reload
         self._reload = True
         self._wake.set()
+        return newly
+
+    def abandon(self) -> None:
+        """The stop did not finish (NVML or a child blocks the loop): kill the running control
+        commands, remove the ready markers and restore the compute modes now. Any thread."""
+        daemons = list(self.daemons.values())
+        for daemon in daemons:
+            daemon.control.kill_running()
+        for daemon in daemons:
+            self._remove_marker(daemon.plan.resource)
+        self._restore_compute_modes(daemons)
 
     # ---- main loop ----------------------------------------------------------------------------
     def run(self, plans: Mapping[str, DaemonPlan]) -> None:
@@ -108,7 +124,7 @@ class MpsController:
                 )
             elif not plans:
                 log_event(log, logging.INFO, "no MPS daemons to run on this node; waiting (SIGHUP reloads)")
-            while not self._stop:
+            while not self._stopping.is_set():
                 if self._reload:
                     self._reload = False
                     self._do_reload()
@@ -116,8 +132,7 @@ class MpsController:
                 self._wake.wait(self._next_wake())
                 self._wake.clear()
         finally:
-            for name in list(self.daemons):
-                self._teardown(name, "stopping")
+            self._stop_all()
             log_event(log, logging.INFO, "MPS control daemon stopped")
 
     def _do_reload(self) -> None:
@@ -151,7 +166,11 @@ class MpsController:
     def _new_daemon(self, plan: DaemonPlan) -> _Daemon:
         name = plan.resource
         control = MpsControl(
-            self.root.pipe_dir(name), self.root.log_dir(name), self._environ, binary=self._binary
+            self.root.pipe_dir(name),
+            self.root.log_dir(name),
+            self._environ,
+            binary=self._binary,
+            cancel=self._stopping,
         )
         daemon = _Daemon(plan, control)
         for file in LOG_FILES:  # follow from now on, not what earlier runs wrote
@@ -267,7 +286,10 @@ class MpsController:
         )
 
     def _down(self, daemon: _Daemon, what: str, error: Exception) -> None:
-        """Mark a daemon down: marker gone (the plugin withdraws the resource), retry later."""
+        """Mark a daemon down: marker gone (the plugin withdraws the resource), retry later. Nothing
+        while stopping (the command failed because it was cancelled; the stop tears down)."""
+        if self._stopping.is_set():
+            return
         self._remove_marker(daemon.plan.resource)
         daemon.up = False
         daemon.failures += 1
@@ -284,13 +306,13 @@ class MpsController:
         )
 
     def _teardown(self, name: str, reason: str) -> None:
+        """One daemon that a reload removes. When a stop cancels its `quit`, the daemon stays listed
+        for `_stop_all` to quit."""
         daemon = self.daemons[name]
         self._remove_marker(name)
-        try:
-            answer = daemon.control.send("quit")
-            log_event(log, logging.INFO, "MPS daemon quit", resource=name, reason=reason, output=answer)
-        except NvdpError as error:
-            log_event(log, logging.WARNING, "MPS daemon quit failed", resource=name, error=str(error))
+        self._quit(daemon, reason)
+        if self._stopping.is_set():
+            return
         still_used = {u for n, d in self.daemons.items() if n != name for u in d.plan.uuids}
         try:
             self._set_compute_mode(
@@ -300,6 +322,47 @@ class MpsController:
             log_event(log, logging.WARNING, "cannot restore compute mode", resource=name, error=str(error))
         self._follow_logs(daemon)
         del self.daemons[name]
+
+    def _stop_all(self) -> None:
+        """Every daemon down within a few seconds, hung ones included: the markers first (the
+        plugin withdraws the resources), then the GPUs' compute modes back to DEFAULT (before
+        anything that may hang), then `quit` to every daemon at once, each bounded."""
+        daemons = list(self.daemons.values())
+        for daemon in daemons:
+            self._remove_marker(daemon.plan.resource)
+        self._restore_compute_modes(daemons)
+        quits = [
+            threading.Thread(
+                target=self._quit,
+                args=(daemon, "stopping", STOP_QUIT_TIMEOUT_S),
+                name=f"mps-quit-{daemon.plan.resource}",
+            )
+            for daemon in daemons
+        ]
+        for thread in quits:
+            thread.start()
+        for thread in quits:
+            thread.join()  # bounded: each quit is killed after STOP_QUIT_TIMEOUT_S
+        for daemon in daemons:
+            self._follow_logs(daemon)
+        self.daemons.clear()
+
+    def _quit(self, daemon: _Daemon, reason: str, timeout: float | None = None) -> None:
+        """`quit`; a stop's own quit (`timeout` given) is not cancelled by the stop."""
+        name = daemon.plan.resource
+        try:
+            answer = daemon.control.send("quit", timeout=timeout, cancellable=timeout is None)
+            log_event(log, logging.INFO, "MPS daemon quit", resource=name, reason=reason, output=answer)
+        except NvdpError as error:
+            log_event(log, logging.WARNING, "MPS daemon quit failed", resource=name, error=str(error))
+
+    def _restore_compute_modes(self, daemons: list[_Daemon]) -> None:
+        """DEFAULT on every GPU of `daemons`, each GPU once; a failure is logged and the rest go on."""
+        for uuid in dict.fromkeys(uuid for daemon in daemons for uuid in daemon.plan.uuids):
+            try:
+                self._set_compute_mode((uuid,), ComputeMode.DEFAULT)
+            except NvdpError as error:
+                log_event(log, logging.WARNING, "cannot restore compute mode", gpu=uuid, error=str(error))
 
     def _set_compute_mode(self, uuids: tuple[str, ...], mode: ComputeMode) -> None:
         for uuid in uuids:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic
@@ -105,16 +106,32 @@ class Supervisor(Generic[S]):
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
 
-    # ---- requests from signal handlers / other threads ----------------------------------------
+    # ---- requests from other threads (nvdp.signals' dispatcher, tests) --------------------------
     def request_stop(self) -> None:
         self._stop.set()
         if self._watcher:
             self._watcher.wake()
 
-    def request_reload(self) -> None:
+    def request_reload(self) -> bool:
+        """Ask for a reload; True when that made one pending (False: one already was, and this
+        request is part of it)."""
+        newly = not self._reload_requested.is_set()
         self._reload_requested.set()
         if self._watcher:
             self._watcher.wake()
+        return newly
+
+    def abandon(self) -> None:
+        """The stop did not finish (the loop is blocked): remove our sockets and the directory lock
+        now, without waiting for the loop or the servers. Any thread; the process exits next."""
+        for server in list(self.servers.values()):
+            if server.socket_is_ours():
+                try:
+                    server.socket_path.unlink()
+                except OSError:
+                    pass
+        if self._dir_claim is not None:
+            self._dir_claim.release()
 
     def _wake(self) -> None:
         """Wake the loop (the kubelet link, when the kubelet's stream of a resource ended)."""
@@ -309,10 +326,37 @@ class Supervisor(Generic[S]):
         if self._observer is not None:
             self._observer.servers_changed({})  # idling on purpose: nothing to register
 
+    def _load_settings(self) -> DaemonSettings | None:
+        """The reload source's new settings, loaded on a thread of its own while the loop waits for
+        them or a stop: a load that blocks (a config file on a hung mount) cannot hold the stop
+        back. None when the stop came first (the load is left behind; the process is ending)."""
+        loaded: Future[DaemonSettings] = Future()
+        watcher = self._watcher
+        assert watcher is not None  # set by run() before its loop
+
+        def load() -> None:
+            try:
+                loaded.set_result(self._reload_source())
+            except BaseException as error:
+                loaded.set_exception(error)
+            finally:
+                watcher.wake()
+
+        threading.Thread(target=load, name="config-reload", daemon=True).start()
+        while not loaded.done():
+            if self._stop.is_set():
+                return None
+            watcher.wait(None)
+        return loaded.result()
+
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
         try:
-            settings = self._reload_source()
+            loaded = self._load_settings()
+            if loaded is None:
+                log_event(log, logging.INFO, "reload abandoned: stopping")
+                return
+            settings = loaded
             if not self._nvml_ok:
                 self._start_nvml()
             if self._nvml_ok:

@@ -50,6 +50,7 @@ _BASE_TYPES = EventType.XID_CRITICAL | EventType.PSTATE | EventType.CLOCK
 class _GpuState:
     mig: tuple[MigDeviceInfo, ...] | None  # None: MIG disabled
     lost: bool = False
+    hung: bool = False  # enumeration blocks until gpu-restored (a driver stuck on this GPU)
     probe: ProbeResult = ProbeResult()
     created: int = 0  # MIG layouts applied by events: each re-creates the devices, new UUIDs
 
@@ -61,6 +62,7 @@ class SimNvml:
         self.node = node
         self.events_path = events_path
         self._lock = threading.Lock()
+        self._unhung = threading.Condition(self._lock)  # notified when a GPU stops being hung
         self.compute_modes: dict[str, ComputeMode] = {}  # recorded by set_compute_mode (MPS)
         self._initialized = False
         self._follower: FileFollower | None = None
@@ -111,6 +113,10 @@ class SimNvml:
         set and only uuid, index, name, minor and bus id when lost before their first listing."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
+            if any(state.hung for state in self._state):
+                logger.info("simulated GPU enumeration blocked by a hung GPU node=%s", self.node.name)
+            while any(state.hung for state in self._state):
+                self._unhung.wait()
             states = [(state.mig, state.lost) for state in self._state]
             gpus = []
             for gpu, (mig, lost) in zip(self.node.gpus, states, strict=True):
@@ -256,8 +262,11 @@ class SimNvml:
         state = self._state[gpu.index]
         if name == "gpu-lost":
             state.lost = True
+        elif name == "gpu-hung":
+            state.hung = True
         elif name == "gpu-restored":
-            state.lost = False
+            state.lost = state.hung = False
+            self._unhung.notify_all()
         elif name == "clear-pending":
             state.probe = ProbeResult()
         else:

@@ -14,7 +14,7 @@ PROBE_EVENTS = {
     "row-remap-pending": {"row_remap_pending": True},
     "row-remap-failure": {"row_remap_failure": True},
 }
-STATE_EVENTS = ("gpu-lost", "gpu-restored", "clear-pending", *PROBE_EVENTS)
+STATE_EVENTS = ("gpu-lost", "gpu-hung", "gpu-restored", "clear-pending", *PROBE_EVENTS)
 EVENT_NAMES = ("wait-error", *ECC_EVENTS, *STATE_EVENTS)
 FIELDS = ("uuid", "xid", "event", "mig", "compute-mode", "gi_id", "ci_id", "code")
 XID_MAX = 2**64 - 1  # nvmlEventData_t.eventData is an unsigned long long
