@@ -147,14 +147,17 @@ class DirWatcher:
         return True
 
     def close(self) -> None:
-        for fd in (self._fd, self._wake_r, self._wake_w):
-            if fd is not None:
+        # Forget the descriptors before closing them: a late wake() from another thread then writes
+        # to -1 (EBADF, ignored), never into a descriptor number the process has reused meanwhile.
+        fds = (self._fd, self._wake_r, self._wake_w)
+        self._fd = None
+        self._wake_r = self._wake_w = -1
+        for fd in fds:
+            if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._fd = None
-        self._wake_r = self._wake_w = -1
 
     # ---- inotify ------------------------------------------------------------------------------
     def _read_events(self) -> bool:
