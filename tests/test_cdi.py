@@ -25,6 +25,7 @@ from nvdp.config import Config
 from nvdp.devices import parse_mig_minors
 from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.resources import Replication, build_resources
@@ -195,6 +196,11 @@ def node(tmp_path: Path) -> tuple[Path, list[GpuInfo]]:
     return tmp_path / "root", gpus
 
 
+def specs(spec_dir: Path) -> list[str]:
+    """The spec files in `spec_dir` (not the lock file beside them)."""
+    return sorted(n for n in os.listdir(spec_dir) if not n.startswith("."))
+
+
 def settings_for(root: Path, spec_dir: Path, **overrides: Any) -> CdiSettings:
     base = CdiSettings(
         spec_dir=str(spec_dir),
@@ -219,49 +225,72 @@ def test_publish_writes_once_and_keeps_unchanged_files(
         before = spec.stat()
         again = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
     assert result.resources == resources == again.resources
-    assert sorted(os.listdir(spec_dir)) == ["k8s.device-plugin.nvidia.com-gpu.json"]  # no temp file left
+    assert result.misfits == again.misfits == () and publisher.retry_in() is None
+    lock = spec_dir / ".k8s.device-plugin.nvidia.com.lock"  # no temp file left; the lock held meanwhile
+    assert sorted(os.listdir(spec_dir)) == [lock.name, "k8s.device-plugin.nvidia.com-gpu.json"]
+    assert lock.read_text().startswith(f"pid={os.getpid()} host=") and lock.stat().st_mode & 0o777 == 0o600
     after = spec.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert log_lines(caplog).count(f"wrote CDI spec path={spec} kind=k8s.device-plugin.nvidia.com/gpu") == 1
     assert oct(after.st_mode & 0o777) == "0o644"
+    publisher.close()
+    assert os.listdir(spec_dir) == [spec.name]  # the specs stay, the lock goes
 
 
-def test_unwritable_spec_dir_is_one_error_and_nothing_advertised(
-    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+def publisher() -> Iterator[CdiPublisher]:
+    publisher = CdiPublisher()
+    yield publisher
+    publisher.close()
+
+
+def test_unwritable_spec_dir_withholds_every_resource_and_is_retried(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
 ) -> None:
     root, gpus = node
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     cdi = settings_for(root, blocker / "cdi")
-    with caplog.at_level(logging.ERROR, logger="nvdp.cdi"):
-        result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.resources == []
-    assert log_lines(caplog) == [
-        "cannot write CDI spec; resources that need it are not advertised "
-        f'path={blocker}/cdi/k8s.device-plugin.nvidia.com-gpu.json error="Not a directory" '
-        "resources=nvidia.com/gpu"
-    ]
+    assert result.misfits == (
+        Misfit(
+            "CdiSpecNotWritten",
+            f"{blocker}/cdi",
+            f"cannot use CDI spec directory {blocker}/cdi: Not a directory; nvidia.com/gpu not advertised "
+            "until it can be written (retrying)",
+            withholds=("nvidia.com/gpu",),
+        ),
+    )
+    assert publisher.retry_in() == pytest.approx(0.5, abs=0.1)  # and then 1, 2, ... up to 10 s
+    blocker.unlink()
+    blocker.mkdir()
+    again = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    assert again.misfits == () and len(again.resources) == 1 and publisher.retry_in() is None
 
 
-def test_device_with_missing_node_takes_only_its_resource_off(
-    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_device_missing_from_the_spec_is_left_out_of_its_resources(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
 ) -> None:
     root, gpus = node
     (root / "dev/nvidia3").unlink()
     resources = build_resources(
-        gpus,
-        gpu_patterns=[],
-        sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))],
+        gpus, sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))]
     ).resources
     assert [r.name for r in resources] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
-    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
-        result = CdiPublisher().publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
-    assert [r.name for r in result.resources] == ["nvidia.com/gpu"]
-    assert log_lines(caplog) == [
-        f'CDI spec entry left out problem="device {gpus[3].uuid}: /dev/nvidia3 not found under the dev root"',
-        "not advertising resource: its CDI devices are not in the spec resource=nvidia.com/gpu.shared "
-        f'missing="k8s.device-plugin.nvidia.com/gpu={gpus[3].uuid}"',
-    ]
+    result = publisher.publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
+    assert [(r.name, len(r.devices)) for r in result.resources] == [("nvidia.com/gpu", 3)]
+    assert result.resources[0] == resources[0]
+    name = f"k8s.device-plugin.nvidia.com/gpu={gpus[3].uuid}"
+    assert result.misfits == (
+        Misfit(
+            "CdiDeviceNotInSpec",
+            name,
+            f"GPU 3 ({gpus[3].uuid}): not in the CDI spec (/dev/nvidia3 not found under the dev root); "
+            "not advertised",
+            withholds=("nvidia.com/gpu.shared",),
+        ),
+    )
 
 
 def test_modes_and_imex_names_and_stale_spec_removed(
@@ -270,25 +299,25 @@ def test_modes_and_imex_names_and_stale_spec_removed(
     root, gpus = node
     spec_dir = tmp_path / "cdi"
     on = settings_for(root, spec_dir, modes=("gds", "mofed", "gdrcopy"), imex_channels=(0,))
-    result = CdiPublisher().publish(on, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    publisher = CdiPublisher()
+    result = publisher.publish(on, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == (
         "k8s.device-plugin.nvidia.com/gds=all",
         "k8s.device-plugin.nvidia.com/mofed=all",
         "k8s.device-plugin.nvidia.com/gdrcopy=all",
         "k8s.device-plugin.nvidia.com/imex-channel=channel0",
     )
-    assert len(os.listdir(spec_dir)) == 5
-    CdiPublisher().publish(
-        settings_for(root, spec_dir), gpus, build_resources(gpus).resources, DRIVER_VERSION
-    )
+    assert len(specs(spec_dir)) == 5
+    publisher.publish(settings_for(root, spec_dir), gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    publisher.close()
     assert os.listdir(spec_dir) == ["k8s.device-plugin.nvidia.com-gpu.json"]
 
 
-def test_mode_without_device_nodes_is_not_offered(tmp_path: Path) -> None:
+def test_mode_without_device_nodes_is_not_offered(tmp_path: Path, publisher: CdiPublisher) -> None:
     gpus = sim_gpus("pcie-4")
     make_node(tmp_path / "root", gpus)
     cdi = settings_for(tmp_path / "root", tmp_path / "cdi", modes=("gds",))
-    result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == () and len(result.resources) == 1
 
 
@@ -430,10 +459,12 @@ def test_every_answer_name_resolves_in_written_specs(
             imex_channels=(0,) if imex else (),
             gpu_kind=kind,
         )
-        result = CdiPublisher().publish(cdi, gpus, resources, DRIVER_VERSION)
+        publisher = CdiPublisher()
+        result = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+        publisher.close()
         assert result.resources == resources
         defined: set[str] = set()
-        for name in os.listdir(spec_dir):
+        for name in specs(Path(spec_dir)):
             spec = json.loads((Path(spec_dir) / name).read_text())
             defined |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
             for edits in [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]:

@@ -242,7 +242,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         gpus = sim_gpus("pcie-4")
         resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, str(root.path)) == []  # no marker: not served
+        assert gate.filter(resources, str(root.path)).resources == []  # no marker: not served
         root.path.mkdir()
         assert not gate.changed(watcher)  # watches the MPS root, the nearest existing directory
         root.resource_dir(GPU).mkdir(parents=True)
@@ -251,7 +251,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         root.marker(GPU).touch()
         assert watcher.wait(5.0)
         assert gate.changed(watcher)
-        assert [r.name for r in gate.filter(resources, str(root.path))] == [GPU]
+        assert [r.name for r in gate.filter(resources, str(root.path)).resources] == [GPU]
         assert not watcher.wait(0.05)  # nothing else happened
         root.marker(GPU).unlink()
         assert watcher.wait(5.0) and gate.changed(watcher)
@@ -282,7 +282,7 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
         gpus = sim_gpus("pcie-4")
         resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, str(root.path)) == []
+        assert gate.filter(resources, str(root.path)).resources == []
         assert not gate.changed(DaemonRacingWatcher())
         root.marker(GPU).touch()
         assert inner.wait(5.0)

@@ -2,7 +2,9 @@
 to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
 
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes, a stop or reload is requested, or a registration retry is due.
+kubelet's directory changes, a stop or reload is requested, or a registration or CDI retry is due;
+the directories of node facts it serves by (MPS ready markers, device nodes, the CDI spec directory)
+join the same watch, and a change there re-applies the resources.
 Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
 directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
 reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
@@ -20,8 +22,10 @@ from typing import Generic
 from nvdp.cdi import CdiPublisher
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
+from nvdp.misfits import Misfit
 from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.device_nodes import DeviceNodes
 from nvdp.plugin.kubelet_link import KubeletLink
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
@@ -41,7 +45,7 @@ from nvdp.plugin.types import (
     Watcher,
 )
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import Resource
+from nvdp.resources import NodeResources, Resource
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
@@ -96,6 +100,8 @@ class Supervisor(Generic[S]):
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
+        self._device_nodes = DeviceNodes()  # devices only while the nodes answers name exist
+        self._nothing_served_said = False
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -130,8 +136,8 @@ class Supervisor(Generic[S]):
                 if self._rescan.is_set():
                     self._rescan.clear()
                     self._do_rescan()
-                if self._nvml_ok and self._mps.changed(self._watcher):
-                    self._mps_changed()
+                if self._nvml_ok and self._node_facts_changed(self._watcher):
+                    self._apply_node_facts()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 if kubelet_id is None:
                     self._kubelet.kubelet_gone()
@@ -141,7 +147,7 @@ class Supervisor(Generic[S]):
                     retry_in = self._kubelet.register_pending(self.servers, kubelet_id, retry_in)
                 if self._stop.is_set():
                     break
-                self._watcher.wait(retry_in)
+                self._watcher.wait(_sooner(retry_in, self._cdi.retry_in()))
         finally:
             self._shutdown()
 
@@ -168,6 +174,7 @@ class Supervisor(Generic[S]):
         self.servers.clear()
         if self._watcher is not None:
             self._watcher.close()
+        self._cdi.close()  # the specs stay for running containers; the spec directory's lock goes
         if self._dir_claim is not None:
             self._dir_claim.release()
         if self._nvml_ok:
@@ -175,14 +182,23 @@ class Supervisor(Generic[S]):
         log_event(log, logging.INFO, "stopped")
 
     # ---- resources and servers ----------------------------------------------------------------
-    def _build(self, settings: DaemonSettings) -> list[Resource]:
+    def _build(self, settings: DaemonSettings) -> NodeResources:
+        """The resources of the node's devices under `settings`, without those a node fact withholds
+        (MPS daemon not ready, missing device nodes), and every misfit found (each reported)."""
         self.gpus = self._nvml.gpus()
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
         built = settings.resources(self.gpus, minors)
+        self._report("resources", built.misfits)
+        mps = self._mps.filter(built.resources, settings.response.mps_root)
+        self._report("mps", mps.misfits)
+        checked = self._device_nodes.check(mps.resources, settings)
+        self._report("device-nodes", checked.misfits)
+        return NodeResources(checked.resources, (*built.misfits, *mps.misfits, *checked.misfits))
+
+    def _report(self, source: str, misfits: tuple[Misfit, ...]) -> None:
         if self._misfits is not None:
-            self._misfits.update("resources", built.misfits)
-        return self._mps.filter(built.resources, settings.response.mps_root)
+            self._misfits.update(source, misfits)
 
     def _serve(
         self,
@@ -219,12 +235,18 @@ class Supervisor(Generic[S]):
 
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
-        resources = self._build(settings)
+        built = self._build(settings)
+        resources = built.resources
+        cdi_misfits: tuple[Misfit, ...] = ()
         control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
         options = replace(settings.response, control_devices=control_devices)
         if settings.cdi is not None:  # specs on disk before any server registers
             cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
             resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
+            cdi_misfits = cdi.misfits
+        else:
+            self._cdi.close()
+        self._report("cdi", cdi_misfits)
         wanted = {r.name: r for r in resources}
         for name in list(self.servers):
             server = self.servers[name]
@@ -263,13 +285,7 @@ class Supervisor(Generic[S]):
                 socket=str(server.socket_path),
                 sharing=resource.sharing,
             )
-        if not wanted:
-            log_event(
-                log,
-                logging.WARNING,
-                "no devices found on this node; waiting (send SIGHUP to rescan)",
-                gpus=len(self.gpus),
-            )
+        self._say_nothing_served(not wanted, (*built.misfits, *cdi_misfits))
         self.ready.clear()
         if self._health is not None:
             self._health.start(self.gpus, settings.health)
@@ -313,12 +329,43 @@ class Supervisor(Generic[S]):
         if self._observer is not None:
             self._observer.reloaded(True)
 
-    def _mps_changed(self) -> None:
-        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
+    def _say_nothing_served(self, nothing: bool, misfits: tuple[Misfit, ...]) -> None:
+        """Say once (until something is served again) that nothing is served, and why."""
+        if nothing and not self._nothing_served_said:
+            if not self.gpus:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "no devices found on this node; waiting (send SIGHUP to rescan)",
+                    gpus=0,
+                )
+            else:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "nothing served: no device found here fits the config (the warnings above say why)",
+                    gpus=len(self.gpus),
+                    reasons=",".join(sorted({m.reason for m in misfits})) or None,
+                )
+        self._nothing_served_said = nothing
+
+    def _node_facts_changed(self, watcher: Watcher) -> bool:
+        """Watch what the served resources depend on; whether any of it changed (each is asked, so
+        each keeps its watch up to date): an MPS ready marker, a device node, the CDI specs."""
+        changes = [
+            self._mps.changed(watcher),
+            self._device_nodes.changed(watcher),
+            self._cdi.changed(watcher),
+        ]
+        return any(changes)
+
+    def _apply_node_facts(self) -> None:
+        """A node fact the resources depend on changed: serve or withdraw what it concerns (others
+        untouched: a reload by diff)."""
         try:
             self._apply(self.settings)
         except NvdpError as error:
-            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
+            log_event(log, logging.ERROR, "cannot apply a node change", error=str(error))
 
     # ---- read by metrics and /readyz (nvdp.metrics.RegistrationState) --------------------------
     def registrations(self) -> dict[str, bool]:
@@ -351,3 +398,7 @@ class Supervisor(Generic[S]):
         log_event(
             log, logging.INFO, "device layout applied", resources=",".join(sorted(self.servers)) or "none"
         )
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

@@ -22,6 +22,7 @@ IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
 IN_DELETE_SELF = 0x400
 IN_CLOSE_WRITE = 0x8
+IN_MASK_ADD = 0x20000000  # add to a directory's watched events, never drop some another caller asked for
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
@@ -107,12 +108,14 @@ class DirWatcher:
                 changed = True
         return changed
 
-    def add(self, directory: Path) -> bool:
-        """Also wake on changes in `directory` (idempotent). False when it cannot be watched (no
-        inotify: `wait` polls anyway; or the directory is gone)."""
+    def add(self, directory: Path, extra_events: int = 0) -> bool:
+        """Also wake on changes in `directory` (idempotent), and on `extra_events` there (e.g.
+        IN_CLOSE_WRITE). False when it cannot be watched (no inotify: `wait` polls anyway; or the
+        directory is gone)."""
         if self._fd is None or self._libc is None:
             return False
-        return bool(self._libc.inotify_add_watch(self._fd, os.fsencode(directory), _MASK) >= 0)
+        mask = _MASK | extra_events | IN_MASK_ADD
+        return bool(self._libc.inotify_add_watch(self._fd, os.fsencode(directory), mask) >= 0)
 
     def close(self) -> None:
         for fd in (self._fd, self._wake_r, self._wake_w):
