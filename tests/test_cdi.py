@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -28,7 +29,9 @@ from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.plugin.watch import IN_CLOSE_WRITE
 from nvdp.resources import Replication, build_resources
+from nvdp.unusable import Unusable, leave_out
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
 
@@ -319,6 +322,171 @@ def test_mode_without_device_nodes_is_not_offered(tmp_path: Path, publisher: Cdi
     cdi = settings_for(tmp_path / "root", tmp_path / "cdi", modes=("gds",))
     result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == () and len(result.resources) == 1
+
+
+def test_unusable_devices_are_left_out_of_every_resource_replicas_included() -> None:
+    gpus = sim_gpus("dgx-a100-mig")
+    rules = [Replication("nvidia.com/mig-1g.5gb", 2), Replication("nvidia.com/mig-3g.20gb", 3)]
+    resources = build_resources(gpus, mig_strategy="mixed", sharing=rules).resources
+    by_name = {r.name: r for r in resources}
+    small = [d for d in by_name["nvidia.com/mig-1g.5gb"].devices.values() if d.replica == 0]
+    big = [d for d in by_name["nvidia.com/mig-3g.20gb"].devices.values() if d.replica == 0]
+    fact = Unusable("DeviceNodeMissing", "/dev/nvidia0", "/dev/nvidia0 not found under the dev root /")
+    other = Unusable("DeviceNodeMissing", "/dev/nvidia-caps/nvidia-cap9", "nvidia-cap9 not found")
+    gone = {d.uuid: fact for d in small if d.gpu_index == 0} | {d.uuid: other for d in big}
+    result = leave_out(resources, gone)
+    out = {r.name: r for r in result.resources}
+    assert "nvidia.com/mig-3g.20gb" not in out  # every device of it gone: withheld
+    left = out["nvidia.com/mig-1g.5gb"]
+    assert not {d.uuid for d in left.devices.values()} & set(gone)
+    assert len(left.devices) == len(by_name["nvidia.com/mig-1g.5gb"].devices) - 2 * len(
+        gone.keys() & {d.uuid for d in small}
+    )
+    assert set(left.replica_counts) == {d.uuid for d in left.devices.values()} and left.replicas == 2
+    gpu0 = ", ".join(d.index for d in small if d.gpu_index == 0)
+    assert len(big) == 1 and gpu0.count(",") >= 1  # one device said with its uuid, several by index
+    assert [(m.reason, m.message, m.withholds) for m in result.misfits] == [
+        (
+            "DeviceNodeMissing",
+            f"MIG devices {gpu0}: /dev/nvidia0 not found under the dev root /; not advertised",
+            (),
+        ),
+        (
+            "DeviceNodeMissing",
+            f"MIG device {big[0].index} ({big[0].uuid}): nvidia-cap9 not found; not advertised",
+            ("nvidia.com/mig-3g.20gb",),
+        ),
+    ]
+    assert leave_out(resources, {}).resources == resources
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingWatcher:
+    """Records what the publisher watches; the real inotify watch is tested in the process tests."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[Path, int]] = []
+
+    def add(self, directory: Path, extra_events: int = 0) -> bool:
+        self.added.append((directory, extra_events))
+        return True
+
+
+def test_failed_publishes_are_retried_with_capped_backoff(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path
+) -> None:
+    root, gpus = node
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    clock = Clock()
+    publisher = CdiPublisher(clock=clock)
+    cdi = settings_for(root, blocker / "cdi")
+    resources = build_resources(gpus).resources
+    watcher = RecordingWatcher()
+    delays = []
+    for _ in range(7):
+        publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+        delays.append(publisher.retry_in())
+        assert not publisher.changed(watcher)  # not due yet
+        clock.now += delays[-1] or 0
+        assert publisher.changed(watcher)  # due: publish again
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    blocker.unlink()
+    assert publisher.publish(cdi, gpus, resources, DRIVER_VERSION).misfits == ()
+    assert publisher.retry_in() is None and not publisher.changed(watcher)  # all well: no timer
+    assert (blocker / "cdi", IN_CLOSE_WRITE) in watcher.added
+    publisher.close()
+
+
+def test_a_kept_spec_is_written_back_and_our_own_write_is_not_a_change(
+    node: tuple[Path, list[GpuInfo]],
+    tmp_path: Path,
+    publisher: CdiPublisher,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root, gpus = node
+    spec = tmp_path / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"
+    publisher.publish(
+        settings_for(root, tmp_path / "cdi"), gpus, build_resources(gpus).resources, DRIVER_VERSION
+    )
+    ours = spec.read_bytes()
+    watcher = RecordingWatcher()
+    assert not publisher.changed(watcher)
+    os.utime(spec)  # touched, same content: left alone
+    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
+        assert not publisher.changed(watcher)
+        assert caplog.records == []
+        spec.write_bytes(ours + b" ")  # one byte more: not ours (the compare reads len + 1 bytes)
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+        spec.unlink()
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+        os.mkfifo(tmp_path / "fifo")
+        spec.unlink()
+        os.rename(tmp_path / "fifo", spec)  # a FIFO in its place is not waited on: replaced
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+    assert [line.split(" path=")[0] for line in log_lines(caplog)] == [
+        "CDI spec changed under the plugin; written back",
+        "CDI spec removed under the plugin; written back",
+        "CDI spec changed under the plugin; written back",
+    ]
+    caplog.clear()
+    assert not publisher.changed(watcher) and caplog.records == []  # its own write is no change
+
+
+def test_a_spec_that_cannot_be_written_back_asks_for_a_publish(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    cdi = settings_for(root, spec_dir)
+    publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    for name in os.listdir(spec_dir):
+        (spec_dir / name).unlink()
+    spec_dir.rmdir()
+    spec_dir.write_text("")  # the directory replaced by a file
+    assert publisher.changed(RecordingWatcher())  # cannot be kept: publish again
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    assert result.resources == [] and [m.reason for m in result.misfits] == ["CdiSpecNotWritten"]
+
+
+def test_a_second_publisher_on_the_spec_dir_withholds_until_the_first_releases(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    resources = build_resources(gpus).resources
+    publisher.publish(settings_for(root, spec_dir), gpus, resources, DRIVER_VERSION)
+    ours = (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes()
+    second = CdiPublisher()
+    index = settings_for(root, spec_dir, id_strategy="index")
+    result = second.publish(index, gpus, resources, DRIVER_VERSION)
+    lock = spec_dir / ".k8s.device-plugin.nvidia.com.lock"
+    assert result.resources == [] and result.misfits == (
+        Misfit(
+            "CdiSpecDirInUse",
+            str(lock),
+            f"CDI spec directory {spec_dir} is in use by another device plugin (lock {lock} held by "
+            f"pid={os.getpid()} host={socket.gethostname()}); nvidia.com/gpu not advertised until it is "
+            "released",
+            withholds=("nvidia.com/gpu",),
+        ),
+    )
+    assert (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes() == ours
+    watcher = RecordingWatcher()
+    assert not second.changed(watcher)  # still held, retry not due
+    publisher.close()  # removes the lock file: what wakes the second one's watch
+    assert second.changed(watcher)
+    again = second.publish(index, gpus, resources, DRIVER_VERSION)
+    assert again.misfits == () and again.resources == resources
+    assert (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes() != ours
+    second.close()
 
 
 def test_replicas_resolve_to_their_gpu_device() -> None:
