@@ -138,7 +138,7 @@ def test_no_device_node_at_all_withholds_the_resource_and_readyz_says_why(
     assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 8' in get(port, "/metrics")[1]
     lines = warnings(plugin.log())
     assert len(lines) == 9 and lines[-1] == (
-        "nothing served: no device found here fits the config (the warnings above say why) gpus=8 "
+        "nothing served although GPUs were found; the warnings above say why gpus=8 "
         "reasons=DeviceNodeMissing"
     )
     assert "no devices found" not in plugin.log()

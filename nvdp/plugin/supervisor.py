@@ -343,7 +343,7 @@ class Supervisor(Generic[S]):
                 log_event(
                     log,
                     logging.WARNING,
-                    "nothing served: no device found here fits the config (the warnings above say why)",
+                    "nothing served although GPUs were found; the warnings above say why",
                     gpus=len(self.gpus),
                     reasons=",".join(sorted({m.reason for m in misfits})) or None,
                 )
