@@ -67,10 +67,24 @@ def _file_of(name: str) -> str:
     return spec_file_name(name.partition("=")[0])
 
 
+def _settled(path: Path, content: bytes) -> writer.Fingerprint | None:
+    """The fingerprint of the file at `path` when it holds `content` and did not change while it was
+    read; else None, so that the next look compares the content (whoever changed it meanwhile also
+    woke the watch)."""
+    before = writer.fingerprint(path)
+    if before is None or writer.read_bounded(path, len(content)) != content:
+        return None
+    return before if writer.fingerprint(path) == before else None
+
+
+def _withheld(names: Sequence[str]) -> str:
+    return f"{', '.join(names)} not advertised" if names else "no specs written"
+
+
 @dataclass
 class _Kept:
     content: bytes
-    fingerprint: writer.Fingerprint | None  # of the file as last written or checked
+    fingerprint: writer.Fingerprint | None  # of the file when last found to hold `content`
 
 
 class CdiPublisher:
@@ -123,7 +137,7 @@ class CdiPublisher:
                 failed[name] = error.strerror or str(error)
                 continue
             written.add(name)
-            self._kept[spec_dir / name] = _Kept(content, writer.fingerprint(spec_dir / name))
+            self._kept[spec_dir / name] = _Kept(content, _settled(spec_dir / name, content))
             if changed:
                 log_event(log, logging.INFO, "wrote CDI spec", path=str(spec_dir / name), kind=spec["kind"])
         if not failed:
@@ -145,7 +159,7 @@ class CdiPublisher:
                     "CdiSpecNotWritten",
                     str(spec_dir / file),
                     f"cannot write CDI spec {spec_dir / file}: {why}; "
-                    f"{', '.join(withheld) or 'nothing'} not advertised until it can be written (retrying)",
+                    f"{_withheld(withheld)} until it can be written (retrying)",
                     withholds=tuple(withheld),
                 )
             )
@@ -167,7 +181,7 @@ class CdiPublisher:
     def _claim(self, spec_dir: Path, vendor: str, names: list[str]) -> Misfit | None:
         """Take the spec directory's lock: None when held, else the misfit that withholds `names`."""
         path = lock_path(spec_dir, vendor)
-        what = ", ".join(names) or "nothing"
+        what = _withheld(names)
         try:
             writer.ensure_dir(spec_dir)
             holder = self._lock.acquire(path)
@@ -175,8 +189,8 @@ class CdiPublisher:
             return Misfit(
                 "CdiSpecNotWritten",
                 str(spec_dir),
-                f"cannot use CDI spec directory {spec_dir}: {error.strerror or error}; {what} not "
-                "advertised until it can be written (retrying)",
+                f"cannot use CDI spec directory {spec_dir}: {error.strerror or error}; {what} until it "
+                "can be written (retrying)",
                 withholds=tuple(names),
             )
         if holder is None:
@@ -186,7 +200,7 @@ class CdiPublisher:
             "CdiSpecDirInUse",
             str(path),
             f"CDI spec directory {spec_dir} is in use by another device plugin (lock {path} held by "
-            f"{holder}); {what} not advertised until it is released",
+            f"{holder}); {what} until it is released",
             withholds=tuple(names),
         )
 
@@ -270,7 +284,7 @@ class CdiPublisher:
                     error=error.strerror or str(error),
                 )
                 return False
-            kept.fingerprint = writer.fingerprint(spec)
+            kept.fingerprint = _settled(spec, kept.content)
             log_event(log, logging.WARNING, f"CDI spec {what} under the plugin; written back", path=str(spec))
         return True
 
