@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -487,6 +489,48 @@ def test_a_second_publisher_on_the_spec_dir_withholds_until_the_first_releases(
     assert again.misfits == () and again.resources == resources
     assert (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes() != ours
     second.close()
+
+
+def test_a_lock_holder_killed_without_removing_its_file_is_taken_over_at_the_next_retry(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(spec_dir / ".k8s.device-plugin.nvidia.com.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        clock = Clock()
+        publisher = CdiPublisher(clock=clock)
+        cdi = settings_for(root, spec_dir)
+        resources = build_resources(gpus).resources
+        [misfit] = publisher.publish(cdi, gpus, resources, DRIVER_VERSION).misfits
+        assert misfit.reason == "CdiSpecDirInUse" and f"held by pid={holder.pid} host=" in misfit.message
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the flock, the file stays
+        holder.wait(10)
+    watcher = RecordingWatcher()
+    assert not publisher.changed(watcher)  # the file is still there: nothing woke
+    clock.now += publisher.retry_in() or 0
+    assert publisher.changed(watcher)
+    assert publisher.publish(cdi, gpus, resources, DRIVER_VERSION).resources == resources
+    assert (spec_dir / ".k8s.device-plugin.nvidia.com.lock").read_text().startswith(f"pid={os.getpid()} ")
+    publisher.close()
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from nvdp.cdi.lock import SpecDirLock
+lock = SpecDirLock()
+assert lock.acquire(Path(sys.argv[1])) is None
+print("held", flush=True)
+time.sleep(60)
+"""
 
 
 def test_replicas_resolve_to_their_gpu_device() -> None:
