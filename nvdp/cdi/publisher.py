@@ -72,7 +72,7 @@ def _settled(path: Path, content: bytes) -> writer.Fingerprint | None:
     read; else None, so that the next look compares the content (whoever changed it meanwhile also
     woke the watch)."""
     before = writer.fingerprint(path)
-    if before is None or writer.read_bounded(path, len(content)) != content:
+    if before is None or writer.read_spec(path, len(content)) != content:
         return None
     return before if writer.fingerprint(path) == before else None
 
@@ -269,7 +269,7 @@ class CdiPublisher:
             now = writer.fingerprint(spec)
             if now is not None and now == kept.fingerprint:
                 continue
-            if now is not None and writer.read_bounded(spec, len(kept.content)) == kept.content:
+            if now is not None and writer.read_spec(spec, len(kept.content)) == kept.content:
                 kept.fingerprint = now  # touched, or written again with the same content
                 continue
             what = "removed" if now is None else "changed"

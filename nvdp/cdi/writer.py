@@ -22,7 +22,7 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     the directory. Returns False (and writes nothing) when the file already holds `content`.
     Raises OSError when the directory cannot be created or written."""
     target = directory / name
-    if read_bounded(target, len(content)) == content:
+    if read_spec(target, len(content)) == content:
         return False
     ensure_dir(directory)
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -41,7 +41,7 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     return True
 
 
-def read_bounded(path: Path, limit: int) -> bytes | None:
+def read_spec(path: Path, limit: int) -> bytes | None:
     """At most `limit` + 1 bytes of the regular file at `path` (so a longer file never compares
     equal to `limit` bytes); None when it is missing, a symlink, not a regular file (a FIFO is not
     waited on) or unreadable."""
