@@ -19,14 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Generic
 
-from nvdp.cdi import CdiPublisher
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
-from nvdp.misfits import Misfit
-from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.plugin.device_nodes import DeviceNodes
 from nvdp.plugin.kubelet_link import KubeletLink
+from nvdp.plugin.node_gates import NodeGates
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
@@ -81,13 +78,12 @@ class Supervisor(Generic[S]):
         self._reload_source = reload
         self._make_server = make_server
         self._node_facts = node_facts
-        self._cdi = CdiPublisher()
         self._make_watcher = watcher
         self._socket_id = socket_id
         self._allocator_factory = allocator_factory
         self._health = health
         self._observer = observer
-        self._misfits = misfits
+        self._gates = NodeGates(misfits)  # node facts that withhold devices: MPS, device nodes, CDI
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
         self._stop = threading.Event()
@@ -99,9 +95,6 @@ class Supervisor(Generic[S]):
         self._kubelet = KubeletLink(settings.kubelet_socket, register, ready=self.ready, observer=observer)
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
-        self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
-        self._device_nodes = DeviceNodes()  # devices only while the nodes answers name exist
-        self._nothing_served_said = False
 
     # ---- requests from signal handlers / other threads ----------------------------------------
     def request_stop(self) -> None:
@@ -136,7 +129,7 @@ class Supervisor(Generic[S]):
                 if self._rescan.is_set():
                     self._rescan.clear()
                     self._do_rescan()
-                if self._nvml_ok and self._node_facts_changed(self._watcher):
+                if self._nvml_ok and self._gates.changed(self._watcher):
                     self._apply_node_facts()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 if kubelet_id is None:
@@ -147,7 +140,7 @@ class Supervisor(Generic[S]):
                     retry_in = self._kubelet.register_pending(self.servers, kubelet_id, retry_in)
                 if self._stop.is_set():
                     break
-                self._watcher.wait(_sooner(retry_in, self._cdi.retry_in()))
+                self._watcher.wait(_sooner(retry_in, self._gates.retry_in()))
         finally:
             self._shutdown()
 
@@ -174,7 +167,7 @@ class Supervisor(Generic[S]):
         self.servers.clear()
         if self._watcher is not None:
             self._watcher.close()
-        self._cdi.close()  # the specs stay for running containers; the spec directory's lock goes
+        self._gates.close()
         if self._dir_claim is not None:
             self._dir_claim.release()
         if self._nvml_ok:
@@ -189,16 +182,9 @@ class Supervisor(Generic[S]):
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
         built = settings.resources(self.gpus, minors)
-        self._report("resources", built.misfits)
-        mps = self._mps.filter(built.resources, settings.response.mps_root)
-        self._report("mps", mps.misfits)
-        checked = self._device_nodes.check(mps.resources, settings)
-        self._report("device-nodes", checked.misfits)
-        return NodeResources(checked.resources, (*built.misfits, *mps.misfits, *checked.misfits))
-
-    def _report(self, source: str, misfits: tuple[Misfit, ...]) -> None:
-        if self._misfits is not None:
-            self._misfits.update(source, misfits)
+        self._gates.report("resources", built.misfits)
+        admitted = self._gates.admit(settings, built.resources)
+        return NodeResources(admitted.resources, (*built.misfits, *admitted.misfits))
 
     def _serve(
         self,
@@ -236,17 +222,11 @@ class Supervisor(Generic[S]):
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         built = self._build(settings)
-        resources = built.resources
-        cdi_misfits: tuple[Misfit, ...] = ()
         control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
         options = replace(settings.response, control_devices=control_devices)
-        if settings.cdi is not None:  # specs on disk before any server registers
-            cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
-            resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
-            cdi_misfits = cdi.misfits
-        else:
-            self._cdi.close()
-        self._report("cdi", cdi_misfits)
+        resources, options, cdi_misfits = self._gates.publish(  # specs on disk before any registers
+            settings, self.gpus, built.resources, options, self._nvml.driver_version
+        )
         wanted = {r.name: r for r in resources}
         for name in list(self.servers):
             server = self.servers[name]
@@ -285,7 +265,7 @@ class Supervisor(Generic[S]):
                 socket=str(server.socket_path),
                 sharing=resource.sharing,
             )
-        self._say_nothing_served(not wanted, (*built.misfits, *cdi_misfits))
+        self._gates.say_nothing_served(not wanted, len(self.gpus), (*built.misfits, *cdi_misfits))
         self.ready.clear()
         if self._health is not None:
             self._health.start(self.gpus, settings.health)
@@ -328,36 +308,6 @@ class Supervisor(Generic[S]):
         log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.servers)) or "none")
         if self._observer is not None:
             self._observer.reloaded(True)
-
-    def _say_nothing_served(self, nothing: bool, misfits: tuple[Misfit, ...]) -> None:
-        """Say once (until something is served again) that nothing is served, and why."""
-        if nothing and not self._nothing_served_said:
-            if not self.gpus:
-                log_event(
-                    log,
-                    logging.WARNING,
-                    "no devices found on this node; waiting (send SIGHUP to rescan)",
-                    gpus=0,
-                )
-            else:
-                log_event(
-                    log,
-                    logging.WARNING,
-                    "nothing served although GPUs were found; the warnings above say why",
-                    gpus=len(self.gpus),
-                    reasons=",".join(sorted({m.reason for m in misfits})) or None,
-                )
-        self._nothing_served_said = nothing
-
-    def _node_facts_changed(self, watcher: Watcher) -> bool:
-        """Watch what the served resources depend on; whether any of it changed (each is asked, so
-        each keeps its watch up to date): an MPS ready marker, a device node, the CDI specs."""
-        changes = [
-            self._mps.changed(watcher),
-            self._device_nodes.changed(watcher),
-            self._cdi.changed(watcher),
-        ]
-        return any(changes)
 
     def _apply_node_facts(self) -> None:
         """A node fact the resources depend on changed: serve or withdraw what it concerns (others
