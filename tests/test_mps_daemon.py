@@ -151,7 +151,10 @@ def test_missing_binary_is_said_in_the_status_file_and_the_gpus_stay_as_they_are
         assert set(nvml.compute_modes.values()) <= {ComputeMode.DEFAULT} and not root.marker(GPU).exists()
         standin = Standin(state)  # the binary appears (a driver container finished installing)
         wait_until(lambda: root.marker(GPU).exists(), timeout=10, what="ready marker")
-        assert not root.status(GPU).exists() and standin.commands()[0] == "-d"
+        wait_until(
+            lambda: not root.status(GPU).exists(), timeout=10, what="status removed (after the marker)"
+        )
+        assert standin.commands()[0] == "-d"
         standin.fail_start(100)
         standin.kill_daemon(root.pipe_dir(GPU))
         failing = (
