@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -25,9 +28,12 @@ from nvdp.config import Config
 from nvdp.devices import parse_mig_minors
 from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
+from nvdp.plugin.watch import IN_CLOSE_WRITE
 from nvdp.resources import Replication, build_resources
+from nvdp.unusable import Unusable, leave_out
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
 
@@ -195,6 +201,11 @@ def node(tmp_path: Path) -> tuple[Path, list[GpuInfo]]:
     return tmp_path / "root", gpus
 
 
+def specs(spec_dir: Path) -> list[str]:
+    """The spec files in `spec_dir` (not the lock file beside them)."""
+    return sorted(n for n in os.listdir(spec_dir) if not n.startswith("."))
+
+
 def settings_for(root: Path, spec_dir: Path, **overrides: Any) -> CdiSettings:
     base = CdiSettings(
         spec_dir=str(spec_dir),
@@ -219,49 +230,72 @@ def test_publish_writes_once_and_keeps_unchanged_files(
         before = spec.stat()
         again = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
     assert result.resources == resources == again.resources
-    assert sorted(os.listdir(spec_dir)) == ["k8s.device-plugin.nvidia.com-gpu.json"]  # no temp file left
+    assert result.misfits == again.misfits == () and publisher.retry_in() is None
+    lock = spec_dir / ".k8s.device-plugin.nvidia.com.lock"  # no temp file left; the lock held meanwhile
+    assert sorted(os.listdir(spec_dir)) == [lock.name, "k8s.device-plugin.nvidia.com-gpu.json"]
+    assert lock.read_text().startswith(f"pid={os.getpid()} host=") and lock.stat().st_mode & 0o777 == 0o600
     after = spec.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert log_lines(caplog).count(f"wrote CDI spec path={spec} kind=k8s.device-plugin.nvidia.com/gpu") == 1
     assert oct(after.st_mode & 0o777) == "0o644"
+    publisher.close()
+    assert os.listdir(spec_dir) == [spec.name]  # the specs stay, the lock goes
 
 
-def test_unwritable_spec_dir_is_one_error_and_nothing_advertised(
-    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+def publisher() -> Iterator[CdiPublisher]:
+    publisher = CdiPublisher()
+    yield publisher
+    publisher.close()
+
+
+def test_unwritable_spec_dir_withholds_every_resource_and_is_retried(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
 ) -> None:
     root, gpus = node
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     cdi = settings_for(root, blocker / "cdi")
-    with caplog.at_level(logging.ERROR, logger="nvdp.cdi"):
-        result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.resources == []
-    assert log_lines(caplog) == [
-        "cannot write CDI spec; resources that need it are not advertised "
-        f'path={blocker}/cdi/k8s.device-plugin.nvidia.com-gpu.json error="Not a directory" '
-        "resources=nvidia.com/gpu"
-    ]
+    assert result.misfits == (
+        Misfit(
+            "CdiSpecNotWritten",
+            f"{blocker}/cdi",
+            f"cannot use CDI spec directory {blocker}/cdi: Not a directory; nvidia.com/gpu not advertised "
+            "until it can be written (retrying)",
+            withholds=("nvidia.com/gpu",),
+        ),
+    )
+    assert publisher.retry_in() == pytest.approx(0.5, abs=0.1)  # and then 1, 2, ... up to 10 s
+    blocker.unlink()
+    blocker.mkdir()
+    again = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    assert again.misfits == () and len(again.resources) == 1 and publisher.retry_in() is None
 
 
-def test_device_with_missing_node_takes_only_its_resource_off(
-    node: tuple[Path, list[GpuInfo]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_device_missing_from_the_spec_is_left_out_of_its_resources(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
 ) -> None:
     root, gpus = node
     (root / "dev/nvidia3").unlink()
     resources = build_resources(
-        gpus,
-        gpu_patterns=[],
-        sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))],
+        gpus, sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))]
     ).resources
     assert [r.name for r in resources] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
-    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
-        result = CdiPublisher().publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
-    assert [r.name for r in result.resources] == ["nvidia.com/gpu"]
-    assert log_lines(caplog) == [
-        f'CDI spec entry left out problem="device {gpus[3].uuid}: /dev/nvidia3 not found under the dev root"',
-        "not advertising resource: its CDI devices are not in the spec resource=nvidia.com/gpu.shared "
-        f'missing="k8s.device-plugin.nvidia.com/gpu={gpus[3].uuid}"',
-    ]
+    result = publisher.publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
+    assert [(r.name, len(r.devices)) for r in result.resources] == [("nvidia.com/gpu", 3)]
+    assert result.resources[0] == resources[0]
+    name = f"k8s.device-plugin.nvidia.com/gpu={gpus[3].uuid}"
+    assert result.misfits == (
+        Misfit(
+            "CdiDeviceNotInSpec",
+            name,
+            f"GPU 3 ({gpus[3].uuid}): not in the CDI spec (/dev/nvidia3 not found under the dev root); "
+            "not advertised",
+            withholds=("nvidia.com/gpu.shared",),
+        ),
+    )
 
 
 def test_modes_and_imex_names_and_stale_spec_removed(
@@ -270,26 +304,233 @@ def test_modes_and_imex_names_and_stale_spec_removed(
     root, gpus = node
     spec_dir = tmp_path / "cdi"
     on = settings_for(root, spec_dir, modes=("gds", "mofed", "gdrcopy"), imex_channels=(0,))
-    result = CdiPublisher().publish(on, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    publisher = CdiPublisher()
+    result = publisher.publish(on, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == (
         "k8s.device-plugin.nvidia.com/gds=all",
         "k8s.device-plugin.nvidia.com/mofed=all",
         "k8s.device-plugin.nvidia.com/gdrcopy=all",
         "k8s.device-plugin.nvidia.com/imex-channel=channel0",
     )
-    assert len(os.listdir(spec_dir)) == 5
-    CdiPublisher().publish(
-        settings_for(root, spec_dir), gpus, build_resources(gpus).resources, DRIVER_VERSION
-    )
+    assert len(specs(spec_dir)) == 5
+    publisher.publish(settings_for(root, spec_dir), gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    publisher.close()
     assert os.listdir(spec_dir) == ["k8s.device-plugin.nvidia.com-gpu.json"]
 
 
-def test_mode_without_device_nodes_is_not_offered(tmp_path: Path) -> None:
+def test_mode_without_device_nodes_is_not_offered(tmp_path: Path, publisher: CdiPublisher) -> None:
     gpus = sim_gpus("pcie-4")
     make_node(tmp_path / "root", gpus)
     cdi = settings_for(tmp_path / "root", tmp_path / "cdi", modes=("gds",))
-    result = CdiPublisher().publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
     assert result.extra_names == () and len(result.resources) == 1
+
+
+def test_unusable_devices_are_left_out_of_every_resource_replicas_included() -> None:
+    gpus = sim_gpus("dgx-a100-mig")
+    rules = [Replication("nvidia.com/mig-1g.5gb", 2), Replication("nvidia.com/mig-3g.20gb", 3)]
+    resources = build_resources(gpus, mig_strategy="mixed", sharing=rules).resources
+    by_name = {r.name: r for r in resources}
+    small = [d for d in by_name["nvidia.com/mig-1g.5gb"].devices.values() if d.replica == 0]
+    big = [d for d in by_name["nvidia.com/mig-3g.20gb"].devices.values() if d.replica == 0]
+    fact = Unusable("DeviceNodeMissing", "/dev/nvidia0", "/dev/nvidia0 not found under the dev root /")
+    other = Unusable("DeviceNodeMissing", "/dev/nvidia-caps/nvidia-cap9", "nvidia-cap9 not found")
+    gone = {d.uuid: fact for d in small if d.gpu_index == 0} | {d.uuid: other for d in big}
+    result = leave_out(resources, gone)
+    out = {r.name: r for r in result.resources}
+    assert "nvidia.com/mig-3g.20gb" not in out  # every device of it gone: withheld
+    left = out["nvidia.com/mig-1g.5gb"]
+    assert not {d.uuid for d in left.devices.values()} & set(gone)
+    assert len(left.devices) == len(by_name["nvidia.com/mig-1g.5gb"].devices) - 2 * len(
+        gone.keys() & {d.uuid for d in small}
+    )
+    assert set(left.replica_counts) == {d.uuid for d in left.devices.values()} and left.replicas == 2
+    gpu0 = ", ".join(d.index for d in small if d.gpu_index == 0)
+    assert len(big) == 1 and gpu0.count(",") >= 1  # one device said with its uuid, several by index
+    assert [(m.reason, m.message, m.withholds) for m in result.misfits] == [
+        (
+            "DeviceNodeMissing",
+            f"MIG devices {gpu0}: /dev/nvidia0 not found under the dev root /; not advertised",
+            (),
+        ),
+        (
+            "DeviceNodeMissing",
+            f"MIG device {big[0].index} ({big[0].uuid}): nvidia-cap9 not found; not advertised",
+            ("nvidia.com/mig-3g.20gb",),
+        ),
+    ]
+    assert leave_out(resources, {}).resources == resources
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingWatcher:
+    """Records what the publisher watches; the real inotify watch is tested in the process tests."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[Path, int]] = []
+
+    def add(self, directory: Path, extra_events: int = 0) -> bool:
+        self.added.append((directory, extra_events))
+        return True
+
+
+def test_failed_publishes_are_retried_with_capped_backoff(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path
+) -> None:
+    root, gpus = node
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    clock = Clock()
+    publisher = CdiPublisher(clock=clock)
+    cdi = settings_for(root, blocker / "cdi")
+    resources = build_resources(gpus).resources
+    watcher = RecordingWatcher()
+    delays = []
+    for _ in range(7):
+        publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+        delays.append(publisher.retry_in())
+        assert not publisher.changed(watcher)  # not due yet
+        clock.now += delays[-1] or 0
+        assert publisher.changed(watcher)  # due: publish again
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    blocker.unlink()
+    assert publisher.publish(cdi, gpus, resources, DRIVER_VERSION).misfits == ()
+    assert publisher.retry_in() is None and not publisher.changed(watcher)  # all well: no timer
+    assert (blocker / "cdi", IN_CLOSE_WRITE) in watcher.added
+    publisher.close()
+
+
+def test_a_kept_spec_is_written_back_and_our_own_write_is_not_a_change(
+    node: tuple[Path, list[GpuInfo]],
+    tmp_path: Path,
+    publisher: CdiPublisher,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root, gpus = node
+    spec = tmp_path / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"
+    publisher.publish(
+        settings_for(root, tmp_path / "cdi"), gpus, build_resources(gpus).resources, DRIVER_VERSION
+    )
+    ours = spec.read_bytes()
+    watcher = RecordingWatcher()
+    assert not publisher.changed(watcher)
+    os.utime(spec)  # touched, same content: left alone
+    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
+        assert not publisher.changed(watcher)
+        assert caplog.records == []
+        spec.write_bytes(ours + b" ")  # one byte more: not ours (the compare reads len + 1 bytes)
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+        spec.unlink()
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+        os.mkfifo(tmp_path / "fifo")
+        spec.unlink()
+        os.rename(tmp_path / "fifo", spec)  # a FIFO in its place is not waited on: replaced
+        assert not publisher.changed(watcher) and spec.read_bytes() == ours
+    assert [line.split(" path=")[0] for line in log_lines(caplog)] == [
+        "CDI spec changed under the plugin; written back",
+        "CDI spec removed under the plugin; written back",
+        "CDI spec changed under the plugin; written back",
+    ]
+    caplog.clear()
+    assert not publisher.changed(watcher) and caplog.records == []  # its own write is no change
+
+
+def test_a_spec_that_cannot_be_written_back_asks_for_a_publish(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    cdi = settings_for(root, spec_dir)
+    publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    for name in os.listdir(spec_dir):
+        (spec_dir / name).unlink()
+    spec_dir.rmdir()
+    spec_dir.write_text("")  # the directory replaced by a file
+    assert publisher.changed(RecordingWatcher())  # cannot be kept: publish again
+    result = publisher.publish(cdi, gpus, build_resources(gpus).resources, DRIVER_VERSION)
+    assert result.resources == [] and [m.reason for m in result.misfits] == ["CdiSpecNotWritten"]
+
+
+def test_a_second_publisher_on_the_spec_dir_withholds_until_the_first_releases(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path, publisher: CdiPublisher
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    resources = build_resources(gpus).resources
+    publisher.publish(settings_for(root, spec_dir), gpus, resources, DRIVER_VERSION)
+    ours = (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes()
+    second = CdiPublisher()
+    index = settings_for(root, spec_dir, id_strategy="index")
+    result = second.publish(index, gpus, resources, DRIVER_VERSION)
+    lock = spec_dir / ".k8s.device-plugin.nvidia.com.lock"
+    assert result.resources == [] and result.misfits == (
+        Misfit(
+            "CdiSpecDirInUse",
+            str(lock),
+            f"CDI spec directory {spec_dir} is in use by another device plugin (lock {lock} held by "
+            f"pid={os.getpid()} host={socket.gethostname()}); nvidia.com/gpu not advertised until it is "
+            "released",
+            withholds=("nvidia.com/gpu",),
+        ),
+    )
+    assert (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes() == ours
+    watcher = RecordingWatcher()
+    assert not second.changed(watcher)  # still held, retry not due
+    publisher.close()  # removes the lock file: what wakes the second one's watch
+    assert second.changed(watcher)
+    again = second.publish(index, gpus, resources, DRIVER_VERSION)
+    assert again.misfits == () and again.resources == resources
+    assert (spec_dir / "k8s.device-plugin.nvidia.com-gpu.json").read_bytes() != ours
+    second.close()
+
+
+def test_a_lock_holder_killed_without_removing_its_file_is_taken_over_at_the_next_retry(
+    node: tuple[Path, list[GpuInfo]], tmp_path: Path
+) -> None:
+    root, gpus = node
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(spec_dir / ".k8s.device-plugin.nvidia.com.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        clock = Clock()
+        publisher = CdiPublisher(clock=clock)
+        cdi = settings_for(root, spec_dir)
+        resources = build_resources(gpus).resources
+        [misfit] = publisher.publish(cdi, gpus, resources, DRIVER_VERSION).misfits
+        assert misfit.reason == "CdiSpecDirInUse" and f"held by pid={holder.pid} host=" in misfit.message
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the flock, the file stays
+        holder.wait(10)
+    watcher = RecordingWatcher()
+    assert not publisher.changed(watcher)  # the file is still there: nothing woke
+    clock.now += publisher.retry_in() or 0
+    assert publisher.changed(watcher)
+    assert publisher.publish(cdi, gpus, resources, DRIVER_VERSION).resources == resources
+    assert (spec_dir / ".k8s.device-plugin.nvidia.com.lock").read_text().startswith(f"pid={os.getpid()} ")
+    publisher.close()
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from nvdp.cdi.lock import SpecDirLock
+lock = SpecDirLock()
+assert lock.acquire(Path(sys.argv[1])) is None
+print("held", flush=True)
+time.sleep(60)
+"""
 
 
 def test_replicas_resolve_to_their_gpu_device() -> None:
@@ -430,10 +671,12 @@ def test_every_answer_name_resolves_in_written_specs(
             imex_channels=(0,) if imex else (),
             gpu_kind=kind,
         )
-        result = CdiPublisher().publish(cdi, gpus, resources, DRIVER_VERSION)
+        publisher = CdiPublisher()
+        result = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
+        publisher.close()
         assert result.resources == resources
         defined: set[str] = set()
-        for name in os.listdir(spec_dir):
+        for name in specs(Path(spec_dir)):
             spec = json.loads((Path(spec_dir) / name).read_text())
             defined |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
             for edits in [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]:

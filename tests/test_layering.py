@@ -46,6 +46,7 @@ PURE = {
     "nvdp.nvml.types",
     "nvdp.plugin.responses",
     "nvdp.resources",
+    "nvdp.unusable",
 }
 FOUNDATIONS = {"nvdp", "nvdp.errors", "nvdp.logs", "nvdp.api", f"{GENERATED}.api_pb2", GENERATED}
 

@@ -6,6 +6,7 @@ process for SIGHUP / SIGTERM."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from nvdp.mps.command import node_plans
 from nvdp.mps.controller import MpsController
 from nvdp.mps.layout import MpsRoot
 from nvdp.mps.plan import DaemonPlan, restart_delay
+from nvdp.mps.status import read_status, write_status
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
 from nvdp.nvml.types import ComputeMode
@@ -121,6 +123,62 @@ def test_health_failure_removes_marker_and_restarts_with_capped_backoff(
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert all(gap >= want * 0.9 for gap, want in zip(gaps, delays[1:], strict=True)), gaps
     assert standin.commands()[-len(LIMITS4) :] == LIMITS4  # limits sent again before the marker
+
+
+def test_missing_binary_is_said_in_the_status_file_and_the_gpus_stay_as_they_are(tmp_path: Path) -> None:
+    """No `nvidia-cuda-mps-control` on PATH: the reason goes where the plugin reads it, the GPUs are not
+    made EXCLUSIVE_PROCESS for a daemon that cannot run; once the binary is there, it starts."""
+    nvml = open_nvml("sim:pcie-4")
+    assert isinstance(nvml, SimNvml)
+    nvml.init()
+    root = MpsRoot(tmp_path / "mps")
+    state = tmp_path / "standin"
+    environ = {"PATH": str(state / "bin"), "MPS_STANDIN_DIR": str(state)}  # nothing there yet
+    controller = MpsController(
+        nvml,
+        root,
+        lambda: plans_for(MPS4, nvml),
+        environ,
+        health_interval=0.1,
+        backoff_base=0.1,
+        backoff_cap=0.2,
+    )
+    thread = threading.Thread(target=controller.run, args=(plans_for(MPS4, nvml),), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: read_status(root.status(GPU)) is not None, timeout=10, what="status file")
+        assert read_status(root.status(GPU)) == "nvidia-cuda-mps-control not found"
+        assert set(nvml.compute_modes.values()) <= {ComputeMode.DEFAULT} and not root.marker(GPU).exists()
+        standin = Standin(state)  # the binary appears (a driver container finished installing)
+        wait_until(lambda: root.marker(GPU).exists(), timeout=10, what="ready marker")
+        wait_until(
+            lambda: not root.status(GPU).exists(), timeout=10, what="status removed (after the marker)"
+        )
+        assert standin.commands()[0] == "-d"
+        standin.fail_start(100)
+        standin.kill_daemon(root.pipe_dir(GPU))
+        failing = (
+            "MPS daemon failed to start: nvidia-cuda-mps-control: start the MPS control daemon failed with "
+            "exit status 1: stand-in: told to fail -d"
+        )
+        wait_until(lambda: read_status(root.status(GPU)) == failing, timeout=10, what="the start failure")
+    finally:
+        controller.request_stop()
+        thread.join(10)
+        nvml.shutdown()
+    assert not root.status(GPU).exists()  # nothing to say once stopped
+
+
+def test_status_file_is_one_bounded_printable_line(tmp_path: Path) -> None:
+    path = tmp_path / ".status"
+    write_status(path, "line one\x1b[31m\nline two " + "x" * 1000)
+    assert read_status(path) == ("line one[31mline two " + "x" * 1000)[:297] + "..."
+    path.write_bytes(b"\xff" * 10_000)
+    assert read_status(path) == "\ufffd" * 297 + "..."
+    path.unlink()
+    os.mkfifo(path)
+    assert read_status(path) is None  # not a regular file: not waited on
+    assert read_status(tmp_path / "missing") is None
 
 
 def test_restart_delay_is_exponential_and_capped() -> None:

@@ -9,6 +9,8 @@ import argparse
 import json
 import signal
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -20,7 +22,7 @@ from nvdp.kubelet import Kubelet
 from nvdp.mps.layout import MpsRoot
 from nvdp.mps.plan import node_misfits
 from nvdp.resources import Replication, build_resources
-from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from nvdp.testing import Process, clean_env, free_port, start_plugin, wait_until
 from tests.mps_standin import Standin
 from tests.sim import sim_gpus
 
@@ -96,6 +98,59 @@ def test_advertised_only_while_the_control_daemon_is_ready(
         if daemon is not None:
             daemon.stop()
     assert "Traceback" not in plugin.log() + (daemon.log() if daemon else "")
+
+
+def test_a_daemon_that_cannot_start_is_named_by_the_plugin_and_readyz(
+    sock_dir: Path, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """Issue 17 case 12: no `nvidia-cuda-mps-control` on the node. The plugin says why the resource is
+    not served (first that no marker is there yet, then the daemon's reason), and is not ready."""
+    root = MpsRoot(tmp_path / "mps")
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(MPS4)
+    plugin = start_plugin(
+        sock_dir,
+        "sim:pcie-4",
+        config_file=config,
+        metrics_address=f"127.0.0.1:{port}",
+        extra=["--mps-root", str(root.path)],
+    )
+    daemon_argv = [sys.executable, "-m", "nvdp.cli", "mps-control-daemon", "--nvml", "sim:pcie-4"]
+    daemon_argv += ["--config-file", str(config), "--mps-root", str(root.path)]
+    no_binary = clean_env({"PATH": str(tmp_path / "empty-bin")})
+    daemon: Process | None = None
+    waiting = f"{GPU}: waiting for the MPS control daemon"
+    try:
+        starting = (
+            f"{waiting} (no ready marker at {root.marker(GPU)}); not advertised reason=MpsDaemonNotReady"
+        )
+        wait_until(lambda: starting in plugin.log(), 20, "the waiting line")
+        daemon = Process(daemon_argv, tmp_path / "daemon.log", no_binary)
+        why = f"{waiting}: nvidia-cuda-mps-control not found; not advertised"
+        wait_until(lambda: f"{why} reason=MpsDaemonNotReady" in plugin.log(), 20, "the reason")
+        wait_until(
+            lambda: get(port, "/readyz") == (503, f"withheld by a node fact: {GPU} ({why})\n"), 10, "/readyz"
+        )
+        assert 'nvdp_node_misfits{reason="MpsDaemonNotReady"} 1' in get(port, "/metrics")[1]
+        assert GPU not in kubelet.resources() and "no devices found" not in plugin.log()
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(10) == 0
+        wait_until(lambda: plugin.log().count(starting) == 2, 10, "back to waiting for a marker")
+    finally:
+        plugin.stop()
+        if daemon is not None:
+            daemon.stop()
+    assert plugin.log().count(why) == 1  # retried by the daemon, said once
+    assert "Traceback" not in plugin.log() + (daemon.log() if daemon else "")
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def test_per_container_limits_follow_the_replicas_received(
@@ -242,7 +297,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         gpus = sim_gpus("pcie-4")
         resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, str(root.path)) == []  # no marker: not served
+        assert gate.filter(resources, str(root.path)).resources == []  # no marker: not served
         root.path.mkdir()
         assert not gate.changed(watcher)  # watches the MPS root, the nearest existing directory
         root.resource_dir(GPU).mkdir(parents=True)
@@ -251,7 +306,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
         root.marker(GPU).touch()
         assert watcher.wait(5.0)
         assert gate.changed(watcher)
-        assert [r.name for r in gate.filter(resources, str(root.path))] == [GPU]
+        assert [r.name for r in gate.filter(resources, str(root.path)).resources] == [GPU]
         assert not watcher.wait(0.05)  # nothing else happened
         root.marker(GPU).unlink()
         assert watcher.wait(5.0) and gate.changed(watcher)
@@ -282,7 +337,7 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
         gpus = sim_gpus("pcie-4")
         resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
-        assert gate.filter(resources, str(root.path)) == []
+        assert gate.filter(resources, str(root.path)).resources == []
         assert not gate.changed(DaemonRacingWatcher())
         root.marker(GPU).touch()
         assert inner.wait(5.0)

@@ -110,9 +110,10 @@ def test_sigterm_stops_within_two_seconds_and_removes_sockets(
 def test_index_strategy_and_device_specs(sock_dir: Path, kubelet: Kubelet, tmp_path: Path) -> None:
     dev_root = tmp_path / "host"
     (dev_root / "dev").mkdir(parents=True)
-    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        (dev_root / "dev" / name).touch()
     gpus = sim_gpus("dgx-a100")
+    # the device specs name these nodes, so a GPU is served only while its node exists
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{g.minor}" for g in gpus)):
+        (dev_root / "dev" / name).touch()
     args = ["--device-id-strategy", "index", "--pass-device-specs", "--nvidia-dev-root", str(dev_root)]
     with start_plugin(sock_dir, extra=args):
         kubelet.wait_for_registration(GPU, timeout=20)

@@ -1,6 +1,7 @@
 """CDI specs for the devices the plugin hands out: a pure builder (`spec`), a driver-root scan
-(`scan`), an atomic writer (`writer`) and the glue the supervisor calls (`publisher`); CDI names and
-settings (`names`, pure) and their mapping from the resolved config (`settings`)."""
+(`scan`), an atomic writer (`writer`), the spec directory's lock (`lock`) and the glue the supervisor
+calls (`publisher`: claim, write, keep, retry); CDI names and settings (`names`, pure) and their
+mapping from the resolved config (`settings`)."""
 
 from nvdp.cdi.names import (
     CDI_VERSION,

@@ -1,37 +1,60 @@
-"""The supervisor's hook: scan, build, write the specs, and say which resources may be advertised.
+"""The supervisor's hook: claim the spec directory, scan, build, write and keep the specs, and say
+which devices may be advertised.
 
-Called before servers start (so before the first registration) and on every re-enumeration
-(SIGHUP, MIG re-partition). A resource is advertised only when every CDI name its Allocate
-answers can carry is defined in a spec that is on disk: a spec that cannot be written takes the
-resources that need it off the node with one error line, never an answer that does not resolve.
-Specs are left in place on stop: running containers may still be resolved through them.
+Called before servers start (so before the first registration) and on every apply (SIGHUP, a MIG
+re-partition, a device node that came, a retry). A device is advertised only when every CDI name its
+Allocate answers can carry is defined in a spec that is on disk; what keeps one from it is a misfit
+(`nvdp.misfits`), and the rest is served:
+
+- a device left out of the spec (`CdiDeviceNotInSpec`) is left out of its resources;
+- a spec that cannot be written (`CdiSpecNotWritten`: read-only or full directory) or a spec
+  directory another device plugin holds (`CdiSpecDirInUse`, `nvdp.cdi.lock`) withholds the resources
+  that need it; the publish is retried with capped backoff (`retry_in`), no SIGHUP needed.
+
+Specs written are kept: the spec directory joins the supervisor's inotify watch (`changed`), and a
+spec removed or changed under the plugin is written again at once (its content is compared, so our
+own writes do not loop). Specs are left in place on stop: running containers may still be resolved
+through them; the lock is released.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nvdp.cdi import writer
+from nvdp.cdi.lock import SpecDirLock, lock_path
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
 from nvdp.devices import parse_mig_minors
 from nvdp.logs import log_event
+from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
+from nvdp.plugin.watch import IN_CLOSE_WRITE
 from nvdp.resources import Resource
+from nvdp.unusable import Unusable, leave_out
 
 log = logging.getLogger(__name__)
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 10.0
+
+
+class Watcher(Protocol):
+    def add(self, directory: Path, extra_events: int = ...) -> bool: ...
 
 
 @dataclass(frozen=True)
 class PublishResult:
-    resources: list[Resource]  # those whose CDI names all resolve in specs on disk
+    resources: list[Resource]  # with only the devices whose CDI names all resolve in specs on disk
     extra_names: tuple[str, ...]  # names every answer adds (gds/mofed/gdrcopy `all`, IMEX channels)
+    misfits: tuple[Misfit, ...] = ()  # what kept devices or resources out
 
 
 def answer_names(resource: Resource, settings: CdiSettings) -> list[str]:
@@ -44,11 +67,41 @@ def _file_of(name: str) -> str:
     return spec_file_name(name.partition("=")[0])
 
 
-class CdiPublisher:
-    def __init__(self, *, mig_minors_file: Path = MIG_MINORS_FILE) -> None:
-        self._mig_minors_file = mig_minors_file
-        self._last_problems: tuple[str, ...] = ()
+def _settled(path: Path, content: bytes) -> writer.Fingerprint | None:
+    """The fingerprint of the file at `path` when it holds `content` and did not change while it was
+    read; else None, so that the next look compares the content (whoever changed it meanwhile also
+    woke the watch)."""
+    before = writer.fingerprint(path)
+    if before is None or writer.read_spec(path, len(content)) != content:
+        return None
+    return before if writer.fingerprint(path) == before else None
 
+
+def _withheld(names: Sequence[str]) -> str:
+    return f"{', '.join(names)} not advertised" if names else "no specs written"
+
+
+@dataclass
+class _Kept:
+    content: bytes
+    fingerprint: writer.Fingerprint | None  # of the file when last found to hold `content`
+
+
+class CdiPublisher:
+    def __init__(
+        self, *, mig_minors_file: Path = MIG_MINORS_FILE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._mig_minors_file = mig_minors_file
+        self._clock = clock
+        self._lock = SpecDirLock()
+        self._last_problems: tuple[str, ...] = ()
+        self._spec_dir: Path | None = None
+        self._kept: dict[Path, _Kept] = {}  # specs written: kept in place while we serve
+        self._failures = 0  # publishes in a row that could not write every spec
+        self._retry_at: float | None = None  # when to publish again (monotonic), after a failure
+        self._waiting_for: Path | None = None  # the lock file another plugin holds
+
+    # ---- one publish ----------------------------------------------------------------------------
     def publish(
         self,
         settings: CdiSettings,
@@ -56,6 +109,14 @@ class CdiPublisher:
         resources: Sequence[Resource],
         driver_version: str,
     ) -> PublishResult:
+        spec_dir = Path(settings.spec_dir)
+        self._spec_dir = spec_dir
+        self._kept = {}
+        self._waiting_for = None
+        names = [r.name for r in resources]
+        unusable = self._claim(spec_dir, settings.vendor, names)
+        if unusable is not None:
+            return self._failed(PublishResult([], (), (unusable,)))
         driver_here, dev_here = visible_roots(
             settings.driver_root, settings.dev_root, settings.container_driver_root
         )
@@ -66,54 +127,175 @@ class CdiPublisher:
             for problem in built.problems:
                 log_event(log, logging.WARNING, "CDI spec entry left out", problem=problem)
             self._last_problems = built.problems
-        spec_dir = Path(settings.spec_dir)
         written: set[str] = set()
         failed: dict[str, str] = {}  # file name -> error
         for name, spec in built.specs.items():
+            content = render(spec)
             try:
-                changed = writer.write_atomic(spec_dir, name, render(spec))
+                changed = writer.write_atomic(spec_dir, name, content)
             except OSError as error:
                 failed[name] = error.strerror or str(error)
                 continue
             written.add(name)
+            self._kept[spec_dir / name] = _Kept(content, _settled(spec_dir / name, content))
             if changed:
                 log_event(log, logging.INFO, "wrote CDI spec", path=str(spec_dir / name), kind=spec["kind"])
         if not failed:
             self._remove_stale(spec_dir, settings, set(built.specs))
         resolvable = {n for n in built.names if _file_of(n) in written}
-        extra = tuple(n for n in built.extra_names if n in resolvable)
-        advertised: list[Resource] = []
-        dropped: dict[str, list[str]] = {name: [] for name in failed}
+        misfits: list[Misfit] = []
+        # Extra names go into every answer: one whose spec was not written withholds every resource.
+        needs: dict[str, list[str]] = {}
         for resource in resources:
-            # Extra names go into every answer: one that does not resolve takes every resource off.
-            missing = [
-                n for n in (*answer_names(resource, settings), *built.extra_names) if n not in resolvable
-            ]
-            if not missing:
-                advertised.append(resource)
-                continue
-            unwritten = [_file_of(n) for n in missing if _file_of(n) in failed]
-            if unwritten:
-                dropped[unwritten[0]].append(resource.name)
-                continue
-            log_event(
-                log,
-                logging.ERROR,
-                "not advertising resource: its CDI devices are not in the spec",
-                resource=resource.name,
-                missing=",".join(missing[:5]) + (f" (+{len(missing) - 5})" if len(missing) > 5 else ""),
+            for file in dict.fromkeys(
+                _file_of(n) for n in (*answer_names(resource, settings), *built.extra_names)
+            ):
+                if file in failed:
+                    needs.setdefault(file, []).append(resource.name)
+        for file, why in failed.items():
+            withheld = needs.get(file, [])
+            misfits.append(
+                Misfit(
+                    "CdiSpecNotWritten",
+                    str(spec_dir / file),
+                    f"cannot write CDI spec {spec_dir / file}: {why}; "
+                    f"{_withheld(withheld)} until it can be written (retrying)",
+                    withholds=tuple(withheld),
+                )
             )
-        for name, reason in failed.items():
-            log_event(
-                log,
-                logging.ERROR,
-                "cannot write CDI spec; resources that need it are not advertised",
-                path=str(spec_dir / name),
-                error=reason,
-                resources=",".join(dropped[name]) or None,
-            )
-        return PublishResult(advertised, extra)
+        blocked = {n for withheld in needs.values() for n in withheld}
+        kept = leave_out(
+            [r for r in resources if r.name not in blocked],
+            self._not_in_spec(resources, settings, resolvable, built.left_out),
+        )
+        result = PublishResult(
+            kept.resources,
+            tuple(n for n in built.extra_names if n in resolvable),
+            (*misfits, *kept.misfits),
+        )
+        if failed:
+            return self._failed(result)
+        self._failures, self._retry_at = 0, None
+        return result
 
+    def _claim(self, spec_dir: Path, vendor: str, names: list[str]) -> Misfit | None:
+        """Take the spec directory's lock: None when held, else the misfit that withholds `names`."""
+        path = lock_path(spec_dir, vendor)
+        what = _withheld(names)
+        try:
+            writer.ensure_dir(spec_dir)
+            holder = self._lock.acquire(path)
+        except OSError as error:
+            return Misfit(
+                "CdiSpecNotWritten",
+                str(spec_dir),
+                f"cannot use CDI spec directory {spec_dir}: {error.strerror or error}; {what} until it "
+                "can be written (retrying)",
+                withholds=tuple(names),
+            )
+        if holder is None:
+            return None
+        self._waiting_for = path
+        return Misfit(
+            "CdiSpecDirInUse",
+            str(path),
+            f"CDI spec directory {spec_dir} is in use by another device plugin (lock {path} held by "
+            f"{holder}); {what} until it is released",
+            withholds=tuple(names),
+        )
+
+    @staticmethod
+    def _not_in_spec(
+        resources: Sequence[Resource], settings: CdiSettings, resolvable: set[str], why: Mapping[str, str]
+    ) -> dict[str, Unusable]:
+        """Device uuid -> why its CDI name is not in a spec on disk (a valid spec left it out)."""
+        out: dict[str, Unusable] = {}
+        for resource in resources:
+            for device in resource.devices.values():
+                device_id = device.index if settings.id_strategy == "index" else device.uuid
+                name = qualified_name(settings.gpu_kind, device_id)
+                if name not in resolvable and device.uuid not in out:
+                    reason = why.get(device_id)
+                    text = f"not in the CDI spec ({reason})" if reason else "not in the CDI spec"
+                    out[device.uuid] = Unusable("CdiDeviceNotInSpec", name, text)
+        return out
+
+    def _failed(self, result: PublishResult) -> PublishResult:
+        self._failures += 1
+        self._retry_at = self._clock() + self._delay()
+        return result
+
+    def _delay(self) -> float:
+        return float(min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(max(self._failures - 1, 0), 16)))
+
+    # ---- between publishes ----------------------------------------------------------------------
+    def retry_in(self) -> float | None:
+        """Seconds until the next publish is due after a failure; None when all is well."""
+        if self._retry_at is None:
+            return None
+        return max(0.0, self._retry_at - self._clock())
+
+    def changed(self, watcher: Watcher) -> bool:
+        """Watch the spec directory; write back a kept spec that was removed or changed. True when
+        the supervisor should publish again: a retry is due, the lock we wait for was released, or
+        a spec (or the lock) could not be kept."""
+        spec_dir = self._spec_dir
+        if spec_dir is None:
+            return False
+        watcher.add(spec_dir, IN_CLOSE_WRITE)
+        if self._retry_at is not None:
+            if self._clock() >= self._retry_at:  # the next one is due later, should this one not publish
+                self._retry_at = self._clock() + self._delay()
+                return True
+            waiting = self._waiting_for
+            return waiting is not None and not waiting.exists()
+        kept = self._keep()
+        watcher.add(spec_dir, IN_CLOSE_WRITE)  # the directory itself may have been made again
+        return not kept
+
+    def _keep(self) -> bool:
+        """Hold the lock and write back every kept spec that is not as we wrote it. False when
+        either cannot be done."""
+        path = self._lock.path
+        if path is not None and not self._lock.held:  # the lock file went with the directory
+            try:
+                writer.ensure_dir(path.parent)
+                if self._lock.acquire(path) is not None:
+                    return False
+            except OSError:
+                return False
+            log_event(log, logging.INFO, "CDI spec directory lock taken again", path=str(path))
+        for spec, kept in self._kept.items():
+            now = writer.fingerprint(spec)
+            if now is not None and now == kept.fingerprint:
+                continue
+            if now is not None and writer.read_spec(spec, len(kept.content)) == kept.content:
+                kept.fingerprint = now  # touched, or written again with the same content
+                continue
+            what = "removed" if now is None else "changed"
+            try:
+                writer.write_atomic(spec.parent, spec.name, kept.content)
+            except OSError as error:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    f"CDI spec {what} under the plugin and cannot be written back",
+                    path=str(spec),
+                    error=error.strerror or str(error),
+                )
+                return False
+            kept.fingerprint = _settled(spec, kept.content)
+            log_event(log, logging.WARNING, f"CDI spec {what} under the plugin; written back", path=str(spec))
+        return True
+
+    def close(self) -> None:
+        """Stop keeping the specs (they stay on disk) and release the spec directory's lock."""
+        self._lock.release()
+        self._kept = {}
+        self._spec_dir = self._waiting_for = None
+        self._failures, self._retry_at = 0, None
+
+    # ---- helpers ------------------------------------------------------------------------------
     def _mig_minors(self, gpus: Sequence[GpuInfo]) -> Mapping[str, int] | None:
         if not any(g.mig_enabled for g in gpus):
             return None

@@ -75,7 +75,8 @@ class BuiltSpecs:
     specs: dict[str, Spec]  # file name -> spec
     names: frozenset[str]  # every qualified device name the specs define
     extra_names: tuple[str, ...]  # names every Allocate answer adds (gds/mofed/gdrcopy, IMEX)
-    problems: tuple[str, ...]  # devices and classes left out, each with its reason
+    problems: tuple[str, ...]  # classes and channels left out, each with its reason
+    left_out: Mapping[str, str] = field(default_factory=dict)  # gpu-class device name -> why not in it
 
 
 def node_devices(
@@ -94,11 +95,12 @@ def node_devices(
 
 def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSettings) -> BuiltSpecs:
     """Every spec the settings ask for. A device whose nodes are missing, or whose name CDI does
-    not accept, is left out (a problem); so is a class with nothing to put in it."""
+    not accept, is left out (`left_out`); so is a class with nothing to put in it (a problem)."""
     specs: dict[str, Spec] = {}
     names: set[str] = set()
     extra: list[str] = []
     problems: list[str] = []
+    left_out: dict[str, str] = {}
     dev_host = _mapper(settings.dev_root)
 
     def node(path: str) -> dict[str, str]:
@@ -109,11 +111,11 @@ def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSet
     for device in devices:
         missing = [p for p in device.paths if p not in files.dev_nodes]
         if not valid_device_name(device.name):
-            problems.append(f"device {device.name}: not a valid CDI device name")
+            left_out[device.name] = "not a valid CDI device name"
         elif missing:
-            problems.append(f"device {device.name}: {', '.join(missing)} not found under the dev root")
+            left_out[device.name] = f"{', '.join(missing)} not found under the dev root"
         elif any(d["name"] == device.name for d in gpu_devices):
-            problems.append(f"device {device.name}: named twice")
+            left_out[device.name] = "named twice"
         else:
             gpu_devices.append(
                 {"name": device.name, "containerEdits": {"deviceNodes": [node(p) for p in device.paths]}}
@@ -159,7 +161,7 @@ def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSet
     if channels:
         specs[spec_file_name(imex_kind)] = {"cdiVersion": CDI_VERSION, "kind": imex_kind, "devices": channels}
         names.update(qualified_name(imex_kind, c["name"]) for c in channels)
-    return BuiltSpecs(specs, frozenset(names), tuple(extra), tuple(problems))
+    return BuiltSpecs(specs, frozenset(names), tuple(extra), tuple(problems), left_out)
 
 
 def render(spec: Spec) -> bytes:

@@ -1,5 +1,5 @@
-"""Writing spec files atomically: a reader (the container runtime) sees the old file or the new
-one, never a partial one."""
+"""Spec files on disk: written atomically (a reader, the container runtime, sees the old file or the
+new one, never a partial one), read back with a bound, and told apart by a cheap fingerprint."""
 
 from __future__ import annotations
 
@@ -12,18 +12,23 @@ from nvdp.dirs import make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded
 
+Fingerprint = tuple[int, int, int, int, int]  # device, inode, size, mtime, ctime
+
+
+def ensure_dir(directory: Path) -> None:
+    """Create the spec directory when it is missing, 0755 whatever the umask (a stranger's spec would
+    run its hooks as root). Raises OSError."""
+    make_dirs(directory)
+
 
 def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     """Put `content` at directory/name: a temp file in the same directory, fsync, rename, fsync of
     the directory. Returns False (and writes nothing) when the file already holds `content`.
     Raises OSError when the directory cannot be created or written."""
     target = directory / name
-    try:  # bounded: whatever is there (a FIFO, a huge file) is read no further than `content` goes
-        if read_bounded(target, len(content)) == content:
-            return False
-    except UnreadableFile:
-        pass
-    make_dirs(directory)  # 0755 whatever the umask: a stranger's spec would run its hooks as root
+    if read_spec(target, len(content)) == content:
+        return False
+    ensure_dir(directory)
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -38,6 +43,25 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
         raise
     _fsync_dir(directory)
     return True
+
+
+def read_spec(path: Path, limit: int) -> bytes | None:
+    """The content of the regular file at `path` when it holds at most `limit` bytes; None when it
+    is missing, not a regular file (a FIFO is not waited on), larger or unreadable."""
+    try:
+        return read_bounded(path, limit)
+    except UnreadableFile:
+        return None
+
+
+def fingerprint(path: Path) -> Fingerprint | None:
+    """What changes when the file at `path` is replaced, removed or written in place; None when
+    it is missing."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def remove(directory: Path, name: str) -> bool:

@@ -3,17 +3,20 @@
 Per resource: set its GPUs to EXCLUSIVE_PROCESS, create the pipe and log directories, start the
 daemon, send the default limits, then create the ready marker the plugin waits for. Every
 `health_interval` a cheap query goes through the pipe; a daemon that fails it (or fails to start)
-loses its marker and is started again after a capped exponential backoff. The daemon's own log
-files are followed into this process's log. `request_reload()` converges on new plans by diff
-(start, stop or re-limit). `request_stop()` ends the loop within a few seconds whatever the daemons
-do: a control command in flight is killed, then the markers go, the GPUs' compute modes are
-restored to DEFAULT, and every daemon is sent `quit` at once, each bounded by STOP_QUIT_TIMEOUT_S.
-Both requests come from another thread (nvdp.signals' dispatcher) and never block.
+loses its marker and is started again after a capped exponential backoff; meanwhile its status file
+says why (`nvdp.mps.status`: `nvidia-cuda-mps-control not found`), for the plugin to name. The
+daemon's own log files are followed into this process's log. `request_reload()` converges on new
+plans by diff (start, stop or re-limit). `request_stop()` ends the loop within a few seconds whatever
+the daemons do: a control command in flight is killed, then the markers go, the GPUs' compute modes
+are restored to DEFAULT, and every daemon is sent `quit` at once, each bounded by
+STOP_QUIT_TIMEOUT_S. Both requests come from another thread (nvdp.signals' dispatcher) and never block.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +32,7 @@ from nvdp.nvml.types import ComputeMode, ComputeModes
 from .control import MpsControl
 from .layout import CONTROL_BINARY, MpsRoot
 from .plan import DaemonPlan, restart_delay
+from .status import remove_status, write_status
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +177,7 @@ class MpsController:
             cancel=self._stopping,
         )
         daemon = _Daemon(plan, control)
+        remove_status(self.root.status(name))  # what an earlier run said is not news
         for file in LOG_FILES:  # follow from now on, not what earlier runs wrote
             path = control.log_dir / file
             daemon.log_offsets[path] = path.stat().st_size if path.exists() else 0
@@ -198,6 +203,11 @@ class MpsController:
         plan = daemon.plan
         name = plan.resource
         log_event(log, logging.INFO, "starting MPS daemon", resource=name, gpus=",".join(plan.uuids))
+        path = os.pathsep.join(os.get_exec_path(dict(self._environ)))
+        if shutil.which(self._binary, path=path) is None:  # before the GPUs are made exclusive
+            missing = MpsError(f"{self._binary}: not found on PATH")
+            self._down(daemon, "MPS daemon failed to start", missing, status=f"{self._binary} not found")
+            return
         try:
             self._set_compute_mode(plan.uuids, ComputeMode.EXCLUSIVE_PROCESS)
             make_dirs(daemon.control.pipe_dir)
@@ -209,6 +219,7 @@ class MpsController:
         except (NvdpError, OSError) as error:
             self._down(daemon, "MPS daemon failed to start", error)
             return
+        remove_status(self.root.status(name))
         daemon.up = True
         daemon.next_check = self._clock() + self._health_interval
         log_event(
@@ -285,12 +296,14 @@ class MpsController:
             limits=";".join(daemon.plan.limit_commands()),
         )
 
-    def _down(self, daemon: _Daemon, what: str, error: Exception) -> None:
-        """Mark a daemon down: marker gone (the plugin withdraws the resource), retry later. Nothing
-        while stopping (the command failed because it was cancelled; the stop tears down)."""
+    def _down(self, daemon: _Daemon, what: str, error: Exception, status: str | None = None) -> None:
+        """Mark a daemon down: marker gone (the plugin withdraws the resource), the reason in its
+        status file (`status`, else what failed and why), retry later. Nothing while stopping (the
+        command failed because it was cancelled; the stop tears down)."""
         if self._stopping.is_set():
             return
         self._remove_marker(daemon.plan.resource)
+        self._say_status(daemon.plan.resource, status or f"{what.partition(';')[0]}: {error}")
         daemon.up = False
         daemon.failures += 1
         delay = restart_delay(daemon.failures, self._backoff_base, self._backoff_cap)
@@ -369,7 +382,16 @@ class MpsController:
             self._nvml.set_compute_mode(uuid, mode)
             log_event(log, logging.INFO, "compute mode set", gpu=uuid, mode=mode.name)
 
+    def _say_status(self, name: str, reason: str) -> None:
+        try:
+            self.root.resource_dir(name).mkdir(parents=True, exist_ok=True, mode=0o755)
+            write_status(self.root.status(name), reason)
+        except OSError as error:
+            log_event(log, logging.WARNING, "cannot write MPS status file", resource=name, error=str(error))
+
     def _remove_marker(self, name: str) -> None:
+        """Remove the ready marker, and the status file with it (nothing to say once stopped)."""
+        remove_status(self.root.status(name))
         try:
             self.root.marker(name).unlink()
         except FileNotFoundError:

@@ -1,27 +1,31 @@
 """The plugin's side of MPS readiness: an MPS resource is served only while its control daemon's
 ready marker `<root>/<resource>/.started` exists.
 
-The supervisor filters the resources it builds through `MpsReadiness.filter` and, on every wake-up
-of its directory watcher, asks `changed()`: the marker directories (or their nearest existing
-parent, before the daemon has created them) are added to the same inotify watch, so a marker that
-appears or goes wakes the supervisor at once; there is no polling loop. Each level is watched before
-the one below it is looked at, so a directory the daemon creates meanwhile is never missed.
+The supervisor filters the resources it builds through `MpsReadiness.filter`: an MPS resource without
+its marker is left out with a misfit (`MpsDaemonNotReady`, withholding it, so `/readyz` fails) that
+names why, as the MPS control daemon wrote it next to the marker (`nvdp.mps.status`: "waiting for the
+MPS control daemon: nvidia-cuda-mps-control not found"), or that no marker is there yet. On every
+wake-up of its directory watcher the supervisor asks `changed()`: the marker directories (or their
+nearest existing parent, before the daemon has created them) are added to the same inotify watch, so
+a marker or status that appears, changes or goes wakes the supervisor at once; there is no polling
+loop. Each level is watched before the one below it is looked at, so a directory the daemon creates
+meanwhile is never missed.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.logs import log_event
-from nvdp.resources import Resource
+from nvdp.misfits import Misfit
+from nvdp.resources import NodeResources, Resource
 
 from .layout import MpsRoot
 from .plan import MPS_STRATEGY
+from .status import read_status
 
-log = logging.getLogger(__name__)
+REASON = "MpsDaemonNotReady"
 
 
 class Watcher(Protocol):
@@ -32,37 +36,49 @@ class MpsReadiness:
     def __init__(self) -> None:
         self._root: MpsRoot | None = None
         self._names: tuple[str, ...] = ()  # the MPS resources of the last build
-        self._ready: frozenset[str] = frozenset()  # those of them with a marker then
+        self._state: Mapping[str, str | None] = {}  # each of them -> None when ready, else why not
 
-    def filter(self, resources: Sequence[Resource], root: str | None) -> list[Resource]:
-        """The resources to serve now: MPS ones only while their marker exists."""
+    def filter(self, resources: Sequence[Resource], root: str | None) -> NodeResources:
+        """The resources to serve now (MPS ones only while their marker exists), and a misfit for
+        each MPS resource left out."""
         self._names = tuple(r.name for r in resources if r.sharing == MPS_STRATEGY)
         self._root = MpsRoot(Path(root)) if root else None
-        self._ready = self._present()
-        for name in self._names:
-            if name not in self._ready and self._root is not None:
-                log_event(
-                    log,
-                    logging.INFO,
-                    "waiting for the MPS control daemon",
-                    resource=name,
-                    marker=str(self._root.marker(name)),
-                )
-        return [r for r in resources if r.sharing != MPS_STRATEGY or r.name in self._ready]
+        self._state = self._look()
+        misfits = tuple(
+            Misfit(
+                REASON,
+                name,
+                f"{name}: waiting for the MPS control daemon{why}; not advertised",
+                withholds=(name,),
+            )
+            for name, why in self._state.items()
+            if why is not None
+        )
+        served = [r for r in resources if r.sharing != MPS_STRATEGY or self._state.get(r.name) is None]
+        return NodeResources(served, misfits)
 
     def changed(self, watcher: Watcher) -> bool:
-        """Watch the marker directories, then say whether a marker came or went since `filter`."""
+        """Watch the marker directories, then say whether a marker or status changed since `filter`."""
         if not self._names or self._root is None:
             return False
         for name in self._names:
             _watch_down_to(self._root.resource_dir(name), watcher)
-        return self._present() != self._ready
+        return self._look() != self._state
 
-    def _present(self) -> frozenset[str]:
+    def _look(self) -> dict[str, str | None]:
+        """Each MPS resource -> None when its marker exists, else `: <reason>` from its status file,
+        or where the marker is awaited."""
         root = self._root
         if root is None:
-            return frozenset()
-        return frozenset(n for n in self._names if root.marker(n).exists())
+            return dict.fromkeys(self._names, " (no MPS root set)")
+        state: dict[str, str | None] = {}
+        for name in self._names:
+            if root.marker(name).exists():
+                state[name] = None
+                continue
+            reason = read_status(root.status(name))
+            state[name] = f": {reason}" if reason else f" (no ready marker at {root.marker(name)})"
+        return state
 
 
 def _watch_down_to(directory: Path, watcher: Watcher) -> None:

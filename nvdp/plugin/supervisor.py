@@ -4,8 +4,10 @@ to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.ku
 The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
 kubelet's directory changes (or what its path names: removed, re-created, replaced), a stop or
 reload is requested, a retry is due (a registration, a server that could not listen, the
-directory's lock while the directory is unusable), or the kubelet's ListAndWatch stream of a
-resource ended (the kubelet dropped it: register it again).
+directory's lock while the directory is unusable, a CDI spec write), or the kubelet's ListAndWatch
+stream of a resource ended (the kubelet dropped it: register it again). The directories of node
+facts it serves by (MPS ready markers, device nodes, the CDI spec directory) join the same watch,
+and a change there re-applies the resources.
 Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
 directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
 reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
@@ -21,14 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Generic
 
-from nvdp.cdi import CdiPublisher
 from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
-from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.kubelet_link import KubeletLink
 from nvdp.plugin.listen_retry import ListenRetry
+from nvdp.plugin.node_gates import NodeGates
 from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
@@ -47,7 +48,7 @@ from nvdp.plugin.types import (
     Watcher,
 )
 from nvdp.plugin.watch import DirWatcher, FileId, file_id
-from nvdp.resources import Resource
+from nvdp.resources import NodeResources, Resource
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
 
@@ -83,13 +84,12 @@ class Supervisor(Generic[S]):
         self._reload_source = reload
         self._make_server = make_server
         self._node_facts = node_facts
-        self._cdi = CdiPublisher()
         self._make_watcher = watcher
         self._socket_id = socket_id
         self._allocator_factory = allocator_factory
         self._health = health
         self._observer = observer
-        self._misfits = misfits
+        self._gates = NodeGates(misfits)  # node facts that withhold devices: MPS, device nodes, CDI
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
         self._stop = threading.Event()
@@ -104,7 +104,6 @@ class Supervisor(Generic[S]):
         self._listening = ListenRetry()  # servers that could not listen on their socket
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
-        self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
 
     # ---- requests from other threads (nvdp.signals' dispatcher, tests) --------------------------
     def request_stop(self) -> None:
@@ -159,8 +158,8 @@ class Supervisor(Generic[S]):
                 if self._rescan.is_set():
                     self._rescan.clear()
                     self._do_rescan()
-                if self._nvml_ok and self._mps.changed(self._watcher):
-                    self._mps_changed()
+                if self._nvml_ok and self._gates.changed(self._watcher):
+                    self._apply_node_facts()
                 kubelet_id = self._socket_id(self.settings.kubelet_socket)
                 wait = dir_retry
                 if kubelet_id is None:
@@ -173,7 +172,7 @@ class Supervisor(Generic[S]):
                     wait = _sooner(retry_in, self._listening.retry_in())
                 if self._stop.is_set():
                     break
-                self._watcher.wait(wait)
+                self._watcher.wait(_sooner(wait, self._gates.retry_in()))
         finally:
             self._shutdown()
 
@@ -200,6 +199,7 @@ class Supervisor(Generic[S]):
         self.servers.clear()
         if self._watcher is not None:
             self._watcher.close()
+        self._gates.close()
         if self._dir_claim is not None:
             self._dir_claim.release()
         if self._nvml_ok:
@@ -207,14 +207,16 @@ class Supervisor(Generic[S]):
         log_event(log, logging.INFO, "stopped")
 
     # ---- resources and servers ----------------------------------------------------------------
-    def _build(self, settings: DaemonSettings) -> list[Resource]:
+    def _build(self, settings: DaemonSettings) -> NodeResources:
+        """The resources of the node's devices under `settings`, without those a node fact withholds
+        (MPS daemon not ready, missing device nodes), and every misfit found (each reported)."""
         self.gpus = self._nvml.gpus()
         self._enumerated = True
         minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
         built = settings.resources(self.gpus, minors)
-        if self._misfits is not None:
-            self._misfits.update("resources", built.misfits)
-        return self._mps.filter(built.resources, settings.response.mps_root)
+        self._gates.report("resources", built.misfits)
+        admitted = self._gates.admit(settings, built.resources)
+        return NodeResources(admitted.resources, (*built.misfits, *admitted.misfits))
 
     def _serve(
         self,
@@ -259,12 +261,12 @@ class Supervisor(Generic[S]):
 
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
-        resources = self._build(settings)
+        built = self._build(settings)
         control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
         options = replace(settings.response, control_devices=control_devices)
-        if settings.cdi is not None:  # specs on disk before any server registers
-            cdi = self._cdi.publish(settings.cdi, self.gpus, resources, self._nvml.driver_version())
-            resources, options = cdi.resources, replace(options, cdi_devices=cdi.extra_names)
+        resources, options, cdi_misfits = self._gates.publish(  # specs on disk before any registers
+            settings, self.gpus, built.resources, options, self._nvml.driver_version
+        )
         wanted = {r.name: r for r in resources}
         for name in list(self.servers):
             server = self.servers[name]
@@ -304,13 +306,7 @@ class Supervisor(Generic[S]):
                 socket=str(server.socket_path),
                 sharing=resource.sharing,
             )
-        if not wanted:
-            log_event(
-                log,
-                logging.WARNING,
-                "no devices found on this node; waiting (send SIGHUP to rescan)",
-                gpus=len(self.gpus),
-            )
+        self._gates.say_nothing_served(not wanted, len(self.gpus), (*built.misfits, *cdi_misfits))
         self.ready.clear()
         if self._health is not None:
             self._health.start(self.gpus, settings.health)
@@ -381,12 +377,13 @@ class Supervisor(Generic[S]):
         if self._observer is not None:
             self._observer.reloaded(True)
 
-    def _mps_changed(self) -> None:
-        """An MPS ready marker came or went: serve or withdraw that resource (others untouched)."""
+    def _apply_node_facts(self) -> None:
+        """A node fact the resources depend on changed: serve or withdraw what it concerns (others
+        untouched: a reload by diff)."""
         try:
             self._apply(self.settings)
         except NvdpError as error:
-            log_event(log, logging.ERROR, "cannot apply an MPS readiness change", error=str(error))
+            log_event(log, logging.ERROR, "cannot apply a node change", error=str(error))
 
     # ---- read by metrics and /readyz (nvdp.metrics.RegistrationState) --------------------------
     def registrations(self) -> dict[str, bool]:

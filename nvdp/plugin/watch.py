@@ -95,7 +95,7 @@ class DirWatcher:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._fd: int | None = None
         self._watches: dict[int, Names] = {}  # watch descriptor -> what matters there
-        self._added: set[Path] = set()  # directories `add`ed by the caller
+        self._added: dict[Path, int] = {}  # directories `add`ed by the caller -> their extra events
         libc = self._libc = _libc()
         fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if libc is not None else -1
         if fd < 0:
@@ -134,15 +134,17 @@ class DirWatcher:
             if changed or woken or not ready or left == 0.0:
                 return changed
 
-    def add(self, directory: Path) -> bool:
-        """Also wake on changes in `directory` (idempotent). False when it cannot be watched (no
-        inotify: `wait` polls anyway; or the directory is gone)."""
+    def add(self, directory: Path, extra_events: int = 0) -> bool:
+        """Also wake on changes in `directory` (idempotent), and on `extra_events` there (e.g.
+        IN_CLOSE_WRITE for files written in place). False when it cannot be watched (no inotify:
+        `wait` polls anyway; or the directory is gone)."""
         if self._fd is None:
             return False
-        wd = self._add_watch(directory, self._content_mask)
+        extra = self._added.get(directory, 0) | extra_events
+        wd = self._add_watch(directory, self._content_mask | extra)
         if wd < 0:
             return False
-        self._added.add(directory)
+        self._added[directory] = extra
         self._watches[wd] = None
         return True
 
@@ -254,9 +256,9 @@ class DirWatcher:
                 current = candidate
             else:
                 break  # a file where a directory should be: watched until it is replaced
-        for directory in list(self._added):
-            if not watch(str(directory), self._content_mask, None):
-                self._added.discard(directory)
+        for directory, extra in list(self._added.items()):
+            if not watch(str(directory), self._content_mask | extra, None):
+                del self._added[directory]
         if self._fd is None:  # gave up on inotify while arming
             return
         for wd in set(self._watches) - set(watches):

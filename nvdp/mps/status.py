@@ -1,0 +1,63 @@
+"""Why an MPS resource is not ready, from the MPS control daemon to the plugin: `<root>/<resource>/.status`.
+
+The daemon (`nvdp.mps.controller`) writes one line there when it cannot start or keep a resource's
+`nvidia-cuda-mps-control` daemon (`nvidia-cuda-mps-control not found`), atomically (a temp file
+renamed over it, so the plugin's watch of that directory wakes and it never reads half a line), and
+removes it when the daemon is ready or stopped. The plugin (`nvdp.mps.ready`) reads at most
+MAX_BYTES of it, first line only, printable characters only: the reason it names in its warning,
+its Node event and `/readyz`. The text stays the same while the cause does (no counts, no times), so
+each cause is reported once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+MAX_BYTES = 512
+MAX_CHARS = 300
+
+
+def write_status(path: Path, reason: str) -> None:
+    """Say `reason` at `path` (created 0644, replacing what was there). Raises OSError."""
+    line = _clean(reason).encode()[:MAX_BYTES] + b"\n"
+    fd, temp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(line)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def read_status(path: Path) -> str | None:
+    """The reason at `path`; None when there is none (missing, empty, not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return _clean(data.decode("utf-8", "replace").partition("\n")[0]) or None
+
+
+def remove_status(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _clean(text: str) -> str:
+    text = "".join(c for c in text if c.isprintable()).strip()
+    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
