@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_QUERY = "get_default_active_thread_percentage"
 LOG_FILES = ("control.log", "server.log")
+LOG_READ_MAX = 1 << 20  # bytes of a daemon log file followed per pass
 LOG_POLL_S = 1.0
 STOP_QUIT_TIMEOUT_S = 3.0  # a daemon's `quit` at stop; a hung one is killed then
 
@@ -384,7 +385,7 @@ class MpsController:
 
     def _say_status(self, name: str, reason: str) -> None:
         try:
-            self.root.resource_dir(name).mkdir(parents=True, exist_ok=True, mode=0o755)
+            make_dirs(self.root.resource_dir(name))
             write_status(self.root.status(name), reason)
         except OSError as error:
             log_event(log, logging.WARNING, "cannot write MPS status file", resource=name, error=str(error))
@@ -407,10 +408,8 @@ class MpsController:
                     if size < offset:  # truncated or replaced: start over
                         offset = 0
                     f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            except OSError:
+                    data = f.read(LOG_READ_MAX)  # the rest on the next pass
+            except OSError:  # not there (yet), or unreadable: the next pass looks again
                 continue
             complete = data.rfind(b"\n") + 1
             for line in data[:complete].decode(errors="replace").splitlines():

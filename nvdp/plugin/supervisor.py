@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic
@@ -27,6 +26,7 @@ from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.converge import plan_servers
 from nvdp.plugin.kubelet_link import KubeletLink
 from nvdp.plugin.listen_retry import ListenRetry
 from nvdp.plugin.node_gates import NodeGates
@@ -47,7 +47,7 @@ from nvdp.plugin.types import (
     StatusObserver,
     Watcher,
 )
-from nvdp.plugin.watch import DirWatcher, FileId, file_id
+from nvdp.plugin.watch import DirWatcher, FileId, call_aside, file_id
 from nvdp.resources import NodeResources, Resource
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]
@@ -108,16 +108,14 @@ class Supervisor(Generic[S]):
     # ---- requests from other threads (nvdp.signals' dispatcher, tests) --------------------------
     def request_stop(self) -> None:
         self._stop.set()
-        if self._watcher:
-            self._watcher.wake()
+        self._wake()
 
     def request_reload(self) -> bool:
         """Ask for a reload; True when that made one pending (False: one already was, and this
         request is part of it)."""
         newly = not self._reload_requested.is_set()
         self._reload_requested.set()
-        if self._watcher:
-            self._watcher.wake()
+        self._wake()
         return newly
 
     def abandon(self) -> None:
@@ -133,7 +131,7 @@ class Supervisor(Generic[S]):
             self._dir_claim.release()
 
     def _wake(self) -> None:
-        """Wake the loop (the kubelet link, when the kubelet's stream of a resource ended)."""
+        """Wake the loop (also the kubelet link's, when the kubelet's stream of a resource ended)."""
         if self._watcher:
             self._watcher.wake()
 
@@ -268,35 +266,23 @@ class Supervisor(Generic[S]):
             settings, self.gpus, built.resources, options, self._nvml.driver_version
         )
         wanted = {r.name: r for r in resources}
-        for name in list(self.servers):
-            server = self.servers[name]
-            new = wanted.get(name)
-            if (
-                new is not None
-                and new.signature() != server.resource.signature()
-                and server.options == options
-            ):
-                allocator = self._allocator_factory(new, self.gpus) if self._allocator_factory else None
-                server.update_resource(new, allocator)  # changed devices: same stream and registration
-                log_event(log, logging.INFO, "updated devices", resource=name, devices=len(new.devices))
-                continue
-            if new is None or new.signature() != server.resource.signature() or server.options != options:
-                server.stop(grace=0.2)
-                del self.servers[name]
-                self._kubelet.forget(name)
-                self._listening.forget(name)
-                log_event(
-                    log,
-                    logging.INFO,
-                    "stopped plugin",
-                    resource=name,
-                    reason="removed" if new is None else "changed",
-                )
+        running = {n: (server.resource.signature(), server.options) for n, server in self.servers.items()}
+        plan = plan_servers(running, {n: r.signature() for n, r in wanted.items()}, options)
+        for name in plan.update:  # changed devices: same stream and registration
+            self.servers[name].update_resource(wanted[name], self._allocator_for(wanted[name]))
+            log_event(log, logging.INFO, "updated devices", resource=name, devices=len(wanted[name].devices))
+        for name in (*plan.stop, *plan.restart):
+            self.servers.pop(name).stop(grace=0.2)
+            self._kubelet.forget(name)
+            self._listening.forget(name)
+            reason = "removed" if name in plan.stop else "changed"
+            log_event(log, logging.INFO, "stopped plugin", resource=name, reason=reason)
         for name, resource in wanted.items():
-            if name in self.servers:
+            if name not in plan.start and name not in plan.restart:
                 continue
-            allocator = self._allocator_factory(resource, self.gpus) if self._allocator_factory else None
-            server = self._serve(resource, self.plugin_dir / resource.socket_name, options, allocator)
+            server = self._serve(
+                resource, self.plugin_dir / resource.socket_name, options, self._allocator_for(resource)
+            )
             log_event(
                 log,
                 logging.INFO,
@@ -312,6 +298,9 @@ class Supervisor(Generic[S]):
             self._health.start(self.gpus, settings.health)
         self._servers_changed()
 
+    def _allocator_for(self, resource: Resource) -> PreferredAllocator | None:
+        return self._allocator_factory(resource, self.gpus) if self._allocator_factory else None
+
     def _init_failed(self, what: str, error: NvdpError) -> None:
         """NVIDIA's failOnInitError: exit with the reason, or say it once and idle until SIGHUP."""
         if self.settings.fail_on_init_error:
@@ -322,33 +311,11 @@ class Supervisor(Generic[S]):
         if self._observer is not None:
             self._observer.servers_changed({})  # idling on purpose: nothing to register
 
-    def _load_settings(self) -> DaemonSettings | None:
-        """The reload source's new settings, loaded on a thread of its own while the loop waits for
-        them or a stop: a load that blocks (a config file on a hung mount) cannot hold the stop
-        back. None when the stop came first (the load is left behind; the process is ending)."""
-        loaded: Future[DaemonSettings] = Future()
-        watcher = self._watcher
-        assert watcher is not None  # set by run() before its loop
-
-        def load() -> None:
-            try:
-                loaded.set_result(self._reload_source())
-            except BaseException as error:
-                loaded.set_exception(error)
-            finally:
-                watcher.wake()
-
-        threading.Thread(target=load, name="config-reload", daemon=True).start()
-        while not loaded.done():
-            if self._stop.is_set():
-                return None
-            watcher.wait(None)
-        return loaded.result()
-
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
         try:
-            loaded = self._load_settings()
+            assert self._watcher is not None  # set by run() before its loop
+            loaded = call_aside(self._reload_source, self._watcher, self._stop, "config-reload")
             if loaded is None:
                 log_event(log, logging.INFO, "reload abandoned: stopping")
                 return
@@ -410,8 +377,7 @@ class Supervisor(Generic[S]):
     def request_rescan(self) -> None:
         """Apply the node's current layout with the current settings, as a reload does."""
         self._rescan.set()
-        if self._watcher:
-            self._watcher.wake()
+        self._wake()
 
     def served_gpus(self) -> list[GpuInfo] | None:
         """The enumeration the served resources come from; None before the first one."""

@@ -24,8 +24,14 @@ import os
 import select
 import stat
 import struct
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -299,3 +305,30 @@ def _drain(fd: int) -> None:
             pass
     except (BlockingIOError, OSError):
         pass
+
+
+class Waiter(Protocol):
+    def wait(self, timeout: float | None) -> bool: ...
+    def wake(self) -> None: ...
+
+
+def call_aside(call: Callable[[], T], watcher: Waiter, stop: threading.Event, name: str) -> T | None:
+    """`call()` on a thread of its own while the caller's loop waits on `watcher` for its result or
+    `stop`: a call that blocks (a config file on a hung mount) cannot hold a stop back. None when the
+    stop came first (the call is left behind; the process is ending). Raises what `call` raised."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as error:
+            done.set_exception(error)
+        finally:
+            watcher.wake()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    while not done.done():
+        if stop.is_set():
+            return None
+        watcher.wait(None)
+    return done.result()
