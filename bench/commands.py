@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # `python bench/commands.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nvdp.api import pb
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import REPO, Process, ProcStats, clean_env, start_plugin, wait_until
 
 GPU = "nvidia.com/gpu"

@@ -57,7 +57,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAW
 
 from bench.harness import machine_lines, start_floor
 from nvdp.api import UNHEALTHY, pb
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import (
     Process,
     ProcStats,

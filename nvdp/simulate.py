@@ -19,7 +19,7 @@ from nvdp.config import Config
 from nvdp.daemon import Daemon
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import describe_labels
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.nvml.types import GpuInfo
 
 START_TIMEOUT_S = 20.0

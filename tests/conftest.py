@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from tests.cdi_support import make_char_device, make_node
 from tests.sim import sim_gpus

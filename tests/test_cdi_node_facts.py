@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import Config
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.plugin.supervisor import DaemonSettings, Supervisor

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, ProcStats, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import start_plugin
 from tests.test_footprint import run_python
 

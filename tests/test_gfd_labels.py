@@ -28,7 +28,7 @@ from nvdp.gfd.labels import (
     single_strategy_problem,
     version_labels,
 )
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo

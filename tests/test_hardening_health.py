@@ -13,7 +13,7 @@ import pytest
 
 from nvdp.errors import NvmlError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
 from nvdp.testing import Process, start_plugin, wait_until

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.errors import DirLockHeld
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings

@@ -10,7 +10,7 @@ from pathlib import Path
 from nvdp.api import UNHEALTHY, pb
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuInfo

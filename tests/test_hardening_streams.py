@@ -21,7 +21,7 @@ import pytest
 
 from nvdp.api import pb, pb_grpc
 from nvdp.daemon import GRPC_WORKERS
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.logs import TextFormatter
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim

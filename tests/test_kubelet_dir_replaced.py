@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME
 from nvdp.testing import Process, free_port, start_plugin, wait_until
 

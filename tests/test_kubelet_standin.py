@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from nvdp.api import API_VERSION, HEALTHY, UNHEALTHY, pb, pb_grpc
-from nvdp.kubelet import (
+from nvdp.kubelet_standin import (
     CHECKPOINT_FILE,
     DeviceState,
     Kubelet,

@@ -8,7 +8,14 @@ import grpc
 import pytest
 
 from nvdp.api import HEALTHY, UNHEALTHY, pb
-from nvdp.kubelet import DeviceManagerState, DeviceState, PluginEndpoint, Registration, Rejection, StreamEnd
+from nvdp.kubelet_standin import (
+    DeviceManagerState,
+    DeviceState,
+    PluginEndpoint,
+    Registration,
+    Rejection,
+    StreamEnd,
+)
 
 GPU = "nvidia.com/gpu"
 

@@ -33,7 +33,7 @@ PURE = {
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",
-    "nvdp.kubelet.validation",
+    "nvdp.kubelet_standin.validation",
     "nvdp.list_size",
     "nvdp.misfits",
     "nvdp.mps.allocate",
@@ -177,7 +177,7 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
     assert generated_users == set()
     # the wire types belong to the plugin, the kubelet stand-in and the Allocate pieces they use
     api_users = {m.name for m in modules().values() if "nvdp.api" in m.imports}
-    wire = ("nvdp.plugin.", "nvdp.kubelet.", "nvdp.mps.allocate", "nvdp.simulate")
+    wire = ("nvdp.plugin.", "nvdp.kubelet_standin.", "nvdp.mps.allocate", "nvdp.simulate")
     assert sorted(u for u in api_users if not u.startswith(wire)) == []
 
 

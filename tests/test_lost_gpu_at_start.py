@@ -10,7 +10,7 @@ import pytest
 from nvdp.errors import ConfigError
 from nvdp.health import HealthMonitor
 from nvdp.health.types import HealthChange
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.nvml.sim import SimNvml, load_node_file, open_sim
 from nvdp.testing import Process, start_plugin, wait_until
 

@@ -31,7 +31,7 @@ from nvdp.config import Config, resolve
 from nvdp.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError, nvml_error
 from nvdp.health import xid_reason
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, parse_address
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.metrics import Probes
 from nvdp.misfit_report import MisfitReport
 from nvdp.misfits import Misfit

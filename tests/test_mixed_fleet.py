@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
 from nvdp.testing import REPO, Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin

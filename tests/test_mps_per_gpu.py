@@ -11,7 +11,7 @@ import pytest
 
 from nvdp.config import parse_text
 from nvdp.devices import AnnotatedID
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.command import node_plans
 from nvdp.mps.layout import MpsRoot
 from nvdp.mps.plan import container_limit_envs, node_misfits

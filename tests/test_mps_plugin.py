@@ -18,7 +18,7 @@ import pytest
 
 from nvdp.config import add_plugin_flags, resolve
 from nvdp.errors import ConfigError
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
 from nvdp.mps.plan import node_misfits
 from nvdp.resources import Replication, build_resources

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin, wait_until
 
 SOURCE = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until
 from tests.sim import sim_gpus
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin, wait_until
 from tests.sim import sim_gpus
 

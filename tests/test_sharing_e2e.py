@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin
 from tests.sim import sim_gpus
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.controller import STOP_QUIT_TIMEOUT_S
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
 from nvdp.signals import RELOAD_INTERVAL_S
 from nvdp.testing import Process, clean_env, free_port, start_plugin, wait_until

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from nvdp.api import pb
-from nvdp.kubelet import Kubelet
+from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, ProcStats, start_plugin, wait_until, write_time_slicing_config
 
 pytestmark = pytest.mark.soak

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
 from nvdp.api import HEALTHY, pb
-from nvdp.kubelet.endpoint import PluginEndpoint, StreamEnd
-from nvdp.kubelet.registration import Registration, Rejection, SocketState
+from nvdp.kubelet_standin.endpoint import PluginEndpoint, StreamEnd
+from nvdp.kubelet_standin.registration import Registration, Rejection, SocketState
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import grpc
 from nvdp.api import pb, pb_grpc
 from nvdp.dirs import make_dirs
 from nvdp.errors import KubeletError
-from nvdp.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint
-from nvdp.kubelet.validation import endpoint_problem, registration_problem
+from nvdp.kubelet_standin.endpoint import ListAndWatchReceiver, PluginEndpoint
+from nvdp.kubelet_standin.validation import endpoint_problem, registration_problem
 
 log = logging.getLogger(__name__)
 

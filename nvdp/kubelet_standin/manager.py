@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from nvdp.api import pb
 from nvdp.errors import KubeletError, PluginNotConnected
-from nvdp.kubelet.endpoint import StreamEnd
-from nvdp.kubelet.registration import Registration, RegistrationServer, Rejection, SocketState
-from nvdp.kubelet.state import DeviceManagerState, DeviceState, Update
+from nvdp.kubelet_standin.endpoint import StreamEnd
+from nvdp.kubelet_standin.registration import Registration, RegistrationServer, Rejection, SocketState
+from nvdp.kubelet_standin.state import DeviceManagerState, DeviceState, Update
 
 log = logging.getLogger(__name__)
 

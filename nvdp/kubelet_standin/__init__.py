@@ -6,9 +6,9 @@ which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiv
 """
 
 from nvdp.errors import KubeletError, PluginNotConnected
-from nvdp.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint, StreamEnd
-from nvdp.kubelet.manager import Kubelet
-from nvdp.kubelet.registration import (
+from nvdp.kubelet_standin.endpoint import ListAndWatchReceiver, PluginEndpoint, StreamEnd
+from nvdp.kubelet_standin.manager import Kubelet
+from nvdp.kubelet_standin.registration import (
     CHECKPOINT_FILE,
     KUBELET_SOCKET,
     PluginHandler,
@@ -18,8 +18,8 @@ from nvdp.kubelet.registration import (
     SocketState,
     cleanup_plugin_dir,
 )
-from nvdp.kubelet.state import DeviceManagerState, DeviceState, Update
-from nvdp.kubelet.validation import is_extended_resource_name
+from nvdp.kubelet_standin.state import DeviceManagerState, DeviceState, Update
+from nvdp.kubelet_standin.validation import is_extended_resource_name
 
 __all__ = [
     "CHECKPOINT_FILE",
