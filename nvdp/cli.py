@@ -55,7 +55,7 @@ def _parse(
 
 def main(argv: Sequence[str] | None = None) -> int:
     if list(sys.argv[1:] if argv is None else argv)[:1] == ["plugin"]:
-        from nvdp.footprint import block_ssl
+        from nvdp.ssl_block import block_ssl
 
         block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
@@ -164,9 +164,9 @@ def _exit_on_error(error: NvdpError) -> int:
 
 
 def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from nvdp.footprint import block_ssl
+    from nvdp.ssl_block import block_ssl
 
-    block_ssl()  # before grpc is imported; see nvdp/footprint.py
+    block_ssl()  # before grpc is imported; see nvdp/ssl_block.py
     from nvdp.config import resolve
     from nvdp.daemon import Daemon
 

@@ -4,7 +4,7 @@ A leaf adapter: it imports nothing of nvdp but `nvdp.errors`; its callers reach 
 protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`). The client (tens of MB) is
 imported lazily, inside the functions that need it, and only when a feature that talks to the API
 server is on; importing this module costs nothing. A process that blocked `ssl`
-(`nvdp.footprint.block_ssl`) lifts the block before it builds a client here.
+(`nvdp.ssl_block.block_ssl`) lifts the block before it builds a client here.
 
 One client constructor (`new_api_client`: a host for tests, a kubeconfig, or the in-cluster service
 account) serves every user: the plugin's node events, gfd's NodeFeature, the config-manager's Node

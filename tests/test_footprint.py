@@ -27,7 +27,7 @@ def test_plugin_imports_leave_ssl_and_kubernetes_out() -> None:
     out = run_python(
         """
         import sys
-        from nvdp.footprint import block_ssl
+        from nvdp.ssl_block import block_ssl
         block_ssl()
         import grpc, nvdp.daemon, nvdp.cli, nvdp.nvml.sim, http.server
         print("ssl" if sys.modules.get("ssl") is not None else "-", "kubernetes" in sys.modules)
@@ -40,7 +40,7 @@ def test_allow_ssl_gives_tls_clients_back() -> None:
     out = run_python(
         """
         import sys
-        from nvdp.footprint import allow_ssl, block_ssl
+        from nvdp.ssl_block import allow_ssl, block_ssl
         block_ssl()
         import grpc, http.client
         assert not hasattr(http.client, "HTTPSConnection")
@@ -59,7 +59,7 @@ def test_importing_a_tls_client_lifts_the_block() -> None:
     out = run_python(
         """
         import sys
-        from nvdp.footprint import block_ssl
+        from nvdp.ssl_block import block_ssl
         block_ssl()
         import grpc, http.client
         assert sys.modules.get("ssl") is None and not hasattr(http.client, "HTTPSConnection")

@@ -181,7 +181,7 @@ def test_the_plugin_imports_kubernetes_only_when_an_event_is_sent(tmp_path: Path
     token.write_text("t")
     code = f"""
 import sys
-from nvdp.footprint import block_ssl
+from nvdp.ssl_block import block_ssl
 block_ssl()
 from nvdp.health.node_events import node_events_from_env
 env = {{"NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "127.0.0.1"}}

@@ -1,4 +1,5 @@
-"""Keeping the plugin process small (the budget is 45 MB peak RSS on every GPU node).
+"""Keeping ssl and OpenSSL out of the plugin process until a TLS client needs them (the plugin's
+budget is 45 MB peak RSS on every GPU node).
 
 grpc imports asyncio, and asyncio imports `ssl` when it can: 4.5 MB of OpenSSL mapped into the
 process, although gRPC over a unix socket never uses Python's ssl (grpc has its own TLS). The plugin's
