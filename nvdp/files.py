@@ -15,8 +15,8 @@ import os
 import stat
 
 from nvdp.errors import UnreadableFile
+from nvdp.units import MIB, describe_size
 
-MIB = 1 << 20
 MAX_FILE_BYTES = MIB  # a ConfigMap holds at most 1 MiB; no file nvdp reads needs more
 
 _NULL_DEVICE = os.makedev(1, 3)  # Linux's /dev/null
@@ -58,14 +58,6 @@ def read_bounded(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> b
     if left <= 0:  # the file grew past its stat() size, or /proc-like files that report 0
         raise UnreadableFile(name, f"larger than {describe_size(limit)}")
     return b"".join(chunks)
-
-
-def describe_size(size: int) -> str:
-    """A byte count in words: "1 MiB", "4 KiB", "100 bytes"."""
-    for unit, factor in (("MiB", MIB), ("KiB", 1 << 10)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor} {unit}"
-    return f"{size} bytes"
 
 
 def _check(name: str, found: os.stat_result, limit: int) -> None:

@@ -12,13 +12,13 @@ from nvdp.config import (
     Health,
     ReplicatedResource,
     Resource,
-    format_go_duration,
     load_file,
     parse,
     parse_go_duration,
     parse_text,
 )
 from nvdp.errors import ConfigError
+from nvdp.units import format_go_duration
 
 DATA = Path(__file__).parent / "data" / "config"
 UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"

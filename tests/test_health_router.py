@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvdp.config.values import format_go_duration
 from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthRouter
 from nvdp.logs import JsonFormatter, TextFormatter
+from nvdp.units import format_go_duration
 from tests.health_fakes import FakeTarget
 
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

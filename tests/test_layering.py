@@ -48,7 +48,15 @@ PURE = {
     "nvdp.resources",
     "nvdp.unusable",
 }
-FOUNDATIONS = {"nvdp", "nvdp.errors", "nvdp.logs", "nvdp.api", f"{GENERATED}.api_pb2", GENERATED}
+FOUNDATIONS = {
+    "nvdp",
+    "nvdp.errors",
+    "nvdp.logs",
+    "nvdp.units",
+    "nvdp.api",
+    f"{GENERATED}.api_pb2",
+    GENERATED,
+}
 
 
 @dataclass

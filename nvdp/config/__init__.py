@@ -9,7 +9,7 @@
 - `options`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag > env > file > default.
 - `rules`: what the plugin accepts across settings and what this version supports (checked by
   `resolve`).
-- `values`: scalar checks and Go durations shared by the three.
+- `values`: scalar checks shared by the three (Go durations: `nvdp.units`).
 
 Strict about the config's form, tolerant about the node's facts: everything here is about the form
 (types, unknown values, ranges, conflicting keys), decidable from flags, env and file alone, and
@@ -33,7 +33,7 @@ from nvdp.config.model import (
     Sharing,
 )
 from nvdp.config.options import OPTIONS, add_plugin_flags, resolve
-from nvdp.config.values import format_go_duration, parse_go_duration
+from nvdp.config.values import parse_go_duration
 
 __all__ = [
     "OPTIONS",
@@ -49,7 +49,6 @@ __all__ = [
     "Resources",
     "Sharing",
     "add_plugin_flags",
-    "format_go_duration",
     "load_file",
     "parse",
     "parse_go_duration",

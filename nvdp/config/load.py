@@ -32,8 +32,9 @@ import yaml
 from nvdp.config.model import SHARED_SUFFIX, Config, Health, ReplicatedResources, Sharing
 from nvdp.config.values import InvalidValue, describe_keys, show
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import MAX_FILE_BYTES, describe_size, read_bounded
+from nvdp.files import MAX_FILE_BYTES, read_bounded
 from nvdp.logs import log_event
+from nvdp.units import describe_size
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

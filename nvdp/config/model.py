@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from nvdp.config import values as v
+from nvdp.units import format_go_duration
 
 VERSION = "v1"
 RESOURCE_NAME_PREFIX = "nvidia.com"
@@ -159,7 +160,7 @@ def rescan_interval(value: object) -> float:
 
 
 def _go(value: object) -> object:
-    return v.format_go_duration(value) if isinstance(value, float) else value
+    return format_go_duration(value) if isinstance(value, float) else value
 
 
 # ---- the file model ----------------------------------------------------------------------------
@@ -349,7 +350,7 @@ class Config:
             "logFormat": self.log_format,
             "logLevel": self.log_level,
             "metricsAddress": self.metrics_address,
-            "deviceRescanInterval": v.format_go_duration(self.device_rescan_interval),
+            "deviceRescanInterval": format_go_duration(self.device_rescan_interval),
             "cdiSpecDir": self.cdi_spec_dir,
             "cdiKind": self.cdi_kind,
             "cdiDisableHooks": list(self.cdi_disable_hooks),

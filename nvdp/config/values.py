@@ -3,7 +3,7 @@
 Each converter takes a decoded YAML/JSON value and returns the typed value or raises `InvalidValue`
 with a one-line message that does not name the field (the caller prefixes the field path, or the
 `--flag / ENV` label). Text parsers (`parse_bool`, `split_list`) turn a flag or env string into the
-value a converter accepts. Durations follow Go's `time.ParseDuration` / `Duration.String`.
+value a converter accepts. Durations are Go's (`nvdp.units`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
+
+from nvdp import units
 
 INT64_MAX = 2**63 - 1
 
@@ -158,32 +160,16 @@ def list_of(
 
 # ---- durations ---------------------------------------------------------------------------------
 
-_NS = {
-    "ns": 1,
-    "us": 10**3,
-    "µs": 10**3,
-    "μs": 10**3,
-    "ms": 10**6,
-    "s": 10**9,  # nanoseconds per unit
-    "m": 60 * 10**9,
-    "h": 3600 * 10**9,
-}
-_GO_DURATION = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
-_TERM = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
-_MAX_SECONDS = INT64_MAX / 1e9  # Go durations are int64 nanoseconds
-
 
 def parse_go_duration(text: str) -> float:
-    """Go's time.ParseDuration ("1h30m", "300ms", "0"), in seconds."""
-    body = text[1:] if text[:1] in "+-" else text
-    if body == "0":
-        return 0.0
-    if not _GO_DURATION.fullmatch(body):
-        raise InvalidValue(f"invalid duration {show(text)}")
-    seconds = sum(float(number) * _NS[unit] for number, unit in _TERM.findall(body)) / 1e9
-    if seconds > _MAX_SECONDS:
+    """Go's time.ParseDuration ("1h30m", "300ms", "0"), in seconds (`nvdp.units`), within Go's range."""
+    try:
+        seconds = units.parse_go_duration(text)
+    except ValueError:
+        raise InvalidValue(f"invalid duration {show(text)}") from None
+    if abs(seconds) > units.MAX_GO_DURATION_S:
         raise InvalidValue(f"out of range, got {show(text)}")
-    return -seconds if text.startswith("-") else seconds
+    return seconds
 
 
 def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object], float]:
@@ -194,7 +180,8 @@ def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object
         if isinstance(value, str):
             seconds = parse_go_duration(value)
         elif isinstance(value, int | float) and not isinstance(value, bool) and not _is_nan(value):
-            if abs(value) > _MAX_SECONDS * per_second:  # int-float comparison is exact, never overflows
+            # int-float comparison is exact, never overflows
+            if abs(value) > units.MAX_GO_DURATION_S * per_second:
                 raise InvalidValue(f"out of range, got {show(value)}")
             seconds = float(value) / per_second
         else:
@@ -211,30 +198,3 @@ def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object
 
 def _is_nan(value: float) -> bool:
     return isinstance(value, float) and math.isnan(value)
-
-
-def format_go_duration(seconds: float) -> str:
-    """Go's Duration.String: "5m0s", "1h0m0s", "300ms", "1.5µs", "0s"."""
-    ns = round(seconds * 1e9)
-    sign, ns = ("-" if ns < 0 else ""), abs(ns)
-    if ns == 0:
-        return "0s"
-    if ns < 1_000_000_000:
-        unit, size = ("ns", 1) if ns < 1_000 else ("µs", 1_000) if ns < 1_000_000 else ("ms", 1_000_000)
-        return sign + _decimal(ns, size) + unit
-    hours, rest = divmod(ns, 3600 * 10**9)
-    minutes, rest = divmod(rest, 60 * 10**9)
-    text = _decimal(rest, 10**9) + "s"
-    if hours or minutes:
-        text = f"{minutes}m" + text
-    if hours:
-        text = f"{hours}h" + text
-    return sign + text
-
-
-def _decimal(value: int, size: int) -> str:
-    whole, fraction = divmod(value, size)
-    if not fraction:
-        return str(whole)
-    digits = str(fraction).rjust(len(str(size)) - 1, "0").rstrip("0")
-    return f"{whole}.{digits}"

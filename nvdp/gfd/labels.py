@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.resources import DEFAULT_PREFIX, Resource
+from nvdp.units import MIB
 
 Labels = dict[str, str]
 
@@ -142,7 +143,7 @@ def mig_attributes(mig: MigDeviceInfo, parent: GpuInfo) -> dict[str, int]:
     if media:
         decoders, jpeg, ofa = max(decoders, 1), max(jpeg, 1), max(ofa, 1)
     return {
-        "memory": mig.memory_bytes // (1024 * 1024),
+        "memory": mig.memory_bytes // MIB,
         "multiprocessors": multiprocessors,
         "slices.gi": gi,
         "slices.ci": ci,

@@ -19,9 +19,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from nvdp.config.values import format_go_duration
 from nvdp.health.types import HealthChange, HealthTarget
 from nvdp.logs import format_fields, log_event
+from nvdp.units import format_go_duration
 
 log = logging.getLogger(__name__)
 

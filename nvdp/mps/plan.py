@@ -21,13 +21,13 @@ from nvdp.devices import Device
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.resources import Resource
+from nvdp.units import MIB
 
 from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
 
 if TYPE_CHECKING:
     from nvdp.config import Config
 
-MIB = 1024 * 1024
 MAX_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
 MAX_CLIENTS_BEFORE_7_5 = 16
 MPS_STRATEGY = "mps"

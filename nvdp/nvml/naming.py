@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-MIB = 1024 * 1024
+from nvdp.units import MIB
+
 # GPU instance profiles whose MIG devices carry a name suffix (go-nvlib's spelling).
 PROFILE_SUFFIXES = (
     ("NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1", "+me"),

@@ -8,8 +8,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from nvdp.errors import NvmlError
-from nvdp.nvml.naming import MIB, PROFILE_SUFFIXES, mig_profile_name
+from nvdp.nvml.naming import PROFILE_SUFFIXES, mig_profile_name
 from nvdp.nvml.types import MigDeviceInfo
+from nvdp.units import MIB
 
 if TYPE_CHECKING:
     from nvdp.nvml.real import RealNvml

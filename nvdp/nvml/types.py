@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nvdp.units import MIB
+
 
 class PcieLevel(enum.IntEnum):
     """nvmlGpuTopologyLevel_t: the closest common PCIe ancestor of two GPUs (smaller is closer)."""
@@ -72,7 +74,7 @@ class GpuInfo:
 
     @property
     def memory_mib(self) -> int:
-        return self.memory_bytes // (1024 * 1024)
+        return self.memory_bytes // MIB
 
 
 @dataclass(frozen=True)

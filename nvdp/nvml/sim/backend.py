@@ -38,10 +38,10 @@ from nvdp.nvml.types import (
     NvmlEvent,
     ProbeResult,
 )
+from nvdp.units import MIB
 
 logger = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 _ECC_TYPES = EventType.SINGLE_BIT_ECC | EventType.DOUBLE_BIT_ECC
 _BASE_TYPES = EventType.XID_CRITICAL | EventType.PSTATE | EventType.CLOCK
 
