@@ -26,12 +26,12 @@ from nvdp.cdi.settings import cdi_settings, imex_channels
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
 from nvdp.config import Config
 from nvdp.devices import parse_mig_minors
+from nvdp.dir_watch import IN_CLOSE_WRITE
 from nvdp.errors import ConfigError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.plugin.watch import IN_CLOSE_WRITE
 from nvdp.resources import Replication, build_resources
 from nvdp.unusable import Unusable, leave_out
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import Config
+from nvdp.dir_watch import DirWatcher
 from nvdp.kubelet_standin import Kubelet
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.plugin.supervisor import DaemonSettings, Supervisor
-from nvdp.plugin.watch import DirWatcher
 from nvdp.settings import daemon_settings
 from nvdp.testing import Process, free_port, start_plugin, wait_until
 from tests.cdi_support import make_char_device, make_node

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.dir_watch import file_id
 from nvdp.errors import DirLockHeld
 from nvdp.kubelet_standin import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings
-from nvdp.plugin.watch import file_id
 from nvdp.testing import Process, start_plugin, wait_until
 from tests.test_supervisor import Rig
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from nvdp.api import pb, pb_grpc
+from nvdp.dir_watch import DirWatcher
 from nvdp.errors import DirLockHeld, NvdpError
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml import open_nvml
@@ -28,7 +29,6 @@ from nvdp.plugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer
 from nvdp.plugin.supervisor import DaemonSettings
-from nvdp.plugin.watch import DirWatcher
 from nvdp.resources import build_resources
 from nvdp.testing import wait_until
 from tests.test_supervisor import GPU, FakeServer, Rig

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.dir_watch import FileId
 from nvdp.errors import RegistrationError
 from nvdp.plugin.kubelet_link import (
     RETRY_MAX_S,
@@ -19,7 +20,6 @@ from nvdp.plugin.kubelet_link import (
     KubeletLink,
 )
 from nvdp.plugin.server import PreferredAllocator
-from nvdp.plugin.watch import FileId
 
 KUBELET = Path("/kubelet/kubelet.sock")
 FIRST_KUBELET: FileId = (1, 100)

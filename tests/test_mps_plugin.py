@@ -284,8 +284,8 @@ def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) 
 
 
 def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -> None:
+    from nvdp.dir_watch import DirWatcher
     from nvdp.mps.ready import MpsReadiness
-    from nvdp.plugin.watch import DirWatcher
     from nvdp.resources import build_resources
 
     plugin_dir = tmp_path / "plugins"
@@ -318,8 +318,8 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
     """The daemon creates `<root>/nvidia.com/gpu` between `changed()` finding it missing and the
     watch on the root: the marker made in it must still wake the supervisor (it used to sleep on
     until something else woke it, and the resource was never served)."""
+    from nvdp.dir_watch import DirWatcher
     from nvdp.mps.ready import MpsReadiness
-    from nvdp.plugin.watch import DirWatcher
 
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from nvdp.cdi import writer
 from nvdp.cdi.lock import SpecDirLock, lock_path
@@ -32,10 +31,10 @@ from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qua
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
 from nvdp.devices import parse_mig_minors
+from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.watch import IN_CLOSE_WRITE
 from nvdp.resources import Resource
 from nvdp.unusable import Unusable, leave_out
 
@@ -44,10 +43,6 @@ log = logging.getLogger(__name__)
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 10.0
-
-
-class Watcher(Protocol):
-    def add(self, directory: Path, extra_events: int = ...) -> bool: ...
 
 
 @dataclass(frozen=True)

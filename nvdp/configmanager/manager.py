@@ -31,9 +31,9 @@ from typing import Protocol
 from nvdp.configmanager import files, process
 from nvdp.configmanager.selection import EMPTY, list_entries, select
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
+from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
 from nvdp.logs import log_event
-from nvdp.plugin.watch import IN_CLOSE_WRITE, DirWatcher
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
+from nvdp.dir_watch import Watcher
 from nvdp.misfits import Misfit
 from nvdp.resources import NodeResources, Resource
 
@@ -26,10 +26,6 @@ from .plan import MPS_STRATEGY
 from .status import read_status
 
 REASON = "MpsDaemonNotReady"
-
-
-class Watcher(Protocol):
-    def add(self, directory: Path) -> bool: ...
 
 
 class MpsReadiness:

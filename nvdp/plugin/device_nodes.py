@@ -15,19 +15,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from nvdp.cdi.scan import inside, visible_roots
+from nvdp.dir_watch import Watcher
 from nvdp.plugin.node_facts import visible_dev_root
 from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NodeResources, Resource
 from nvdp.unusable import Unusable, leave_out
 
 REASON = "DeviceNodeMissing"
-
-
-class Watcher(Protocol):
-    def add(self, directory: Path) -> bool: ...
 
 
 class DeviceNodes:

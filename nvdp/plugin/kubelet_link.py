@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.dir_watch import FileId
 from nvdp.errors import RegistrationError
 from nvdp.logs import log_event
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.types import Registrar
-from nvdp.plugin.watch import FileId
 
 log = logging.getLogger(__name__)
 

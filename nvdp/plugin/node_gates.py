@@ -15,13 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from nvdp.cdi import CdiPublisher
+from nvdp.dir_watch import Watcher
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.device_nodes import DeviceNodes
 from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.types import DaemonSettings, MisfitSink, Watcher
+from nvdp.plugin.types import DaemonSettings, MisfitSink
 from nvdp.resources import NodeResources, Resource
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
+from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import RegistrationError
-from nvdp.plugin.watch import FileId, file_id
 
 
 def register(

@@ -35,12 +35,12 @@ import grpc
 
 from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
 from nvdp.devices import Device, DeviceSet, format_ids
+from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
 from nvdp.mps.allocate import add_mps
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.plugin.status import RpcObserver, rpc
-from nvdp.plugin.watch import FileId, file_id
 from nvdp.resources import Resource
 
 log = logging.getLogger(__name__)

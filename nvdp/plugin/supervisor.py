@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Generic
 
+from nvdp.dir_watch import DirWatcher, FileId, Watcher, call_aside, file_id
 from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.logs import log_event
@@ -45,9 +46,7 @@ from nvdp.plugin.types import (
     S,
     ServerFactory,
     StatusObserver,
-    Watcher,
 )
-from nvdp.plugin.watch import DirWatcher, FileId, call_aside, file_id
 from nvdp.resources import NodeResources, Resource
 
 __all__ = ["DaemonSettings", "InitError", "PluginServer", "StatusObserver", "Supervisor"]

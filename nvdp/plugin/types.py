@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from nvdp.cdi.names import CdiSettings
+from nvdp.dir_watch import FileId
 from nvdp.health.types import HealthSettings, HealthTarget
 from nvdp.misfits import Misfit
 from nvdp.mps.plan import node_misfits as mps_misfits
@@ -18,7 +19,6 @@ from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.status import RpcObserver
-from nvdp.plugin.watch import FileId
 from nvdp.resources import NamePattern, NodeResources, Replication, Resource, build_resources
 
 
@@ -126,15 +126,6 @@ class Registrar(Protocol):
         preferred_allocation: bool = True,
         timeout: float = 10.0,
     ) -> FileId: ...
-
-
-class Watcher(Protocol):
-    """Wakes the loop on a change in the kubelet's directory or on `wake()` (`DirWatcher`)."""
-
-    def wait(self, timeout: float | None) -> bool: ...
-    def add(self, directory: Path, extra_events: int = ...) -> bool: ...
-    def wake(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class NodeFacts(Protocol):

@@ -1,4 +1,5 @@
-"""Waiting for changes at the kubelet's device-plugin directory without polling.
+"""Waiting for changes at a directory without polling (the kubelet's device-plugin directory, the
+config-manager's config directory, the directories of node facts).
 
 Linux inotify through ctypes. The watch follows the directory's *path*, not the inode it named at
 start: a kubelet restart deletes our sockets and re-creates kubelet.sock in the directory, and a
@@ -80,6 +81,16 @@ def file_id(path: Path) -> FileId | None:
     except OSError:
         return None
     return (st.st_ino, st.st_ctime_ns)
+
+
+class Watcher(Protocol):
+    """What a loop sleeps in (`DirWatcher`, a test's fake): woken by a change in the directories it
+    follows or by `wake()`; the parts that serve by node facts `add` their directories to it."""
+
+    def wait(self, timeout: float | None) -> bool: ...
+    def add(self, directory: Path, extra_events: int = ...) -> bool: ...
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
 
 
 Names = frozenset[str] | None  # the entry names that matter in a watched directory; None: every event
@@ -307,12 +318,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-class Waiter(Protocol):
-    def wait(self, timeout: float | None) -> bool: ...
-    def wake(self) -> None: ...
-
-
-def call_aside(call: Callable[[], T], watcher: Waiter, stop: threading.Event, name: str) -> T | None:
+def call_aside(call: Callable[[], T], watcher: Watcher, stop: threading.Event, name: str) -> T | None:
     """`call()` on a thread of its own while the caller's loop waits on `watcher` for its result or
     `stop`: a call that blocks (a config file on a hung mount) cannot hold a stop back. None when the
     stop came first (the call is left behind; the process is ending). Raises what `call` raised."""
