@@ -1,7 +1,7 @@
 """The plugin daemon's wiring: resolved config -> NVML backend -> supervisor, node health and metrics.
 
 `Daemon` is what `nvdp plugin` runs on the main thread and what `nvdp simulate` runs on a thread. It
-only builds and connects the parts: the config mapping is `nvdp.settings`, the node's health
+only builds and connects the parts: the config mapping is `nvdp.daemon_settings`, the node's health
 `nvdp.health.node`, the main loop `nvdp.plugin.supervisor`.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
-from nvdp.cdi.settings import imex_channels
 from nvdp.config import Config
+from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import node_events_from_env
@@ -26,7 +26,7 @@ from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.dir_lock import DirClaim
-from nvdp.plugin.node_facts import HostFacts
+from nvdp.plugin.host_facts import RealHostFacts
 from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
@@ -35,7 +35,6 @@ from nvdp.plugin.status import RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
-from nvdp.settings import daemon_settings, health_settings
 
 if TYPE_CHECKING:
     from nvdp.metrics import Metrics
@@ -144,7 +143,7 @@ class Daemon:
             settings,
             reload=settings_source(reload_config),
             make_server=self._servers,
-            node_facts=HostFacts(),
+            host_facts=RealHostFacts(),
             allocator_factory=TopologyAllocators(counted),
             health=self.health,
             observer=observer,

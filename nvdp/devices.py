@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 REPLICA_SEPARATOR = "::"
+# The driver's control nodes, offered to every container that gets a GPU when present.
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+# The MIG capability minors (`parse_mig_minors`); procfs shows the host's driver state in a container too.
+MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 _MAX_NAMED_IDS = 10
 _MAX_ID_CHARS = 80
 # /proc/driver/nvidia-caps/mig-minors lists `gpu<minor>/gi<g>/access <n>` and
@@ -72,6 +77,12 @@ class Device:
     def is_mig(self) -> bool:
         return self.mig is not None
 
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """The sort key of advertisement and answers: by GPU, then MIG device, then replica."""
+        mig = self.mig.index if self.mig is not None else -1
+        return (self.gpu_index, mig, self.replica if self.replica is not None else -1)
+
 
 class DeviceSet(Mapping[str, Device]):
     """Devices of one resource keyed by ID, in advertisement order."""
@@ -106,6 +117,18 @@ class DeviceSet(Mapping[str, Device]):
     def with_uuid(self, uuid: str) -> list[Device]:
         """Every device (replicas included) whose underlying GPU or MIG uuid is `uuid`."""
         return [d for d in self._by_id.values() if d.uuid == uuid]
+
+
+def device_names(devices: Sequence[Device]) -> str:
+    """Devices in words: `GPUs 0, 1 and MIG device 3:0`."""
+    whole = [d.index for d in devices if not d.is_mig]
+    migs = [d.index for d in devices if d.is_mig]
+    parts = []
+    if whole:
+        parts.append(("GPU " if len(whole) == 1 else "GPUs ") + ", ".join(whole))
+    if migs:
+        parts.append(("MIG device " if len(migs) == 1 else "MIG devices ") + ", ".join(migs))
+    return " and ".join(parts)
 
 
 def parse_mig_minors(text: str) -> dict[str, int]:

@@ -31,11 +31,11 @@ rest is served, as one ConfigMap serving a mixed fleet needs:
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from nvdp.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
+from nvdp.config.model import MIG_STRATEGIES, MPS, NamePattern, ReplicatedResource
+from nvdp.devices import AnnotatedID, Device, DeviceSet, device_names, gpu_device, mig_device
 from nvdp.errors import ConfigError
 from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors; importers use either
 from nvdp.list_size import oversized
@@ -43,30 +43,6 @@ from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 
 DEFAULT_PREFIX = "nvidia.com/"
-MIG_STRATEGIES = ("none", "single", "mixed")
-
-
-@dataclass(frozen=True)
-class NamePattern:
-    """One `resources.gpus` / `resources.mig` entry: a glob over product / profile names."""
-
-    pattern: str
-    name: str  # fully qualified, e.g. nvidia.com/gpu
-
-    def matches(self, value: str) -> bool:
-        return fnmatch.fnmatchcase(value, self.pattern)
-
-
-@dataclass(frozen=True)
-class Replication:
-    """One `sharing.<strategy>.resources` entry."""
-
-    name: str  # the resource whose devices are shared
-    replicas: int
-    rename: str | None = None
-    devices: str | int | tuple[str, ...] = "all"  # "all", a count, or indices / uuids
-    strategy: str = "time-slicing"  # or "mps"
-    fail_requests_greater_than_one: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,7 +57,7 @@ class Resource:
 
     name: str
     devices: DeviceSet
-    sharing: str | None = None  # "time-slicing" | "mps" | None
+    sharing: str | None = None  # TIME_SLICING | MPS | None
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -157,7 +133,7 @@ def build_resources(
     mig_strategy: str = "none",
     gpu_patterns: Sequence[NamePattern] = (),
     mig_patterns: Sequence[NamePattern] = (),
-    sharing: Sequence[Replication] = (),
+    sharing: Sequence[ReplicatedResource] = (),
     mig_minors: Mapping[str, int] | None = None,
     allocation_policy: str = "distributed",
 ) -> NodeResources:
@@ -271,13 +247,15 @@ def _indices(gpus: Sequence[GpuInfo]) -> str:
     return ",".join(str(g.index) for g in gpus)
 
 
-def _entry(rule: Replication, i: int) -> str:
+def _entry(rule: ReplicatedResource, i: int) -> str:
     """The config path of sharing entry i: `sharing.timeSlicing.resources[i]`."""
-    section = "mps" if rule.strategy == "mps" else "timeSlicing"
+    section = "mps" if rule.strategy == MPS else "timeSlicing"
     return f"sharing.{section}.resources[{i}]"
 
 
-def _select_shared(resource: Resource, rule: Replication, entry: str, misfits: list[Misfit]) -> list[Device]:
+def _select_shared(
+    resource: Resource, rule: ReplicatedResource, entry: str, misfits: list[Misfit]
+) -> list[Device]:
     """The devices of `resource` the entry selects; a selection beyond this node's devices shares
     those it has, with a misfit naming what is missing."""
     devices = list(resource.devices.values())
@@ -315,22 +293,11 @@ def _select_shared(resource: Resource, rule: Replication, entry: str, misfits: l
     return chosen
 
 
-def _device_names(devices: Sequence[Device]) -> str:
-    whole = [d.index for d in devices if not d.is_mig]
-    migs = [d.index for d in devices if d.is_mig]
-    parts = []
-    if whole:
-        parts.append(("GPU " if len(whole) == 1 else "GPUs ") + ", ".join(whole))
-    if migs:
-        parts.append(("MIG device " if len(migs) == 1 else "MIG devices ") + ", ".join(migs))
-    return " and ".join(parts)
-
-
 def _apply_sharing(
-    resources: dict[str, Resource], sharing: Sequence[Replication], misfits: list[Misfit]
+    resources: dict[str, Resource], sharing: Sequence[ReplicatedResource], misfits: list[Misfit]
 ) -> list[Resource]:
     out: dict[str, list[Device]] = {n: list(r.devices.values()) for n, r in resources.items()}
-    meta: dict[str, Replication] = {}
+    meta: dict[str, ReplicatedResource] = {}
     counts: dict[str, dict[str, int]] = {}
     claimed: dict[str, tuple[int, str]] = {}  # device id -> (entry index, entry path)
     for i, rule in enumerate(sharing):
@@ -358,7 +325,7 @@ def _apply_sharing(
                 Misfit(
                     "SharingEntriesOverlap",
                     entry,
-                    f"{entry}: selects {_device_names(both)} of {rule.name}, also selected by {other}; "
+                    f"{entry}: selects {device_names(both)} of {rule.name}, also selected by {other}; "
                     "entries with the same name need disjoint devices; entry not applied",
                 )
             )
@@ -384,13 +351,13 @@ def _apply_sharing(
             continue
         rule_for = meta.get(name)
         if rule_for is None:
-            result.append(Resource(name, DeviceSet(sorted(devices, key=_device_order))))
+            result.append(Resource(name, DeviceSet(sorted(devices, key=lambda d: d.order))))
         else:
             per_unit = counts[name]
             result.append(
                 Resource(
                     name,
-                    DeviceSet(sorted(devices, key=_device_order)),
+                    DeviceSet(sorted(devices, key=lambda d: d.order)),
                     sharing=rule_for.strategy,
                     replicas=min(per_unit.values()),
                     fail_requests_greater_than_one=rule_for.fail_requests_greater_than_one,
@@ -399,8 +366,3 @@ def _apply_sharing(
             )
     result.sort(key=lambda r: r.name)
     return result
-
-
-def _device_order(device: Device) -> tuple[int, int, int]:
-    mig = device.mig.index if device.mig is not None else -1
-    return (device.gpu_index, mig, device.replica if device.replica is not None else -1)

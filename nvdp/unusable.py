@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nvdp.devices import Device, DeviceSet
+from nvdp.devices import Device, DeviceSet, device_names
 from nvdp.misfits import Misfit
 from nvdp.resources import NodeResources, Resource
 
@@ -63,7 +63,7 @@ def leave_out(resources: Sequence[Resource], unusable: Mapping[str, Unusable]) -
         Misfit(
             fact.reason,
             fact.subject,
-            f"{device_names(list(devices.values()))}: {fact.why}; not advertised",
+            f"{_named(list(devices.values()))}: {fact.why}; not advertised",
             withholds=tuple(emptied.get(fact, ())),
         )
         for fact, devices in taken.items()
@@ -71,16 +71,9 @@ def leave_out(resources: Sequence[Resource], unusable: Mapping[str, Unusable]) -
     return NodeResources(kept, misfits)
 
 
-def device_names(devices: Sequence[Device]) -> str:
+def _named(devices: Sequence[Device]) -> str:
     """`GPU 3 (GPU-...)` for one device; `GPU 3 and MIG devices 3:0, 3:1` for several."""
     if len(devices) == 1:
         device = devices[0]
         return f"{'MIG device' if device.is_mig else 'GPU'} {device.index} ({device.uuid})"
-    whole = [d.index for d in devices if not d.is_mig]
-    migs = [d.index for d in devices if d.is_mig]
-    parts = []
-    if whole:
-        parts.append(("GPU " if len(whole) == 1 else "GPUs ") + ", ".join(whole))
-    if migs:
-        parts.append(("MIG device " if len(migs) == 1 else "MIG devices ") + ", ".join(migs))
-    return " and ".join(parts)
+    return device_names(devices)

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from nvdp.cdi import CdiPublisher, CdiSettings
 from nvdp.cdi.publisher import answer_names
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
-from nvdp.cdi.settings import cdi_settings, imex_channels
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
-from nvdp.config import Config
+from nvdp.config import Config, ReplicatedResource
+from nvdp.daemon_settings import cdi_settings, imex_channels
 from nvdp.devices import parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE
 from nvdp.errors import ConfigError
@@ -32,7 +32,7 @@ from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.resources import Replication, build_resources
+from nvdp.resources import build_resources
 from nvdp.unusable import Unusable, leave_out
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
 from tests.sim import sim_gpus
@@ -280,7 +280,8 @@ def test_device_missing_from_the_spec_is_left_out_of_its_resources(
     root, gpus = node
     (root / "dev/nvidia3").unlink()
     resources = build_resources(
-        gpus, sharing=[Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))]
+        gpus,
+        sharing=[ReplicatedResource("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("3",))],
     ).resources
     assert [r.name for r in resources] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
     result = publisher.publish(settings_for(root, tmp_path / "cdi"), gpus, resources, DRIVER_VERSION)
@@ -328,7 +329,7 @@ def test_mode_without_device_nodes_is_not_offered(tmp_path: Path, publisher: Cdi
 
 def test_unusable_devices_are_left_out_of_every_resource_replicas_included() -> None:
     gpus = sim_gpus("dgx-a100-mig")
-    rules = [Replication("nvidia.com/mig-1g.5gb", 2), Replication("nvidia.com/mig-3g.20gb", 3)]
+    rules = [ReplicatedResource("nvidia.com/mig-1g.5gb", 2), ReplicatedResource("nvidia.com/mig-3g.20gb", 3)]
     resources = build_resources(gpus, mig_strategy="mixed", sharing=rules).resources
     by_name = {r.name: r for r in resources}
     small = [d for d in by_name["nvidia.com/mig-1g.5gb"].devices.values() if d.replica == 0]
@@ -536,7 +537,7 @@ time.sleep(60)
 def test_replicas_resolve_to_their_gpu_device() -> None:
     gpus = sim_gpus("pcie-4")
     [shared] = build_resources(
-        gpus, sharing=[Replication("nvidia.com/gpu", 4, devices=("1",))][:1]
+        gpus, sharing=[ReplicatedResource("nvidia.com/gpu", 4, devices=("1",))][:1]
     ).resources[-1:]
     cdi = CdiSettings()
     names = answer_names(shared, cdi)
@@ -659,7 +660,7 @@ def test_every_answer_name_resolves_in_written_specs(
     gpus = NODES[profile]()
     resources = build_resources(gpus, mig_strategy=mig_strategy).resources
     if replicas:
-        rules = [Replication(r.name, replicas) for r in resources]
+        rules = [ReplicatedResource(r.name, replicas) for r in resources]
         resources = build_resources(gpus, mig_strategy=mig_strategy, sharing=rules).resources
     root = roots[profile]
     with tempfile.TemporaryDirectory(prefix="nvdp-cdi-specs-") as spec_dir:

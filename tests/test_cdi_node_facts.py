@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import Config
+from nvdp.daemon_settings import daemon_settings
 from nvdp.dir_watch import DirWatcher
 from nvdp.kubelet_standin import Kubelet
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.plugin.supervisor import DaemonSettings, Supervisor
-from nvdp.settings import daemon_settings
 from nvdp.testing import Process, free_port, start_plugin, wait_until
 from tests.cdi_support import make_char_device, make_node
 from tests.sim import sim_gpus
@@ -290,7 +290,7 @@ def test_a_missing_device_node_becomes_a_node_event(root: Path, sock_dir: Path) 
         settings,
         reload=lambda: settings,
         make_server=FakeServer,
-        node_facts=FakeFacts(),
+        host_facts=FakeFacts(),
         register=fake.register,
         socket_id=lambda path: fake.socket_id,
         misfits=MisfitReport(events),

@@ -10,8 +10,8 @@ import pytest
 from nvdp.config import (
     Config,
     Health,
+    NamePattern,
     ReplicatedResource,
-    Resource,
     load_file,
     parse,
     parse_go_duration,
@@ -97,10 +97,13 @@ def test_mig_mixed_example() -> None:
 
 def test_resource_names_get_the_default_prefix() -> None:
     config = load_file(DATA / "resources.yaml")
-    assert config.resources.gpus == (Resource("*A100*", "nvidia.com/a100"), Resource("*", "nvidia.com/gpu"))
+    assert config.resources.gpus == (
+        NamePattern("*A100*", "nvidia.com/a100"),
+        NamePattern("*", "nvidia.com/gpu"),
+    )
     assert config.resources.mig == (
-        Resource("1g.5gb", "nvidia.com/mig-small"),
-        Resource("*", "nvidia.com/mig-large"),
+        NamePattern("1g.5gb", "nvidia.com/mig-small"),
+        NamePattern("*", "nvidia.com/mig-large"),
     )
     ts = config.sharing.time_slicing
     assert ts is not None

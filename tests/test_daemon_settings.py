@@ -1,4 +1,4 @@
-"""Mapping the resolved config onto the daemon (nvdp.settings, pure and total), and the settings nvdp
+"""Mapping the resolved config onto the daemon (nvdp.daemon_settings, pure and total), and the settings nvdp
 refuses (nvdp.config.rules, through resolve: every problem at once)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import argparse
 import pytest
 
 from nvdp.config import add_plugin_flags, parse_text, resolve
+from nvdp.daemon_settings import daemon_settings
 from nvdp.errors import ConfigError
-from nvdp.settings import daemon_settings
 
 
 def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # type: ignore[no-untyped-def]
@@ -49,7 +49,7 @@ def test_time_slicing_rule() -> None:
         "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
         "    - name: gpu\n      replicas: 5\n"
     )
-    (rule,) = daemon_settings(config_from([], text)).sharing
+    (rule,) = daemon_settings(config_from([], text)).rules.sharing
     assert (rule.name, rule.replicas, rule.rename, rule.strategy) == (
         "nvidia.com/gpu",
         5,
@@ -133,7 +133,7 @@ def test_no_sharing_and_default_health() -> None:
     from nvdp.health import HealthSettings
 
     settings = daemon_settings(config_from([]))
-    assert settings.sharing == ()
+    assert settings.rules.sharing == ()
     assert settings.health == HealthSettings()
     assert settings.response.control_devices == ()  # node facts are the supervisor's to read
 

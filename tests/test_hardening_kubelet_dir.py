@@ -153,7 +153,7 @@ def claimed_rig(tmp_path: Path, claim: FakeClaim) -> Rig:
         old.settings,
         reload=rig._reload,
         make_server=old._make_server,
-        node_facts=rig.facts,
+        host_facts=rig.facts,
         register=rig.kubelet.register,
         watcher=old._make_watcher,
         socket_id=lambda path: rig.kubelet.socket_id,

@@ -8,13 +8,14 @@ import dataclasses
 from pathlib import Path
 
 from nvdp.api import UNHEALTHY, pb
+from nvdp.config import ReplicatedResource
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
 from nvdp.kubelet_standin import Kubelet
 from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import Replication, build_resources, default_mig_patterns
+from nvdp.resources import build_resources, default_mig_patterns
 from nvdp.testing import Process, start_plugin
 from tests.test_config_options import WITH_FILE, errors
 
@@ -38,7 +39,7 @@ def test_replicas_over_the_cap_are_refused_in_one_line() -> None:
 
 def test_list_size_is_the_encoded_size() -> None:
     gpus = sim_gpus()
-    (resource,) = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 3)]).resources
+    (resource,) = build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", 3)]).resources
     response = pb.ListAndWatchResponse()
     for device in resource.devices.values():
         item = response.devices.add(ID=device.id, health=UNHEALTHY)
@@ -53,7 +54,7 @@ def test_a_resource_too_large_for_the_kubelet_is_withheld() -> None:
         dataclasses.replace(base[n % 8], uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000", index=n)
         for n in range(64)
     ]
-    built = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
+    built = build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
     assert built.resources == []
     assert [(m.reason, m.message, m.withholds) for m in built.misfits] == [
         (
@@ -65,7 +66,8 @@ def test_a_resource_too_large_for_the_kubelet_is_withheld() -> None:
         )
     ]
     assert (
-        len(build_resources(gpus, sharing=[Replication("nvidia.com/gpu", 256)]).resources[0].devices) == 16384
+        len(build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", 256)]).resources[0].devices)
+        == 16384
     )
 
 

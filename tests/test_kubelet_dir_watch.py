@@ -21,6 +21,7 @@ import pytest
 from nvdp.api import pb, pb_grpc
 from nvdp.dir_watch import DirWatcher
 from nvdp.errors import DirLockHeld, NvdpError
+from nvdp.inventory import ResourceRules
 from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import open_sim
@@ -258,7 +259,9 @@ def test_supervisor_retries_a_server_that_cannot_listen(
 def test_other_resources_serve_while_one_cannot_listen(tmp_path: Path) -> None:
     failing = "nvidia.com/mig-1g.5gb"
     FailingServer.plan = {failing: 1_000_000}
-    settings = DaemonSettings(kubelet_socket=tmp_path / "kubelet.sock", mig_strategy="mixed")
+    settings = DaemonSettings(
+        kubelet_socket=tmp_path / "kubelet.sock", rules=ResourceRules(mig_strategy="mixed")
+    )
     rig = Rig(tmp_path, settings, nvml=open_nvml("sim:dgx-a100-mig"), server_type=FailingServer)
     rig.start()
     try:

@@ -1,6 +1,8 @@
-"""The shape of the code, read from the source (AST, nothing imported): no import cycles, a pure core
-that reaches no I/O shell, one importer per outside dependency, modules of one job and a size a
-reader takes in. Type-only imports (`if TYPE_CHECKING:`) are not edges; imports inside functions are.
+"""The shape of the code, read from the source (AST, nothing imported): no import cycles between
+modules, none between packages (a layered house), a pure core that reaches no I/O shell, one importer
+per outside dependency, one name per class, modules of one job and a size a reader takes in. Imports
+inside functions are edges; type-only imports (`if TYPE_CHECKING:`) are edges between packages,
+not between modules (a module may name, for its types, a module that imports it).
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ PURE = {
     "nvdp.allocation.topology",
     "nvdp.cdi.names",
     "nvdp.cdi.spec",
+    "nvdp.config.model",
+    "nvdp.config.values",
     "nvdp.devices",
     "nvdp.gfd.labels",
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",
+    "nvdp.inventory",
     "nvdp.kubelet_standin.validation",
     "nvdp.list_size",
     "nvdp.misfits",
@@ -65,20 +70,22 @@ class Module:
     path: Path
     tree: ast.Module
     imports: set[str] = field(default_factory=set)  # nvdp modules
+    type_imports: set[str] = field(default_factory=set)  # nvdp modules named under `if TYPE_CHECKING:`
     outside: set[str] = field(default_factory=set)  # top-level names of other packages
     dynamic: set[str] = field(default_factory=set)  # importlib.import_module("...") literals
 
 
-def _runtime_nodes(tree: ast.Module) -> Iterator[ast.AST]:
-    """Every node, minus the bodies of `if TYPE_CHECKING:` blocks."""
-    stack: list[ast.AST] = [tree]
+def _nodes(tree: ast.Module) -> Iterator[tuple[ast.AST, bool]]:
+    """Every node, and whether it is in the body of an `if TYPE_CHECKING:` block."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
     while stack:
-        node = stack.pop()
+        node, typing_only = stack.pop()
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
+            stack.extend((child, True) for child in node.body)
+            stack.extend((child, typing_only) for child in node.orelse)
             continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
+        yield node, typing_only
+        stack.extend((child, typing_only) for child in ast.iter_child_nodes(node))
 
 
 @cache
@@ -98,7 +105,7 @@ def modules() -> dict[str, Module]:
 
     for module in found.values():
         package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
-        for node in _runtime_nodes(module.tree):
+        for node, typing_only in _nodes(module.tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -119,8 +126,8 @@ def modules() -> dict[str, Module]:
             for target in targets:
                 if target == "nvdp" or target.startswith("nvdp."):
                     if known(target) != module.name:
-                        module.imports.add(known(target))
-                else:
+                        (module.type_imports if typing_only else module.imports).add(known(target))
+                elif not typing_only:
                     module.outside.add(target.split(".")[0])
     return found
 
@@ -129,16 +136,16 @@ def importers(predicate: str) -> set[str]:
     return {m.name for m in modules().values() if predicate in m.outside or predicate in m.dynamic}
 
 
-def test_no_import_cycles() -> None:
-    graph = {name: module.imports for name, module in modules().items()}
-    cycles: list[list[str]] = []
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of `graph` meets, each as the path that closes it."""
+    found: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
     def visit(name: str, path: list[str]) -> None:
         state[name] = 1
         for target in sorted(graph[name]):
             if state.get(target) == 1:
-                cycles.append(path[path.index(target) :] + [target])
+                found.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target, [*path, target])
         state[name] = 2
@@ -146,7 +153,28 @@ def test_no_import_cycles() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert cycles == []
+    return found
+
+
+def package_of(module: str) -> str:
+    """The layer a module belongs to: its package under nvdp (`nvdp.plugin`), or itself for a module
+    directly under nvdp (`nvdp.cli`)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles() -> None:
+    assert cycles({name: module.imports for name, module in modules().items()}) == []
+
+
+def test_packages_are_layered() -> None:
+    """No package reaches back to one that imports it, through any module, for its types either."""
+    graph: dict[str, set[str]] = {}
+    for name, module in modules().items():
+        edges = graph.setdefault(package_of(name), set())
+        edges.update(package_of(target) for target in module.imports | module.type_imports)
+    for package, edges in graph.items():
+        edges.discard(package)
+    assert cycles(graph) == []
 
 
 def test_the_pure_core_reaches_no_io_shell() -> None:
@@ -202,3 +230,16 @@ def test_every_module_says_its_job_and_stays_readable() -> None:
         if not m.name.startswith(GENERATED) and (n := len(m.path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_one_name_per_class() -> None:
+    """No two classes in nvdp share a name: one concept, one name (nested classes included; the
+    generated gRPC code names its classes after the API's services)."""
+    where: dict[str, list[str]] = {}
+    for module in modules().values():
+        if module.name.startswith(GENERATED):
+            continue
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module.name)
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.config import parse_text
+from nvdp.config import ReplicatedResource, parse_text
 from nvdp.devices import AnnotatedID
+from nvdp.inventory import mps_misfits
 from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.command import node_plans
 from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import container_limit_envs, node_misfits
+from nvdp.mps.plan import container_limit_envs
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
-from nvdp.resources import Replication, build_resources
+from nvdp.resources import build_resources
 from nvdp.testing import start_plugin
 from tests.sim import sim_gpus
 
@@ -52,8 +53,8 @@ def test_daemon_limits_use_each_gpus_own_count() -> None:
 def test_container_limits_use_each_gpus_own_count() -> None:
     gpus = sim_gpus("pcie-4")
     sharing = (
-        Replication(GPU, 2, strategy="mps", devices=("0", "1")),
-        Replication(GPU, 4, strategy="mps", devices=("2",)),
+        ReplicatedResource(GPU, 2, strategy="mps", devices=("0", "1")),
+        ReplicatedResource(GPU, 4, strategy="mps", devices=("2",)),
     )
     (resource,) = build_resources(gpus, sharing=sharing).resources
     assert resource.replicas == 2  # the smallest: what the limits must not use
@@ -118,10 +119,10 @@ def test_allocate_limits_follow_each_gpus_count(sock_dir: Path, kubelet: Kubelet
 def test_volta_client_limit_is_per_gpu(replicas: tuple[int, int], refused: str | None) -> None:
     volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:2]]
     sharing = (
-        Replication(GPU, replicas[0], strategy="mps", devices=("0",)),
-        Replication(GPU, replicas[1], strategy="mps", devices=("1",)),
+        ReplicatedResource(GPU, replicas[0], strategy="mps", devices=("0",)),
+        ReplicatedResource(GPU, replicas[1], strategy="mps", devices=("1",)),
     )
     resources = build_resources(volta, sharing=sharing).resources
-    misfits = node_misfits(resources, volta)
+    misfits = mps_misfits(resources, volta)
     assert [m.message for m in misfits] == ([] if refused is None else [refused])
     assert all(m.withholds == (GPU,) for m in misfits)

@@ -16,12 +16,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvdp.config import add_plugin_flags, resolve
+from nvdp.config import ReplicatedResource, add_plugin_flags, resolve
 from nvdp.errors import ConfigError
+from nvdp.inventory import mps_misfits
 from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import node_misfits
-from nvdp.resources import Replication, build_resources
+from nvdp.resources import build_resources
 from nvdp.testing import Process, clean_env, free_port, start_plugin, wait_until
 from tests.mps_standin import Standin
 from tests.sim import sim_gpus
@@ -228,22 +228,22 @@ def test_config_refusals(argv: list[str], text: str, expected: list[str], tmp_pa
 
 
 def test_node_misfits() -> None:
-    mps = (Replication("nvidia.com/gpu", 20, strategy="mps"),)
+    mps = (ReplicatedResource("nvidia.com/gpu", 20, strategy="mps"),)
     mig = sim_gpus("dgx-a100-mig")[3:4]  # one GPU, MIG 7g.40gb
     assert [
         m.message
-        for m in node_misfits(build_resources(mig, mig_strategy="single", sharing=mps).resources, mig)
+        for m in mps_misfits(build_resources(mig, mig_strategy="single", sharing=mps).resources, mig)
     ] == [
         "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 3:0 would be shared); "
         "not advertised"
     ]
     volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:1]]
-    assert [m.message for m in node_misfits(build_resources(volta, sharing=mps).resources, volta)] == [
+    assert [m.message for m in mps_misfits(build_resources(volta, sharing=mps).resources, volta)] == [
         "sharing.mps: nvidia.com/gpu: 20 replicas are more than MPS supports on GPU 0 "
         "(compute capability 7.0: 16 clients); not advertised"
     ]
     turing = [g.__class__(**{**g.__dict__, "compute_capability": (7, 5)}) for g in sim_gpus("pcie-4")[:1]]
-    assert node_misfits(build_resources(turing, sharing=mps).resources, turing) == []
+    assert mps_misfits(build_resources(turing, sharing=mps).resources, turing) == []
 
 
 def test_node_misfit_is_one_warning_and_the_plugin_keeps_running(sock_dir: Path, tmp_path: Path) -> None:
@@ -295,7 +295,7 @@ def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -
     try:
         assert watcher.uses_inotify
         gpus = sim_gpus("pcie-4")
-        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
+        resources = build_resources(gpus, sharing=(ReplicatedResource(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
         assert gate.filter(resources, str(root.path)).resources == []  # no marker: not served
         root.path.mkdir()
@@ -335,7 +335,7 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
 
     try:
         gpus = sim_gpus("pcie-4")
-        resources = build_resources(gpus, sharing=(Replication(GPU, 4, strategy="mps"),)).resources
+        resources = build_resources(gpus, sharing=(ReplicatedResource(GPU, 4, strategy="mps"),)).resources
         gate = MpsReadiness()
         assert gate.filter(resources, str(root.path)).resources == []
         assert not gate.changed(DaemonRacingWatcher())

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from nvdp.config import NamePattern, ReplicatedResource
 from nvdp.devices import mig_cap_paths, parse_mig_minors
 from nvdp.errors import ConfigError
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.resources import (
-    NamePattern,
-    Replication,
     build_resources,
     qualify,
 )
@@ -140,7 +139,7 @@ def test_patterns_rename_and_unmatched_gpu_is_left_out() -> None:
 
 def test_time_slicing_replicas_keep_name() -> None:
     gpus = [gpu(0), gpu(1)]
-    resources = build_resources(gpus, sharing=[Replication("nvidia.com/gpu", replicas=4)]).resources
+    resources = build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", replicas=4)]).resources
     (shared,) = resources
     assert shared.name == "nvidia.com/gpu" and shared.sharing == "time-slicing" and len(shared.devices) == 8
     assert f"{gpus[1].uuid}::3" in shared.devices
@@ -149,7 +148,7 @@ def test_time_slicing_replicas_keep_name() -> None:
 
 def test_time_slicing_rename_and_subset_by_index() -> None:
     gpus = [gpu(0), gpu(1), gpu(2)]
-    rule = Replication(
+    rule = ReplicatedResource(
         "nvidia.com/gpu", replicas=2, rename="nvidia.com/gpu.shared", devices=("1", gpus[2].uuid)
     )
     resources = build_resources(gpus, sharing=[rule]).resources
@@ -184,7 +183,9 @@ def test_time_slicing_rename_and_subset_by_index() -> None:
 def test_sharing_beyond_the_node_shares_what_it_has(
     devices: int | tuple[str, ...], served: dict[str, int], message: str
 ) -> None:
-    built = build_resources([gpu(0), gpu(1)], sharing=[Replication("nvidia.com/gpu", 2, devices=devices)])
+    built = build_resources(
+        [gpu(0), gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 2, devices=devices)]
+    )
     assert names(built.resources) == served
     assert [(m.reason, m.message) for m in built.misfits] == [
         ("SharingDevicesMissing", f"sharing.timeSlicing.resources[0]: nvidia.com/gpu: {message}")
@@ -206,11 +207,11 @@ def test_qualify() -> None:
 # ---- per-GPU replica counts under one name, unmatched entries, allocation policy -----------------
 
 
-def _mixed(gpus: list[GpuInfo]) -> list[Replication]:
+def _mixed(gpus: list[GpuInfo]) -> list[ReplicatedResource]:
     return [
-        Replication("nvidia.com/gpu", 2, devices=("0", "1")),
-        Replication("nvidia.com/gpu", 4, devices=(gpus[2].uuid,)),
-        Replication("nvidia.com/gpu", 1, devices=("3",)),
+        ReplicatedResource("nvidia.com/gpu", 2, devices=("0", "1")),
+        ReplicatedResource("nvidia.com/gpu", 4, devices=(gpus[2].uuid,)),
+        ReplicatedResource("nvidia.com/gpu", 1, devices=("3",)),
     ]
 
 
@@ -237,8 +238,8 @@ def test_per_gpu_replica_counts_under_one_name() -> None:
 def test_unselected_gpus_stay_whole_under_the_unshared_name() -> None:
     gpus = [gpu(i) for i in range(4)]
     rules = [
-        Replication("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("0",)),
-        Replication("nvidia.com/gpu", 3, rename="nvidia.com/gpu.shared", devices=("1",)),
+        ReplicatedResource("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("0",)),
+        ReplicatedResource("nvidia.com/gpu", 3, rename="nvidia.com/gpu.shared", devices=("1",)),
     ]
     resources = {
         r.name: r for r in build_resources(gpus, sharing=rules, allocation_policy="packed").resources
@@ -252,7 +253,9 @@ def test_unselected_gpus_stay_whole_under_the_unshared_name() -> None:
 
 
 def test_one_replica_alone_is_not_shared() -> None:
-    (resource,) = build_resources([gpu(0), gpu(1)], sharing=[Replication("nvidia.com/gpu", 1)]).resources
+    (resource,) = build_resources(
+        [gpu(0), gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 1)]
+    ).resources
     assert list(resource.devices) == [gpu(0).uuid, gpu(1).uuid]
     assert (resource.sharing, resource.replica_counts, resource.allocation_policy) == (None, {}, None)
 
@@ -260,8 +263,8 @@ def test_one_replica_alone_is_not_shared() -> None:
 def test_overlapping_selections_of_one_name_leave_the_later_entry_out_naming_the_gpus() -> None:
     gpus = [gpu(i) for i in range(4)]
     rules = [
-        Replication("nvidia.com/gpu", 2, devices=("0", "1", "2")),
-        Replication("nvidia.com/gpu", 4, devices=(gpus[1].uuid, "3", gpus[2].uuid)),
+        ReplicatedResource("nvidia.com/gpu", 2, devices=("0", "1", "2")),
+        ReplicatedResource("nvidia.com/gpu", 4, devices=(gpus[1].uuid, "3", gpus[2].uuid)),
     ]
     built = build_resources(gpus, sharing=rules)
     assert names(built.resources) == {"nvidia.com/gpu": 7}  # GPUs 0-2 x2, GPU 3 whole
@@ -275,7 +278,10 @@ def test_overlapping_selections_of_one_name_leave_the_later_entry_out_naming_the
 def test_entry_matching_no_resource_is_not_applied_naming_what_it_could_match() -> None:
     gpus = [gpu(0, name="NVIDIA A100-SXM4-40GB"), gpu(1, name="Tesla T4")]
     patterns = [NamePattern("*A100*", "nvidia.com/a100"), NamePattern("*", "nvidia.com/other")]
-    rules = [Replication("nvidia.com/a100", 2), Replication("nvidia.com/gpu", 2, strategy="mps")]
+    rules = [
+        ReplicatedResource("nvidia.com/a100", 2),
+        ReplicatedResource("nvidia.com/gpu", 2, strategy="mps"),
+    ]
     built = build_resources(gpus, gpu_patterns=patterns, sharing=rules)
     assert names(built.resources) == {"nvidia.com/a100": 2, "nvidia.com/other": 1}
     assert [(m.reason, m.subject, m.message) for m in built.misfits] == [

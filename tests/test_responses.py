@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvdp.devices import Device
-from nvdp.plugin.node_facts import present_control_devices
+from nvdp.plugin.host_facts import present_control_devices
 from nvdp.plugin.responses import ResponseOptions, container_response
 
 

@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 
+from nvdp.config import ReplicatedResource
 from nvdp.devices import DeviceSet
 from nvdp.errors import ConfigError, NvmlError, RegistrationError
 from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.inventory import ResourceRules
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.rescan import LayoutRescanner
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor
-from nvdp.resources import Replication, Resource
+from nvdp.resources import Resource
 
 GPU = "nvidia.com/gpu"
 CONTROLS = ("/dev/nvidiactl",)
@@ -227,7 +229,7 @@ class Rig:
             settings,
             reload=self._reload,
             make_server=make_server,
-            node_facts=self.facts,
+            host_facts=self.facts,
             register=self.kubelet.register,
             watcher=watcher,
             socket_id=lambda path: self.kubelet.socket_id,
@@ -341,7 +343,7 @@ def test_reload_converges_by_diff(rig: Rig, settings: DaemonSettings) -> None:
     (before,) = rig.supervisor.servers.values()
     shared = replace(
         settings,
-        sharing=(Replication(name=GPU, replicas=2, rename=None),),
+        rules=ResourceRules(sharing=(ReplicatedResource(name=GPU, replicas=2, rename=None),)),
         health=HealthSettings(probe_interval=1.0),
     )
     rig.reload(shared)
@@ -402,7 +404,11 @@ def test_nvml_failure_without_fail_on_init_error_idles_ready(
 def test_rescan_applies_a_new_mig_layout_with_the_current_settings(
     tmp_path: Path, settings: DaemonSettings
 ) -> None:
-    rig = Rig(tmp_path, replace(settings, mig_strategy="mixed"), nvml=open_nvml("sim:dgx-a100-mig"))
+    rig = Rig(
+        tmp_path,
+        replace(settings, rules=ResourceRules(mig_strategy="mixed")),
+        nvml=open_nvml("sim:dgx-a100-mig"),
+    )
     assert rig.supervisor.served_gpus() is None  # nothing enumerated yet: no rescan compares
     rig.start()
     try:
@@ -427,7 +433,11 @@ def test_rescan_serves_the_new_uuids_of_a_layout_created_again(
     tmp_path: Path, settings: DaemonSettings
 ) -> None:
     """The same profiles destroyed and created again: new MIG device UUIDs, which the served IDs follow."""
-    rig = Rig(tmp_path, replace(settings, mig_strategy="mixed"), nvml=open_nvml("sim:dgx-a100-mig")).start()
+    rig = Rig(
+        tmp_path,
+        replace(settings, rules=ResourceRules(mig_strategy="mixed")),
+        nvml=open_nvml("sim:dgx-a100-mig"),
+    ).start()
     try:
         assert rig.supervisor.ready.wait(5)
         scan = LayoutRescanner(rig.nvml.mig_layout, rig.supervisor.served_gpus, rig.supervisor.request_rescan)

@@ -22,12 +22,6 @@ from nvdp.devices import Device, format_ids
 from nvdp.errors import RequestError
 
 
-def _order(device: Device) -> tuple[int, int, int]:
-    mig = device.mig.index if device.mig is not None else -1
-    replica = device.replica if device.replica is not None else -1
-    return (device.gpu_index, mig, replica)
-
-
 class Allocator:
     """Preferred allocations over one resource's devices.
 
@@ -42,7 +36,7 @@ class Allocator:
         *,
         policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
     ) -> None:
-        ordered = sorted(devices, key=_order)
+        ordered = sorted(devices, key=lambda d: d.order)
         self._ids = [d.id for d in ordered]
         self._position = {device_id: p for p, device_id in enumerate(self._ids)}
         if len(self._position) != len(self._ids):

@@ -3,7 +3,8 @@
 Names follow NVIDIA's device plugin: vendor `k8s.device-plugin.nvidia.com`, class `gpu` with one
 device per GPU / MIG device named by the device-ID strategy (a UUID, or `3` / `3:1` for index),
 classes `gds`, `mofed`, `gdrcopy` with one device `all`, and class `imex-channel` with devices
-`channel<N>`. `compat_kind` keeps `nvidia.com/gpu=<id>`, the kind `nvidia-ctk cdi generate` writes.
+`channel<N>`. The `gpu` class may be named `nvidia.com/gpu` instead (`--cdi-kind`), the kind
+`nvidia-ctk cdi generate` writes.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvdp.config.model import (
+    CDI_KINDS,
+    DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_CONTAINER_DRIVER_ROOT,
+    DEFAULT_NVIDIA_CTK_PATH,
+)
+
 # The CDI specification version written into every spec. 0.5.0 is the lowest version that can
 # express what nvdp writes (device nodes with a `hostPath`, device names that start with a digit
 # for the index strategy) and the one the CDI library's MinimumRequiredVersion picks for such a
 # spec; runtimes whose CDI library predates a newer version would refuse a higher number.
 CDI_VERSION = "0.5.0"
-VENDOR = "k8s.device-plugin.nvidia.com"
 GPU_CLASS = "gpu"
 IMEX_CLASS = "imex-channel"
 MODE_CLASSES = ("gds", "mofed", "gdrcopy")
-COMPAT_KIND = "nvidia.com/gpu"
-DEFAULT_SPEC_DIR = "/var/run/cdi"
 CDI_STRATEGIES = ("cdi-annotations", "cdi-cri")
-HOOK_NAMES = ("update-ldcache", "create-symlinks")
-# The driver's control nodes, offered to every container that gets a GPU when present.
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
 
 # CDI device names: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a letter or digit.
@@ -37,14 +39,14 @@ _DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 class CdiSettings:
     """What CDI spec generation needs from the resolved configuration."""
 
-    spec_dir: str = DEFAULT_SPEC_DIR
-    gpu_kind: str = f"{VENDOR}/{GPU_CLASS}"  # COMPAT_KIND with --cdi-compat-kind
+    spec_dir: str = DEFAULT_CDI_SPEC_DIR
+    gpu_kind: str = CDI_KINDS[0]  # NVIDIA's plugin's; or nvidia-ctk's (--cdi-kind)
     id_strategy: str = "uuid"  # or "index"
     driver_root: str = "/"  # the host's driver root (host paths in the spec)
-    container_driver_root: str = "/driver-root"  # where that root is mounted in this container
+    container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT  # where that root is mounted in this container
     dev_root: str = "/"  # the host's root for /dev/nvidia*
-    hook_path: str = "/usr/bin/nvidia-ctk"  # --nvidia-cdi-hook-path
-    disabled_hooks: tuple[str, ...] = ()  # names from HOOK_NAMES, or "all"
+    hook_path: str = DEFAULT_NVIDIA_CTK_PATH  # --nvidia-cdi-hook-path
+    disabled_hooks: tuple[str, ...] = ()  # of config.model.CDI_HOOKS
     modes: tuple[str, ...] = ()  # of MODE_CLASSES, from --gds-enabled and friends
     imex_channels: tuple[int, ...] = ()
 

@@ -30,7 +30,7 @@ from nvdp.cdi.lock import SpecDirLock, lock_path
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
-from nvdp.devices import parse_mig_minors
+from nvdp.devices import MIG_MINORS_FILE, parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
@@ -40,7 +40,6 @@ from nvdp.unusable import Unusable, leave_out
 
 log = logging.getLogger(__name__)
 
-MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 10.0
 

@@ -11,16 +11,8 @@ import glob
 import os
 
 from nvdp.cdi.spec import DriverFiles
+from nvdp.nvml.library import LIBRARY_DIRS
 
-LIBRARY_DIRS = (
-    "/usr/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/usr/lib",
-)
 # The driver's user-space libraries containers of the `gpu` class get (compute and utility).
 DRIVER_LIBRARIES = (
     "libnvidia-ml",
@@ -81,13 +73,13 @@ def scan_driver(root: str, driver_version: str) -> DriverFiles:
         # The first library directory that has it: on merged-/usr systems /lib64 and /usr/lib64
         # are one directory, and one mount per library is enough.
         for directory in LIBRARY_DIRS:
-            path = f"{directory}/{name}.so.{driver_version}"
+            path = f"/{directory}/{name}.so.{driver_version}"
             found = _regular_file(root, path)
             if found is None:
                 continue
             libraries[(path, found)] = None
             target = os.path.basename(path)
-            for link in (f"{directory}/{name}.so.1", f"{directory}/{name}.so"):
+            for link in (f"/{directory}/{name}.so.1", f"/{directory}/{name}.so"):
                 if name != "libcuda" and link.endswith(".so"):
                     continue  # only libcuda.so is a link the CUDA runtime looks for
                 if os.path.islink(inside(root, link)):

@@ -16,7 +16,6 @@ from typing import Any
 
 from nvdp.cdi.names import (
     CDI_VERSION,
-    CONTROL_DEVICES,
     IMEX_CLASS,
     CdiSettings,
     imex_channel_name,
@@ -25,7 +24,7 @@ from nvdp.cdi.names import (
     spec_file_name,
     valid_device_name,
 )
-from nvdp.devices import gpu_device, mig_device
+from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")

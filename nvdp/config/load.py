@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from nvdp.config.model import SHARED_SUFFIX, Config, Health, ReplicatedResources, Sharing
+from nvdp.config.model import MPS, SHARED_SUFFIX, TIME_SLICING, Config, Health, ReplicatedResources, Sharing
 from nvdp.config.values import InvalidValue, describe_keys, show
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import MAX_FILE_BYTES, read_bounded
@@ -305,11 +305,25 @@ def _finish_sharing(sharing: Sharing, path: str, problems: list[str]) -> Sharing
     ts, mps = sharing.time_slicing, sharing.mps
     if ts is not None and mps is not None:
         problems.append(f"{path}: timeSlicing and mps are mutually exclusive; configure only one")
-    if ts is not None and ts.fail_requests_greater_than_one is None:
-        ts = replace(ts, fail_requests_greater_than_one=False)
-    if mps is not None and mps.fail_requests_greater_than_one is None:
-        mps = replace(mps, fail_requests_greater_than_one=True)
+    if ts is not None:
+        ts = _stamped(ts, TIME_SLICING, fail_by_default=False)
+    if mps is not None:
+        mps = _stamped(mps, MPS, fail_by_default=True)
     return replace(sharing, time_slicing=ts, mps=mps)
+
+
+def _stamped(section: ReplicatedResources, strategy: str, *, fail_by_default: bool) -> ReplicatedResources:
+    """The section with `failRequestsGreaterThanOne` resolved (unset: NVIDIA's default for the
+    strategy), and its entries carrying it and the strategy."""
+    fail = (
+        fail_by_default
+        if section.fail_requests_greater_than_one is None
+        else section.fail_requests_greater_than_one
+    )
+    entries = tuple(
+        replace(r, strategy=strategy, fail_requests_greater_than_one=fail) for r in section.resources
+    )
+    return replace(section, fail_requests_greater_than_one=fail, resources=entries)
 
 
 def _finish_health(health: Health, path: str, problems: list[str]) -> Health:

@@ -10,6 +10,7 @@ config file path): they have no file key.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -23,6 +24,8 @@ RESOURCE_NAME_PREFIX = "nvidia.com"
 SHARED_SUFFIX = ".shared"
 MAX_RESOURCE_NAME_LENGTH = 63
 MIG_STRATEGIES = ("none", "single", "mixed")
+TIME_SLICING: Literal["time-slicing"] = "time-slicing"  # the sharing strategies
+MPS: Literal["mps"] = "mps"
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
@@ -225,17 +228,21 @@ class Flags:
 
 
 @dataclass(frozen=True)
-class Resource:
-    """A `resources.gpus` / `resources.mig` entry: a wildcard pattern over product / MIG profile names."""
+class NamePattern:
+    """A `resources.gpus` / `resources.mig` entry (NVIDIA's `Resource`): a wildcard pattern over
+    product / MIG profile names, and the resource name the devices it matches get."""
 
     pattern: str = _key("pattern", v.string)
     name: str = _key("name", resource_name)  # fully qualified: nvidia.com/<name>
 
+    def matches(self, value: str) -> bool:
+        return fnmatch.fnmatchcase(value, self.pattern)
+
 
 @dataclass(frozen=True)
 class Resources:
-    gpus: tuple[Resource, ...] = _key("gpus", items=Resource, default=())
-    mig: tuple[Resource, ...] = _key("mig", items=Resource, default=())
+    gpus: tuple[NamePattern, ...] = _key("gpus", items=NamePattern, default=())
+    mig: tuple[NamePattern, ...] = _key("mig", items=NamePattern, default=())
 
 
 @dataclass(frozen=True)
@@ -244,13 +251,17 @@ class ReplicatedResource:
 
     `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
     strings. `rename` is already `<name>.shared` when the section has `renameByDefault`. Several
-    entries may have one name when their devices are disjoint (per-GPU replica counts).
+    entries may have one name when their devices are disjoint (per-GPU replica counts). The entry is
+    the one record of a sharing rule (`nvdp.resources` applies it as is): its section's strategy and
+    `failRequestsGreaterThanOne` are set on it at load.
     """
 
     name: str = _key("name", resource_name)
     replicas: int = _key("replicas", v.integer(1))  # 1: not shared (no `::` IDs)
     rename: str | None = _key("rename", resource_name, default=None)
     devices: Devices = _key("devices", replicated_devices, default="all")
+    strategy: str = TIME_SLICING  # or MPS: the section it is in
+    fail_requests_greater_than_one: bool = False
 
     @property
     def advertised_name(self) -> str:
@@ -277,15 +288,21 @@ class Sharing:
     @property
     def strategy(self) -> Literal["none", "time-slicing", "mps"]:
         if self.mps is not None and self.mps.resources:
-            return "mps"
+            return MPS
         if self.time_slicing is not None and self.time_slicing.resources:
-            return "time-slicing"
+            return TIME_SLICING
         return "none"
 
     @property
     def replicated(self) -> ReplicatedResources | None:
         """The active strategy's section."""
-        return {"mps": self.mps, "time-slicing": self.time_slicing, "none": None}[self.strategy]
+        return {MPS: self.mps, TIME_SLICING: self.time_slicing, "none": None}[self.strategy]
+
+    @property
+    def entries(self) -> tuple[ReplicatedResource, ...]:
+        """The active strategy's entries (none without sharing)."""
+        replicated = self.replicated
+        return replicated.resources if replicated is not None else ()
 
 
 @dataclass(frozen=True)

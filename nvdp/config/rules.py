@@ -10,12 +10,12 @@ that part's settings: `gfd_problems` asks for no MPS root and no kubelet socket,
 from __future__ import annotations
 
 from nvdp.config.model import Config
-from nvdp.mps.plan import config_problems as mps_config_problems
 
 # Replicas per shared device: far above any real time-slicing use, and low enough that a node's
 # ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
 # nvdp.list_size.MAX_LIST_AND_WATCH_BYTES).
 MAX_REPLICAS_PER_DEVICE = 1024
+MAX_MPS_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
 
 KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"
 TEGRA_UNSUPPORTED = (
@@ -54,7 +54,26 @@ def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str
             problems.append(
                 "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
             )
-    problems += mps_config_problems(config)
+    return problems + mps_problems(config)
+
+
+def mps_problems(config: Config) -> list[str]:
+    """MPS refusals that the config alone shows (what a node's GPUs refuse: `nvdp.inventory`)."""
+    mps = config.sharing.mps
+    if mps is None:
+        return []
+    problems = []
+    for n, entry in enumerate(mps.resources):
+        where = f"sharing.mps.resources[{n}]"
+        if entry.replicas > MAX_MPS_CLIENTS:
+            problems.append(
+                f"{where}.replicas: {entry.replicas} is more than MPS supports "
+                f"({MAX_MPS_CLIENTS} clients per GPU)"
+            )
+        if isinstance(entry.devices, tuple):
+            for ref in entry.devices:
+                if ":" in ref or ref.startswith("MIG-"):
+                    problems.append(f"{where}.devices: {ref!r} is a MIG device; MPS shares whole GPUs only")
     return problems
 
 

@@ -97,11 +97,11 @@ def _gpus(spec: str) -> list[GpuInfo]:
 
 
 def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
-    from nvdp.settings import daemon_settings
+    from nvdp.inventory import ResourceRules
 
-    settings = daemon_settings(config)
-    built = settings.resources(gpus)
-    lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {settings.mig_strategy})"]
+    rules = ResourceRules.of(config)
+    built = rules.build(gpus)
+    lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {rules.mig_strategy})"]
     for resource in built.resources:
         sharing = f" {resource.sharing} x{resource.replicas}" if resource.sharing else ""
         lines.append(f"  {resource.name}: {len(resource.devices)} device(s){sharing}")

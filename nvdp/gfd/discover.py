@@ -1,12 +1,12 @@
 """One labelling pass: NVML facts + the plugin's resources -> labels (thin shell over `labels`).
 
-The resources come from `nvdp.resources.build_resources` with the settings the plugin derives from
-the same config (`nvdp.settings.daemon_settings`), so the labels describe exactly what the plugin
-advertises. Strict about the config's form, tolerant about the node's facts: a part of the config
-this node does not fit (a sharing entry for a resource it lacks, a MIG-enabled GPU without MIG
-devices) is left out of the labels as it is of the plugin's resources, and comes back as a misfit
-for the caller to report; the rest of the node is labelled. Under the single MIG strategy a layout
-NVIDIA's gfd calls invalid gets NVIDIA's labels for it (`nvdp.gfd.labels.invalid_mig_labels`).
+The resources come from the builder the plugin uses on the same config (`nvdp.inventory`), so the
+labels describe exactly what the plugin advertises. Strict about the config's form, tolerant about
+the node's facts: a part of the config this node does not fit (a sharing entry for a resource it
+lacks, a MIG-enabled GPU without MIG devices) is left out of the labels as it is of the plugin's
+resources, and comes back as a misfit for the caller to report; the rest of the node is labelled.
+Under the single MIG strategy a layout NVIDIA's gfd calls invalid gets NVIDIA's labels for it
+(`nvdp.gfd.labels.invalid_mig_labels`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from nvdp.gfd.labels import (
     sanitise,
     single_strategy_problem,
 )
+from nvdp.inventory import ResourceRules
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.resources import NodeResources
-from nvdp.settings import daemon_settings
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def plugin_resources(gpus: Sequence[GpuInfo], config: Config) -> tuple[NodeResou
     """What the plugin would advertise for these GPUs and config (with the misfits: what of the config
     does not fit this node), and the renamed resource names. Raises ConfigError for a config the
     plugin refuses."""
-    settings = daemon_settings(config)
-    return settings.resources(gpus), frozenset(r.rename for r in settings.sharing if r.rename)
+    rules = ResourceRules.of(config)
+    return rules.build(gpus), frozenset(r.rename for r in rules.sharing if r.rename)
 
 
 def read_machine_type(path: str) -> str:

@@ -12,17 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvdp.api import pb
+from nvdp.config.model import MPS
 from nvdp.devices import Device
 from nvdp.resources import Resource
 
 from .layout import CONTAINER_SHM, PIPE_ENV, MpsRoot
-from .plan import MPS_STRATEGY, container_limit_envs
+from .plan import container_limit_envs
 
 
 def add_mps(
     container: pb.ContainerAllocateResponse, resource: Resource, devices: Sequence[Device], root: str | None
 ) -> None:
-    if resource.sharing != MPS_STRATEGY or not root:
+    if resource.sharing != MPS or not root:
         return
     layout = MpsRoot(Path(root))
     pipe = str(layout.pipe_dir(resource.name))

@@ -19,17 +19,18 @@ from typing import Protocol
 
 from nvdp.config import OPTIONS, Config, resolve
 from nvdp.config import values as v
+from nvdp.config.model import MPS
 from nvdp.dirs import make_dirs
 from nvdp.errors import ConfigError, NvdpError
+from nvdp.inventory import ResourceRules
 from nvdp.logs import log_event, setup_logging
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import ComputeModes, Nvml
-from nvdp.settings import daemon_settings
 
 from .controller import MpsController
 from .layout import MpsRoot
-from .plan import MPS_STRATEGY, DaemonPlan, daemon_plans
+from .plan import DaemonPlan, daemon_plans
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,9 @@ def mps_root(config: Config) -> MpsRoot:
 
 def node_plans(config: Config, nvml: Nvml) -> dict[str, DaemonPlan]:
     """The daemons this node needs under `config` (the plugin builds the same resources)."""
-    if config.sharing.strategy != MPS_STRATEGY:
+    if config.sharing.strategy != MPS:
         return {}
-    built = daemon_settings(config).resources(nvml.gpus())
+    built = ResourceRules.of(config).build(nvml.gpus())
     MisfitReport().update("resources", built.misfits)
     return daemon_plans(built.resources)
 

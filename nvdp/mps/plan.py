@@ -1,5 +1,5 @@
-"""MPS rules over plain data (pure): daemons a node needs, their limits, per-container limits,
-and what MPS refuses.
+"""MPS rules over plain data (pure): the daemons a node needs, their limits and per-container limits
+(what MPS refuses: of a config, `nvdp.config.rules`; of a node, `nvdp.inventory`).
 
 Limits follow NVIDIA's control daemon: each GPU's default pinned-memory limit is its memory divided
 by its replicas (in MiB, `<n>M`), the default active-thread percentage is 100 / replicas. On top of
@@ -13,24 +13,15 @@ the daemon's one default thread percentage is the share of its most divided GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from nvdp.config.model import MPS
 from nvdp.devices import Device
-from nvdp.misfits import Misfit
-from nvdp.nvml.types import GpuInfo
 from nvdp.resources import Resource
 from nvdp.units import MIB
 
 from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
-
-if TYPE_CHECKING:
-    from nvdp.config import Config
-
-MAX_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
-MAX_CLIENTS_BEFORE_7_5 = 16
-MPS_STRATEGY = "mps"
 
 
 @dataclass(frozen=True)
@@ -75,7 +66,7 @@ def daemon_plans(resources: Sequence[Resource]) -> dict[str, DaemonPlan]:
     """One plan per MPS-shared resource, GPUs in index order, each with its own replica count."""
     plans: dict[str, DaemonPlan] = {}
     for resource in resources:
-        if resource.sharing != MPS_STRATEGY:
+        if resource.sharing != MPS:
             continue
         shares: dict[str, GpuShare] = {}
         for device in resource.devices.values():
@@ -114,61 +105,6 @@ def container_limit_envs(devices: Sequence[Device], replicas_of: Callable[[str],
     if memory:
         envs[PINNED_MEM_LIMIT_ENV] = ",".join(memory)
     return envs
-
-
-def config_problems(config: Config) -> list[str]:
-    """MPS refusals that the config alone shows (one line each)."""
-    mps = config.sharing.mps
-    if mps is None:
-        return []
-    problems = []
-    for n, entry in enumerate(mps.resources):
-        where = f"sharing.mps.resources[{n}]"
-        if entry.replicas > MAX_CLIENTS:
-            problems.append(
-                f"{where}.replicas: {entry.replicas} is more than MPS supports "
-                f"({MAX_CLIENTS} clients per GPU)"
-            )
-        if isinstance(entry.devices, tuple):
-            for ref in entry.devices:
-                if ":" in ref or ref.startswith("MIG-"):
-                    problems.append(f"{where}.devices: {ref!r} is a MIG device; MPS shares whole GPUs only")
-    return problems
-
-
-def node_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list[Misfit]:
-    """What MPS cannot share on this node's devices: one misfit per MPS resource, withholding it."""
-    by_uuid: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
-    misfits = []
-    for resource in resources:
-        if resource.sharing != MPS_STRATEGY:
-            continue
-        mig = next((d for d in resource.devices.values() if d.mig is not None), None)
-        problems = []
-        if mig is not None:
-            problems.append(f"MPS is not supported on MIG devices (MIG device {mig.index} would be shared)")
-        else:
-            for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in resource.devices.values()):
-                gpu = by_uuid.get(gpu_uuid)
-                if gpu is None or gpu.compute_capability >= (7, 5):
-                    continue
-                replicas = resource.replicas_of(gpu_uuid)
-                if replicas > MAX_CLIENTS_BEFORE_7_5:
-                    major, minor = gpu.compute_capability
-                    problems.append(
-                        f"{replicas} replicas are more than MPS supports on GPU {gpu.index} "
-                        f"(compute capability {major}.{minor}: {MAX_CLIENTS_BEFORE_7_5} clients)"
-                    )
-        if problems:
-            misfits.append(
-                Misfit(
-                    "MpsUnsupported",
-                    resource.name,
-                    f"sharing.mps: {resource.name}: {'; '.join(problems)}; not advertised",
-                    withholds=(resource.name,),
-                )
-            )
-    return misfits
 
 
 def restart_delay(failures: int, base: float, cap: float) -> float:

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from nvdp.config.model import MPS
 from nvdp.dir_watch import Watcher
 from nvdp.misfits import Misfit
 from nvdp.resources import NodeResources, Resource
 
 from .layout import MpsRoot
-from .plan import MPS_STRATEGY
 from .status import read_status
 
 REASON = "MpsDaemonNotReady"
@@ -37,7 +37,7 @@ class MpsReadiness:
     def filter(self, resources: Sequence[Resource], root: str | None) -> NodeResources:
         """The resources to serve now (MPS ones only while their marker exists), and a misfit for
         each MPS resource left out."""
-        self._names = tuple(r.name for r in resources if r.sharing == MPS_STRATEGY)
+        self._names = tuple(r.name for r in resources if r.sharing == MPS)
         self._root = MpsRoot(Path(root)) if root else None
         self._state = self._look()
         misfits = tuple(
@@ -50,7 +50,7 @@ class MpsReadiness:
             for name, why in self._state.items()
             if why is not None
         )
-        served = [r for r in resources if r.sharing != MPS_STRATEGY or self._state.get(r.name) is None]
+        served = [r for r in resources if r.sharing != MPS or self._state.get(r.name) is None]
         return NodeResources(served, misfits)
 
     def changed(self, watcher: Watcher) -> bool:

@@ -7,17 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvdp.config import Config
+from nvdp.config.model import MPS
 from nvdp.dirs import make_dirs
 from nvdp.errors import NvdpError
 
 from .layout import MpsRoot
-from .plan import MPS_STRATEGY
 
 
 def skip_daemon(config: Config) -> str | None:
     """Write the ready markers of every MPS resource; the line to print, or None without MPS."""
     mps = config.sharing.mps
-    if config.sharing.strategy != MPS_STRATEGY or mps is None or not config.flags.mps_root:
+    if config.sharing.strategy != MPS or mps is None or not config.flags.mps_root:
         return None
     root = MpsRoot(Path(config.flags.mps_root))
     try:

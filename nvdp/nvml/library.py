@@ -20,7 +20,8 @@ from nvdp.errors import NvmlLibraryNotFound
 logger = logging.getLogger(__name__)
 
 LIBRARY = "libnvidia-ml.so.1"
-# Where driver installs put the library, relative to a driver root (NVIDIA's list, then usr/lib).
+# Where driver installs put their libraries, relative to a driver root (NVIDIA's list, then usr/lib):
+# libnvidia-ml here, and the libraries a CDI spec mounts (nvdp.cdi.scan).
 LIBRARY_DIRS = (
     "usr/lib64",
     "usr/lib/x86_64-linux-gnu",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nvdp.cdi.scan import inside, visible_roots
 from nvdp.dir_watch import Watcher
-from nvdp.plugin.node_facts import visible_dev_root
+from nvdp.plugin.host_facts import visible_dev_root
 from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NodeResources, Resource
 from nvdp.unusable import Unusable, leave_out

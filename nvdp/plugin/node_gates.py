@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from nvdp.cdi import CdiPublisher
 from nvdp.dir_watch import Watcher
@@ -21,7 +20,6 @@ from nvdp.misfits import Misfit
 from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.device_nodes import DeviceNodes
-from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.types import DaemonSettings, MisfitSink
 from nvdp.resources import NodeResources, Resource
 
@@ -50,17 +48,17 @@ class NodeGates:
         settings: DaemonSettings,
         gpus: Sequence[GpuInfo],
         resources: list[Resource],
-        options: ResponseOptions,
         driver_version: Callable[[], str],
-    ) -> tuple[list[Resource], ResponseOptions, tuple[Misfit, ...]]:
-        """With a CDI strategy: the specs on disk, and only what resolves in them (misfits reported)."""
+    ) -> tuple[list[Resource], tuple[str, ...], tuple[Misfit, ...]]:
+        """With a CDI strategy: the specs on disk, and only what resolves in them (misfits reported),
+        with the CDI names every answer adds."""
         if settings.cdi is None:
             self._cdi.close()
             self.report("cdi", ())
-            return resources, options, ()
+            return resources, (), ()
         cdi = self._cdi.publish(settings.cdi, gpus, resources, driver_version())
         self.report("cdi", cdi.misfits)
-        return cdi.resources, replace(options, cdi_devices=cdi.extra_names), cdi.misfits
+        return cdi.resources, cdi.extra_names, cdi.misfits
 
     def changed(self, watcher: Watcher) -> bool:
         """Watch what the gates depend on; whether any of it changed (each is asked, so each keeps

@@ -1,7 +1,7 @@
 """Allocate answers (pure): which env vars, mounts, device nodes and CDI names a container gets.
 
 Node facts (which control device nodes exist) come in as data in `ResponseOptions`; reading them is
-`nvdp.plugin.node_facts`'s job."""
+`nvdp.plugin.host_facts`'s job."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvdp.api import pb
+from nvdp.config.model import CDI_KINDS, DEFAULT_CDI_ANNOTATION_PREFIX
 from nvdp.devices import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # NVIDIA's plugin's; nvdp.cdi writes its specs
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 
 
 @dataclass(frozen=True)
@@ -26,10 +24,10 @@ class ResponseOptions:
     device_id_strategy: str = "uuid"  # or "index"
     pass_device_specs: bool = False
     dev_root: str = "/"  # where /dev/nvidia* live on the host
-    control_devices: tuple[str, ...] = ()  # those of CONTROL_DEVICES present under dev_root
-    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    control_devices: tuple[str, ...] = ()  # those of devices.CONTROL_DEVICES present under dev_root
+    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
     extra_envs: tuple[tuple[str, str], ...] = ()  # GDS / MOFED / GDRCopy / IMEX switches
-    cdi_kind: str = CDI_KIND  # or "nvidia.com/gpu" (--cdi-kind), the kind nvidia-ctk writes
+    cdi_kind: str = CDI_KINDS[0]  # NVIDIA's plugin's; or nvidia-ctk's (--cdi-kind)
     cdi_devices: tuple[str, ...] = ()  # CDI names every answer adds (gds/mofed/gdrcopy, IMEX)
     imex_channel_paths: tuple[str, ...] = ()  # passed as device specs with pass_device_specs
     mps_root: str | None = None  # --mps-root: MPS pipe / shm mounts (nvdp.mps.allocate)

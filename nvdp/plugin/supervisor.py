@@ -39,8 +39,8 @@ from nvdp.plugin.types import (
     DaemonSettings,
     DirClaimHooks,
     HealthHooks,
+    HostFacts,
     MisfitSink,
-    NodeFacts,
     PluginServer,
     Registrar,
     S,
@@ -67,7 +67,7 @@ class Supervisor(Generic[S]):
         *,
         reload: Callable[[], DaemonSettings],
         make_server: ServerFactory[S],
-        node_facts: NodeFacts,
+        host_facts: HostFacts,
         register: Registrar = register,
         watcher: Callable[[Path], Watcher] = DirWatcher,
         socket_id: Callable[[Path], FileId | None] = file_id,
@@ -82,7 +82,7 @@ class Supervisor(Generic[S]):
         self.settings = settings
         self._reload_source = reload
         self._make_server = make_server
-        self._node_facts = node_facts
+        self._host_facts = host_facts
         self._make_watcher = watcher
         self._socket_id = socket_id
         self._allocator_factory = allocator_factory
@@ -209,8 +209,8 @@ class Supervisor(Generic[S]):
         (MPS daemon not ready, missing device nodes), and every misfit found (each reported)."""
         self.gpus = self._nvml.gpus()
         self._enumerated = True
-        minors = self._node_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        built = settings.resources(self.gpus, minors)
+        minors = self._host_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
+        built = settings.rules.build(self.gpus, minors)
         self._gates.report("resources", built.misfits)
         admitted = self._gates.admit(settings, built.resources)
         return NodeResources(admitted.resources, (*built.misfits, *admitted.misfits))
@@ -259,11 +259,11 @@ class Supervisor(Generic[S]):
     def _apply(self, settings: DaemonSettings) -> None:
         """Build resources and converge the running servers onto them (reload by diff)."""
         built = self._build(settings)
-        control_devices = self._node_facts.control_devices(settings.dev_root, settings.container_driver_root)
-        options = replace(settings.response, control_devices=control_devices)
-        resources, options, cdi_misfits = self._gates.publish(  # specs on disk before any registers
-            settings, self.gpus, built.resources, options, self._nvml.driver_version
+        resources, cdi_names, cdi_misfits = self._gates.publish(  # specs on disk before any registers
+            settings, self.gpus, built.resources, self._nvml.driver_version
         )
+        control_devices = self._host_facts.control_devices(settings.dev_root, settings.container_driver_root)
+        options = replace(settings.response, control_devices=control_devices, cdi_devices=cdi_names)
         wanted = {r.name: r for r in resources}
         running = {n: (server.resource.signature(), server.options) for n, server in self.servers.items()}
         plan = plan_servers(running, {n: r.signature() for n, r in wanted.items()}, options)

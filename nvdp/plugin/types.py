@@ -1,6 +1,7 @@
 """Value types and seams of the supervisor: its settings, and the protocols of the parts it drives
-(servers, kubelet registration, directory watch, node facts, health, observer). The real parts live
-beside it in nvdp.plugin and nvdp.health; tests hand in fakes."""
+(servers, kubelet registration, host facts, health, observer; its directory watch:
+`nvdp.dir_watch.Watcher`). The real parts live beside it in nvdp.plugin and nvdp.health; tests hand
+in fakes."""
 
 from __future__ import annotations
 
@@ -11,55 +12,36 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from nvdp.cdi.names import CdiSettings
+from nvdp.config.model import DEFAULT_CONTAINER_DRIVER_ROOT
 from nvdp.dir_watch import FileId
 from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.inventory import ResourceRules
 from nvdp.misfits import Misfit
-from nvdp.mps.plan import node_misfits as mps_misfits
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.status import RpcObserver
-from nvdp.resources import NamePattern, NodeResources, Replication, Resource, build_resources
+from nvdp.resources import Resource
 
 
 @dataclass(frozen=True)
 class DaemonSettings:
-    """What the supervisor needs from the resolved configuration (`nvdp.settings` maps it)."""
+    """What the supervisor needs from the resolved configuration (`nvdp.daemon_settings` maps it).
+    `response` holds what the config says of Allocate answers; the node facts in them (control
+    devices, CDI names) are added once per apply."""
 
     kubelet_socket: Path
-    mig_strategy: str = "none"
     fail_on_init_error: bool = True
-    container_driver_root: str = "/driver-root"  # where the chart mounts the driver root in our container
-    gpu_patterns: tuple[NamePattern, ...] = ()
-    mig_patterns: tuple[NamePattern, ...] = ()
-    sharing: tuple[Replication, ...] = ()
+    container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT  # where the chart mounts it in our container
+    rules: ResourceRules = field(default_factory=ResourceRules)
     response: ResponseOptions = field(default_factory=ResponseOptions)
     health: HealthSettings | None = None  # passed through to HealthHooks.start
     cdi: CdiSettings | None = None  # CDI specs are written (nvdp.cdi) when set
-    allocation_policy: str = "distributed"  # flags.plugin.sharedDevicesAllocationPolicy
 
     @property
     def dev_root(self) -> str:
         """The host's root for /dev/nvidia* (device-spec host paths)."""
         return self.response.dev_root
-
-    def resources(
-        self, gpus: Sequence[GpuInfo], mig_minors: Mapping[str, int] | None = None
-    ) -> NodeResources:
-        """The resources these settings make of `gpus`, and the misfits: what of the config does not
-        fit this node (the plugin, gfd, the MPS daemon and `config check` share it)."""
-        built = build_resources(
-            gpus,
-            mig_strategy=self.mig_strategy,
-            gpu_patterns=self.gpu_patterns,
-            mig_patterns=self.mig_patterns,
-            sharing=self.sharing,
-            mig_minors=mig_minors,
-            allocation_policy=self.allocation_policy,
-        )
-        unfit = mps_misfits(built.resources, gpus)
-        withheld = {name for misfit in unfit for name in misfit.withholds}
-        return NodeResources([r for r in built.resources if r.name not in withheld], (*built.misfits, *unfit))
 
 
 class PluginServer(HealthTarget, Protocol):
@@ -128,8 +110,8 @@ class Registrar(Protocol):
     ) -> FileId: ...
 
 
-class NodeFacts(Protocol):
-    """The node's filesystem as resources and responses need it (`nvdp.plugin.node_facts.HostFacts`)."""
+class HostFacts(Protocol):
+    """The host's files as resources and responses need them (`nvdp.plugin.host_facts.RealHostFacts`)."""
 
     def control_devices(self, dev_root: str, container_driver_root: str) -> tuple[str, ...]: ...
     def mig_minors(self) -> Mapping[str, int] | None: ...

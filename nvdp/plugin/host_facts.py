@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nvdp.devices import parse_mig_minors
-from nvdp.plugin.responses import CONTROL_DEVICES, host_path
-
-# procfs shows the host kernel's driver state inside the container too.
-MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
+from nvdp.devices import CONTROL_DEVICES, MIG_MINORS_FILE, parse_mig_minors
+from nvdp.plugin.responses import host_path
 
 
 def present_control_devices(dev_root: str) -> tuple[str, ...]:
@@ -27,8 +24,8 @@ def visible_dev_root(dev_root: str, container_driver_root: str) -> str:
     return dev_root
 
 
-class HostFacts:
-    """The supervisor's `NodeFacts`, read from the real filesystem."""
+class RealHostFacts:
+    """The supervisor's `HostFacts`, read from the real filesystem."""
 
     def __init__(self, mig_minors_file: Path = MIG_MINORS_FILE) -> None:
         self._mig_minors_file = mig_minors_file

@@ -1,0 +1,124 @@
+"""The resolved config mapped onto what the plugin daemon runs with: the supervisor's `DaemonSettings`
+(resource rules, Allocate answers' options, CDI and health settings), and the one node fact that
+mapping reads, the IMEX channels present (`imex_channels`).
+
+What nvdp refuses is decided before, by the config's validation (`nvdp.config.rules`); the mapping
+itself (`daemon_settings`) is pure and total: it never raises.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nvdp.cdi.names import MODE_CLASSES, CdiSettings, cdi_enabled, imex_channel_path
+from nvdp.cdi.scan import visible_roots
+from nvdp.config import Config
+from nvdp.errors import ConfigError
+from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
+from nvdp.inventory import ResourceRules
+from nvdp.plugin.responses import ResponseOptions
+from nvdp.plugin.types import DaemonSettings
+
+
+def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> DaemonSettings:
+    """Map the resolved v1 config onto what the supervisor needs. `imex_channels` are the configured
+    IMEX channels present on the node (a node fact the caller reads: `imex_channels`)."""
+    flags = config.flags
+    plugin = flags.plugin
+    return DaemonSettings(
+        cdi=cdi_settings(config, imex_channels),
+        kubelet_socket=Path(plugin.kubelet_socket),
+        fail_on_init_error=flags.fail_on_init_error,
+        container_driver_root=plugin.container_driver_root,
+        rules=ResourceRules.of(config),
+        health=health_settings(config),
+        response=ResponseOptions(
+            device_list_strategy=plugin.device_list_strategy,
+            device_id_strategy=plugin.device_id_strategy,
+            pass_device_specs=plugin.pass_device_specs,
+            dev_root=flags.dev_root,
+            cdi_annotation_prefix=plugin.cdi_annotation_prefix,
+            extra_envs=feature_envs(config),
+            mps_root=flags.mps_root,
+            cdi_kind=config.cdi_kind,
+            imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
+        ),
+    )
+
+
+def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
+    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
+    the NVIDIA container toolkit acts on them."""
+    flags = config.flags
+    envs = [
+        (name, "enabled")
+        for name, on in (
+            ("NVIDIA_GDS", flags.gds_enabled),
+            ("NVIDIA_MOFED", flags.mofed_enabled),
+            ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
+        )
+        if on
+    ]
+    if config.imex.channel_ids:
+        envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
+    return tuple(envs)
+
+
+def health_settings(config: Config) -> HealthSettings:
+    """The config's `health` section as the monitor's plain values."""
+    h = config.health
+    return HealthSettings(
+        ignored_xids=frozenset(h.ignored_xids),
+        fatal_xids=None if h.fatal_xids is None else frozenset(h.fatal_xids),
+        recovery_quiet_period=h.recovery_quiet_period,
+        probe_interval=h.probe_interval,
+        single_bit_ecc=h.single_bit_ecc,
+        degraded_grace_period=(
+            DEFAULT_DEGRADED_GRACE_PERIOD if h.degraded_grace_period is None else h.degraded_grace_period
+        ),
+    )
+
+
+def cdi_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> CdiSettings | None:
+    """The CDI settings, or None when no CDI device-list strategy is on (no specs are written)."""
+    flags = config.flags
+    plugin = flags.plugin
+    if not cdi_enabled(plugin.device_list_strategy):
+        return None
+    modes = dict(
+        zip(MODE_CLASSES, (flags.gds_enabled, flags.mofed_enabled, flags.gdrcopy_enabled), strict=True)
+    )
+    return CdiSettings(
+        spec_dir=config.cdi_spec_dir,
+        gpu_kind=config.cdi_kind,
+        id_strategy=plugin.device_id_strategy,
+        driver_root=flags.nvidia_driver_root,
+        container_driver_root=plugin.container_driver_root,
+        dev_root=flags.dev_root,
+        hook_path=plugin.nvidia_ctk_path,
+        disabled_hooks=config.cdi_disable_hooks,
+        modes=tuple(m for m, on in modes.items() if on),
+        imex_channels=imex_channels,
+    )
+
+
+def imex_channels(config: Config) -> tuple[int, ...]:
+    """The configured IMEX channels whose device node exists under the dev root. With
+    `imex.required` a missing channel is refused (ConfigError, one line), as NVIDIA's plugin does;
+    without it the channel is left out."""
+    flags = config.flags
+    dev_root = flags.dev_root
+    _, dev_here = visible_roots(flags.nvidia_driver_root, dev_root, flags.plugin.container_driver_root)
+    present = []
+    for channel in config.imex.channel_ids:
+        path = imex_channel_path(channel)
+        here = path if dev_here in ("", "/") else os.path.join(dev_here, path.lstrip("/"))
+        if os.path.exists(here):
+            present.append(channel)
+        elif config.imex.required:
+            raise ConfigError(
+                f"imex.required: IMEX channel {channel} not found ({path} under dev root {dev_root}); "
+                "create the channel or set imex.required to false"
+            )
+    return tuple(present)

@@ -1,0 +1,94 @@
+"""What a config makes of this node's GPUs: the one resource builder of every command that takes a
+config and the node's GPUs (`nvdp plugin`, `nvdp gfd`, `nvdp mps-control-daemon`, `nvdp config
+check`), so that the plugin, the labels and the MPS daemons agree on what is served.
+
+`ResourceRules` are the parts of a config that name and share devices; `build` applies them
+(`nvdp.resources.build_resources`) and then MPS's limits on this node's GPUs: an MPS resource MPS
+cannot serve here (MIG devices, more clients than a GPU before compute capability 7.5 takes) is
+withheld, with a misfit that says why (what MPS refuses of the config alone: `nvdp.config.rules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from nvdp.config.model import MPS, Config, NamePattern, ReplicatedResource
+from nvdp.misfits import Misfit
+from nvdp.nvml.types import GpuInfo
+from nvdp.resources import NodeResources, Resource, build_resources
+
+MAX_MPS_CLIENTS_BEFORE_7_5 = 16  # MPS clients per GPU below compute capability 7.5 (Turing)
+
+
+@dataclass(frozen=True)
+class ResourceRules:
+    """How a config names and shares devices: its MIG strategy, `resources` patterns, the active
+    sharing section's entries and the shared-devices allocation policy."""
+
+    mig_strategy: str = "none"
+    gpu_patterns: tuple[NamePattern, ...] = ()
+    mig_patterns: tuple[NamePattern, ...] = ()
+    sharing: tuple[ReplicatedResource, ...] = ()
+    allocation_policy: str = "distributed"
+
+    @classmethod
+    def of(cls, config: Config) -> ResourceRules:
+        return cls(
+            mig_strategy=config.flags.mig_strategy,
+            gpu_patterns=config.resources.gpus,
+            mig_patterns=config.resources.mig,
+            sharing=config.sharing.entries,
+            allocation_policy=config.flags.plugin.shared_devices_allocation_policy,
+        )
+
+    def build(self, gpus: Sequence[GpuInfo], mig_minors: Mapping[str, int] | None = None) -> NodeResources:
+        """The resources these rules make of `gpus`, and the misfits: what of the config does not fit
+        this node. Raises ConfigError only for an unknown MIG strategy (the config's form)."""
+        built = build_resources(
+            gpus,
+            mig_strategy=self.mig_strategy,
+            gpu_patterns=self.gpu_patterns,
+            mig_patterns=self.mig_patterns,
+            sharing=self.sharing,
+            mig_minors=mig_minors,
+            allocation_policy=self.allocation_policy,
+        )
+        unfit = mps_misfits(built.resources, gpus)
+        withheld = {name for misfit in unfit for name in misfit.withholds}
+        return NodeResources([r for r in built.resources if r.name not in withheld], (*built.misfits, *unfit))
+
+
+def mps_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list[Misfit]:
+    """What MPS cannot share on this node's devices: one misfit per MPS resource, withholding it."""
+    by_uuid: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
+    misfits = []
+    for resource in resources:
+        if resource.sharing != MPS:
+            continue
+        mig = next((d for d in resource.devices.values() if d.mig is not None), None)
+        problems = []
+        if mig is not None:
+            problems.append(f"MPS is not supported on MIG devices (MIG device {mig.index} would be shared)")
+        else:
+            for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in resource.devices.values()):
+                gpu = by_uuid.get(gpu_uuid)
+                if gpu is None or gpu.compute_capability >= (7, 5):
+                    continue
+                replicas = resource.replicas_of(gpu_uuid)
+                if replicas > MAX_MPS_CLIENTS_BEFORE_7_5:
+                    major, minor = gpu.compute_capability
+                    problems.append(
+                        f"{replicas} replicas are more than MPS supports on GPU {gpu.index} "
+                        f"(compute capability {major}.{minor}: {MAX_MPS_CLIENTS_BEFORE_7_5} clients)"
+                    )
+        if problems:
+            misfits.append(
+                Misfit(
+                    "MpsUnsupported",
+                    resource.name,
+                    f"sharing.mps: {resource.name}: {'; '.join(problems)}; not advertised",
+                    withholds=(resource.name,),
+                )
+            )
+    return misfits
