@@ -107,13 +107,6 @@ class DeviceSet(Mapping[str, Device]):
         """The IDs in `ids` that are not in this set, in order."""
         return [i for i in ids if i not in self._by_id]
 
-    def by_gpu(self) -> dict[str, list[Device]]:
-        """Devices grouped by physical GPU uuid."""
-        groups: dict[str, list[Device]] = {}
-        for device in self._by_id.values():
-            groups.setdefault(device.gpu_uuid, []).append(device)
-        return groups
-
     def with_uuid(self, uuid: str) -> list[Device]:
         """Every device (replicas included) whose underlying GPU or MIG uuid is `uuid`."""
         return [d for d in self._by_id.values() if d.uuid == uuid]

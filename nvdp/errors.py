@@ -67,10 +67,6 @@ def nvml_error(code: str, call: str, detail: str = "", device: str | None = None
     return _NVML_ERROR_CLASSES.get(code, NvmlError)(code, call, detail, device)
 
 
-class ResourceError(NvdpError):
-    """The node's devices cannot be mapped onto resources with this config."""
-
-
 class InitError(NvdpError):
     """NVML could not be initialised and fail-on-init-error is set."""
 

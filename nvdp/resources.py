@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from nvdp.config.model import MIG_STRATEGIES, MPS, NamePattern, ReplicatedResource
 from nvdp.devices import AnnotatedID, Device, DeviceSet, device_names, gpu_device, mig_device
 from nvdp.errors import ConfigError
-from nvdp.errors import ResourceError as ResourceError  # defined in nvdp.errors; importers use either
 from nvdp.list_size import oversized
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
@@ -121,10 +120,6 @@ class NodeResources:
 
     resources: list[Resource]
     misfits: tuple[Misfit, ...] = ()
-
-    @property
-    def names(self) -> list[str]:
-        return [r.name for r in self.resources]
 
 
 def build_resources(

@@ -1,5 +1,5 @@
 """The chart refuses the MPS configs the program refuses from the config alone, in the program's
-words (nvdp/mps/plan.py config_problems, nvdp/config/rules.py, nvdp/config/load.py): more replicas
+words (nvdp/config/rules.py, nvdp/config/load.py): more replicas
 than MPS takes, MPS with the mixed MIG strategy, MIG devices named in `devices`, and time-slicing
 and MPS together."""
 

@@ -31,9 +31,6 @@ class AllocationPolicy(enum.Enum):
     PACKED = "packed"
 
 
-POLICY_NAMES = tuple(p.value for p in AllocationPolicy)
-
-
 def choose_shared(
     groups: Sequence[int],
     group_sizes: Sequence[int],

@@ -1,4 +1,5 @@
-"""What `nvdp plugin` accepts: its rules across settings and what this version supports.
+"""What `nvdp plugin` accepts: its rules across settings, MPS's limits that the config alone shows, and
+what this version supports.
 
 One list, checked once on the resolved config (`nvdp.config.options.resolve`), every problem one line
 naming the setting; the chart's guards (charts/nvidia-device-plugin/templates/validation.yml) refuse

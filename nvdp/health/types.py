@@ -1,4 +1,5 @@
-"""Value types and seams of the health package."""
+"""What the health package hands around: its settings, the changes and status the monitor reports,
+and the seam every plugin server offers the router (`HealthTarget`)."""
 
 from __future__ import annotations
 
