@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.backoff import Backoff
 from nvdp.errors import NvmlError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
 from nvdp.kubelet import Kubelet
@@ -136,7 +137,7 @@ def test_monitor_degraded_beyond_grace_is_failing_and_devices_stay() -> None:
         settings=settings,
         environ={},
         wait_timeout=0.02,
-        backoff=lambda _: 0.05,
+        backoff=Backoff(0.05, 0.05),
     )
     monitor.start()
     try:

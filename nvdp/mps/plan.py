@@ -169,10 +169,3 @@ def node_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list
                 )
             )
     return misfits
-
-
-def restart_delay(failures: int, base: float, cap: float) -> float:
-    """Capped exponential backoff: base, 2*base, 4*base, ... never more than cap."""
-    if failures <= 0:
-        return 0.0
-    return float(min(cap, base * 2.0 ** min(failures - 1, 30)))
