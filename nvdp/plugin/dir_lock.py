@@ -63,7 +63,7 @@ class DirClaim:
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
         self._retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)  # refresh()'s, while the lock cannot be taken
         self._retry_at: float | None = None  # when refresh() tries to lock again
-        self._said: str | None = None  # the error refresh() last said
+        self._said: str | None = None  # the error last said (unusable directory)
         self._stale = False  # the path names a removed directory (a stale mount)
 
     @property
@@ -74,29 +74,20 @@ class DirClaim:
         """Block until the directory is usable and locked (True) or `stop` is set (False). Raises
         DirLockHeld when another process holds it and `fail_if_held`."""
         retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)
-        said_unusable: str | None = None
+        self._said = None
         said_held: str | None = None
         while not stop.is_set():
             try:
                 make_dirs(self.directory)
                 holder = self._try_lock()
             except OSError as error:
-                text = _one_line(error)
-                if text != said_unusable:
-                    log_event(
-                        log,
-                        logging.ERROR,
-                        "kubelet directory unusable; retrying",
-                        path=str(self.directory),
-                        error=text,
-                    )
-                    said_unusable = text
+                self._say_unusable(_one_line(error))
                 retries.wait(stop.wait)
                 continue
             if holder is None:
-                if said_unusable is not None or said_held is not None:
+                if self._said is not None or said_held is not None:
                     log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
-                self._claimed = True
+                self._said, self._claimed = None, True
                 return True
             message = (
                 f"kubelet directory {self.directory} is in use by another nvdp "
@@ -134,16 +125,7 @@ class DirClaim:
             holder = self._try_lock()
         except OSError as error:
             self._stale = _removed(self.directory)
-            text = _one_line(error) + (f"; {STALE_MOUNT}" if self._stale else "")
-            if text != self._said:
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "kubelet directory unusable; retrying",
-                    path=str(self.directory),
-                    error=text,
-                )
-                self._said = text
+            self._say_unusable(_one_line(error) + (f"; {STALE_MOUNT}" if self._stale else ""))
             delay = self._retries.next()
             self._retry_at = now + delay
             return delay
@@ -159,6 +141,18 @@ class DirClaim:
         self._said, self._retry_at, self._stale = None, None, False
         self._retries.reset()
         return None
+
+    def _say_unusable(self, text: str) -> None:
+        """The directory cannot be used (`text`: why): said once per error, retried."""
+        if text != self._said:
+            log_event(
+                log,
+                logging.ERROR,
+                "kubelet directory unusable; retrying",
+                path=str(self.directory),
+                error=text,
+            )
+            self._said = text
 
     @property
     def problem(self) -> str | None:
