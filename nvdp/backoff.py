@@ -14,8 +14,6 @@ import random
 import time
 from collections.abc import Callable
 
-StopWait = Callable[[float], bool]  # wait up to N seconds; True when a stop came first (Event.wait is one)
-
 
 def delay_after(failures: int, initial: float, maximum: float) -> float:
     """The wait after `failures` failures in a row: 0 after none, then initial * 2**(failures - 1),
@@ -65,6 +63,7 @@ class Backoff:
         """A success: the next failure waits `initial` again."""
         self._failures = 0
 
-    def wait(self, stop: StopWait) -> bool:
-        """Wait the next delay on `stop`; True when the stop came first."""
+    def wait(self, stop: Callable[[float], bool]) -> bool:
+        """Wait the next delay on `stop` (waits up to N seconds, True when stopped: `Event.wait`);
+        True when the stop came first."""
         return stop(self.next())

@@ -170,10 +170,7 @@ class FailingHealth:
 
 
 def test_readyz_fails_with_the_reason_once_failing() -> None:
-    probes = Probes()
-    probes.registrations = FakeSupervisor({"nvidia.com/gpu": True})  # type: ignore[assignment]
-    probes.health = FailingHealth()
-    probes.served()
+    probes = Probes(FakeSupervisor({"nvidia.com/gpu": True}), FailingHealth())
     assert probes.readiness_problem() == "health monitor degraded ..."
 
 

@@ -84,8 +84,7 @@ class MpsController:
         self._load_plans = load_plans
         self._environ = environ
         self._health_interval = health_interval
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
+        self._backoff_base, self._backoff_cap = backoff_base, backoff_cap
         self._binary = binary
         self._clock = clock
         self.daemons: dict[str, _Daemon] = {}
