@@ -43,11 +43,6 @@ class Backoff:
         self._failures = 0
         self._last: float | None = None  # the clock at the previous next(), with reset_after
 
-    @property
-    def failures(self) -> int:
-        """Failures since the start or the last reset."""
-        return self._failures
-
     def next(self) -> float:
         """The wait after one more failure."""
         if self._reset_after is not None:
