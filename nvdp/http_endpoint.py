@@ -84,9 +84,9 @@ EndpointFactory = Callable[[str, Pages], Endpoint]  # (listen address, pages) ->
 class ServedPages:
     """Pages (a subclass is them) and the `Endpoint` that serves them on `address`."""
 
-    def __init__(self, address: str, pages: Pages, endpoint: EndpointFactory) -> None:
+    def __init__(self, address: str, pages: Pages, endpoint: EndpointFactory | None = None) -> None:
         self.address = address
-        self._endpoint = endpoint(address, pages)
+        self._endpoint = (endpoint or HttpEndpoint)(address, pages)
 
     @property
     def port(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvdp import promtext
-from nvdp.http_endpoint import HttpEndpoint, ServedPages
+from nvdp.http_endpoint import ServedPages
 from nvdp.promtext import MetricFamily, MetricType
 
 
@@ -67,7 +67,7 @@ class StatusServer(ServedPages):
     def __init__(self, address: str, read: Callable[[], Snapshot], alarm_after: float) -> None:
         self._read = read
         self._alarm_after = alarm_after
-        super().__init__(address, self, HttpEndpoint)
+        super().__init__(address, self)
 
     # ---- Pages ----------------------------------------------------------------------------------
     def render_metrics(self) -> bytes:

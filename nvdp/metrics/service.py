@@ -4,7 +4,7 @@ and are the supervisor's StatusObserver), then one `Metrics` once the supervisor
 
 from __future__ import annotations
 
-from nvdp.http_endpoint import EndpointFactory, HttpEndpoint, ServedPages
+from nvdp.http_endpoint import EndpointFactory, ServedPages
 from nvdp.metrics.families import MetricFamilies, StateCollector
 from nvdp.metrics.readiness import Probes
 
@@ -20,7 +20,7 @@ class Metrics(ServedPages):
         families: MetricFamilies | None = None,
         probes: Probes | None = None,
         *,
-        endpoint: EndpointFactory = HttpEndpoint,
+        endpoint: EndpointFactory | None = None,
     ) -> None:
         self.families = families or MetricFamilies()
         self.probes = probes or Probes()
