@@ -37,7 +37,7 @@ from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
 
 if TYPE_CHECKING:
-    from nvdp.metrics import Metrics
+    from nvdp.metrics import MetricFamilies, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -123,19 +123,19 @@ class Daemon:
         # One Node event recorder (when in a cluster) for health transitions and misfits.
         self.node_events = node_events_from_env(environ)
         self.misfits = MisfitReport(self.node_events)
-        # Metrics only when --metrics-address is set; an explicit observer
-        # replaces the metrics observer but not the endpoint.
-        self.metrics: Metrics | None = None
+        # Metrics only when --metrics-address is set, built in dependency order: the families count
+        # from the start (failed NVML calls, the supervisor's StatusObserver); the endpoint reads the
+        # supervisor and the node's health built next. An explicit observer replaces the families as
+        # the supervisor's observer but not the endpoint.
+        families: MetricFamilies | None = None
         counted = self.nvml
         if config.metrics_address:
-            from nvdp.metrics import Metrics
+            from nvdp.metrics import MetricFamilies
 
-            self.metrics = Metrics(config.metrics_address, misfits=self.misfits)
-            counted = self.metrics.count_nvml_errors(self.nvml)
-            observer = observer or self.metrics
+            families = MetricFamilies()
+            counted = families.count_nvml_errors(self.nvml)
+            observer = observer or families
         self.health = NodeHealth(counted, health_settings(config), environ, node_events=self.node_events)
-        if self.metrics is not None:
-            self.metrics.health = self.health
         self._servers = GrpcServers(observer)
         settings = node_settings(config)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
@@ -150,12 +150,20 @@ class Daemon:
             dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
             misfits=self.misfits,
         )
-        if self.metrics is not None:
-            self.metrics.registrations = self.supervisor
-            self.metrics.probes.rpc_probe = rpc_problem
-            self.metrics.probes.registration_problems = self.supervisor.registration_problems
-            self.metrics.probes.restart_needed = self.supervisor.restart_needed
-        registry = self.metrics.registry if self.metrics is not None else None
+        self.metrics: Metrics | None = None
+        if families is not None:
+            from nvdp.metrics import Metrics, Probes
+
+            probes = Probes(
+                self.supervisor,
+                self.health,
+                self.misfits,
+                rpc_probe=rpc_problem,
+                registration_problems=self.supervisor.registration_problems,
+                restart_needed=self.supervisor.restart_needed,
+            )
+            self.metrics = Metrics(config.metrics_address, families, probes)
+        registry = families.registry if families is not None else None
         self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
 
     @property

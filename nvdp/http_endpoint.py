@@ -10,7 +10,9 @@ that closes the oldest connection still sending its request, so a flood of slow 
 the kubelet's probes out (a probe sends its request at once).
 
 It imports neither http.server nor http.client, ssl or email, which would cost the plugin process
-megabytes of RSS. What it serves comes from `Pages`.
+megabytes of RSS. What it serves comes from `Pages`; `ServedPages` is the one shape of a command's
+status pages with their endpoint (the plugin's `nvdp.metrics.Metrics`, the config-manager's
+`nvdp.configmanager.status.StatusServer`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import socketserver
 import sys
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, Self
 
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event
@@ -63,6 +66,38 @@ class Pages(Protocol):
     def readiness_problem(self) -> str | None:
         """None when ready (/readyz 200), else why not (503)."""
         ...
+
+
+class Endpoint(Protocol):
+    """Where pages are served (`HttpEndpoint`): `start()` binds and serves (NvdpError when it cannot),
+    `stop()` is idempotent, `port` is the bound port (0 before start)."""
+
+    @property
+    def port(self) -> int: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+EndpointFactory = Callable[[str, Pages], Endpoint]  # (listen address, pages) -> endpoint
+
+
+class ServedPages:
+    """Pages (a subclass is them) and the `Endpoint` that serves them on `address`."""
+
+    def __init__(self, address: str, pages: Pages, endpoint: EndpointFactory | None = None) -> None:
+        self.address = address
+        self._endpoint = (endpoint or HttpEndpoint)(address, pages)
+
+    @property
+    def port(self) -> int:
+        return self._endpoint.port
+
+    def start(self) -> Self:
+        self._endpoint.start()
+        return self
+
+    def stop(self) -> None:
+        self._endpoint.stop()
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.backoff import Backoff
 from nvdp.errors import NvmlError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
 from nvdp.kubelet_standin import Kubelet
@@ -136,7 +137,7 @@ def test_monitor_degraded_beyond_grace_is_failing_and_devices_stay() -> None:
         settings=settings,
         environ={},
         wait_timeout=0.02,
-        backoff=lambda _: 0.05,
+        backoff=Backoff(0.05, 0.05),
     )
     monitor.start()
     try:
@@ -169,10 +170,7 @@ class FailingHealth:
 
 
 def test_readyz_fails_with_the_reason_once_failing() -> None:
-    probes = Probes()
-    probes.registrations = FakeSupervisor({"nvidia.com/gpu": True})  # type: ignore[assignment]
-    probes.health = FailingHealth()
-    probes.served()
+    probes = Probes(FakeSupervisor({"nvidia.com/gpu": True}), FailingHealth())
     assert probes.readiness_problem() == "health monitor degraded ..."
 
 

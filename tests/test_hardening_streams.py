@@ -390,6 +390,8 @@ def test_after_a_kubelet_restart_the_kubelet_gets_in_with_others_at_the_bound(no
 
 
 class Supervisor:
+    started = True
+
     def __init__(self, servers: dict[str, Any]) -> None:
         self.servers = servers
 
@@ -419,17 +421,15 @@ def test_readyz_fails_when_a_server_does_not_answer(server: DevicePluginServer, 
             calls.append(path)
             return rpc_problem(path)
 
-        probes = Probes()
-        probes.registrations = Supervisor({server.resource_name: server, "nvidia.com/silent": silent})  # type: ignore[assignment]
-        probes.rpc_probe = probe
-        probes.served()
+        supervisor = Supervisor({server.resource_name: server, "nvidia.com/silent": silent})
+        probes = Probes(supervisor, rpc_probe=probe)  # type: ignore[arg-type]
         started = time.monotonic()
         assert probes.readiness_problem() == (
             "not answering: nvidia.com/silent (GetDevicePluginOptions: DEADLINE_EXCEEDED)"
         )
         assert time.monotonic() - started < PROBE_TIMEOUT_S + 0.5
         assert probes.readiness_problem() is not None and len(calls) == 2, "cached: no new RPC"
-        probes.registrations = Supervisor({server.resource_name: server})  # type: ignore[assignment]
+        del supervisor.servers["nvidia.com/silent"]
         assert probes.readiness_problem() is None
     finally:
         silent.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.backoff import Backoff
 from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
 from nvdp.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
@@ -101,7 +102,7 @@ class Node:
         kwargs.setdefault("settings", HealthSettings(recovery_quiet_period=0.5, probe_interval=0.05))
         kwargs.setdefault("environ", {})
         kwargs.setdefault("wait_timeout", 0.05)
-        kwargs.setdefault("backoff", lambda attempt: 0.05)
+        kwargs.setdefault("backoff", Backoff(0.05, 0.05))
         return HealthMonitor(self.nvml, self.gpus, kwargs.pop("listener", self.changes), **kwargs)  # type: ignore[arg-type]
 
     def wait_first_probe_cycle(self) -> None:
@@ -372,7 +373,7 @@ def test_row_remap_failure_is_fatal(node: Node, running: HealthMonitor) -> None:
 
 def test_wait_error_keeps_states_and_rearms(node: Node, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="nvdp.health.monitor")
-    monitor = node.monitor(backoff=lambda attempt: 0.5)  # degraded for 0.5 s: long enough to see
+    monitor = node.monitor(backoff=Backoff(0.5, 0.5))  # degraded for 0.5 s: long enough to see
     monitor.start()
     try:
         gpu2 = node.gpus[2].uuid

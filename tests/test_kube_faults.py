@@ -144,7 +144,7 @@ def test_a_watch_answered_by_410_every_time_backs_off_its_relists(
 
 def test_relist_waits_grow_cap_and_start_over_after_two_quiet_minutes() -> None:
     now = [0.0]
-    backoff = node_watch.Backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # the stretch factor is then 1.5
+    backoff = node_watch.relist_backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # stretched by 1.5
     waits = []
     for _ in range(8):
         waits.append(backoff.next())
@@ -152,7 +152,7 @@ def test_relist_waits_grow_cap_and_start_over_after_two_quiet_minutes() -> None:
     assert waits == pytest.approx([1.2, 2.4, 4.8, 9.6, 19.2, 38.4, 45.0, 45.0])
     now[0] += node_watch.RELIST_RESET_S + 1
     assert backoff.next() == pytest.approx(1.2)
-    assert node_watch.Backoff(uniform=lambda: 0.0).next() == pytest.approx(node_watch.RELIST_INITIAL_S)
+    assert node_watch.relist_backoff(uniform=lambda: 0.0).next() == pytest.approx(node_watch.RELIST_INITIAL_S)
 
 
 def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(

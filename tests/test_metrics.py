@@ -33,7 +33,7 @@ from nvdp.errors import ConfigError, NvdpError, nvml_error
 from nvdp.health import xid_reason
 from nvdp.kubelet_standin import Kubelet
 from nvdp.logs import JsonFormatter, TextFormatter, log_event
-from nvdp.metrics import Metrics, parse_address
+from nvdp.metrics import Metrics, Probes, parse_address
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
 from nvdp.testing import REPO, wait_until
 
@@ -319,26 +319,26 @@ class _FakeSupervisor:
     def __init__(self, servers: dict[str, _FakeServer]) -> None:
         self.servers = servers
         self.registered: dict[str, bool] = dict.fromkeys(servers, False)
+        self.started = True
 
     def registrations(self) -> dict[str, bool]:
         return dict(self.registered)
 
 
 def test_healthz_fails_when_a_registered_socket_stays_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    metrics = Metrics("127.0.0.1:0")
     server = _FakeServer("/dp/nvidia-gpu.sock")
     supervisor = _FakeSupervisor({GPU: server})
-    metrics.registrations = supervisor  # type: ignore[assignment]
-    metrics.servers_changed({GPU: server})
+    metrics = Metrics("127.0.0.1:0", probes=Probes(supervisor))  # type: ignore[arg-type]
+    metrics.families.servers_changed({GPU: server})
     supervisor.registered[GPU] = True
-    metrics.registered(GPU, True)
+    metrics.families.registered(GPU, True)
     assert metrics.liveness_problem() is None
     server.serving = False
     assert metrics.liveness_problem() is None  # within the grace period: being restarted
     monkeypatch.setattr("nvdp.metrics.readiness.SOCKET_GRACE_S", 0.0)
     assert metrics.liveness_problem() == "plugin socket missing for over 0s: /dp/nvidia-gpu.sock"
     supervisor.registered[GPU] = False  # the kubelet went away: the supervisor restarts the server
-    metrics.kubelet_lost()  # when it is back
+    metrics.families.kubelet_lost()  # when it is back
     assert metrics.liveness_problem() is None
 
 

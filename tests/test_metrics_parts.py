@@ -11,7 +11,7 @@ import pytest
 
 from nvdp.errors import NvmlError, nvml_error
 from nvdp.health import HealthChange, MonitorStatus
-from nvdp.metrics import HttpEndpoint, Metrics, Pages, Probes
+from nvdp.metrics import HttpEndpoint, MetricFamilies, Metrics, Pages, Probes
 
 A, B = "nvidia.com/a", "nvidia.com/b"
 
@@ -25,9 +25,10 @@ class FakeServer:
 
 
 class FakeSupervisor:
-    def __init__(self, registered: Mapping[str, bool]) -> None:
+    def __init__(self, registered: Mapping[str, bool], started: bool = True) -> None:
         self.servers = {name: FakeServer(name) for name in registered}
         self.registered = dict(registered)
+        self.started = started
 
     def registrations(self) -> dict[str, bool]:
         return dict(self.registered)
@@ -80,20 +81,15 @@ RUNNING, STOPPED, NONE, OFF = FakeHealth(True, True), FakeHealth(True, False), F
 def test_readiness(
     registered: Mapping[str, bool] | None, served: bool, health: FakeHealth | None, problem: str | None
 ) -> None:
-    probes = Probes()
-    probes.registrations = None if registered is None else FakeSupervisor(registered)  # type: ignore[assignment]
-    probes.health = health
-    if served:
-        probes.served()
+    supervisor = None if registered is None else FakeSupervisor(registered, started=served)
+    probes = Probes(supervisor, health)
     assert probes.readiness_problem() == problem
     assert probes.liveness_problem() is None
 
 
 def test_readiness_reads_the_supervisor_at_probe_time() -> None:
-    probes = Probes()
     supervisor = FakeSupervisor({A: False})
-    probes.registrations = supervisor  # type: ignore[assignment]
-    probes.served()
+    probes = Probes(supervisor)
     assert probes.readiness_problem() == f"not registered: {A}"
     supervisor.registered[A] = True
     assert probes.readiness_problem() is None
@@ -122,7 +118,7 @@ def test_metrics_serve_through_the_endpoint_protocol() -> None:
         made.append(FakeEndpoint(address, pages))
         return made[-1]
 
-    metrics = Metrics(":9400", version="9.9", endpoint=factory)
+    metrics = Metrics(":9400", MetricFamilies("9.9"), endpoint=factory)
     (endpoint,) = made
     assert (endpoint.address, endpoint.pages, metrics.port) == (":9400", metrics, 0)
     metrics.start()
@@ -140,7 +136,7 @@ class FakeNvml:
 
 def test_failed_nvml_calls_are_counted_by_call() -> None:
     metrics = Metrics(":0")
-    nvml = metrics.count_nvml_errors(FakeNvml())  # type: ignore[arg-type]
+    nvml = metrics.families.count_nvml_errors(FakeNvml())  # type: ignore[arg-type]
     for _ in range(2):
         with pytest.raises(NvmlError):
             nvml.init()

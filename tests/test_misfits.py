@@ -58,6 +58,7 @@ def test_a_new_misfit_is_one_warning_and_one_event_until_it_goes(caplog: pytest.
 
 class _Registrations:
     servers: dict[str, object] = {}
+    started = True
 
     def registrations(self) -> dict[str, bool]:
         return {}
@@ -65,9 +66,7 @@ class _Registrations:
 
 def test_readiness_names_a_resource_a_misfit_withholds() -> None:
     report = MisfitReport()
-    probes = Probes(report)
-    probes.registrations = _Registrations()  # type: ignore[assignment]
-    probes.served()
+    probes = Probes(_Registrations(), misfits=report)  # type: ignore[arg-type]
     report.update("resources", [UNMATCHED])  # a ConfigMap entry that does not apply: normal, still ready
     assert probes.readiness_problem() is None
     report.update("cdi", [NO_NODES])

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.backoff import delay_after
 from nvdp.config import parse_text
 from nvdp.logs import FIELDS_ATTR
 from nvdp.mps.command import node_plans
 from nvdp.mps.controller import MpsController
 from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import DaemonPlan, restart_delay
+from nvdp.mps.plan import DaemonPlan
 from nvdp.mps.status import read_status, write_status
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
@@ -182,7 +183,7 @@ def test_status_file_is_one_bounded_printable_line(tmp_path: Path) -> None:
 
 
 def test_restart_delay_is_exponential_and_capped() -> None:
-    assert [restart_delay(n, 1.0, 30.0) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert [delay_after(n, 1.0, 30.0) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
 
 
 def test_reload_by_diff_relimits_then_stops(running: Running) -> None:

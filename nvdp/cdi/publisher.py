@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvdp.backoff import delay_after
 from nvdp.cdi import writer
 from nvdp.cdi.lock import SpecDirLock, lock_path
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
@@ -220,7 +221,7 @@ class CdiPublisher:
         return result
 
     def _delay(self) -> float:
-        return float(min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(max(self._failures - 1, 0), 16)))
+        return delay_after(self._failures, RETRY_MIN_S, RETRY_MAX_S)
 
     # ---- between publishes ----------------------------------------------------------------------
     def retry_in(self) -> float | None:

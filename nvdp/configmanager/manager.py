@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.backoff import Backoff
 from nvdp.configmanager import files, process
 from nvdp.configmanager.selection import EMPTY, list_entries, select
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
@@ -147,7 +148,7 @@ class ConfigManager:
         """
         watcher = DirWatcher(Path(self.settings.config_file_srcdir), extra_events=IN_CLOSE_WRITE)
         self._watcher = watcher
-        delay = self._retry_initial
+        retries = Backoff(self._retry_initial, self._retry_max)
         try:
             while not stop.is_set():
                 self._wake.clear()
@@ -157,9 +158,9 @@ class ConfigManager:
                     continue
                 retry_in: float | None = None
                 if self.retrying is not None or self._to_record is not None:
-                    retry_in, delay = delay, min(delay * 2, self._retry_max)
+                    retry_in = retries.next()
                 else:
-                    delay = self._retry_initial
+                    retries.reset()
                 if watcher.uses_inotify:
                     watcher.wait(retry_in)
                 else:

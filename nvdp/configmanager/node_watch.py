@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvdp import kube
+from nvdp.backoff import Backoff
 from nvdp.errors import KubeError, KubeGone, KubeWatchSilent
 
 log = logging.getLogger(__name__)
@@ -33,39 +34,19 @@ RELIST_MAX_S = 30.0
 RELIST_RESET_S = 120.0
 
 
-class Backoff:
-    """Waits that grow as client-go's `wait.NewExponentialBackoffManager` makes them: `next()` is the
-    current delay stretched by a random factor in [1, 1 + jitter); the delay doubles up to `maximum`
-    and starts over at `initial` when the previous `next()` is more than `reset_after` seconds old."""
-
-    def __init__(
-        self,
-        initial: float = RELIST_INITIAL_S,
-        maximum: float = RELIST_MAX_S,
-        reset_after: float = RELIST_RESET_S,
-        *,
-        jitter: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-        uniform: Callable[[], float] = random.random,
-    ) -> None:
-        self._initial, self._maximum, self._reset_after = initial, maximum, reset_after
-        self._jitter, self._clock, self._uniform = jitter, clock, uniform
-        self._delay = initial
-        self._last: float | None = None
-
-    def next(self) -> float:
-        now = self._clock()
-        if self._last is None or now - self._last > self._reset_after:
-            self._delay = self._initial
-        self._last = now
-        delay, self._delay = self._delay, min(self._delay * 2, self._maximum)
-        return delay * (1 + self._jitter * self._uniform())
+def relist_backoff(
+    clock: Callable[[], float] = time.monotonic, uniform: Callable[[], float] = random.random
+) -> Backoff:
+    """The waits between list+watch cycles, as client-go's reflector makes them (see the module)."""
+    return Backoff(
+        RELIST_INITIAL_S, RELIST_MAX_S, jitter=1.0, reset_after=RELIST_RESET_S, clock=clock, uniform=uniform
+    )
 
 
 class NodeWatch:
     """List+watch one Node (field selector metadata.name=<node>) and hand it to `on_node` (None when
     the Node is gone). Resumes from the last resourceVersion after the server ends a watch; re-lists
-    on 410 Gone after a wait from `relist_backoff` (a server that answers every watch with 410 gets
+    on 410 Gone after a wait from `relist_backoff()` (a server that answers every watch with 410 gets
     a list every 30-60 s, not dozens a second); drops a stream silent for `silence_timeout` s;
     retries every other failure with capped exponential backoff and never stops until `stop` is
     set. `on_failure(message, failing_for_seconds)` hears each failure; a line is logged at WARNING,
@@ -85,7 +66,6 @@ class NodeWatch:
         silence_timeout: float = WATCH_SILENCE_S,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
-        relist_backoff: Backoff | None = None,
         alarm_after: float = 60.0,
     ) -> None:
         if not silence_timeout > timeout_seconds:
@@ -96,9 +76,8 @@ class NodeWatch:
         self._on_failure = on_failure
         self._timeout_seconds = timeout_seconds
         self._silence = silence_timeout
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._relists = relist_backoff or Backoff()
+        self._retries = Backoff(backoff_initial, backoff_max)  # after a failure; reset by a success
+        self._relists = relist_backoff()
         self._alarm_after = alarm_after
         self.failing_since: float | None = None  # monotonic time of the first failure in a row
         self.lists = 0  # full lists done (the first, and one after each 410 Gone)
@@ -110,7 +89,6 @@ class NodeWatch:
     def run(self, stop: threading.Event) -> None:
         """Watch until `stop` is set (checked between requests and events)."""
         version: str | None = None
-        delay = self._backoff_initial
         alarmed = False
         while not stop.is_set():
             since: float | None = None  # when the failure began, where known before now
@@ -123,10 +101,12 @@ class NodeWatch:
                     self._on_node(kube.NodeMeta.of(items[0]) if items else None)
                     version = str(nodes["metadata"]["resourceVersion"])
                     self._recovered()
-                    delay, alarmed = self._backoff_initial, False
+                    alarmed = False
+                    self._retries.reset()
                 version = self._watch(version, stop)
                 self._recovered()
-                delay, alarmed = self._backoff_initial, False
+                alarmed = False
+                self._retries.reset()
                 continue
             except KubeGone:
                 wait = self._relists.next()
@@ -140,7 +120,7 @@ class NodeWatch:
                 message = str(error)
             except (KeyError, TypeError, ValueError) as error:  # an answer without what a list has
                 message = f"unexpected answer: {type(error).__name__} {error}"
-            now = time.monotonic()
+            now, delay = time.monotonic(), self._retries.next()
             if self.failing_since is None:
                 self.failing_since = since if since is not None else now
             failing_for = now - self.failing_since
@@ -158,7 +138,6 @@ class NodeWatch:
             if self._on_failure is not None:
                 self._on_failure(message, failing_for)
             stop.wait(delay)
-            delay = min(delay * 2, self._backoff_max)
 
     def _watch(self, version: str, stop: threading.Event) -> str:
         """One watch request from `version` until the server ends it; the last version seen."""

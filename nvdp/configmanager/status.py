@@ -3,7 +3,8 @@
 /readyz answers 503 while no config has been applied yet, while the config the node should have
 could not be put in place (it is retried with backoff), or while the Node watch has been failing or
 silent for longer than the alarm time (the config is then not following the label): the readiness
-signal beside the ERROR log line. The metrics are a handful of gauges and counters, written out by hand.
+signal beside the ERROR log line. The metrics are a handful of gauges and counters read from a snapshot
+at scrape time, written out by the plugin's exposition writer (`nvdp.promtext`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvdp.http_endpoint import HttpEndpoint
+from nvdp import promtext
+from nvdp.http_endpoint import ServedPages
+from nvdp.promtext import MetricFamily, MetricType
 
 
 @dataclass(frozen=True)
@@ -25,32 +28,26 @@ class Snapshot:
     retrying: str | None = None  # why the selected config is not in place (being retried)
 
 
+_FAMILIES: tuple[tuple[str, MetricType, str], ...] = (  # name (after nvdp_config_manager_), type, help
+    ("config_applied", "gauge", "1 when a config file is in place for the plugin."),
+    ("applied_total", "counter", "Config changes applied (link swapped or content changed)."),
+    ("refused_total", "counter", "Selections refused (unknown label value, invalid entry)."),
+    ("signals_total", "counter", "Signals sent to the plugin process."),
+    ("watch_failing_seconds", "gauge", "Seconds the Node watch has been failing (0: fine)."),
+    ("watch_healthy", "gauge", "0 once the watch has failed for over the alarm time."),
+    ("apply_failing", "gauge", "1 while the selected config is not in place (retried)."),
+)
+
+
 def render(s: Snapshot, alarm_after: float) -> bytes:
+    """The exposition of a snapshot: one sample per family of _FAMILIES, in its order."""
     failing = s.watch_failing_for
-    lines = [
-        "# HELP nvdp_config_manager_config_applied 1 when a config file is in place for the plugin.",
-        "# TYPE nvdp_config_manager_config_applied gauge",
-        f"nvdp_config_manager_config_applied {int(s.applied)}",
-        "# HELP nvdp_config_manager_applied_total Config changes applied (link swapped or content changed).",
-        "# TYPE nvdp_config_manager_applied_total counter",
-        f"nvdp_config_manager_applied_total {s.applied_total}",
-        "# HELP nvdp_config_manager_refused_total Selections refused (unknown label value, invalid entry).",
-        "# TYPE nvdp_config_manager_refused_total counter",
-        f"nvdp_config_manager_refused_total {s.refused_total}",
-        "# HELP nvdp_config_manager_signals_total Signals sent to the plugin process.",
-        "# TYPE nvdp_config_manager_signals_total counter",
-        f"nvdp_config_manager_signals_total {s.signals_total}",
-        "# HELP nvdp_config_manager_watch_failing_seconds Seconds the Node watch has been failing (0: fine).",
-        "# TYPE nvdp_config_manager_watch_failing_seconds gauge",
-        f"nvdp_config_manager_watch_failing_seconds {failing:.3f}",
-        "# HELP nvdp_config_manager_watch_healthy 0 once the watch has failed for over the alarm time.",
-        "# TYPE nvdp_config_manager_watch_healthy gauge",
-        f"nvdp_config_manager_watch_healthy {int(failing < alarm_after)}",
-        "# HELP nvdp_config_manager_apply_failing 1 while the selected config is not in place (retried).",
-        "# TYPE nvdp_config_manager_apply_failing gauge",
-        f"nvdp_config_manager_apply_failing {int(s.retrying is not None)}",
-    ]
-    return ("\n".join(lines) + "\n").encode()
+    values: list[float] = [s.applied, s.applied_total, s.refused_total, s.signals_total, round(failing, 3)]
+    values += [failing < alarm_after, s.retrying is not None]
+    families = [MetricFamily(f"nvdp_config_manager_{name}", help, kind) for name, kind, help in _FAMILIES]
+    for family, value in zip(families, values, strict=True):
+        family.add((), value)
+    return promtext.render(families)
 
 
 def not_ready(s: Snapshot, alarm_after: float) -> str | None:
@@ -63,25 +60,14 @@ def not_ready(s: Snapshot, alarm_after: float) -> str | None:
     return None
 
 
-class StatusServer:
+class StatusServer(ServedPages):
     """Serves the snapshot `read()` returns on nvdp's HTTP endpoint (the plugin's, with its bounds on
-    slow clients). `start()` binds (NvdpError when it cannot); `stop()` is idempotent."""
+    slow clients), as the plugin's `Metrics` serve the daemon's."""
 
     def __init__(self, address: str, read: Callable[[], Snapshot], alarm_after: float) -> None:
         self._read = read
         self._alarm_after = alarm_after
-        self._endpoint = HttpEndpoint(address, self)
-
-    @property
-    def port(self) -> int:
-        return self._endpoint.port
-
-    def start(self) -> StatusServer:
-        self._endpoint.start()
-        return self
-
-    def stop(self) -> None:
-        self._endpoint.stop()
+        super().__init__(address, self)
 
     # ---- Pages ----------------------------------------------------------------------------------
     def render_metrics(self) -> bytes:

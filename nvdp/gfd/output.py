@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from nvdp.backoff import Backoff
 from nvdp.errors import NvdpError, UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.gfd.labels import TIMESTAMP_LABEL, format_labels
@@ -134,7 +135,7 @@ class NodeFeatureOutput:
         compare = {k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}
         if compare == self._last:
             return False
-        delay = self._backoff
+        retries = Backoff(self._backoff, self._max_backoff)
         for attempt in range(1, self._attempts + 1):
             try:
                 if self._api is None:
@@ -145,6 +146,7 @@ class NodeFeatureOutput:
             except NvdpError as error:
                 if attempt == self._attempts:
                     raise
+                delay = retries.next()
                 log_event(
                     log, logging.WARNING, "NodeFeature update failed; retrying",
                     error=str(error), attempt=attempt, retry_in=f"{delay:g}s",
@@ -153,7 +155,6 @@ class NodeFeatureOutput:
                     raise NvdpError(
                         f"NodeFeature {self.namespace}/{self.name}: stopped while retrying"
                     ) from error
-                delay = min(delay * 2, self._max_backoff)
                 continue
             self._last = compare
             log_event(

@@ -2,7 +2,7 @@
 monitor thread (`monitor`), routing to plugin servers (`router`), the node's health put together
 (`node`), Kubernetes Node events for transitions (`node_events`), value types and seams (`types`)."""
 
-from nvdp.health.monitor import HealthMonitor, exponential_backoff
+from nvdp.health.monitor import HealthMonitor
 from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
 from nvdp.health.router import HealthRouter, NodeEventSink
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
@@ -22,6 +22,5 @@ __all__ = [
     "NodeEventSink",
     "Verdict",
     "XidPolicy",
-    "exponential_backoff",
     "xid_reason",
 ]

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from nvdp.backoff import Backoff
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.health.state import (
     GPU_LOST_REASON,
@@ -36,24 +37,16 @@ from nvdp.units import format_go_duration
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Sequence[HealthChange]], None]
-Backoff = Callable[[int], float]  # consecutive failure number (0, 1, ...) -> seconds to wait
 
 __all__ = [
     "GPU_LOST_REASON",
     "RECOVERED_REASON",
     "ROW_REMAP_FAILURE_REASON",
-    "Backoff",
     "HealthMonitor",
     "Listener",
-    "exponential_backoff",
 ]
 
 _MAX_BATCH = 64  # events drained from the set into one batch
-
-
-def exponential_backoff(first: float = 0.1, cap: float = 5.0) -> Backoff:
-    """0.1 s, 0.2 s, 0.4 s ... up to `cap`."""
-    return lambda attempt: min(cap, first * (2 ** min(attempt, 32)))
 
 
 class HealthMonitor:
@@ -82,12 +75,11 @@ class HealthMonitor:
         self._policy = policy or XidPolicy.from_env(environ or {}, self._settings)
         self._clock = clock
         self._wait_ms = max(1, int(wait_timeout * 1000))
-        self._backoff = backoff or exponential_backoff()
+        self._rearm_waits = backoff or Backoff(0.1, 5.0)  # after a failed arming: 0.1 s doubling to 5 s
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: EventSet | None = None
-        self._failures = 0
         self._next_probe = 0.0
         self._rearm_at = 0.0
         self._unsupported_logged: set[str] = set()
@@ -250,7 +242,7 @@ class HealthMonitor:
         events, error = self._collect(self._event_set, max(0, int(budget * 1000)))
         self._emit(self._handle_events(events))
         if error is None:
-            self._failures = 0
+            self._rearm_waits.reset()
             return
         self._disarm()
         self._failed(f"NVML event wait failed: {error}", error)
@@ -334,8 +326,7 @@ class HealthMonitor:
 
     def _failed(self, reason: str, error: NvmlError) -> None:
         """An NVML failure of the monitor itself: degraded, next arming after a backoff."""
-        self._rearm_at = self._clock() + self._backoff(self._failures)
-        self._failures += 1
+        self._rearm_at = self._clock() + self._rearm_waits.next()
         with self._lock:
             first = self._degraded_reason is None
             if first:

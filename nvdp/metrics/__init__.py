@@ -1,19 +1,21 @@
 """Prometheus metrics and the daemon's HTTP endpoint: /metrics, /healthz, /readyz.
 
-One module per job: `families` (the metric families and the StatusObserver counting into them),
-`readiness` (/healthz and /readyz, read from the supervisor's registration state), `nvml_errors`
-(counting failed NVML calls), `sources` (the protocols through which all of them read the daemon),
-`service` (`Metrics`: the parts put together). The exposition is `nvdp.promtext`; the HTTP server is
-`nvdp.http_endpoint` (shared with the config-manager, which must not import grpc through this package).
+One module per job: `families` (the counted metric families and the StatusObserver counting into
+them; the state read at scrape time), `readiness` (/healthz and /readyz, read from the supervisor's
+registration state), `nvml_errors` (counting failed NVML calls), `sources` (the protocols through which
+all of them read the daemon), `service` (`Metrics`: the parts put together). The exposition is
+`nvdp.promtext`; the HTTP server is `nvdp.http_endpoint` (shared with the config-manager, which must not
+import grpc through this package).
 
 Nothing here imports prometheus_client, ssl, http.client or email, which would cost the plugin process
 megabytes of RSS, nor the concrete plugin server. `nvdp.daemon` imports this package only when metrics
 are on (--metrics-address not empty), so a daemon without metrics does not pay even for that.
 """
 
-from nvdp.http_endpoint import HttpEndpoint, Pages, parse_address
+from nvdp.http_endpoint import Endpoint, HttpEndpoint, Pages, parse_address
+from nvdp.metrics.families import MetricFamilies
 from nvdp.metrics.readiness import SOCKET_GRACE_S, Probes
-from nvdp.metrics.service import Endpoint, Metrics
+from nvdp.metrics.service import Metrics
 from nvdp.metrics.sources import HealthView, MisfitView, PluginServerView, RegistrationState
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "Endpoint",
     "HealthView",
     "HttpEndpoint",
+    "MetricFamilies",
     "Metrics",
     "MisfitView",
     "Pages",

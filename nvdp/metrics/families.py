@@ -12,7 +12,10 @@ from collections.abc import Mapping
 
 import grpc
 
+from nvdp import __version__
+from nvdp.metrics.nvml_errors import CountingNvml
 from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
+from nvdp.nvml.types import Nvml
 from nvdp.promtext import Counter, CounterChild, Gauge, Histogram, HistogramChild, MetricFamily, Registry
 
 # Allocate answers in well under a millisecond; a slow GetPreferredAllocation on a big node in tens.
@@ -33,14 +36,12 @@ class _Rpc:
 
 
 class MetricFamilies:
-    """nvdp's metric families in one registry, and the StatusObserver that counts into them.
-    Thread-safe. `registrations` and `health` are read at scrape time once the daemon sets them."""
+    """nvdp's counted metric families in one registry, and the StatusObserver that counts into them.
+    Thread-safe. Built before what it counts (the supervisor, the NVML wrapper); the state read at
+    scrape time is a `StateCollector` registered beside them once its sources exist."""
 
-    def __init__(self, version: str, misfits: MisfitView | None = None) -> None:
+    def __init__(self, version: str = __version__) -> None:
         self.registry = Registry()
-        self.registrations: RegistrationState | None = None
-        self.health: HealthView | None = None
-        self.misfits = misfits
         self._rpcs: dict[tuple[str, str], _Rpc] = {}
 
         r = self.registry
@@ -74,7 +75,6 @@ class MetricFamilies:
             self._reloads.labels(result)
         build = r.register(Gauge("nvdp_build_info", "Build information; the value is 1.", ["version"]))
         build.labels(version).set(1)
-        r.register(_StateCollector(self))
 
     # ---- StatusObserver (supervisor and server threads) ---------------------------------------
     def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -105,20 +105,24 @@ class MetricFamilies:
     def reloaded(self, ok: bool) -> None:
         self._reloads.labels("success" if ok else "failure").inc()
 
-    def nvml_error(self, call: str) -> None:
-        self._nvml_errors.labels(call).inc()
+    def count_nvml_errors(self, nvml: Nvml) -> Nvml:
+        """`nvml` with every failed call counted in nvdp_nvml_errors_total{call}."""
+        return CountingNvml(nvml, lambda call: self._nvml_errors.labels(call).inc())
 
 
-class _StateCollector:
-    """Metrics read at scrape time from the servers and the health monitor."""
+class StateCollector:
+    """Metrics read at scrape time from the servers (the supervisor's), the node's health and misfits
+    (each None: none to read)."""
 
-    def __init__(self, families: MetricFamilies) -> None:
-        self._families = families
+    def __init__(
+        self, registrations: RegistrationState | None, health: HealthView | None, misfits: MisfitView | None
+    ) -> None:
+        self._registrations, self._health, self._misfit_view = registrations, health, misfits
 
     def collect(self) -> list[MetricFamily]:
-        source = self._families.registrations
+        source = self._registrations
         servers = dict(source.servers) if source is not None else {}
-        health = self._families.health
+        health = self._health
         unhealthy = health.unhealthy() if health is not None else {}
         status = health.monitor_status() if health is not None else None
 
@@ -157,7 +161,7 @@ class _StateCollector:
         return [device_healthy, devices, streams, events, degraded, *self._misfits()]
 
     def _misfits(self) -> list[MetricFamily]:
-        view = self._families.misfits
+        view = self._misfit_view
         now = MetricFamily(
             "nvdp_node_misfits",
             "Node facts that keep part of the config from applying on this node now, by reason.",

@@ -24,25 +24,27 @@ RegistrationProblems = Callable[[], Mapping[str, str]]  # resource -> why it can
 
 
 class Probes:
-    """Answers the probes. `registrations` and `health` are set by the daemon once they exist; until the
-    supervisor has decided what to serve (`served()`), the daemon is starting."""
+    """Answers the probes from the daemon's sources, read at probe time: the supervisor's registration
+    state (None: no supervisor, always starting), the node's health and misfits, the RPC probe of the
+    sockets, the supervisor's `registration_problems` and `restart_needed` (each None: not checked).
+    Until the supervisor has decided what to serve (`started`), the daemon is starting."""
 
-    def __init__(self, misfits: MisfitView | None = None) -> None:
-        self.registrations: RegistrationState | None = None
-        self.health: HealthView | None = None
-        self.misfits = misfits
-        self.rpc_probe: RpcProbe | None = None
-        self.registration_problems: RegistrationProblems | None = None
-        self.restart_needed: Callable[[], str | None] | None = None  # why only a restart helps
+    def __init__(
+        self,
+        registrations: RegistrationState | None = None,
+        health: HealthView | None = None,
+        misfits: MisfitView | None = None,
+        *,
+        rpc_probe: RpcProbe | None = None,
+        registration_problems: RegistrationProblems | None = None,
+        restart_needed: Callable[[], str | None] | None = None,  # why only a restart helps
+    ) -> None:
+        self.registrations, self.health, self.misfits = registrations, health, misfits
+        self._rpc_probe, self._restart_needed = rpc_probe, restart_needed
+        self._registration_problems = registration_problems
         self._lock = threading.Lock()
         self._probed: dict[Path, tuple[float, str | None]] = {}  # socket -> (when, outcome)
-        self._served = False
         self._missing_since: dict[int, float] = {}  # id(server) -> when its socket was seen missing
-
-    def served(self) -> None:
-        """The supervisor has decided what to serve (possibly nothing: no devices, or idling after an
-        NVML failure with fail-on-init-error=false)."""
-        self._served = True
 
     def liveness_problem(self) -> str | None:
         """None when every server serves on its socket or is being restarted (socket wiped by a kubelet
@@ -51,7 +53,7 @@ class Probes:
         source = self.registrations
         if source is None:
             return None
-        restart = self.restart_needed() if self.restart_needed is not None else None
+        restart = self._restart_needed() if self._restart_needed is not None else None
         if restart is not None:
             return f"kubelet directory unusable: {restart}"
         servers = dict(source.servers)
@@ -72,7 +74,7 @@ class Probes:
 
     def _not_answering(self, source: RegistrationState) -> list[str]:
         """`resource (why)` for every server whose socket does not answer the RPC probe."""
-        probe = self.rpc_probe
+        probe = self._rpc_probe
         if probe is None:
             return []
         now = time.monotonic()
@@ -93,12 +95,12 @@ class Probes:
         """None when every resource is registered with the running kubelet and the health monitor runs
         (or when there is nothing to serve: no devices, or NVML failed with fail-on-init-error=false)."""
         source = self.registrations
-        if source is None or not self._served:
+        if source is None or not source.started:
             return "starting: no resources served yet"
         registered = source.registrations()
         missing = sorted(name for name, ok in registered.items() if not ok)
         if missing:
-            why = self.registration_problems() if self.registration_problems is not None else {}
+            why = self._registration_problems() if self._registration_problems is not None else {}
             return "not registered: " + ", ".join(f"{n} ({why[n]})" if n in why else n for n in missing)
         silent = self._not_answering(source)
         if silent:

@@ -41,6 +41,8 @@ class PluginServerView(Protocol):
 class RegistrationState(Protocol):
     """The supervisor's servers and their registration with the running kubelet."""
 
+    started: bool  # what to serve is decided (possibly nothing: no devices, or NVML failed)
+
     @property
     def servers(self) -> Mapping[str, PluginServerView]:
         """Resource name -> its server, for every resource served."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.backoff import delay_after
 from nvdp.dirs import make_dirs
 from nvdp.errors import MpsError, NvdpError
 from nvdp.logs import log_event
@@ -31,7 +32,7 @@ from nvdp.nvml.types import ComputeMode, ComputeModes
 
 from .control import MpsControl
 from .layout import CONTROL_BINARY, MpsRoot
-from .plan import DaemonPlan, restart_delay
+from .plan import DaemonPlan
 from .status import remove_status, write_status
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,7 @@ class MpsController:
         self._load_plans = load_plans
         self._environ = environ
         self._health_interval = health_interval
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
+        self._backoff_base, self._backoff_cap = backoff_base, backoff_cap
         self._binary = binary
         self._clock = clock
         self.daemons: dict[str, _Daemon] = {}
@@ -307,7 +307,7 @@ class MpsController:
         self._say_status(daemon.plan.resource, status or f"{what.partition(';')[0]}: {error}")
         daemon.up = False
         daemon.failures += 1
-        delay = restart_delay(daemon.failures, self._backoff_base, self._backoff_cap)
+        delay = delay_after(daemon.failures, self._backoff_base, self._backoff_cap)
         daemon.next_attempt = self._clock() + delay
         log_event(
             log,

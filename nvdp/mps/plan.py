@@ -105,10 +105,3 @@ def container_limit_envs(devices: Sequence[Device], replicas_of: Callable[[str],
     if memory:
         envs[PINNED_MEM_LIMIT_ENV] = ",".join(memory)
     return envs
-
-
-def restart_delay(failures: int, base: float, cap: float) -> float:
-    """Capped exponential backoff: base, 2*base, 4*base, ... never more than cap."""
-    if failures <= 0:
-        return 0.0
-    return float(min(cap, base * 2.0 ** min(failures - 1, 30)))

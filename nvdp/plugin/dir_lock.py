@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nvdp.backoff import Backoff
 from nvdp.dirs import make_dirs
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
 from nvdp.logs import log_event
@@ -60,9 +61,9 @@ class DirClaim:
         self._fail_if_held = fail_if_held
         self._fd: int | None = None
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
-        self._retry_s = RETRY_MIN_S  # refresh()'s next backoff while the lock cannot be taken again
+        self._retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)  # refresh()'s, while the lock cannot be taken
         self._retry_at: float | None = None  # when refresh() tries to lock again
-        self._said: str | None = None  # the error refresh() last said
+        self._said: str | None = None  # the error last said (unusable directory)
         self._stale = False  # the path names a removed directory (a stale mount)
 
     @property
@@ -72,31 +73,21 @@ class DirClaim:
     def acquire(self, stop: threading.Event) -> bool:
         """Block until the directory is usable and locked (True) or `stop` is set (False). Raises
         DirLockHeld when another process holds it and `fail_if_held`."""
-        failures = 0
-        said_unusable: str | None = None
+        retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)
+        self._said = None
         said_held: str | None = None
         while not stop.is_set():
             try:
                 make_dirs(self.directory)
                 holder = self._try_lock()
             except OSError as error:
-                text = _one_line(error)
-                if text != said_unusable:
-                    log_event(
-                        log,
-                        logging.ERROR,
-                        "kubelet directory unusable; retrying",
-                        path=str(self.directory),
-                        error=text,
-                    )
-                    said_unusable = text
-                stop.wait(min(RETRY_MAX_S, RETRY_MIN_S * 2**failures))
-                failures = min(failures + 1, 16)
+                self._say_unusable(_one_line(error))
+                retries.wait(stop.wait)
                 continue
             if holder is None:
-                if said_unusable is not None or said_held is not None:
+                if self._said is not None or said_held is not None:
                     log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
-                self._claimed = True
+                self._said, self._claimed = None, True
                 return True
             message = (
                 f"kubelet directory {self.directory} is in use by another nvdp "
@@ -127,26 +118,17 @@ class DirClaim:
         self._close()
         now = self._clock()
         if self._retry_at is None:  # just gone: not at once, an `rm -rf` may be under way
-            self._retry_at = now + RETRY_MIN_S
+            self._retry_at = now + self._retries.next()
         if now < self._retry_at:
             return self._retry_at - now
         try:
             holder = self._try_lock()
         except OSError as error:
             self._stale = _removed(self.directory)
-            text = _one_line(error) + (f"; {STALE_MOUNT}" if self._stale else "")
-            if text != self._said:
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "kubelet directory unusable; retrying",
-                    path=str(self.directory),
-                    error=text,
-                )
-                self._said = text
-            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
-            self._retry_at = now + self._retry_s
-            return self._retry_s
+            self._say_unusable(_one_line(error) + (f"; {STALE_MOUNT}" if self._stale else ""))
+            delay = self._retries.next()
+            self._retry_at = now + delay
+            return delay
         if holder is not None:
             raise DirLockHeld(
                 f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
@@ -156,8 +138,21 @@ class DirClaim:
             log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
         else:
             log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
-        self._said, self._retry_s, self._retry_at, self._stale = None, RETRY_MIN_S, None, False
+        self._said, self._retry_at, self._stale = None, None, False
+        self._retries.reset()
         return None
+
+    def _say_unusable(self, text: str) -> None:
+        """The directory cannot be used (`text`: why): said once per error, retried."""
+        if text != self._said:
+            log_event(
+                log,
+                logging.ERROR,
+                "kubelet directory unusable; retrying",
+                path=str(self.directory),
+                error=text,
+            )
+            self._said = text
 
     @property
     def problem(self) -> str | None:

@@ -16,10 +16,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.backoff import Backoff
 from nvdp.dir_watch import FileId
 from nvdp.errors import RegistrationError
 from nvdp.logs import log_event
@@ -64,7 +65,7 @@ class _Registration:
     since: float = 0.0  # the clock's time of the latest registration
     not_before: float = 0.0  # after a lost stream: no Register to the same kubelet before this
     lost_from: FileId | None = None  # the kubelet whose stream ended
-    lost_delay: float = 0.0
+    losses: Backoff = field(default_factory=lambda: Backoff(STREAM_LOST_DELAY_S, RETRY_MAX_S))
 
 
 class KubeletLink:
@@ -136,15 +137,16 @@ class KubeletLink:
             r = self._registrations.get(name)
             if r is None or r.kubelet is None or r.attempt != attempt:
                 continue  # an earlier registration's stream, or the kubelet is gone anyway
-            quick = now - r.since < STREAM_STABLE_S and r.lost_delay > 0
-            r.lost_delay = min(RETRY_MAX_S, r.lost_delay * 2) if quick else STREAM_LOST_DELAY_S
-            r.lost_from, r.kubelet, r.not_before = r.kubelet, None, now + r.lost_delay
+            if now - r.since >= STREAM_STABLE_S:
+                r.losses.reset()
+            delay = r.losses.next()
+            r.lost_from, r.kubelet, r.not_before = r.kubelet, None, now + delay
             log_event(
                 log,
                 logging.WARNING,
                 "kubelet dropped the resource (its ListAndWatch stream ended); registering again",
                 resource=name,
-                in_s=r.lost_delay,
+                in_s=delay,
             )
             self._ready.clear()
 

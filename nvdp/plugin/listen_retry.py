@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from nvdp.backoff import Backoff
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event
 
@@ -38,7 +39,7 @@ class ListenRetry:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.failing: dict[str, str] = {}  # resource -> why its server does not listen
-        self._delay = RETRY_MIN_S  # the backoff of the next retry
+        self._retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._next: float | None = None  # when failing servers are tried again
 
     def start(self, server: Startable) -> bool:
@@ -55,7 +56,7 @@ class ListenRetry:
                 )
             self.failing[name] = text
             if self._next is None:
-                self._next = self._clock() + self._delay
+                self._next = self._clock() + self._retries.next()
             return False
         if name in self.failing:
             log_event(log, logging.INFO, "plugin server listening again", resource=name)
@@ -66,14 +67,15 @@ class ListenRetry:
         """No server to start for `name` any more (removed, or it listens)."""
         self.failing.pop(name, None)
         if not self.failing:
-            self._delay, self._next = RETRY_MIN_S, None
+            self._retries.reset()
+            self._next = None
 
     def take_due(self) -> bool:
         """Whether the failing servers are to be tried again now; the next retry, if they fail
         again, waits twice as long."""
         if self._next is None or self._clock() < self._next:
             return False
-        self._delay, self._next = min(RETRY_MAX_S, self._delay * 2), None
+        self._next = None
         return True
 
     def retry_in(self) -> float | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
+from nvdp.backoff import Backoff
 from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import RegistrationError
 
@@ -52,7 +53,7 @@ def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> Fi
     (at least 100 ms in grpc core, whatever the channel options say) would add that much, a plain
     connect() loop adds at most ~2 ms.
     """
-    delay = 0.0005
+    waits = Backoff(0.0005, 0.002)
     while True:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -68,5 +69,4 @@ def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> Fi
                 ) from error
         finally:
             probe.close()
-        time.sleep(delay)
-        delay = min(delay * 2, 0.002)
+        time.sleep(waits.next())

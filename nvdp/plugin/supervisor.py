@@ -97,6 +97,7 @@ class Supervisor(Generic[S]):
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
+        self.started = False  # what to serve is decided (possibly nothing); read by /readyz
         self._kubelet = KubeletLink(
             settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._wake
         )
@@ -236,6 +237,7 @@ class Supervisor(Generic[S]):
             self._health.set_targets(list(self.servers.values()))
         if self._observer is not None:
             self._observer.servers_changed(dict(self.servers))
+        self.started = True
 
     def _restart_wiped_servers(self) -> None:
         """Start a new server, same resource and socket, for each one whose socket was removed;
@@ -309,6 +311,7 @@ class Supervisor(Generic[S]):
         )
         if self._observer is not None:
             self._observer.servers_changed({})  # idling on purpose: nothing to register
+        self.started = True
 
     def _do_reload(self) -> None:
         log_event(log, logging.INFO, "reloading configuration")
