@@ -171,13 +171,13 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.daemon import Daemon
 
     try:
-        config = resolve(args, environ)
+        options = resolve(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(options.runtime.log_format, options.runtime.log_level)
     signals = handle_signals()  # before the daemon is built: a SIGTERM while it starts stops it too
     try:
-        daemon = Daemon(config, reload_config=lambda: resolve(args, environ), environ=environ)
+        daemon = Daemon(options, reload_config=lambda: resolve(args, environ), environ=environ)
     except NvdpError as error:
         log_event(log, logging.ERROR, "cannot start", error=str(error))
         return 1
@@ -232,20 +232,21 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
         args.cdi_spec_dir = str(plugin_dir / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
-        config = resolve(args, env)
+        options = resolve(args, env)
         from nvdp.mps.simulated import skip_daemon
 
-        mps_note = skip_daemon(config)
+        mps_note = skip_daemon(options.config)
     except NvdpError as error:
         _remove_dir(plugin_dir)
         return _exit_on_error(error)
     if mps_note:
         print(mps_note)
-    setup_logging(config.log_format, "warning" if config.log_level == "info" else config.log_level)
+    level = options.runtime.log_level
+    setup_logging(options.runtime.log_format, "warning" if level == "info" else level)
     stop = threading.Event()
     signals = handle_signals() if args.serve else None
     try:
-        simulation = Simulation(config, env, reload_config=lambda: resolve(args, env))
+        simulation = Simulation(options, env, reload_config=lambda: resolve(args, env))
         if signals is not None:
             daemon = simulation.daemon
             signals.attach(SignalTarget(stop.set, daemon.request_reload, daemon.abandon))
@@ -289,7 +290,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         settings = resolve_gfd(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    setup_logging(settings.config.log_format, settings.config.log_level)
+    setup_logging(settings.runtime.log_format, settings.runtime.log_level)
     log_event(log, logging.INFO, "gfd starting", config=settings.config.to_dict())
     gfd = Gfd(settings, reload_settings=lambda: resolve_gfd(args, environ))
     handle_signals().attach(SignalTarget(gfd.request_stop, gfd.request_reload, gfd.abandon))
@@ -305,6 +306,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
+    from nvdp.configmanager.check import add_check_flags
     from nvdp.configmanager.settings import add_flags
 
     manager = sub.add_parser(
@@ -321,30 +323,19 @@ def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> Non
     )
     _add_version(check)
     check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
-    check.add_argument("--nvml", default=None, help="also build the resources on this node (real, sim:NAME)")
-    check.add_argument("--mig-strategy", default=None, choices=("none", "single", "mixed"))
+    add_check_flags(check)
 
 
 def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.configmanager import command
     from nvdp.configmanager.manager import ConfigManager
     from nvdp.configmanager.settings import resolve
-    from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
     try:
         settings = resolve(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
-    for name, value, accepted in (
-        ("LOG_FORMAT", log_format, LOG_FORMATS),
-        ("LOG_LEVEL", log_level, LOG_LEVELS),
-    ):
-        if value not in accepted:  # as the other commands do: a bad value is refused, not ignored
-            return _exit_on_error(
-                NvdpError(f'{name}: invalid value "{value}" (accepted: {", ".join(accepted)})')
-            )
-    setup_logging(log_format, log_level)
+    setup_logging(settings.log_format, settings.log_level)
     stop = threading.Event()
     try:
         if settings.oneshot:
@@ -366,9 +357,13 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def run_config_check(args: argparse.Namespace) -> int:
-    from nvdp.configmanager.check import check
+    from nvdp.configmanager.check import check, resolve_check_flags
 
-    report = check(args.paths, nvml=args.nvml, mig_strategy=args.mig_strategy)
+    try:
+        flags = resolve_check_flags(args)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    report = check(args.paths, nvml=flags.nvml, mig_strategy=flags.mig_strategy)
     for line in report.lines:
         print(line)
     for line in report.errors:

@@ -10,20 +10,24 @@ from pathlib import Path
 
 from nvdp.cdi.names import imex_channel_path
 from nvdp.cdi.settings import cdi_settings
-from nvdp.config import Config
+from nvdp.config import Config, RuntimeOptions
 from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.types import DaemonSettings
 from nvdp.resources import NamePattern, Replication
 
 
-def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> DaemonSettings:
-    """Map the resolved v1 config onto what the supervisor needs. `imex_channels` are the configured
-    IMEX channels present on the node (a node fact the caller reads: `nvdp.cdi.settings.imex_channels`)."""
+def daemon_settings(
+    config: Config, imex_channels: tuple[int, ...] = (), runtime: RuntimeOptions | None = None
+) -> DaemonSettings:
+    """Map the resolved v1 config and runtime options onto what the supervisor needs. `imex_channels`
+    are the configured IMEX channels present on the node (a node fact the caller reads:
+    `nvdp.cdi.settings.imex_channels`); the side commands that only build resources pass neither."""
+    runtime = runtime or RuntimeOptions()
     flags = config.flags
     plugin = flags.plugin
     return DaemonSettings(
-        cdi=cdi_settings(config, imex_channels),
+        cdi=cdi_settings(config, runtime, imex_channels),
         kubelet_socket=Path(plugin.kubelet_socket),
         mig_strategy=flags.mig_strategy,
         fail_on_init_error=flags.fail_on_init_error,
@@ -41,7 +45,7 @@ def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> Daem
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
             mps_root=flags.mps_root,
-            cdi_kind=config.cdi_kind,
+            cdi_kind=runtime.cdi_kind,
             imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
         ),
     )

@@ -6,11 +6,13 @@ import os
 
 from nvdp.cdi.names import MODE_CLASSES, CdiSettings, cdi_enabled, imex_channel_path
 from nvdp.cdi.scan import visible_roots
-from nvdp.config import Config
+from nvdp.config import Config, RuntimeOptions
 from nvdp.errors import ConfigError
 
 
-def cdi_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> CdiSettings | None:
+def cdi_settings(
+    config: Config, runtime: RuntimeOptions, imex_channels: tuple[int, ...] = ()
+) -> CdiSettings | None:
     """The CDI settings, or None when no CDI device-list strategy is on (no specs are written)."""
     flags = config.flags
     plugin = flags.plugin
@@ -20,14 +22,14 @@ def cdi_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> CdiSett
         zip(MODE_CLASSES, (flags.gds_enabled, flags.mofed_enabled, flags.gdrcopy_enabled), strict=True)
     )
     return CdiSettings(
-        spec_dir=config.cdi_spec_dir,
-        gpu_kind=config.cdi_kind,
+        spec_dir=runtime.cdi_spec_dir,
+        gpu_kind=runtime.cdi_kind,
         id_strategy=plugin.device_id_strategy,
         driver_root=flags.nvidia_driver_root,
         container_driver_root=plugin.container_driver_root,
         dev_root=flags.dev_root,
         hook_path=plugin.nvidia_ctk_path,
-        disabled_hooks=config.cdi_disable_hooks,
+        disabled_hooks=runtime.cdi_disable_hooks,
         modes=tuple(m for m, on in modes.items() if on),
         imex_channels=imex_channels,
     )
