@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from nvdp import __version__
-from nvdp.errors import NvdpError
+from nvdp.errors import ConfigError, NvdpError
 from nvdp.logs import log_event, setup_logging
 from nvdp.signals import SignalTarget, handle_signals
 
@@ -306,7 +306,8 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
-    from nvdp.configmanager.check import add_check_flags
+    from nvdp.config.options import add_options
+    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
     from nvdp.configmanager.settings import add_flags
 
     manager = sub.add_parser(
@@ -323,7 +324,7 @@ def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> Non
     )
     _add_version(check)
     check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
-    add_check_flags(check)
+    add_options(check, CHECK_OPTIONS, CheckFlags)
 
 
 def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -357,12 +358,13 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def run_config_check(args: argparse.Namespace) -> int:
-    from nvdp.configmanager.check import check, resolve_check_flags
+    from nvdp.config.options import read_options, with_values
+    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags, check
 
-    try:
-        flags = resolve_check_flags(args)
-    except NvdpError as error:
-        return _exit_on_error(error)
+    given, problems = read_options(CHECK_OPTIONS, args, {})
+    if problems:
+        return _exit_on_error(ConfigError(problems))
+    flags = with_values(CheckFlags(), given)
     report = check(args.paths, nvml=flags.nvml, mig_strategy=flags.mig_strategy)
     for line in report.lines:
         print(line)

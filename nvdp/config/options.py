@@ -50,6 +50,22 @@ class Option:
         return " / ".join(name for name in (self.names[0], env) if name)
 
 
+def flag(
+    spec: str,
+    parse: Callable[[str], object],
+    help: str,
+    kind: Literal["value", "list", "seconds"] = "value",
+    *,
+    target: str = "",
+    label: Literal["flag and env", "given"] = "flag and env",
+) -> Option:
+    """An option from its flags and `$`-marked env vars, as a help line shows them:
+    `flag("--driver-root --nvidia-driver-root $NVIDIA_DRIVER_ROOT", ...)`."""
+    words = spec.split()
+    envs = tuple(w[1:] for w in words if w.startswith("$"))
+    return Option(tuple(w for w in words if not w.startswith("$")), envs, parse, help, kind, target, label)
+
+
 def under(prefix: str, options: Iterable[Option]) -> tuple[Option, ...]:
     """A group mounted at `prefix` of the command's settings."""
     return tuple(replace(o, target=f"{prefix}.{o.field}") for o in options)

@@ -1,15 +1,12 @@
-"""The plugin family's precedence, per setting: a flag given on the command line, else its env var,
-else the config file, else the default (NVIDIA's). The config file path itself comes from
-`--config-file` / `CONFIG_FILE`. `resolve` is `nvdp plugin`'s; `resolve_command` serves every command
-that reads the config file (gfd, the MPS daemon) with its own options, settings class and rules. Call
-it again to reload (SIGHUP).
+"""The precedence of the commands that read the config file, per setting: a flag, else its env var,
+else the file (`--config-file` / `CONFIG_FILE`), else NVIDIA's default. `resolve` is the plugin's;
+`resolve_command` takes a command's own options, settings class and rules (gfd, the MPS daemon).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 from nvdp.config.groups import PLUGIN_OPTIONS
@@ -66,10 +63,7 @@ def resolve_command(
             problems[:0] = [f"{error.source}: {p}" if error.source else p for p in error.problems]
     values = {**(from_file(config) if from_file else {}), **given, "runtime.config_file": config_file}
     resolved = with_values(settings(config=config), values)
-    flags = resolved.config.flags
-    resolved = replace(
-        resolved, config=replace(resolved.config, flags=replace(flags, nvidia_dev_root=flags.dev_root))
-    )
+    resolved = with_values(resolved, {"config.flags.nvidia_dev_root": resolved.config.flags.dev_root})
     if file_ok:
         problems += rules(resolved.config)
     if problems:

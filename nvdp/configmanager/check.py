@@ -13,7 +13,6 @@ it is no error here either). Returns the lines to print and the exit status.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from nvdp.config import Config, load_file
 from nvdp.config import values as v
 from nvdp.config.groups import NVML
 from nvdp.config.model import MIG_STRATEGIES
-from nvdp.config.options import Option, add_options, read_options, with_values
+from nvdp.config.options import flag
 from nvdp.config.rules import file_problems
 from nvdp.configmanager.selection import list_entries
 from nvdp.errors import ConfigError, NvdpError
@@ -37,25 +36,12 @@ class CheckFlags:
 
 CHECK_OPTIONS = (  # flags only: an env var set for the plugin must not change what CI checks
     replace(NVML, envs=(), help=f"also build the resources on this node ({NVML.help})"),
-    Option(
-        ("--mig-strategy",),
-        (),
+    flag(
+        "--mig-strategy",
         v.choice(*MIG_STRATEGIES),
         f"the MIG strategy to check the files with, over their own: {' | '.join(MIG_STRATEGIES)}",
     ),
 )
-
-
-def add_check_flags(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, CHECK_OPTIONS, CheckFlags)
-
-
-def resolve_check_flags(args: argparse.Namespace) -> CheckFlags:
-    """The flags given. Raises ConfigError listing every bad value."""
-    given, problems = read_options(CHECK_OPTIONS, args, {})
-    if problems:
-        raise ConfigError(problems)
-    return with_values(CheckFlags(), given)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME
-from nvdp.config.options import Option, add_options, read_options
+from nvdp.config.options import add_options, flag, read_options
 from nvdp.config.runtime import listen_address
 from nvdp.errors import ConfigError
 
@@ -51,8 +51,7 @@ class Settings:
 
 
 def _signal_number(text: str) -> int:
-    number = v.integer(1, 64)(int(text) if text.strip().lstrip("-").isdigit() else text)
-    return number
+    return v.integer(1, 64)(int(text) if text.strip().lstrip("-").isdigit() else text)
 
 
 def _nonnegative_seconds(text: str) -> float:
@@ -66,64 +65,50 @@ def _nonnegative_seconds(text: str) -> float:
 
 
 _DECLARED = (
-    Option(("--oneshot",), ("ONESHOT",), v.parse_bool, "check and update the config once, then exit"),
+    flag("--oneshot $ONESHOT", v.parse_bool, "check and update the config once, then exit"),
     KUBECONFIG,
     NODE_NAME,
-    Option(("--node-label",), ("NODE_LABEL",), v.string, "the label that selects the config"),
-    Option(
-        ("--config-file-srcdir",),
-        ("CONFIG_FILE_SRCDIR",),
+    flag("--node-label $NODE_LABEL", v.string, "the label that selects the config"),
+    flag(
+        "--config-file-srcdir $CONFIG_FILE_SRCDIR",
         v.string,
         "directory of the available config files (the mounted ConfigMap)",
     ),
-    Option(
-        ("--config-file-dst",),
-        ("CONFIG_FILE_DST",),
+    flag(
+        "--config-file-dst $CONFIG_FILE_DST",
         v.string,
         "the config file path the plugin reads; made a symlink to the selected file",
     ),
-    Option(
-        ("--default-config",), ("DEFAULT_CONFIG",), v.string, "the entry to use when the node has no label"
-    ),
-    Option(
-        ("--fallback-strategies",),
-        ("FALLBACK_STRATEGIES",),
+    flag("--default-config $DEFAULT_CONFIG", v.string, "the entry to use when the node has no label"),
+    flag(
+        "--fallback-strategies $FALLBACK_STRATEGIES",
         lambda text: v.list_of(v.choice(*FALLBACK_STRATEGIES))(v.split_list(text)),
         "ordered fallbacks without label and default: named (an entry called default), single (the "
         "only entry), empty (an empty config)",
         "list",
     ),
-    Option(
-        ("--send-signal",),
-        ("SEND_SIGNAL",),
-        v.parse_bool,
-        "signal <process-to-signal> when the config changed",
-    ),
-    Option(("--signal",), ("SIGNAL",), _signal_number, "the signal number to send"),
-    Option(
-        ("--process-to-signal",),
-        ("PROCESS_TO_SIGNAL",),
+    flag("--send-signal $SEND_SIGNAL", v.parse_bool, "signal <process-to-signal> when the config changed"),
+    flag("--signal $SIGNAL", _signal_number, "the signal number to send"),
+    flag(
+        "--process-to-signal $PROCESS_TO_SIGNAL",
         v.string,
         "name (or absolute path) of the process to signal: its executable, or the script an interpreter runs",
     ),
-    Option(
-        ("--poll-interval",),
-        ("NVDP_CONFIG_POLL_INTERVAL",),
+    flag(
+        "--poll-interval $NVDP_CONFIG_POLL_INTERVAL",
         _nonnegative_seconds,
         "where inotify is unavailable: how often the mounted ConfigMap is re-read for edits (seconds or Go"
         " duration); with inotify (Linux) edits are seen as they happen",
         "seconds",
     ),
-    Option(
-        ("--metrics-address",),
-        ("METRICS_ADDRESS",),
+    flag(
+        "--metrics-address $METRICS_ADDRESS",
         listen_address,
         'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
         " node watch has been failing or silent for a minute, or the selected config is not in place)",
     ),
-    Option(
-        ("--strict-config",),
-        ("STRICT_CONFIG",),
+    flag(
+        "--strict-config $STRICT_CONFIG",
         v.parse_bool,
         "nvdp: refuse entries with unknown keys, as the plugin does with the same setting",
     ),

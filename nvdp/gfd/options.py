@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, resolve_command
+from nvdp.config import PLUGIN_OPTIONS, Config, GfdFlags, PluginOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.groups import KUBE_API_LIMITS, KUBECONFIG, NODE_NAME
-from nvdp.config.options import Option, add_options, flags_only_for
+from nvdp.config.options import Option, add_options, flag, flags_only_for
 from nvdp.config.rules import gfd_problems
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
@@ -56,28 +56,21 @@ GFD_OPTIONS: tuple[Option, ...] = (
         else o
         for o in flags_only_for(SHARED_FLAGS, PLUGIN_OPTIONS)
     ),
-    Option(("--oneshot",), ("GFD_ONESHOT",), v.parse_bool, "label once and exit"),
-    Option(("--no-timestamp",), ("GFD_NO_TIMESTAMP",), v.parse_bool, "do not add the timestamp label"),
-    Option(
-        ("--sleep-interval",), ("GFD_SLEEP_INTERVAL",), _seconds, "time to sleep between labelings", "seconds"
+    flag("--oneshot $GFD_ONESHOT", v.parse_bool, "label once and exit"),
+    flag("--no-timestamp $GFD_NO_TIMESTAMP", v.parse_bool, "do not add the timestamp label"),
+    flag("--sleep-interval $GFD_SLEEP_INTERVAL", _seconds, "time to sleep between labelings", "seconds"),
+    flag("--output-file --output -o $GFD_OUTPUT_FILE", v.string, "the NFD feature file"),
+    flag(
+        "--machine-type-file $GFD_MACHINE_TYPE_FILE", v.string, "a file holding the node's DMI product name"
     ),
-    Option(("--output-file", "--output", "-o"), ("GFD_OUTPUT_FILE",), v.string, "the NFD feature file"),
-    Option(
-        ("--machine-type-file",),
-        ("GFD_MACHINE_TYPE_FILE",),
-        v.string,
-        "a file holding the node's DMI product name",
-    ),
-    Option(
-        ("--use-node-feature-api",),
-        ("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
+    flag(
+        "--use-node-feature-api $GFD_USE_NODE_FEATURE_API $USE_NODE_FEATURE_API",
         v.parse_bool,
         "publish labels as an NFD NodeFeature object instead of the feature file",
     ),
     NODE_NAME,
-    Option(
-        ("--namespace",),
-        ("KUBERNETES_NAMESPACE", "NAMESPACE"),  # NVIDIA's newest gfd reads NAMESPACE
+    flag(
+        "--namespace $KUBERNETES_NAMESPACE $NAMESPACE",
         v.string,
         "namespace of the NodeFeature object (when unset: POD_NAMESPACE, else the service account's)",
     ),
@@ -109,15 +102,10 @@ def add_gfd_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _from_file(config: Config) -> dict[str, object]:
-    """GFD's settings in the config file: `flags.gfd` and `flags.useNodeFeatureAPI`."""
-    values: dict[str, object] = {}
-    if config.flags.gfd is not None:
-        for key in ("oneshot", "no_timestamp", "sleep_interval", "output_file", "machine_type_file"):
-            if getattr(config.flags.gfd, key) is not None:
-                values[key] = getattr(config.flags.gfd, key)
-    if config.flags.use_node_feature_api is not None:
-        values["use_node_feature_api"] = config.flags.use_node_feature_api
-    return values
+    """GFD's settings in the config file: `flags.gfd` and `flags.useNodeFeatureAPI`, where set."""
+    values = {f.name: getattr(config.flags.gfd, f.name) for f in fields(GfdFlags) if config.flags.gfd}
+    values["use_node_feature_api"] = config.flags.use_node_feature_api
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def resolve_gfd(

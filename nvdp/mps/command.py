@@ -20,7 +20,7 @@ from typing import Protocol
 
 from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, resolve_command
 from nvdp.config import values as v
-from nvdp.config.options import Option, add_options, flags_only_for
+from nvdp.config.options import add_options, flag, flags_only_for
 from nvdp.config.rules import plugin_problems
 from nvdp.dirs import make_dirs
 from nvdp.errors import NvdpError
@@ -52,9 +52,8 @@ class NodeNvml(Nvml, ComputeModes, Protocol):
 
 MPS_OPTIONS = (
     *flags_only_for(FLAGS, PLUGIN_OPTIONS),  # the other plugin settings: from their env vars only
-    Option(
-        ("--mps-health-interval",),
-        (HEALTH_ENV,),
+    flag(
+        f"--mps-health-interval ${HEALTH_ENV}",
         v.duration(positive=True),
         "how often each MPS daemon is queried through its pipe",
         "seconds",
