@@ -58,6 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nvdp.footprint import block_ssl
 
         block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
+    parser, commands = build_parser()
+    args = _parse(parser, argv, commands)
+    if args.command == "plugin":
+        return run_plugin(args, os.environ)
+    if args.command == "gfd":
+        return run_gfd(args, os.environ)
+    if args.command == "config-manager":
+        return run_config_manager(args, os.environ)
+    if args.command == "mps-control-daemon":
+        return run_mps_control_daemon(args, os.environ)
+    try:  # the commands that print: `nvdp simulate | head` is no traceback
+        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
+
+
+def build_parser() -> tuple[Parser, Mapping[str, argparse.ArgumentParser]]:
+    """The `nvdp` parser, and each command's parser by its name."""
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,20 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _add_version(command)
         add_arguments(command)
     _add_config_manager_commands(sub)
-    args = _parse(parser, argv, sub.choices)
-    if args.command == "plugin":
-        return run_plugin(args, os.environ)
-    if args.command == "gfd":
-        return run_gfd(args, os.environ)
-    if args.command == "config-manager":
-        return run_config_manager(args, os.environ)
-    if args.command == "mps-control-daemon":
-        return run_mps_control_daemon(args, os.environ)
-    try:  # the commands that print: `nvdp simulate | head` is no traceback
-        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        return 1
+    return parser, sub.choices
 
 
 def _nvidia_named(

@@ -35,7 +35,7 @@ class CheckFlags:
 
 
 CHECK_OPTIONS = (  # flags only: an env var set for the plugin must not change what CI checks
-    replace(NVML, envs=(), help=f"also build the resources on this node ({NVML.help})"),
+    replace(NVML, envs=(), help=f"also build the resources on this node; {NVML.help}"),
     flag(
         "--mig-strategy",
         v.choice(*MIG_STRATEGIES),
