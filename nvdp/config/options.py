@@ -73,7 +73,8 @@ def under(prefix: str, options: Iterable[Option]) -> tuple[Option, ...]:
 
 def flags_only_for(names: Iterable[str], options: Iterable[Option]) -> tuple[Option, ...]:
     """`options` where only those with one of `names` are flags; the others are read from env only."""
-    return tuple(o if set(names) & set(o.names) else replace(o, has_flag=False) for o in options)
+    wanted = set(names)
+    return tuple(o if wanted & set(o.names) else replace(o, has_flag=False) for o in options)
 
 
 def add_options(

@@ -65,6 +65,8 @@ MPS_OPTIONS = (
 
 @dataclass(frozen=True)
 class MpsOptions(PluginOptions):
+    """The plugin's options the daemon reads, and how often it queries each daemon."""
+
     health_interval: float = 5.0  # seconds
 
 
