@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from nvdp import __version__
-from nvdp.errors import NvdpError
+from nvdp.errors import ConfigError, NvdpError
 from nvdp.logs import log_event, setup_logging
 from nvdp.signals import SignalTarget, handle_signals
 
@@ -58,6 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nvdp.ssl_block import block_ssl
 
         block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
+    parser, commands = build_parser()
+    args = _parse(parser, argv, commands)
+    if args.command == "plugin":
+        return run_plugin(args, os.environ)
+    if args.command == "gfd":
+        return run_gfd(args, os.environ)
+    if args.command == "config-manager":
+        return run_config_manager(args, os.environ)
+    if args.command == "mps-control-daemon":
+        return run_mps_control_daemon(args, os.environ)
+    try:  # the commands that print: `nvdp simulate | head` is no traceback
+        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
+
+
+def build_parser() -> tuple[Parser, Mapping[str, argparse.ArgumentParser]]:
+    """The `nvdp` parser, and each command's parser by its name."""
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,20 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _add_version(command)
         add_arguments(command)
     _add_config_manager_commands(sub)
-    args = _parse(parser, argv, sub.choices)
-    if args.command == "plugin":
-        return run_plugin(args, os.environ)
-    if args.command == "gfd":
-        return run_gfd(args, os.environ)
-    if args.command == "config-manager":
-        return run_config_manager(args, os.environ)
-    if args.command == "mps-control-daemon":
-        return run_mps_control_daemon(args, os.environ)
-    try:  # the commands that print: `nvdp simulate | head` is no traceback
-        return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        return 1
+    return parser, sub.choices
 
 
 def _nvidia_named(
@@ -171,13 +177,13 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.daemon import Daemon
 
     try:
-        config = resolve(args, environ)
+        options = resolve(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(options.runtime.log_format, options.runtime.log_level)
     signals = handle_signals()  # before the daemon is built: a SIGTERM while it starts stops it too
     try:
-        daemon = Daemon(config, reload_config=lambda: resolve(args, environ), environ=environ)
+        daemon = Daemon(options, reload_config=lambda: resolve(args, environ), environ=environ)
     except NvdpError as error:
         log_event(log, logging.ERROR, "cannot start", error=str(error))
         return 1
@@ -232,20 +238,21 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
         args.cdi_spec_dir = str(plugin_dir / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
-        config = resolve(args, env)
+        options = resolve(args, env)
         from nvdp.mps.simulated import skip_daemon
 
-        mps_note = skip_daemon(config)
+        mps_note = skip_daemon(options.config)
     except NvdpError as error:
         _remove_dir(plugin_dir)
         return _exit_on_error(error)
     if mps_note:
         print(mps_note)
-    setup_logging(config.log_format, "warning" if config.log_level == "info" else config.log_level)
+    level = options.runtime.log_level
+    setup_logging(options.runtime.log_format, "warning" if level == "info" else level)
     stop = threading.Event()
     signals = handle_signals() if args.serve else None
     try:
-        simulation = Simulation(config, env, reload_config=lambda: resolve(args, env))
+        simulation = Simulation(options, env, reload_config=lambda: resolve(args, env))
         if signals is not None:
             daemon = simulation.daemon
             signals.attach(SignalTarget(stop.set, daemon.request_reload, daemon.abandon))
@@ -289,7 +296,7 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         settings = resolve_gfd(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    setup_logging(settings.config.log_format, settings.config.log_level)
+    setup_logging(settings.runtime.log_format, settings.runtime.log_level)
     log_event(log, logging.INFO, "gfd starting", config=settings.config.to_dict())
     gfd = Gfd(settings, reload_settings=lambda: resolve_gfd(args, environ))
     handle_signals().attach(SignalTarget(gfd.request_stop, gfd.request_reload, gfd.abandon))
@@ -305,6 +312,8 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
+    from nvdp.config.options import add_options
+    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
     from nvdp.configmanager.settings import add_flags
 
     manager = sub.add_parser(
@@ -321,30 +330,19 @@ def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> Non
     )
     _add_version(check)
     check.add_argument("paths", nargs="+", metavar="FILE", help="config file, or a directory of entries")
-    check.add_argument("--nvml", default=None, help="also build the resources on this node (real, sim:NAME)")
-    check.add_argument("--mig-strategy", default=None, choices=("none", "single", "mixed"))
+    add_options(check, CHECK_OPTIONS, CheckFlags)
 
 
 def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.configmanager import command
     from nvdp.configmanager.manager import ConfigManager
     from nvdp.configmanager.settings import resolve
-    from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
     try:
         settings = resolve(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    log_format, log_level = environ.get("LOG_FORMAT", "text"), environ.get("LOG_LEVEL", "info")
-    for name, value, accepted in (
-        ("LOG_FORMAT", log_format, LOG_FORMATS),
-        ("LOG_LEVEL", log_level, LOG_LEVELS),
-    ):
-        if value not in accepted:  # as the other commands do: a bad value is refused, not ignored
-            return _exit_on_error(
-                NvdpError(f'{name}: invalid value "{value}" (accepted: {", ".join(accepted)})')
-            )
-    setup_logging(log_format, log_level)
+    setup_logging(settings.log_format, settings.log_level)
     stop = threading.Event()
     try:
         if settings.oneshot:
@@ -366,9 +364,14 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def run_config_check(args: argparse.Namespace) -> int:
-    from nvdp.configmanager.check import check
+    from nvdp.config.options import read_options, with_values
+    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags, check
 
-    report = check(args.paths, nvml=args.nvml, mig_strategy=args.mig_strategy)
+    given, problems = read_options(CHECK_OPTIONS, args, {})
+    if problems:
+        return _exit_on_error(ConfigError(problems))
+    flags = with_values(CheckFlags(), given)
+    report = check(args.paths, nvml=flags.nvml, mig_strategy=flags.mig_strategy)
     for line in report.lines:
         print(line)
     for line in report.errors:

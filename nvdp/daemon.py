@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
-from nvdp.config import Config
+from nvdp.config import PluginOptions
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
@@ -83,39 +83,40 @@ class GrpcServers:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def settings_source(load_config: Callable[[], Config]) -> Callable[[], DaemonSettings]:
+def settings_source(load_options: Callable[[], PluginOptions]) -> Callable[[], DaemonSettings]:
     """The supervisor's `reload()`: load the config again (logged as the start-up line is) and map it."""
 
     def reload() -> DaemonSettings:
-        config = load_config()
-        log_event(log, logging.INFO, "configuration", config=json.loads(config.to_json()))
-        return node_settings(config)
+        options = load_options()
+        log_event(log, logging.INFO, "configuration", config=json.loads(options.to_json()))
+        return node_settings(options)
 
     return reload
 
 
-def node_settings(config: Config) -> DaemonSettings:
+def node_settings(options: PluginOptions) -> DaemonSettings:
     """The daemon settings with this node's facts read in: the IMEX channels present (with
     `imex.required`, a missing channel is a ConfigError, as NVIDIA's plugin refuses to start)."""
-    return daemon_settings(config, imex_channels(config))
+    return daemon_settings(options.config, imex_channels(options.config), options.runtime)
 
 
 class Daemon:
-    """The plugin process: builds NVML, metrics, node health and the supervisor from `config`;
-    `reload_config` loads the config again on a reload (SIGHUP)."""
+    """The plugin process: builds NVML, metrics, node health and the supervisor from `options`;
+    `reload_config` loads them again on a reload (SIGHUP)."""
 
     def __init__(
         self,
-        config: Config,
+        options: PluginOptions,
         *,
-        reload_config: Callable[[], Config],
+        reload_config: Callable[[], PluginOptions],
         environ: Mapping[str, str],
         observer: StatusObserver[DevicePluginServer] | None = None,
         nvml: Nvml | None = None,
     ) -> None:
-        self.config = config
+        self.options = options
+        config, runtime = options.config, options.runtime
         self.nvml = nvml or open_nvml(
-            config.nvml,
+            runtime.nvml,
             config.flags.nvidia_driver_root,
             config.flags.plugin.container_driver_root,
             environ=environ,
@@ -129,7 +130,7 @@ class Daemon:
         # the supervisor's observer but not the endpoint.
         families: MetricFamilies | None = None
         counted = self.nvml
-        if config.metrics_address:
+        if runtime.metrics_address:
             from nvdp.metrics import MetricFamilies
 
             families = MetricFamilies()
@@ -137,7 +138,7 @@ class Daemon:
             observer = observer or families
         self.health = NodeHealth(counted, health_settings(config), environ, node_events=self.node_events)
         self._servers = GrpcServers(observer)
-        settings = node_settings(config)
+        settings = node_settings(options)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
             settings,
@@ -162,9 +163,9 @@ class Daemon:
                 registration_problems=self.supervisor.registration_problems,
                 restart_needed=self.supervisor.restart_needed,
             )
-            self.metrics = Metrics(config.metrics_address, families, probes)
+            self.metrics = Metrics(runtime.metrics_address, families, probes)
         registry = families.registry if families is not None else None
-        self.rescanner = rescanner_for(config.device_rescan_interval, counted, self.supervisor, registry)
+        self.rescanner = rescanner_for(runtime.device_rescan_interval, counted, self.supervisor, registry)
 
     @property
     def ready(self) -> threading.Event:
@@ -181,7 +182,7 @@ class Daemon:
         self.supervisor.abandon()
 
     def run(self) -> None:
-        log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.config.to_json()))
+        log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.options.to_json()))
         if self.metrics is not None:
             try:
                 self.metrics.start()

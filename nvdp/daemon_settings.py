@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nvdp.cdi.names import MODE_CLASSES, CdiSettings, cdi_enabled, imex_channel_path
 from nvdp.cdi.scan import visible_roots
-from nvdp.config import Config
+from nvdp.config import Config, RuntimeOptions
 from nvdp.errors import ConfigError
 from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
 from nvdp.inventory import ResourceRules
@@ -21,13 +21,17 @@ from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.types import DaemonSettings
 
 
-def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> DaemonSettings:
-    """Map the resolved v1 config onto what the supervisor needs. `imex_channels` are the configured
-    IMEX channels present on the node (a node fact the caller reads: `imex_channels`)."""
+def daemon_settings(
+    config: Config, imex_channels: tuple[int, ...] = (), runtime: RuntimeOptions | None = None
+) -> DaemonSettings:
+    """Map the resolved v1 config and runtime options onto what the supervisor needs. `imex_channels`
+    are the configured IMEX channels present on the node (a node fact the caller reads:
+    `imex_channels`); the side commands that only build resources pass neither."""
+    runtime = runtime or RuntimeOptions()
     flags = config.flags
     plugin = flags.plugin
     return DaemonSettings(
-        cdi=cdi_settings(config, imex_channels),
+        cdi=cdi_settings(config, runtime, imex_channels),
         kubelet_socket=Path(plugin.kubelet_socket),
         fail_on_init_error=flags.fail_on_init_error,
         container_driver_root=plugin.container_driver_root,
@@ -41,7 +45,7 @@ def daemon_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> Daem
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             extra_envs=feature_envs(config),
             mps_root=flags.mps_root,
-            cdi_kind=config.cdi_kind,
+            cdi_kind=runtime.cdi_kind,
             imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
         ),
     )
@@ -80,7 +84,9 @@ def health_settings(config: Config) -> HealthSettings:
     )
 
 
-def cdi_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> CdiSettings | None:
+def cdi_settings(
+    config: Config, runtime: RuntimeOptions, imex_channels: tuple[int, ...] = ()
+) -> CdiSettings | None:
     """The CDI settings, or None when no CDI device-list strategy is on (no specs are written)."""
     flags = config.flags
     plugin = flags.plugin
@@ -90,14 +96,14 @@ def cdi_settings(config: Config, imex_channels: tuple[int, ...] = ()) -> CdiSett
         zip(MODE_CLASSES, (flags.gds_enabled, flags.mofed_enabled, flags.gdrcopy_enabled), strict=True)
     )
     return CdiSettings(
-        spec_dir=config.cdi_spec_dir,
-        gpu_kind=config.cdi_kind,
+        spec_dir=runtime.cdi_spec_dir,
+        gpu_kind=runtime.cdi_kind,
         id_strategy=plugin.device_id_strategy,
         driver_root=flags.nvidia_driver_root,
         container_driver_root=plugin.container_driver_root,
         dev_root=flags.dev_root,
         hook_path=plugin.nvidia_ctk_path,
-        disabled_hooks=config.cdi_disable_hooks,
+        disabled_hooks=runtime.cdi_disable_hooks,
         modes=tuple(m for m, on in modes.items() if on),
         imex_channels=imex_channels,
     )

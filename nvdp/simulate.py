@@ -15,7 +15,7 @@ from typing import TextIO
 import grpc
 
 from nvdp.api import pb
-from nvdp.config import Config
+from nvdp.config import PluginOptions
 from nvdp.daemon import Daemon
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import describe_labels
@@ -27,12 +27,12 @@ START_TIMEOUT_S = 20.0
 
 class Simulation:
     def __init__(
-        self, config: Config, environ: Mapping[str, str], reload_config: Callable[[], Config]
+        self, options: PluginOptions, environ: Mapping[str, str], reload_config: Callable[[], PluginOptions]
     ) -> None:
-        self.config = config
-        self.plugin_dir = Path(config.flags.plugin.kubelet_socket).parent
+        self.config, self.runtime = options.config, options.runtime
+        self.plugin_dir = Path(self.config.flags.plugin.kubelet_socket).parent
         self.kubelet = Kubelet(self.plugin_dir)
-        self.daemon = Daemon(config, reload_config=reload_config, environ=environ)
+        self.daemon = Daemon(options, reload_config=reload_config, environ=environ)
         self._thread = threading.Thread(target=self._run, name="nvdp-daemon", daemon=True)
         self._error: BaseException | None = None
 
@@ -72,7 +72,7 @@ class Simulation:
         gpus = {g.uuid: g for g in self.daemon.supervisor.gpus}
         servers = self.daemon.supervisor.servers
         out.write(
-            f"nvdp simulate: node {self.config.nvml}, driver {nvml.driver_version()}, "
+            f"nvdp simulate: node {self.runtime.nvml}, driver {nvml.driver_version()}, "
             f"CUDA {nvml.cuda_driver_version()}, mig-strategy {self.config.flags.mig_strategy}\n"
             f"kubelet stand-in: {self.kubelet.socket_path}\n\n"
         )
@@ -119,7 +119,7 @@ class Simulation:
         if not found:
             return "No resources advertised: the node has no GPUs.\n"
         text = f"No resources advertised for the {found} GPUs found: the warnings above say why.\n"
-        if self.config.nvml.startswith("sim:") and any(
+        if self.runtime.nvml.startswith("sim:") and any(
             s.startswith("cdi-") for s in self.config.flags.plugin.device_list_strategy
         ):
             text += (
@@ -131,11 +131,11 @@ class Simulation:
     def _next_steps(self) -> str:
         """What else to try, leaving out what this run already did."""
         tries = []
-        if self.config.nvml != "sim:dgx-a100-mig":
+        if self.runtime.nvml != "sim:dgx-a100-mig":
             tries.append("--profile dgx-a100-mig --mig-strategy mixed")
-        if self.config.nvml != "sim:pcie-4":
+        if self.runtime.nvml != "sim:pcie-4":
             tries.append("--profile pcie-4")
-        if self.config.config_file is None:
+        if self.runtime.config_file is None:
             tries.append("--config-file FILE")
         tries.append("--serve with NVDP_SIM_EVENTS to inject GPU faults (see README)")
         return f"Try: {', '.join(tries[:-1])}, or {tries[-1]}." if len(tries) > 1 else f"Try: {tries[0]}."

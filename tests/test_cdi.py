@@ -23,7 +23,7 @@ from nvdp.cdi import CdiPublisher, CdiSettings
 from nvdp.cdi.publisher import answer_names
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
-from nvdp.config import Config, ReplicatedResource
+from nvdp.config import Config, ReplicatedResource, RuntimeOptions
 from nvdp.daemon_settings import cdi_settings, imex_channels
 from nvdp.devices import parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE
@@ -550,12 +550,12 @@ def test_replicas_resolve_to_their_gpu_device() -> None:
 
 def test_settings_only_with_a_cdi_strategy() -> None:
     config = Config()
-    assert cdi_settings(config) is None
+    assert cdi_settings(config, RuntimeOptions()) is None
     plugin = replace(
         config.flags.plugin, device_list_strategy=("envvar", "cdi-cri"), device_id_strategy="index"
     )
     flags = replace(config.flags, plugin=plugin, gds_enabled=True, gdrcopy_enabled=True)
-    cdi = cdi_settings(replace(config, flags=flags, cdi_spec_dir="/x"), (0,))
+    cdi = cdi_settings(replace(config, flags=flags), RuntimeOptions(cdi_spec_dir="/x"), (0,))
     assert cdi == CdiSettings(
         spec_dir="/x",
         id_strategy="index",

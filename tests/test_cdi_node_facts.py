@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.config import Config
+from nvdp.config import Config, RuntimeOptions
 from nvdp.daemon_settings import daemon_settings
 from nvdp.dir_watch import DirWatcher
 from nvdp.kubelet_standin import Kubelet
@@ -280,7 +280,9 @@ def test_a_missing_device_node_becomes_a_node_event(root: Path, sock_dir: Path) 
     )
     flags = replace(config.flags, plugin=plugin, nvidia_driver_root=str(root))
     settings: DaemonSettings = replace(
-        daemon_settings(replace(config, flags=flags, cdi_spec_dir=str(sock_dir / "cdi"))),
+        daemon_settings(
+            replace(config, flags=flags), runtime=RuntimeOptions(cdi_spec_dir=str(sock_dir / "cdi"))
+        ),
         kubelet_socket=sock_dir / "kubelet.sock",
     )
     events = Events()

@@ -105,13 +105,12 @@ def test_each_feature_is_there_together(all_on: Rendered) -> None:
 
 
 def test_every_container_reads_only_env_its_program_knows(all_on: Rendered) -> None:
-    from nvdp.configmanager.settings import _OPTIONS as MANAGER_OPTIONS
+    from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
     from nvdp.gfd.options import GFD_OPTIONS
     from nvdp.mps.command import HEALTH_ENV
 
     known = set(PROGRAM_ENV) | OUTSIDE_ENV | {HEALTH_ENV}
-    known |= {option[1] for option in MANAGER_OPTIONS}
-    known |= {option.env for option in GFD_OPTIONS}
+    known |= {env for option in (*MANAGER_OPTIONS, *GFD_OPTIONS) for env in option.envs}
     unknown = {
         name: sorted({e["name"] for e in ctr.get("env", [])} - known)
         for name, ctr in containers(all_on).items()

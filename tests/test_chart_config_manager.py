@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.configmanager.settings import _OPTIONS, add_flags, resolve
+from nvdp.configmanager.settings import OPTIONS, add_flags, resolve
 from tests import test_deploy
 from tests.test_deploy import (
     CONTAINER,
@@ -36,7 +36,7 @@ STATIC = (
     / "static"
     / "nvidia-device-plugin-config-manager.yml"
 )
-MANAGER_ENV = frozenset(option[1] for option in _OPTIONS)
+MANAGER_ENV = frozenset(env for option in OPTIONS for env in option.envs)
 SIDECAR = "nvidia-device-plugin-sidecar"
 INIT = "nvidia-device-plugin-init"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.config import OPTIONS
+from nvdp.config import PLUGIN_OPTIONS
 from nvdp.gfd.options import GFD_OPTIONS
 from nvdp.testing import clean_env
 from tests.test_deploy import (
@@ -34,8 +34,8 @@ GFD_PROCESS = "gpu-feature-discovery"  # the console script: the container's com
 # What `nvdp gfd` reads (its own options, the shared plugin ones with GFD_ aliases) and what the
 # container toolkit reads.
 GFD_ENV = frozenset(
-    {o.env for o in GFD_OPTIONS}
-    | {env for o in OPTIONS for env in o.envs}
+    {env for o in GFD_OPTIONS for env in o.envs}
+    | {env for o in PLUGIN_OPTIONS for env in o.envs}
     | {"GFD_MIG_STRATEGY", "GFD_FAIL_ON_INIT_ERROR", "GFD_CONFIG_FILE", "NVIDIA_VISIBLE_DEVICES"}
     | {"NVIDIA_DRIVER_CAPABILITIES"}
 )

@@ -191,7 +191,7 @@ def test_nvidia_resource_name_prefix_is_accepted_with_its_default(capsys: pytest
     add_plugin_flags(parser)
     given = resolve(parser.parse_args(["--resource-name-prefix", "nvidia.com"]), {})
     from_env = resolve(parser.parse_args([]), {"RESOURCE_NAME_PREFIX": "nvidia.com"})
-    assert given.resource_name_prefix == from_env.resource_name_prefix == "nvidia.com"
+    assert given.runtime.resource_name_prefix == from_env.runtime.resource_name_prefix == "nvidia.com"
     assert main(["plugin", "--nvml", "sim:pcie-4", "--resource-name-prefix", "example.com"]) == 1
     assert capsys.readouterr().err == (
         'error: --resource-name-prefix / RESOURCE_NAME_PREFIX: "example.com" is not supported by nvdp'

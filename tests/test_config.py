@@ -11,7 +11,9 @@ from nvdp.config import (
     Config,
     Health,
     NamePattern,
+    PluginOptions,
     ReplicatedResource,
+    RuntimeOptions,
     load_file,
     parse,
     parse_go_duration,
@@ -222,7 +224,8 @@ def test_defaults() -> None:
     assert plugin.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
     assert plugin.shared_devices_allocation_policy == "distributed"
     assert config.health == Health((), None, 300.0, 5.0, False)
-    assert (config.nvml, config.log_format, config.log_level, config.metrics_address) == (
+    runtime = RuntimeOptions()
+    assert (runtime.nvml, runtime.log_format, runtime.log_level, runtime.metrics_address) == (
         "real",
         "text",
         "info",
@@ -603,7 +606,7 @@ def test_gfd_sleep_interval_number_is_nanoseconds_as_in_go() -> None:
 
 
 def test_to_json_is_one_line_with_file_keys_and_runtime() -> None:
-    line = load_file(DATA / "health.yaml").to_json()
+    line = PluginOptions(load_file(DATA / "health.yaml")).to_json()
     assert "\n" not in line
     data = json.loads(line)
     assert data["version"] == "v1"

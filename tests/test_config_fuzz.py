@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.config import Config, parse, parse_text
+from nvdp.config import Config, PluginOptions, parse, parse_text
 from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
@@ -49,7 +49,7 @@ documents = st.dictionaries(st.sampled_from(KEYS), values, max_size=6) | values
 def _accepts(outcome: object) -> None:
     assert isinstance(outcome, Config)
     assert parse(outcome.to_dict()) == outcome
-    outcome.to_json()
+    PluginOptions(outcome).to_json()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

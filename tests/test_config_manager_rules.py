@@ -337,7 +337,7 @@ def test_strict_config_refuses_unknown_keys(tmp_path: Path, how: str) -> None:
     with pytest.raises(ConfigError) as caught:
         resolve(parser.parse_args(argv), env)
     assert caught.value.problems[0] == f"{path}: flags.migstrategy: unknown field (did you mean migStrategy?)"
-    assert resolve(parser.parse_args(["--config-file", str(path)]), {}).config_file == str(path)
+    assert resolve(parser.parse_args(["--config-file", str(path)]), {}).runtime.config_file == str(path)
 
 
 def test_plugin_runs_with_unknown_keys(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.config import OPTIONS, Config, Flags, add_plugin_flags, parse_text, resolve
+from nvdp.config import PLUGIN_OPTIONS, Config, Flags, PluginOptions, add_plugin_flags, parse_text, resolve
 from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
@@ -21,7 +21,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv: Sequence[str] = (), env: Mapping[str, str] | None = None, file: str | None = None) -> Config:
+def run(
+    argv: Sequence[str] = (), env: Mapping[str, str] | None = None, file: str | None = None
+) -> PluginOptions:
     """Resolve with an in-memory config file (its path is whatever --config-file / CONFIG_FILE says)."""
     files = {"/etc/nvdp/config.yaml": file} if file is not None else {}
 
@@ -48,9 +50,9 @@ def test_no_defaults_applied_by_argparse() -> None:
 
 
 def test_defaults_match_nvidia() -> None:
-    config = run()
-    assert config == Config(flags=Flags(nvidia_dev_root="/"))
-    assert config.flags.plugin.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
+    options = run()
+    assert options == PluginOptions(Config(flags=Flags(nvidia_dev_root="/")))
+    assert options.config.flags.plugin.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
 
 
 # ---- precedence --------------------------------------------------------------------------------
@@ -170,7 +172,7 @@ FIELDS = [
 ]
 
 
-def _get(config: Config, path: str) -> object:
+def _get(config: object, path: str) -> object:
     value: object = config
     for name in path.split("."):
         value = getattr(value, name)
@@ -188,10 +190,10 @@ def test_precedence(
     from_file: object,
     default: object,
 ) -> None:
-    assert _get(run(argv, {**WITH_FILE, **env}, file), path) == from_flag
-    assert _get(run([], {**WITH_FILE, **env}, file), path) == from_env
-    assert _get(run([], WITH_FILE, file), path) == from_file
-    assert _get(run(), path) == default
+    assert _get(run(argv, {**WITH_FILE, **env}, file).config, path) == from_flag
+    assert _get(run([], {**WITH_FILE, **env}, file).config, path) == from_env
+    assert _get(run([], WITH_FILE, file).config, path) == from_file
+    assert _get(run().config, path) == default
 
 
 def test_config_file_path_from_flag_or_env(tmp_path: Path) -> None:
@@ -199,14 +201,14 @@ def test_config_file_path_from_flag_or_env(tmp_path: Path) -> None:
     a.write_text("flags: {migStrategy: single}")
     b.write_text("flags: {migStrategy: mixed}")
     args = parser().parse_args([f"--config-file={a}"])
-    assert resolve(args, {"CONFIG_FILE": str(b)}).flags.mig_strategy == "single"
+    assert resolve(args, {"CONFIG_FILE": str(b)}).config.flags.mig_strategy == "single"
     from_env = resolve(parser().parse_args([]), {"CONFIG_FILE": str(b)})
-    assert (from_env.flags.mig_strategy, from_env.config_file) == ("mixed", str(b))
-    assert resolve(parser().parse_args([]), {"CONFIG_FILE": ""}).config_file is None
+    assert (from_env.config.flags.mig_strategy, from_env.runtime.config_file) == ("mixed", str(b))
+    assert resolve(parser().parse_args([]), {"CONFIG_FILE": ""}).runtime.config_file is None
 
 
 def test_file_settings_not_named_by_flags_are_kept() -> None:
-    config = run(["--mig-strategy=mixed"], WITH_FILE, (DATA / "time-slicing.yaml").read_text())
+    config = run(["--mig-strategy=mixed"], WITH_FILE, (DATA / "time-slicing.yaml").read_text()).config
     assert config.flags.mig_strategy == "mixed"
     assert config.sharing.strategy == "time-slicing"
 
@@ -221,7 +223,7 @@ def test_file_settings_not_named_by_flags_are_kept() -> None:
     ],
 )
 def test_aliases(argv: list[str], env: dict[str, str], expected: str) -> None:
-    assert run(argv, env).flags.plugin.nvidia_ctk_path == expected
+    assert run(argv, env).config.flags.plugin.nvidia_ctk_path == expected
 
 
 @pytest.mark.parametrize(
@@ -233,7 +235,7 @@ def test_aliases(argv: list[str], env: dict[str, str], expected: str) -> None:
     ],
 )
 def test_container_driver_root_aliases(argv: list[str], env: dict[str, str], expected: str) -> None:
-    assert run(argv, env).flags.plugin.container_driver_root == expected
+    assert run(argv, env).config.flags.plugin.container_driver_root == expected
 
 
 @pytest.mark.parametrize(
@@ -248,7 +250,7 @@ def test_container_driver_root_aliases(argv: list[str], env: dict[str, str], exp
     ],
 )
 def test_dev_root_defaults_to_driver_root(argv: list[str], env: dict[str, str], dev_root: str) -> None:
-    assert run(argv, env).flags.nvidia_dev_root == dev_root
+    assert run(argv, env).config.flags.nvidia_dev_root == dev_root
 
 
 # ---- value syntax ------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ def test_dev_root_defaults_to_driver_root(argv: list[str], env: dict[str, str], 
     ids=repr,
 )
 def test_env_booleans_as_go_parse_bool(text: str, value: bool) -> None:
-    assert run([], {"GDS_ENABLED": text}).flags.gds_enabled is value
+    assert run([], {"GDS_ENABLED": text}).config.flags.gds_enabled is value
 
 
 @pytest.mark.parametrize("text", ["yes", "no", "on", "2", " true"], ids=repr)
@@ -285,7 +287,7 @@ def test_env_boolean_refused(text: str) -> None:
     ids=lambda x: " ".join(x) if isinstance(x, list) else str(x),
 )
 def test_boolean_flags(argv: list[str], value: bool) -> None:
-    assert run(argv).flags.mofed_enabled is value
+    assert run(argv).config.flags.mofed_enabled is value
 
 
 @pytest.mark.parametrize(
@@ -313,13 +315,13 @@ def test_boolean_flags(argv: list[str], value: bool) -> None:
     ],
 )
 def test_list_flags(argv: list[str], env: dict[str, str], value: tuple[str, ...]) -> None:
-    assert run(argv, env).flags.plugin.device_list_strategy == value
+    assert run(argv, env).config.flags.plugin.device_list_strategy == value
 
 
 def test_ours_flags() -> None:
     config = run(
         ["--nvml=sim:dgx-a100", "--log-format=json", "--log-level=debug", "--metrics-address=127.0.0.1:9400"]
-    )
+    ).runtime
     assert (config.nvml, config.log_format, config.log_level, config.metrics_address) == (
         "sim:dgx-a100",
         "json",
@@ -332,7 +334,7 @@ def test_ours_flags() -> None:
         "LOG_LEVEL": "warning",
         "METRICS_ADDRESS": "",
     }
-    config = run([], env)
+    config = run([], env).runtime
     assert (config.nvml, config.log_format, config.log_level, config.metrics_address) == (
         "sim:/tmp/node.yaml",
         "json",
@@ -487,7 +489,7 @@ def test_mps_rules(argv: list[str], env: dict[str, str], expected: list[str]) ->
     if expected:
         assert errors(argv, {**WITH_FILE, **env}, MPS) == expected
     else:
-        assert run(argv, {**WITH_FILE, **env}, MPS).sharing.strategy == "mps"
+        assert run(argv, {**WITH_FILE, **env}, MPS).config.sharing.strategy == "mps"
 
 
 def test_resolved_json_line() -> None:
@@ -499,12 +501,12 @@ def test_resolved_json_line() -> None:
 
 def test_help_names_env_vars_and_defaults() -> None:
     text = parser().format_help()
-    for option in OPTIONS:
+    for option in PLUGIN_OPTIONS:
         assert option.names[0] in text
     assert '[env MIG_STRATEGY; default "none"]' in " ".join(text.split())
     assert "[env FAIL_ON_INIT_ERROR; default true]" in " ".join(text.split())
 
 
 def test_every_option_targets_a_config_field() -> None:
-    for option in OPTIONS:
-        _get(Config(), option.target)
+    for option in PLUGIN_OPTIONS:
+        _get(PluginOptions(), option.target)

@@ -17,8 +17,10 @@ def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # typ
     add_plugin_flags(parser)
     args = parser.parse_args(argv)
     if text is None:
-        return resolve(args, {})
-    return resolve(args, {"CONFIG_FILE": "inline.yaml"}, file_loader=lambda path: parse_text(text, path))
+        return resolve(args, {}).config
+    return resolve(
+        args, {"CONFIG_FILE": "inline.yaml"}, file_loader=lambda path: parse_text(text, path)
+    ).config
 
 
 def test_flags_reach_the_response_options() -> None:

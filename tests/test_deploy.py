@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nvdp.config import OPTIONS
+from nvdp.config import PLUGIN_OPTIONS
 from nvdp.configmanager.selection import select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 CONTAINER = "nvidia-device-plugin-ctr"
 
 # Env vars the program reads as settings (flags' env vars), from the package itself.
-PROGRAM_ENV = frozenset(env for option in OPTIONS for env in option.envs)
+PROGRAM_ENV = frozenset(env for option in PLUGIN_OPTIONS for env in option.envs)
 # Env vars a manifest may set besides those: NODE_NAME is read by nvdp.kube for Node Events; the
 # NVIDIA_* ones are read by the NVIDIA container toolkit when it sets up the container.
 OTHER_ENV = frozenset(

@@ -25,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.config import OPTIONS, Config, add_plugin_flags, load_file, resolve
+from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, add_plugin_flags, load_file, resolve
 from nvdp.errors import ConfigError
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until, write_time_slicing_config
@@ -190,8 +190,8 @@ def test_allocate_with_thousands_of_unknown_ids_is_invalid_argument(
 
 _PARSER = argparse.ArgumentParser()
 add_plugin_flags(_PARSER)
-_LIST_DESTS = {o.dest for o in OPTIONS if o.kind == "list"}
-_ENVS = sorted({env for option in OPTIONS for env in option.envs} - {"CONFIG_FILE", "NVDP_NVML"})
+_LIST_DESTS = {o.dest for o in PLUGIN_OPTIONS if o.kind == "list"}
+_ENVS = sorted({env for option in PLUGIN_OPTIONS for env in option.envs} - {"CONFIG_FILE", "NVDP_NVML"})
 
 _yaml_words = st.sampled_from(
     [
@@ -294,7 +294,7 @@ _env_values = st.text(max_size=12) | st.sampled_from(
 @given(
     st.dictionaries(st.sampled_from(_ENVS), _env_values, max_size=5),
     st.dictionaries(
-        st.sampled_from(sorted(o.dest for o in OPTIONS if o.dest not in ("config_file", "nvml"))),
+        st.sampled_from(sorted(o.dest for o in PLUGIN_OPTIONS if o.dest not in ("config_file", "nvml"))),
         _env_values,
         max_size=4,
     ),
@@ -314,7 +314,7 @@ def test_fuzzed_flags_env_and_file_resolve_or_are_a_config_error(
     except ConfigError as error:
         assert error.problems and all("\n" not in p for p in error.problems)
     else:
-        assert isinstance(config, Config)
+        assert isinstance(config, PluginOptions)
 
 
 _BAD_FILES = {

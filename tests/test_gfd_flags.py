@@ -153,8 +153,8 @@ def test_container_driver_root_is_where_the_nvml_library_is_looked_for(tmp_path:
 
 
 def test_resource_name_prefix_default_is_accepted() -> None:
-    assert parse("--resource-name-prefix", "nvidia.com").config.resource_name_prefix == "nvidia.com"
-    assert parse(environ={"RESOURCE_NAME_PREFIX": "nvidia.com"}).config.resource_name_prefix == "nvidia.com"
+    assert parse("--resource-name-prefix", "nvidia.com").runtime.resource_name_prefix == "nvidia.com"
+    assert parse(environ={"RESOURCE_NAME_PREFIX": "nvidia.com"}).runtime.resource_name_prefix == "nvidia.com"
 
 
 def test_other_resource_name_prefix_is_one_line_exit_1() -> None:

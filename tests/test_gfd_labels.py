@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.config import Config, resolve
+from nvdp.config import PluginOptions, resolve
 from nvdp.daemon import Daemon
 from nvdp.devices import AnnotatedID
 from nvdp.gfd.discover import discover, pci_mode
@@ -84,7 +84,7 @@ def _config(
     sharing: str | None,
     kubelet_socket: str = "/tmp/unused/kubelet.sock",
     mps_root: str = "/tmp/unused/mps",
-) -> Config:
+) -> PluginOptions:
     args = argparse.Namespace(
         nvml=_node(node),
         mig_strategy=mig,
@@ -95,8 +95,8 @@ def _config(
     return resolve(args, {"MPS_ROOT": mps_root} if sharing and sharing.startswith("mps") else {})
 
 
-def _labels(config: Config) -> dict[str, str]:
-    nvml = open_nvml(config.nvml)
+def _labels(options: PluginOptions) -> dict[str, str]:
+    config, nvml = options.config, open_nvml(options.runtime.nvml)
     nvml.init()
     try:
         return discover(nvml, config, machine_type_file=str(MACHINE_FILE)).labels
@@ -126,10 +126,10 @@ def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _advertised(config: Config, plugin_dir: Path) -> dict[str, list[str]]:
+def _advertised(config: PluginOptions, plugin_dir: Path) -> dict[str, list[str]]:
     """Resource name -> device IDs, as the kubelet stand-in sees them from the real plugin daemon
     (with MPS, once the ready markers the control daemon would write exist)."""
-    skip_daemon(config)
+    skip_daemon(config.config)
     with Kubelet(plugin_dir) as kubelet:
         daemon = Daemon(config, reload_config=lambda: config, environ={})
         thread = threading.Thread(target=daemon.run, daemon=True)
@@ -232,8 +232,8 @@ def test_a_mig_gpu_without_mig_devices_gets_nvidias_labels(mig: str) -> None:
 def test_invalid_single_layouts_keep_nvidias_whole_gpu_labels(
     node: str, sharing: str | None, reason: str
 ) -> None:
-    config = _config(node, "single", sharing)
-    nvml = open_nvml(config.nvml)
+    options = _config(node, "single", sharing)
+    config, nvml = options.config, open_nvml(options.runtime.nvml)
     nvml.init()
     try:
         result = discover(nvml, config, machine_type_file="")

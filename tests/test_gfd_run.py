@@ -285,7 +285,7 @@ def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytes
     client = FakeEvents()
     recorder = Recorder()
     case1 = parse("--nvml", "sim:dgx-a100", "--config-file", str(CASE1_CONFIG))
-    settings = _settings(sleep_interval=3600.0, config=case1.config)
+    settings = _settings(sleep_interval=3600.0, config=case1.config, runtime=case1.runtime)
     gfd = Gfd(
         settings,
         reload_settings=lambda: settings,

@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvdp.config import Config, resolve
+from nvdp.config import PluginOptions, resolve
 from nvdp.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError, nvml_error
 from nvdp.health import xid_reason
@@ -126,7 +126,7 @@ def sim_daemon(
     sock_dir: Path,
     *,
     environ: Mapping[str, str] | None = None,
-    reload_config: Callable[[], Config] | None = None,
+    reload_config: Callable[[], PluginOptions] | None = None,
     nvml: object = None,
     **flags: str,
 ) -> Daemon:
@@ -415,7 +415,7 @@ def test_reloads_are_counted_by_result(sock_dir: Path, events: Path, kubelet: Ku
     outcomes = iter([True, False])
     args = argparse.Namespace(nvml="sim:dgx-a100", kubelet_socket=str(sock_dir / "kubelet.sock"))
 
-    def reload_config() -> Config:
+    def reload_config() -> PluginOptions:
         if next(outcomes):
             return resolve(args, {})
         raise ConfigError(["config.yaml: not YAML"])

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvdp.config.model import (
-    CDI_KINDS,
-    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_CONTAINER_DRIVER_ROOT,
     DEFAULT_NVIDIA_CTK_PATH,
 )
+from nvdp.config.runtime import CDI_KINDS, DEFAULT_CDI_SPEC_DIR
 
 # The CDI specification version written into every spec. 0.5.0 is the lowest version that can
 # express what nvdp writes (device nodes with a `hostPath`, device names that start with a digit

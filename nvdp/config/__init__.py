@@ -1,15 +1,18 @@
 """nvdp configuration: NVIDIA's v1 config file, flags and env vars, with the same precedence.
 
-- `model`: the frozen dataclasses (`Config` and its sections). A `Config` is the v1 file model
-  (`version`, `flags`, `resources`, `sharing`, `imex`, and nvdp's `health` extension) with flags and
-  env merged in, plus the settings that only come from flags / env (`config_file`, `nvml`,
-  `log_format`, `log_level`, `metrics_address`). `config.to_json()` is the start-up log line.
+- `model`: the v1 file model as frozen dataclasses (`Config` and its sections: `version`, `flags`,
+  `resources`, `sharing`, `imex`, and nvdp's `health` extension).
+- `runtime`: what only flags and env vars set (`RuntimeOptions`: `nvml`, logging, metrics, CDI, ...)
+  and `PluginOptions`, the config beside them; `options.to_json()` is the start-up log line.
 - `load`: `load_file(path)`, `parse_text(text)`, `parse(mapping)` validate a file; every problem is
   one line naming the field, all reported at once in a `ConfigError`.
-- `options`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag > env > file > default.
+- `options`: the one flag / env framework of every command (`Option`, `add_options`, `read_options`);
+  `groups`: the groups several commands share (the plugin's settings, logging, NVML, Kubernetes
+  client, node name); `precedence`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag >
+  env > file > default.
 - `rules`: what the plugin accepts across settings and what this version supports (checked by
   `resolve`).
-- `values`: scalar checks shared by the three (Go durations: `nvdp.units`).
+- `values`: scalar checks shared by the others (Go durations: `nvdp.units`).
 
 Strict about the config's form, tolerant about the node's facts: everything here is about the form
 (types, unknown values, ranges, conflicting keys), decidable from flags, env and file alone, and
@@ -18,6 +21,7 @@ a node (an entry naming a resource the node lacks, a MIG GPU between layouts) is
 resources are built (`nvdp.resources`) and reported as a misfit (`nvdp.misfits`), never refused.
 """
 
+from nvdp.config.groups import PLUGIN_OPTIONS
 from nvdp.config.load import load_file, parse, parse_text
 from nvdp.config.model import (
     Config,
@@ -32,11 +36,12 @@ from nvdp.config.model import (
     Resources,
     Sharing,
 )
-from nvdp.config.options import OPTIONS, add_plugin_flags, resolve
+from nvdp.config.precedence import add_plugin_flags, resolve, resolve_command
+from nvdp.config.runtime import PluginOptions, RuntimeOptions
 from nvdp.config.values import parse_go_duration
 
 __all__ = [
-    "OPTIONS",
+    "PLUGIN_OPTIONS",
     "Config",
     "Flags",
     "GfdFlags",
@@ -44,9 +49,11 @@ __all__ = [
     "Imex",
     "NamePattern",
     "PluginFlags",
+    "PluginOptions",
     "ReplicatedResource",
     "ReplicatedResources",
     "Resources",
+    "RuntimeOptions",
     "Sharing",
     "add_plugin_flags",
     "load_file",
@@ -54,4 +61,5 @@ __all__ = [
     "parse_go_duration",
     "parse_text",
     "resolve",
+    "resolve_command",
 ]

@@ -4,14 +4,13 @@ Each file field carries its file key and its converter in the dataclass field me
 table drives both parsing (`nvdp.config.load`) and the JSON dump. Fields that have a default
 in NVIDIA's plugin hold that default; `None` means "unset" where nothing is set by default
 (`mpsRoot`, `nvidiaDevRoot`, a resource's `rename`, `health.fatalXids`, the gfd section).
-`Config` also holds the settings that only come from flags / env (`nvml`, logging, metrics, the
-config file path): they have no file key.
+The settings that only flags and env vars set (`nvml`, logging, metrics, CDI, ...) are not here:
+`nvdp.config.runtime`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
@@ -34,11 +33,6 @@ DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
 DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
-DEFAULT_METRICS_ADDRESS = ":2112"
-DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
-CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
-CDI_HOOKS = ("update-ldcache", "create-symlinks", "enable-cuda-compat", "chmod", "all")
 
 Devices = Literal["all"] | int | tuple[str, ...]
 
@@ -135,31 +129,9 @@ def imex_channel_ids(value: object) -> tuple[int, ...]:
     return ids
 
 
-def nvml_spec(value: object) -> str:
-    text = v.string(value)
-    if text != "real" and not (text.startswith("sim:") and len(text) > 4):
-        raise v.InvalidValue(f"invalid value {v.show(text)} (accepted: real, sim:NAME, sim:/path/node.yaml)")
-    return text
-
-
-def listen_address(value: object) -> str:
-    text = v.string(value)
-    host, colon, port = text.rpartition(":")
-    if text and not (colon and port.isascii() and port.isdigit() and int(port) <= 65535):
-        raise v.InvalidValue(f'invalid address {v.show(text)} (expected "[host]:port", or "" to disable)')
-    return text
-
-
 _xids = v.list_of(v.integer(0, 2**32 - 1))
 _strings = v.list_of(v.string, single=True)
 _seconds = v.duration()
-
-
-def rescan_interval(value: object) -> float:
-    """`--device-rescan-interval`: a Go duration ("10s", "1m") or a number of seconds; 0 disables."""
-    if isinstance(value, str) and re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
-        value = float(value)
-    return _seconds(value)
 
 
 def _go(value: object) -> object:
@@ -330,8 +302,8 @@ class Health:
 
 @dataclass(frozen=True)
 class Config:
-    """The resolved configuration: the v1 file model with flags and env merged in, and the
-    settings that only come from flags / env (no file key)."""
+    """The v1 config file: NVIDIA's schema plus nvdp's `health` section (flags and env merged in by
+    `nvdp.config.resolve`)."""
 
     version: str = _key("version", _version, default=VERSION)
     flags: Flags = _key("flags", section=Flags, default_factory=Flags)
@@ -339,40 +311,13 @@ class Config:
     sharing: Sharing = _key("sharing", section=Sharing, default_factory=Sharing)
     imex: Imex = _key("imex", section=Imex, default_factory=Imex)
     health: Health = _key("health", section=Health, default_factory=Health)
-    # Flags / env only:
-    config_file: str | None = None
-    nvml: str = "real"
-    log_format: str = "text"
-    log_level: str = "info"
-    metrics_address: str = DEFAULT_METRICS_ADDRESS
-    device_rescan_interval: float = DEFAULT_DEVICE_RESCAN_INTERVAL  # seconds; 0: no live rescans
-    cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
-    cdi_kind: str = CDI_KINDS[0]
-    cdi_disable_hooks: tuple[str, ...] = ()
-    strict_config: bool = False  # unknown file keys are errors, not warnings
-    resource_name_prefix: str = RESOURCE_NAME_PREFIX  # NVIDIA's flag; only the default is supported
 
     def to_dict(self) -> dict[str, Any]:
-        """The file part in file form (camelCase keys, Go durations, unset values left out):
-        `nvdp.config.parse(config.to_dict())` gives back the same file settings."""
+        """In file form (camelCase keys, Go durations, unset values left out):
+        `nvdp.config.parse(config.to_dict())` gives back the same config."""
         dumped = _dump(self)
         assert isinstance(dumped, dict)
         return dumped
-
-    def to_json(self) -> str:
-        """One line of JSON for the start-up log: the file part plus the flag / env-only settings."""
-        runtime = {
-            "configFile": self.config_file,
-            "nvml": self.nvml,
-            "logFormat": self.log_format,
-            "logLevel": self.log_level,
-            "metricsAddress": self.metrics_address,
-            "deviceRescanInterval": format_go_duration(self.device_rescan_interval),
-            "cdiSpecDir": self.cdi_spec_dir,
-            "cdiKind": self.cdi_kind,
-            "cdiDisableHooks": list(self.cdi_disable_hooks),
-        }
-        return json.dumps({**self.to_dict(), **runtime}, separators=(",", ":"), ensure_ascii=False)
 
 
 def _dump(value: object) -> object:
@@ -380,7 +325,7 @@ def _dump(value: object) -> object:
         out: dict[str, object] = {}
         for f in fields(value):
             item = getattr(value, f.name)
-            if "key" in f.metadata and item is not None:
+            if item is not None:
                 dump = f.metadata["dump"]
                 out[f.metadata["key"]] = dump(item) if dump else _dump(item)
         return out

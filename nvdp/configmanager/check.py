@@ -18,10 +18,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nvdp.config import Config, load_file
+from nvdp.config import values as v
+from nvdp.config.groups import NVML
+from nvdp.config.model import MIG_STRATEGIES
+from nvdp.config.options import flag
 from nvdp.config.rules import file_problems
 from nvdp.configmanager.selection import list_entries
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.nvml.types import GpuInfo
+
+
+@dataclass(frozen=True)
+class CheckFlags:
+    nvml: str | None = None  # None: the files only
+    mig_strategy: str | None = None  # None: each file's own
+
+
+CHECK_OPTIONS = (  # flags only: an env var set for the plugin must not change what CI checks
+    replace(NVML, envs=(), help=f"also build the resources on this node; {NVML.help}"),
+    flag(
+        "--mig-strategy",
+        v.choice(*MIG_STRATEGIES),
+        f"the MIG strategy to check the files with, over their own: {' | '.join(MIG_STRATEGIES)}",
+    ),
+)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,22 @@
 """Flags and env vars of `nvdp config-manager`: NVIDIA's names, env vars and defaults (urfave/cli in
-cmd/config-manager), plus nvdp's `--poll-interval` (how often the mounted ConfigMap is re-read where
-inotify is unavailable).
+cmd/config-manager), with the shared Kubernetes client, node name and logging groups, plus nvdp's
+`--poll-interval` (how often the mounted ConfigMap is re-read where inotify is unavailable).
 Precedence: a flag on the command line, else its env var, else the default. Every problem is one
-line of a `ConfigError`.
+line of a `ConfigError`, naming the flag or the env var that was given.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nvdp.config import values as v
-from nvdp.config.model import listen_address
+from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME
+from nvdp.config.options import add_options, flag, read_options
+from nvdp.config.runtime import listen_address
 from nvdp.errors import ConfigError
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
@@ -34,7 +36,7 @@ class Settings:
     config_file_srcdir: str
     config_file_dst: str
     oneshot: bool = False
-    kubeconfig: str | None = None
+    kubeconfig: str | None = None  # None: in-cluster credentials
     node_label: str = DEFAULT_NODE_LABEL
     default_config: str = ""
     fallback_strategies: tuple[str, ...] = ()
@@ -44,11 +46,12 @@ class Settings:
     poll_interval: float = 2.0
     metrics_address: str = ""
     strict_config: bool = False
+    log_format: str = "text"
+    log_level: str = "info"
 
 
 def _signal_number(text: str) -> int:
-    number = v.integer(1, 64)(int(text) if text.strip().lstrip("-").isdigit() else text)
-    return number
+    return v.integer(1, 64)(int(text) if text.strip().lstrip("-").isdigit() else text)
 
 
 def _nonnegative_seconds(text: str) -> float:
@@ -61,127 +64,73 @@ def _nonnegative_seconds(text: str) -> float:
     return seconds
 
 
-# flag, env var, Settings field, parser, kind ("bool": the flag alone means true), help
-_Parser = Callable[[str], Any]
-_OPTIONS: tuple[tuple[str, str, str, _Parser, str, str], ...] = (
-    ("--oneshot", "ONESHOT", "oneshot", v.parse_bool, "bool", "check and update the config once, then exit"),
-    ("--kubeconfig", "KUBECONFIG", "kubeconfig", v.string, "value", "kubeconfig file (default: in-cluster)"),
-    ("--node-name", "NODE_NAME", "node_name", v.string, "value", "the node whose label selects the config"),
-    ("--node-label", "NODE_LABEL", "node_label", v.string, "value", "the label that selects the config"),
-    (
-        "--config-file-srcdir",
-        "CONFIG_FILE_SRCDIR",
-        "config_file_srcdir",
+_DECLARED = (
+    flag("--oneshot $ONESHOT", v.parse_bool, "check and update the config once, then exit"),
+    KUBECONFIG,
+    NODE_NAME,
+    flag("--node-label $NODE_LABEL", v.string, "the label that selects the config"),
+    flag(
+        "--config-file-srcdir $CONFIG_FILE_SRCDIR",
         v.string,
-        "value",
         "directory of the available config files (the mounted ConfigMap)",
     ),
-    (
-        "--config-file-dst",
-        "CONFIG_FILE_DST",
-        "config_file_dst",
+    flag(
+        "--config-file-dst $CONFIG_FILE_DST",
         v.string,
-        "value",
         "the config file path the plugin reads; made a symlink to the selected file",
     ),
-    (
-        "--default-config",
-        "DEFAULT_CONFIG",
-        "default_config",
-        v.string,
-        "value",
-        "the entry to use when the node has no label",
-    ),
-    (
-        "--fallback-strategies",
-        "FALLBACK_STRATEGIES",
-        "fallback_strategies",
-        lambda text: tuple(v.list_of(v.choice(*FALLBACK_STRATEGIES))(v.split_list(text))),
-        "list",
+    flag("--default-config $DEFAULT_CONFIG", v.string, "the entry to use when the node has no label"),
+    flag(
+        "--fallback-strategies $FALLBACK_STRATEGIES",
+        lambda text: v.list_of(v.choice(*FALLBACK_STRATEGIES))(v.split_list(text)),
         "ordered fallbacks without label and default: named (an entry called default), single (the "
         "only entry), empty (an empty config)",
+        "list",
     ),
-    (
-        "--send-signal",
-        "SEND_SIGNAL",
-        "send_signal",
-        v.parse_bool,
-        "bool",
-        "signal <process-to-signal> when the config changed",
-    ),
-    ("--signal", "SIGNAL", "signal", _signal_number, "value", "the signal number to send"),
-    (
-        "--process-to-signal",
-        "PROCESS_TO_SIGNAL",
-        "process_to_signal",
+    flag("--send-signal $SEND_SIGNAL", v.parse_bool, "signal <process-to-signal> when the config changed"),
+    flag("--signal $SIGNAL", _signal_number, "the signal number to send"),
+    flag(
+        "--process-to-signal $PROCESS_TO_SIGNAL",
         v.string,
-        "value",
         "name (or absolute path) of the process to signal: its executable, or the script an interpreter runs",
     ),
-    (
-        "--poll-interval",
-        "NVDP_CONFIG_POLL_INTERVAL",
-        "poll_interval",
+    flag(
+        "--poll-interval $NVDP_CONFIG_POLL_INTERVAL",
         _nonnegative_seconds,
-        "value",
         "where inotify is unavailable: how often the mounted ConfigMap is re-read for edits (seconds or Go"
         " duration); with inotify (Linux) edits are seen as they happen",
+        "seconds",
     ),
-    (
-        "--metrics-address",
-        "METRICS_ADDRESS",
-        "metrics_address",
+    flag(
+        "--metrics-address $METRICS_ADDRESS",
         listen_address,
-        "value",
         'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
         " node watch has been failing or silent for a minute, or the selected config is not in place)",
     ),
-    (
-        "--strict-config",
-        "STRICT_CONFIG",
-        "strict_config",
+    flag(
+        "--strict-config $STRICT_CONFIG",
         v.parse_bool,
-        "bool",
         "nvdp: refuse entries with unknown keys, as the plugin does with the same setting",
     ),
+    *LOGGING,
 )
-
+# A bad value is named by the flag or the env var that was given, as NVIDIA's config-manager does.
+OPTIONS = tuple(replace(option, label="given") for option in _DECLARED)
 _REQUIRED = ("node_name", "node_label", "config_file_srcdir", "config_file_dst")
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    defaults = {"node_label": DEFAULT_NODE_LABEL, "send_signal": "true", "signal": "1"}
-    defaults |= {"process_to_signal": DEFAULT_PROCESS_TO_SIGNAL, "oneshot": "false", "poll_interval": "2s"}
-    for flag, env, field, _, kind, text in _OPTIONS:
-        shown = f"; default {defaults[field]}" if field in defaults else ""
-        extra: dict[str, Any] = {"nargs": "?", "const": "true", "metavar": "BOOL"} if kind == "bool" else {}
-        if kind == "list":
-            extra = {"action": "append"}
-        parser.add_argument(flag, dest=field, default=None, help=f"{text} [env {env}{shown}]", **extra)
+    add_options(parser, OPTIONS, Settings)
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Settings from flags > env > defaults. Raises ConfigError listing every problem."""
-    problems: list[str] = []
-    given: dict[str, Any] = {}
-    for flag, env, field, parse, _, _ in _OPTIONS:
-        value = getattr(args, field, None)
-        if value is not None:
-            text, label = (",".join(value) if isinstance(value, list) else str(value)), flag
-        elif env in environ:
-            text, label = environ[env], env
-        else:
-            continue
-        try:
-            given[field] = parse(text)
-        except v.InvalidValue as error:
-            problems.extend(f"{label}: {message}" for _, message in error.problems)
-    for field in _REQUIRED:
-        if field in given and not given[field] or field not in given and field != "node_label":
-            flag, env = next((o[0], o[1]) for o in _OPTIONS if o[2] == field)
-            problems.append(f"{flag} / {env}: must not be empty")
+    given, problems = read_options(OPTIONS, args, environ)
+    for option in OPTIONS:
+        field = option.field
+        if field in _REQUIRED and (not given[field] if field in given else field != "node_label"):
+            problems.append(f"{option.names[0]} / {option.envs[0]}: must not be empty")
     if problems:
         raise ConfigError(problems)
-    if not given.get("kubeconfig"):
-        given["kubeconfig"] = None
-    return Settings(**given)
+    kwargs: dict[str, Any] = {**given, "kubeconfig": given.get("kubeconfig") or None}
+    return Settings(**kwargs)

@@ -200,7 +200,7 @@ class Gfd:
             log_event(log, logging.WARNING, "NVML init failed; no GPU labels", error=str(error))
             return {}
         try:
-            real = config.nvml == "real"
+            real = settings.runtime.nvml == "real"
             result = discover(
                 nvml,
                 config,
@@ -219,7 +219,7 @@ class Gfd:
 
 def _open_nvml(settings: GfdSettings) -> Nvml:
     flags = settings.config.flags
-    return open_nvml(settings.config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root)
+    return open_nvml(settings.runtime.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root)
 
 
 def default_events(

@@ -1,8 +1,9 @@
 """`nvdp mps-control-daemon`: NVIDIA's command, flags and env vars (`--config-file`,
 `--mig-strategy`, `--fail-on-init-error`, `--nvidia-driver-root`, `--mps-root`), plus nvdp's `--nvml`,
 `--log-format`, `--log-level` and `--mps-health-interval`; and `mount-shm` (the init step that mounts
-a tmpfs at `<root>/shm`). Flags are parsed and resolved by the plugin's own config code, so the
-config file, precedence and every validation line are the same. cli.py wires the signals.
+a tmpfs at `<root>/shm`). The flags are the plugin's options, resolved by the plugin family's resolver
+(`nvdp.config.resolve_command`), so the config file, precedence and every validation line are the
+same. cli.py wires the signals.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.config import OPTIONS, Config, resolve
+from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.model import MPS
+from nvdp.config.options import add_options, flag, flags_only_for
+from nvdp.config.rules import plugin_problems
 from nvdp.dirs import make_dirs
-from nvdp.errors import ConfigError, NvdpError
+from nvdp.errors import NvdpError
 from nvdp.inventory import ResourceRules
 from nvdp.logs import log_event, setup_logging
 from nvdp.misfit_report import MisfitReport
@@ -36,15 +39,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 FLAGS = (
-    "--config-file",
-    "--mig-strategy",
-    "--fail-on-init-error",
-    "--nvidia-driver-root",
-    "--mps-root",
-    "--nvml",
-    "--log-format",
-    "--log-level",
-)
+    "--config-file --mig-strategy --fail-on-init-error --nvidia-driver-root --mps-root --nvml --log-format"
+    " --log-level"
+).split()
 HEALTH_ENV = "MPS_HEALTH_INTERVAL"
 SHM_MOUNT_OPTIONS = "rw,nosuid,nodev,noexec,relatime,size=65536k"  # NVIDIA's mount-shm
 BACKOFF_CAP_S = 30.0
@@ -54,34 +51,35 @@ class NodeNvml(Nvml, ComputeModes, Protocol):
     """NVML with compute modes: what the control daemon needs (both backends)."""
 
 
+MPS_OPTIONS = (
+    *flags_only_for(FLAGS, PLUGIN_OPTIONS),  # the other plugin settings: from their env vars only
+    flag(
+        f"--mps-health-interval ${HEALTH_ENV}",
+        v.duration(positive=True),
+        "how often each MPS daemon is queried through its pipe",
+        "seconds",
+        target="health_interval",
+        label="given",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class MpsOptions(PluginOptions):
+    """The plugin's options the daemon reads, and how often it queries each daemon."""
+
+    health_interval: float = 5.0  # seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for option in OPTIONS:
-        names = [n for n in option.names if n in FLAGS]
-        if not names:
-            continue
-        help = f"{option.help} [env {' or '.join(option.envs)}]".replace("%", "%%")
-        extra: dict[str, object] = {}
-        if option.kind == "bool":
-            extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
-        parser.add_argument(*option.names, dest=option.dest, default=None, help=help, **extra)  # type: ignore[arg-type]
-    parser.add_argument(
-        "--mps-health-interval",
-        default=None,
-        help=f'how often each MPS daemon is queried through its pipe [env {HEALTH_ENV}; default "5s"]',
-    )
+    add_options(parser, MPS_OPTIONS, MpsOptions)
     sub = parser.add_subparsers(dest="mps_command", metavar="COMMAND")
     sub.add_parser("mount-shm", help="mount a tmpfs at <mps-root>/shm (NVIDIA's init step)")
 
 
-def health_interval(args: argparse.Namespace, environ: Mapping[str, str]) -> float:
-    text = args.mps_health_interval if args.mps_health_interval is not None else environ.get(HEALTH_ENV)
-    if text is None:
-        return 5.0
-    try:
-        return v.duration(positive=True)(text)
-    except v.InvalidValue as error:
-        label = "--mps-health-interval" if args.mps_health_interval is not None else HEALTH_ENV
-        raise ConfigError(f"{label}: {error}") from error
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> MpsOptions:
+    """The daemon's options (flag > env > config file > default) under the plugin's rules."""
+    return resolve_command(MpsOptions, MPS_OPTIONS, args, environ, rules=plugin_problems)
 
 
 def mps_root(config: Config) -> MpsRoot:
@@ -107,13 +105,13 @@ class Prepared:
 def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
     """Resolve the config, open NVML and build the controller. Raises NvdpError (config errors before
     logging is set up; NVML init errors only when fail-on-init-error)."""
-    config = resolve(args, environ)
-    interval = health_interval(args, environ)
-    setup_logging(config.log_format, config.log_level)
-    log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(config.to_json()))
+    options = resolve(args, environ)
+    config, interval = options.config, options.health_interval
+    setup_logging(options.runtime.log_format, options.runtime.log_level)
+    log_event(log, logging.INFO, "starting nvdp mps-control-daemon", config=json.loads(options.to_json()))
     flags = config.flags
     nvml: NodeNvml = open_nvml(  # type: ignore[assignment]
-        config.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
+        options.runtime.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
     )
     state = {"config": config, "nvml_ok": False}
 
@@ -126,7 +124,7 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
         return node_plans(current, nvml)
 
     def reload() -> dict[str, DaemonPlan]:
-        state["config"] = resolve(args, environ)
+        state["config"] = resolve(args, environ).config
         return load()
 
     plans: dict[str, DaemonPlan] = {}
@@ -152,8 +150,7 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> Prepared:
 
 def mount_shm(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     """Mount a fresh tmpfs at `<root>/shm` (unmounting an old one), as NVIDIA's `mount-shm`."""
-    config = resolve(args, environ)
-    shm = mps_root(config).shm_dir
+    shm = mps_root(resolve(args, environ).config).shm_dir
     if os.path.ismount(shm):
         _run(["umount", str(shm)], f"unmount {shm}")
     try:

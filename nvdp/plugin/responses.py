@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvdp.api import pb
-from nvdp.config.model import CDI_KINDS, DEFAULT_CDI_ANNOTATION_PREFIX
+from nvdp.config.model import DEFAULT_CDI_ANNOTATION_PREFIX
+from nvdp.config.runtime import CDI_KINDS
 from nvdp.devices import Device
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"

@@ -41,9 +41,9 @@ def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, int
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """os.environ less every variable the plugin reads, plus PYTHONPATH for this checkout."""
-    from nvdp.config import OPTIONS
+    from nvdp.config import PLUGIN_OPTIONS
 
-    option_envs = {env for option in OPTIONS for env in option.envs}
+    option_envs = {env for option in PLUGIN_OPTIONS for env in option.envs}
     env = {
         k: v
         for k, v in os.environ.items()
