@@ -325,7 +325,7 @@ def _dump(value: object) -> object:
         out: dict[str, object] = {}
         for f in fields(value):
             item = getattr(value, f.name)
-            if item is not None:
+            if "key" in f.metadata and item is not None:  # fields set at load are not the file's
                 dump = f.metadata["dump"]
                 out[f.metadata["key"]] = dump(item) if dump else _dump(item)
         return out
