@@ -15,7 +15,7 @@ from bench.session import FLOOR, GPU, DeviceSetSpec, Session
 from bench.table import Row
 from nvdp.api import UNHEALTHY
 from nvdp.kubelet import Kubelet
-from nvdp.testing import start_plugin, write_node_file
+from nvdp.testing import ProcStats, start_plugin, write_node_file
 
 WORST_ACCEPT_DELAY_S = 0.25
 RESTART_PACING_S = 0.2
@@ -24,16 +24,20 @@ RESTART_PACING_S = 0.2
 def start_up(s: Session) -> None:
     s.progress("start -> first ListAndWatch")
     rows = s.table.section(
-        "process start -> first ListAndWatch response received (8 devices);"
-        " ratio = nvdp p50 / floor p50, starts alternating"
+        "process start -> first ListAndWatch response received (8 devices), starts alternating;"
+        " ratio = nvdp p50 / floor p50 of the CPU the process used until then"
     )
     rows += remeasured(lambda: _starts(s))
 
 
 def _starts(s: Session) -> list[Row]:
-    """`starts` starts of each plugin, alternating (floor nvdp, nvdp floor, ...)."""
+    """`starts` starts of each plugin, alternating (floor nvdp, nvdp floor, ...): the wall time until
+    Register and the first ListAndWatch arrive, and the CPU time the process used until then, which
+    is what the ratio judges: a loaded machine stretches a start's wall time by whatever the
+    scheduler does in those few hundred ms, its CPU time much less (docs/benchmarks.md)."""
     registered = {"floor": Sample(), "nvdp": Sample()}
     listed = {"floor": Sample(), "nvdp": Sample()}
+    cpu = {"floor": Sample(), "nvdp": Sample()}
     for i in range(s.o.starts):
         for name in ("floor", "nvdp") if i % 2 == 0 else ("nvdp", "floor"):
             with Kubelet(s.fresh_dir("start")) as kubelet:
@@ -46,6 +50,7 @@ def _starts(s: Session) -> list[Row]:
                 try:
                     registration = kubelet.wait_for_registration(resource, timeout=60)
                     first = kubelet.wait_for_updates(resource, 1, timeout=30)[0]
+                    cpu[name].latencies.append(ProcStats.read(process.pid).cpu_s)
                 finally:
                     process.stop()
                 listed[name].latencies.append(first.time - t0)
@@ -54,7 +59,8 @@ def _starts(s: Session) -> list[Row]:
     for name in ("floor", "nvdp"):
         rows.append(registered[name].row("start -> Register received", name, rate=False))
         rows.append(listed[name].row("start -> first ListAndWatch", name, rate=False))
-    judge_ratio(rows[-1], listed["floor"].p50_ms(), STARTUP_BUDGET)
+        rows.append(cpu[name].row("CPU used until the first ListAndWatch", name, rate=False))
+    judge_ratio(rows[-1], cpu["floor"].p50_ms(), STARTUP_BUDGET)
     return rows
 
 
