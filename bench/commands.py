@@ -35,14 +35,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python bench/commands.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.budgets import PLUGIN_RSS_BUDGET_MB, SIDE_RSS_BUDGET_MB
 from nvdp.api import pb
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import REPO, Process, ProcStats, clean_env, start_plugin, wait_until
 
 GPU = "nvidia.com/gpu"
-PLUGIN_BUDGET_MB = 45.0
-SIDE_BUDGET_MB = 80.0
-IDLE_BUDGET_PCT = 0.5
 HEAVY = ("kubernetes", "ssl", "http.client")
 ALLOCATES = 400
 MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
@@ -288,7 +286,7 @@ def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
 
 
 def budget_mb(m: Measured) -> float:
-    return PLUGIN_BUDGET_MB if m.kind == "plugin" else SIDE_BUDGET_MB
+    return PLUGIN_RSS_BUDGET_MB if m.kind == "plugin" else SIDE_RSS_BUDGET_MB
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,10 +20,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python bench/config_manager.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.budgets import SIDE_RSS_BUDGET_MB
 from nvdp.testing import Process, ProcStats, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 
-BUDGET_BYTES = 80e6
+BUDGET_BYTES = SIDE_RSS_BUDGET_MB * 1e6
 NODE = "bench-node"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
 LABEL = "nvidia.com/device-plugin.config"
@@ -85,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({**result, "budget_bytes": BUDGET_BYTES, "ok": ok}))
     else:
         verdict = "ok" if ok else "OVER"
-        print(f"config-manager peak RSS (VmHWM): {peak_bytes / 1e6:.1f} MB (budget 80 MB) {verdict}")
+        budget = f"budget {SIDE_RSS_BUDGET_MB:.0f} MB"
+        print(f"config-manager peak RSS (VmHWM): {peak_bytes / 1e6:.1f} MB ({budget}) {verdict}")
         print(f"config-manager RSS now: {result['rss_mib'] * 1.048576:.1f} MB, threads {result['threads']}")
         print(f"start to first link: {result['first_link_s']:.2f} s; label flips applied: {result['flips']}")
     return 0 if ok else 1
