@@ -54,11 +54,13 @@ def _parse(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if list(sys.argv[1:] if argv is None else argv)[:1] == ["plugin"]:
+    first = next(iter(sys.argv[1:] if argv is None else argv), None)
+    if first == "plugin":
         from nvdp.ssl_block import block_ssl
 
-        block_ssl()  # before the subcommands' parsers below import grpc (nvdp.mps.command does)
-    parser, commands = build_parser()
+        block_ssl()  # before anything imports grpc
+    # Only the named command's parser: the plugin's start-up imports no other command's modules.
+    parser, commands = build_parser(first if first in COMMANDS else None)
     args = _parse(parser, argv, commands)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
@@ -75,13 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def build_parser() -> tuple[Parser, Mapping[str, argparse.ArgumentParser]]:
-    """The `nvdp` parser, and each command's parser by its name."""
+def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse.ArgumentParser]]:
+    """The `nvdp` parser, and each command's parser by its name (with `only`: that command's alone)."""
     parser = Parser(prog="nvdp", description="Kubernetes NVIDIA GPU device plugin.", allow_abbrev=False)
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from nvdp.mps.command import add_arguments as add_mps_arguments
-
     for name, help_text, add_arguments in (
         ("plugin", "run the device plugin daemon (same as nvidia-device-plugin)", _add_plugin_arguments),
         (
@@ -93,14 +93,25 @@ def build_parser() -> tuple[Parser, Mapping[str, argparse.ArgumentParser]]:
         (
             "mps-control-daemon",
             "run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
-            add_mps_arguments,
+            _add_mps_arguments,
         ),
     ):
-        command = sub.add_parser(name, help=help_text, allow_abbrev=False)
-        _add_version(command)
-        add_arguments(command)
-    _add_config_manager_commands(sub)
+        if only in (None, name):
+            command = sub.add_parser(name, help=help_text, allow_abbrev=False)
+            _add_version(command)
+            add_arguments(command)
+    if only in (None, "config-manager", "config"):
+        _add_config_manager_commands(sub)
     return parser, sub.choices
+
+
+COMMANDS = ("plugin", "simulate", "gfd", "mps-control-daemon", "config-manager", "config")
+
+
+def _add_mps_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.mps.command import add_arguments
+
+    add_arguments(parser)
 
 
 def _nvidia_named(

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.cdi import CdiPublisher, CdiSettings
+from nvdp.cdi import CdiSettings
+from nvdp.cdi.publisher import CdiPublisher
 from nvdp.cdi.publisher import answer_names
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render

@@ -24,10 +24,9 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import yaml
 
 from nvdp.config.model import MPS, SHARED_SUFFIX, TIME_SLICING, Config, Health, ReplicatedResources, Sharing
 from nvdp.config.values import InvalidValue, describe_keys, show
@@ -60,7 +59,7 @@ def parse_text(text: str, source: str | None = None, *, strict: bool = False) ->
     """Parse YAML or JSON text (JSON is tried first when the text starts with `{`)."""
     try:
         data = _decode(text)
-    except (yaml.YAMLError, ValueError, RecursionError) as error:
+    except (ValueError, RecursionError) as error:
         raise ConfigError(_syntax_problem(error), source=source) from error
     return parse(data, source, strict=strict)
 
@@ -109,28 +108,32 @@ MAX_TEXT_BYTES = MAX_FILE_BYTES  # a ConfigMap holds at most 1 MiB
 _MAX_PROBLEM_CHARS = 120  # a parser's message can quote the input: cut it short
 _MAX_DIGITS = 40  # any integer a config needs fits; longer ones are refused before int() sees them
 
-# The pure-Python SafeLoader: on absurdly nested input it raises RecursionError where the C one crashes.
-_Loader: Any = type("_Loader", (yaml.SafeLoader,), {})
 
+@cache
+def _yaml_loader() -> Any:
+    """The YAML loader, made on the first YAML text (a plugin without a config file never imports
+    yaml): the pure-Python SafeLoader, which raises RecursionError on absurdly nested input where the
+    C one crashes, refusing duplicate keys and absurdly long integers."""
+    import yaml
 
-def _mapping_without_duplicates(loader: Any, node: Any) -> Any:
-    counts = Counter(key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode))
-    duplicate = next((key for key, n in counts.items() if n > 1), None)
-    if duplicate is not None:
-        raise yaml.constructor.ConstructorError(
-            None, None, f"duplicate key {show(duplicate)}", node.start_mark
-        )
-    return loader.construct_mapping(node)
+    def mapping_without_duplicates(loader: Any, node: Any) -> Any:
+        counts = Counter(key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode))
+        duplicate = next((key for key, n in counts.items() if n > 1), None)
+        if duplicate is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {show(duplicate)}", node.start_mark
+            )
+        return loader.construct_mapping(node)
 
+    def bounded_int(loader: Any, node: Any) -> Any:
+        if len(node.value) > _MAX_DIGITS:
+            raise yaml.constructor.ConstructorError(None, None, "number too large", node.start_mark)
+        return loader.construct_yaml_int(node)
 
-def _bounded_int(loader: Any, node: Any) -> Any:
-    if len(node.value) > _MAX_DIGITS:
-        raise yaml.constructor.ConstructorError(None, None, "number too large", node.start_mark)
-    return loader.construct_yaml_int(node)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-_Loader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+    loader: Any = type("_Loader", (yaml.SafeLoader,), {})
+    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping_without_duplicates)
+    loader.add_constructor("tag:yaml.org,2002:int", bounded_int)
+    return loader
 
 
 def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -154,13 +157,27 @@ def _decode(text: str) -> object:
             return json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
         except json.JSONDecodeError:
             pass  # maybe YAML flow style; YAML's error message will tell
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: plain data only
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)  # a yaml.MarkedYAMLError's
+        if mark is None:
+            raise ValueError(str(error)) from error
+        problem = _clip(str(getattr(error, "problem", "")))
+        raise _YamlSyntax(
+            f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        ) from error
+
+
+class _YamlSyntax(ValueError):
+    """A YAML syntax error, already said in one line."""
 
 
 def _syntax_problem(error: BaseException) -> str:
-    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
-        mark = error.problem_mark
-        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {_clip(str(error.problem))}"
+    if isinstance(error, _YamlSyntax):
+        return str(error)
     if isinstance(error, RecursionError):
         return "invalid config: nested too deeply"
     return "invalid config: " + _clip(str(error))

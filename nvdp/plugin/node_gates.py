@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from nvdp.cdi import CdiPublisher
 from nvdp.dir_watch import Watcher
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
@@ -23,6 +23,9 @@ from nvdp.plugin.device_nodes import DeviceNodes
 from nvdp.plugin.types import DaemonSettings, MisfitSink
 from nvdp.resources import NodeResources, Resource
 
+if TYPE_CHECKING:
+    from nvdp.cdi.publisher import CdiPublisher
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +34,8 @@ class NodeGates:
         self._misfits = misfits
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
         self._device_nodes = DeviceNodes()  # devices only while the nodes answers name exist
-        self._cdi = CdiPublisher()
+        self._cdi: CdiPublisher | None = None  # made by the first CDI apply (a plugin without CDI
+        # never imports the spec builder)
         self._nothing_said = False
 
     def admit(self, settings: DaemonSettings, resources: Sequence[Resource]) -> NodeResources:
@@ -53,9 +57,13 @@ class NodeGates:
         """With a CDI strategy: the specs on disk, and only what resolves in them (misfits reported),
         with the CDI names every answer adds."""
         if settings.cdi is None:
-            self._cdi.close()
+            self.close()
             self.report("cdi", ())
             return resources, (), ()
+        if self._cdi is None:
+            from nvdp.cdi.publisher import CdiPublisher
+
+            self._cdi = CdiPublisher()
         cdi = self._cdi.publish(settings.cdi, gpus, resources, driver_version())
         self.report("cdi", cdi.misfits)
         return cdi.resources, cdi.extra_names, cdi.misfits
@@ -66,16 +74,17 @@ class NodeGates:
         changes = [
             self._mps.changed(watcher),
             self._device_nodes.changed(watcher),
-            self._cdi.changed(watcher),
+            self._cdi is not None and self._cdi.changed(watcher),
         ]
         return any(changes)
 
     def retry_in(self) -> float | None:
-        return self._cdi.retry_in()
+        return self._cdi.retry_in() if self._cdi is not None else None
 
     def close(self) -> None:
         """The specs stay for running containers; the spec directory's lock goes."""
-        self._cdi.close()
+        if self._cdi is not None:
+            self._cdi.close()
 
     def report(self, source: str, misfits: tuple[Misfit, ...]) -> None:
         if self._misfits is not None:
