@@ -8,7 +8,14 @@ import os
 import time
 from typing import Any
 
-from bench.budgets import HEALTH_BUDGET_MS, REREGISTER_BUDGET_MS, STARTUP_BUDGET, judge_ratio, remeasured
+from bench.budgets import (
+    HEALTH_BUDGET_MS,
+    REREGISTER_BUDGET_MS,
+    STARTUP_BUDGET,
+    STARTUP_REGRESSION_GUARD,
+    judge_ratio,
+    remeasured,
+)
 from bench.harness import start_floor
 from bench.sampling import Sample
 from bench.session import FLOOR, GPU, DeviceSetSpec, Session
@@ -60,7 +67,7 @@ def _starts(s: Session) -> list[Row]:
         rows.append(registered[name].row("start -> Register received", name, rate=False))
         rows.append(listed[name].row("start -> first ListAndWatch", name, rate=False))
         rows.append(cpu[name].row("CPU used until the first ListAndWatch", name, rate=False))
-    judge_ratio(rows[-1], cpu["floor"].p50_ms(), STARTUP_BUDGET)
+    judge_ratio(rows[-1], cpu["floor"].p50_ms(), STARTUP_REGRESSION_GUARD if s.o.quick else STARTUP_BUDGET)
     return rows
 
 
