@@ -146,10 +146,10 @@ def _allocate(kubelet: Kubelet, calls: int) -> None:
 
 
 def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
+    from tests.builders import sim_gpus
     from tests.cdi_support import make_node
     from tests.kube_api_nodefeature import KubeApi
     from tests.mps_standin import Standin
-    from tests.sim import sim_gpus
 
     work = Path(tempfile.mkdtemp(prefix="nvdp-bench-cmd-", dir="/tmp"))
     r = Runner(work)

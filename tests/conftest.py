@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -37,3 +38,11 @@ def processes() -> Iterator[list[Process]]:
     for process in started:
         process.kill()
         print(f"---- {' '.join(process.argv[2:])}\n{process.log()[-8000:]}")
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """Umask 000 in this process while the test runs, so the processes it starts inherit it."""
+    old = os.umask(0)
+    yield
+    os.umask(old)

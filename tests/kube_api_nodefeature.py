@@ -15,24 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tests.kube_api_standin import merge_patch
+
 
 class Request(NamedTuple):
     method: str
     path: str
     body: Any
     status: int
-
-
-def _merge(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(target, dict):
-        return copy.deepcopy(patch)
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merge(out.get(key), value)
-    return out
 
 
 class KubeApi:
@@ -149,7 +139,7 @@ class KubeApi:
                     return self._status(409, "Conflict", "the object has been modified")
                 return 200, self._store(path, body)
             if method == "PATCH":
-                return 200, self._store(path, _merge(current, body))
+                return 200, self._store(path, merge_patch(current, body))
             return self._status(405, "MethodNotAllowed", method)
 
     def _store(self, item: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -148,7 +148,7 @@ class KubeApiStandin:
         with self._lock:
             if path not in self.objects:
                 return None
-            return self._store("MODIFIED", path, _merge(self.objects[path], patch))
+            return self._store("MODIFIED", path, merge_patch(self.objects[path], patch))
 
     def delete(self, path: str) -> None:
         with self._lock:
@@ -299,7 +299,8 @@ def _field_name(query: Mapping[str, str]) -> str | None:
     return None
 
 
-def _merge(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`target` with a JSON merge patch (RFC 7386) applied; neither is changed."""
     if not isinstance(patch, dict) or not isinstance(target, dict):
         return copy.deepcopy(patch)
     merged = copy.deepcopy(target)
@@ -307,7 +308,7 @@ def _merge(target: Any, patch: Any) -> Any:
         if value is None:
             merged.pop(key, None)
         else:
-            merged[key] = _merge(merged.get(key), value)
+            merged[key] = merge_patch(merged.get(key), value)
     return merged
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from itertools import combinations
 
 import pytest
@@ -11,7 +10,8 @@ from nvdp.allocation import NVLINK_SCORE, PCIE_SCORE, AllocationPolicy, Allocato
 from nvdp.allocation.synthetic import gpu_devices
 from nvdp.devices import Device
 from nvdp.errors import RequestError
-from nvdp.nvml.types import GpuInfo, GpuLink, MigDeviceInfo, PcieLevel
+from nvdp.nvml.types import GpuLink, PcieLevel
+from tests.builders import device, full_gpu, mig_device_info, replicas
 
 U = [f"GPU-{i}" for i in range(8)]
 SYS = GpuLink(0, PcieLevel.SYSTEM)
@@ -75,7 +75,7 @@ class FakeLinks:
 
 
 def test_topology_from_nvml_reads_each_pair_once() -> None:
-    gpus = [GpuInfo(i, U[i], "GPU", i, 1 << 30, (9, 0), f"0000:0{i}:00.0", i // 2) for i in range(3)]
+    gpus = [full_gpu(i, numa_node=i // 2) for i in range(3)]
     fake = FakeLinks()
     topo = Topology.from_nvml(fake, gpus)
     assert fake.calls == [(U[0], U[1]), (U[0], U[2]), (U[1], U[2])]
@@ -212,12 +212,9 @@ def test_duplicate_device_ids_are_a_bug() -> None:
 # -- replicas --------------------------------------------------------------------------------------
 
 
-def replicas(gpus: int, per_gpu: int) -> list[Device]:
-    return [
-        replace(gpu, id=f"{gpu.uuid}::{n}", replica=n)
-        for gpu in gpu_devices(U[:gpus], [g // 4 for g in range(gpus)])
-        for n in range(per_gpu)
-    ]
+def replicated(gpus: int, per_gpu: int) -> list[Device]:
+    """`per_gpu` replicas of each of `gpus` whole GPUs, four GPUs to a NUMA node."""
+    return [d for g in range(gpus) for d in replicas(full_gpu(g, numa_node=g // 4), per_gpu)]
 
 
 def rid(gpu: int, n: int) -> str:
@@ -289,13 +286,13 @@ ALL_4x4 = [rid(g, n) for g in range(4) for n in range(4)]
 def test_replica_policies(
     policy: AllocationPolicy, available: list[str], must: list[str], size: int, want: list[str]
 ) -> None:
-    allocator = Allocator(replicas(4, 4), policy=policy)
+    allocator = Allocator(replicated(4, 4), policy=policy)
     assert allocator.kind == "replicas"
     assert allocator.preferred(available, must, size) == want
 
 
 def test_replicas_over_512_devices_spread_like_nvidia() -> None:
-    allocator = Allocator(replicas(8, 64))
+    allocator = Allocator(replicated(8, 64))
     available = [rid(g, n) for g in range(8) for n in range(64) if n >= g]  # GPU g has g replicas in use
     assert allocator.preferred(available, [], 3) == [rid(0, 0), rid(0, 1), rid(1, 1)]
     # NVIDIA's greedyAlloc (distributed): one at a time, from the GPU with the fewest replicas in
@@ -318,10 +315,8 @@ def mig_devices(layout: list[tuple[int, int, int]]) -> list[Device]:
     """(gpu index, numa node, MIG devices) per parent GPU: 1g.5gb devices."""
     out = []
     for gpu, numa, count in layout:
-        for k in range(count):
-            uuid = f"MIG-{gpu}-{k}"
-            info = MigDeviceInfo(uuid, k, k + 7, 0, "1g.5gb", 5 << 30, U[gpu], gpu)
-            out.append(Device(uuid, uuid, f"{gpu}:{k}", U[gpu], gpu, numa, (), 5 << 30, mig=info))
+        parent = full_gpu(gpu, numa_node=numa)
+        out += [device(parent, mig_device_info(k, uuid=f"MIG-{gpu}-{k}")) for k in range(count)]
     return out
 
 

@@ -12,6 +12,7 @@ from nvdp.allocation import Allocator, Topology
 from nvdp.allocation.synthetic import gpu_devices
 from nvdp.devices import Device
 from nvdp.nvml.types import GpuLink, PcieLevel
+from tests.builders import device, full_gpu
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -93,11 +94,7 @@ def test_heuristic_beyond_16_gpus_answers_a_valid_set(case: Case) -> None:
 @st.composite
 def replica_requests(draw: st.DrawFn) -> tuple[list[Device], list[str], list[str], int]:
     per_gpu = draw(st.lists(st.integers(1, 6), min_size=1, max_size=6))
-    devices = [
-        Device(f"GPU-{g}::{n}", f"GPU-{g}", str(g), f"GPU-{g}", g, 0, (), 1, replica=n)
-        for g, count in enumerate(per_gpu)
-        for n in range(count)
-    ]
+    devices = [device(full_gpu(g), replica=n) for g, count in enumerate(per_gpu) for n in range(count)]
     available = draw(st.lists(st.sampled_from([d.id for d in devices]), min_size=1, unique=True))
     size = draw(st.integers(1, len(available)))
     must = draw(st.lists(st.sampled_from(available), max_size=size, unique=True))

@@ -20,8 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvdp.cdi import CdiSettings
-from nvdp.cdi.publisher import CdiPublisher
-from nvdp.cdi.publisher import answer_names
+from nvdp.cdi.publisher import CdiPublisher, answer_names
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
 from nvdp.cdi.spec import NodeFiles, build_specs, node_devices, render
 from nvdp.config import Config, ReplicatedResource, RuntimeOptions
@@ -29,14 +28,14 @@ from nvdp.daemon_settings import cdi_settings, imex_channels
 from nvdp.devices import parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE
 from nvdp.errors import ConfigError
-from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.resources import build_resources
 from nvdp.unusable import Unusable, leave_out
+from tests.builders import sim_gpus
 from tests.cdi_support import DRIVER_VERSION, load_schema, make_node, validate
-from tests.sim import sim_gpus
+from tests.readings import log_lines
 
 GOLDEN = Path(__file__).parent / "data" / "cdi" / "golden"
 UPDATE = os.environ.get("NVDP_UPDATE_GOLDEN") == "1"
@@ -47,15 +46,6 @@ IMEX_NODE = "/dev/nvidia-caps-imex-channels/channel0"
 MIG_MINORS = "".join(
     f"gpu0/gi{gi}/access {500 + 2 * gi}\ngpu0/gi{gi}/ci0/access {501 + 2 * gi}\n" for gi in range(15)
 )
-
-
-def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The records as the text log format writes them, without time and level."""
-    out = []
-    for record in caplog.records:
-        fields = getattr(record, FIELDS_ATTR, {})
-        out.append(record.getMessage() + (" " + format_fields(fields) if fields else ""))
-    return out
 
 
 def first(profile: str, count: int) -> list[GpuInfo]:

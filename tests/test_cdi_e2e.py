@@ -17,8 +17,8 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from tests.builders import append_sim_event, sim_gpus
 from tests.cdi_support import make_char_device, make_node
-from tests.sim import sim_gpus
 
 SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
 MIG_1G = "nvidia.com/mig-1g.5gb"
@@ -79,7 +79,7 @@ def kubelet_with_spec(sock_dir: Path) -> Iterator[SpecWatchingKubelet]:
         yield kubelet
 
 
-def names(spec: Path) -> set[str]:
+def spec_device_names(spec: Path) -> set[str]:
     return {d["name"] for d in json.loads(spec.read_text())["devices"]}
 
 
@@ -108,19 +108,18 @@ def test_spec_before_registration_rewritten_on_layout_change_kept_on_stop(
     assert kubelet.spec_at_register and all(seen for _, seen in kubelet.spec_at_register)
 
     old = {m.uuid for m in gpus[0].mig_devices}
-    assert old <= names(spec)
+    assert old <= spec_device_names(spec)
     device = next(iter(old))
     answer = kubelet.allocate(MIG_1G, [[device]]).container_responses[0]
     assert [c.name for c in answer.cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={device}"]
 
     reader = Reader(spec)
     reader.start()
-    with events.open("a") as out:
-        out.write(json.dumps({"uuid": gpus[0].uuid, "mig": ["3g.20gb", "3g.20gb"]}) + "\n")
+    append_sim_event(events, uuid=gpus[0].uuid, mig=["3g.20gb", "3g.20gb"])
 
     def rewritten() -> bool:
         plugin.send(signal.SIGHUP)  # again until the follower has applied the line
-        return not old & names(spec)
+        return not old & spec_device_names(spec)
 
     wait_until(rewritten, timeout=20, what="spec without GPU 0's old MIG devices", interval=0.3)
     reader.stop.set()
@@ -129,7 +128,7 @@ def test_spec_before_registration_rewritten_on_layout_change_kept_on_stop(
     assert "wrote CDI spec" in plugin.log()
 
     plugin.stop()
-    assert spec.is_file() and not old & names(spec)  # specs stay for running containers
+    assert spec.is_file() and not old & spec_device_names(spec)  # specs stay for running containers
     assert "Traceback" not in plugin.log()
 
 

@@ -12,8 +12,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +26,10 @@ from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.plugin.supervisor import DaemonSettings, Supervisor
 from nvdp.testing import Process, free_port, start_plugin, wait_until
+from tests.builders import sim_gpus
 from tests.cdi_support import make_char_device, make_node
-from tests.sim import sim_gpus
-from tests.test_supervisor import FakeFacts, FakeServer
-from tests.test_supervisor import Kubelet as FakeKubelet
+from tests.fakes import FakeEventSink, FakeFacts, FakeKubelet, FakeServer
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 SPEC = "k8s.device-plugin.nvidia.com-gpu.json"
@@ -60,14 +58,6 @@ def cdi_plugin(sock_dir: Path, root: Path, spec_dir: Path, port: int | None = No
             *extra,
         ],
     )
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def spec_names(spec: Path) -> set[str]:
@@ -102,14 +92,14 @@ def test_a_missing_device_node_leaves_out_its_gpu_and_its_return_brings_it_back(
         f"GPU 3 ({GPUS[3].uuid}): /dev/nvidia3 not found under the dev root {root}; not advertised "
         "reason=DeviceNodeMissing"
     )
-    wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "ready: 7 of 8 GPUs served")
+    wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "ready: 7 of 8 GPUs served")
     assert warnings(plugin.log()) == [line]
-    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 1' in get(port, "/metrics")[1]
+    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 1' in http_get(port, "/metrics")[1]
     # the node appears: the GPU is served again, no SIGHUP (the dev directory is watched)
     make_char_device(root / "dev/nvidia3", 3)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=10)
     assert GPUS[3].uuid in spec_names(spec)
-    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 0' in get(port, "/metrics")[1]
+    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 0' in http_get(port, "/metrics")[1]
     log = plugin.log()
     assert "resolved reason=DeviceNodeMissing subject=/dev/nvidia3" in log
     assert f"updated devices resource={GPU} devices=8" in log  # the same server and stream: no restart
@@ -130,8 +120,8 @@ def test_no_device_node_at_all_withholds_the_resource_and_readyz_says_why(
     wait_until(lambda: "nothing served" in plugin.log(), 20, "the nothing-served line")
     why = f"GPU 0 ({GPUS[0].uuid}): /dev/nvidia0 not found under the dev root {root}; not advertised"
     not_ready = (503, f"withheld by a node fact: {GPU} ({why})\n")
-    wait_until(lambda: get(port, "/readyz") == not_ready, 10, "/readyz naming the missing node")
-    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 8' in get(port, "/metrics")[1]
+    wait_until(lambda: http_get(port, "/readyz") == not_ready, 10, "/readyz naming the missing node")
+    assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 8' in http_get(port, "/metrics")[1]
     lines = warnings(plugin.log())
     assert len(lines) == 9 and lines[-1] == (
         "nothing served although GPUs were found; the warnings above say why gpus=8 reasons=DeviceNodeMissing"
@@ -157,14 +147,14 @@ def test_a_spec_dir_unusable_at_start_is_served_once_fixed_without_sighup(
     )
     wait_until(lambda: f"{why} reason=CdiSpecNotWritten" in plugin.log(), 20, "the spec-dir line")
     not_ready = (503, f"withheld by a node fact: {GPU} ({why})\n")
-    wait_until(lambda: get(port, "/readyz") == not_ready, 10, "/readyz naming the spec dir")
+    wait_until(lambda: http_get(port, "/readyz") == not_ready, 10, "/readyz naming the spec dir")
     assert GPU not in kubelet.resources()
     blocker.unlink()
     blocker.mkdir()
     kubelet.wait_for_registration(GPU, timeout=15)  # the next retry (backoff, at most 10 s) writes it
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=10)
     assert spec_names(spec_dir / SPEC) >= {g.uuid for g in GPUS}
-    wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "ready")
+    wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "ready")
     assert plugin.log().count(why) == 1  # said once, however many retries
     assert "no devices found" not in plugin.log()
 
@@ -228,14 +218,14 @@ def test_a_second_plugin_on_the_spec_dir_waits_instead_of_overwriting(
         line = next(w for w in warnings(second.log()) if w.startswith(held))
         assert f"held by pid={first.pid} host=" in line
         assert line.endswith(f"); {GPU} not advertised until it is released reason=CdiSpecDirInUse")
-        assert get(port, "/readyz")[0] == 503 and GPU not in other_kubelet.resources()
+        assert http_get(port, "/readyz")[0] == 503 and GPU not in other_kubelet.resources()
         assert (spec_dir / SPEC).read_bytes() == ours  # the first plugin's spec, untouched
         assert kubelet.wait_for_devices(GPU, lambda d: len(d) == 8)  # the first one serves on
         first.send(signal.SIGTERM)
         assert first.wait(10) == 0
         other_kubelet.wait_for_registration(GPU, timeout=15)  # the lock released: the second one serves
         assert spec_names(spec_dir / SPEC) == {"all", *(str(g.index) for g in GPUS)}
-        wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "second ready")
+        wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "second ready")
     assert "Traceback" not in first.log() + second.log()
 
 
@@ -264,14 +254,6 @@ def test_device_specs_follow_the_same_rule(sock_dir: Path, kubelet: Kubelet, plu
 # ---- the same facts reach the misfit report (and so its Node events) -------------------------------
 
 
-class Events:
-    def __init__(self) -> None:
-        self.recorded: list[tuple[str, str, str]] = []
-
-    def record(self, event_type: str, reason: str, message: str) -> None:
-        self.recorded.append((event_type, reason, message))
-
-
 def test_a_missing_device_node_becomes_a_node_event(root: Path, sock_dir: Path) -> None:
     (root / "dev/nvidia3").unlink()
     config = Config()
@@ -285,7 +267,7 @@ def test_a_missing_device_node_becomes_a_node_event(root: Path, sock_dir: Path) 
         ),
         kubelet_socket=sock_dir / "kubelet.sock",
     )
-    events = Events()
+    events = FakeEventSink()
     fake = FakeKubelet()
     supervisor: Supervisor[FakeServer] = Supervisor(
         open_nvml("sim:dgx-a100"),

@@ -22,6 +22,7 @@ from tests.test_deploy import (
     Rendered,
     check_plugin_daemonset,
     check_schema,
+    container_env,
     load_docs,
     only,
 )
@@ -46,10 +47,6 @@ def pod(daemonset: Doc) -> Doc:
     return spec
 
 
-def env(ctr: Doc) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ctr["env"]}
-
-
 def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     """The layout NVIDIA's chart uses; returns the sidecar's env."""
     for doc in docs:
@@ -66,12 +63,12 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     assert volumes["available-configs"]["configMap"] == {"name": configmap}
     assert volumes["config"] == {"name": "config", "emptyDir": {}}
     plugin = spec["containers"][0]
-    assert env(plugin)["CONFIG_FILE"] == "/config/config.yaml"
+    assert container_env(plugin)["CONFIG_FILE"] == "/config/config.yaml"
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     assert mounts["config"] == "/config" and mounts["available-configs"] == "/available-configs"
     for ctr, oneshot in ((init, "true"), (sidecar, "false")):
         assert ctr["command"] == ["nvdp", "config-manager"]
-        e = env(ctr)
+        e = container_env(ctr)
         assert set(e) <= MANAGER_ENV, sorted(set(e) - MANAGER_ENV)
         assert e["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert e["ONESHOT"] == oneshot and e["SEND_SIGNAL"] == ("false" if oneshot == "true" else "true")
@@ -94,7 +91,7 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     nodes = [r for r in role["rules"] if "nodes" in r["resources"]]
     # patch: the applied entry is recorded in a Node annotation (a restarted pod falls back to it)
     assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "patch", "watch"]]
-    return env(sidecar)
+    return container_env(sidecar)
 
 
 def mounts_of_manager() -> dict[str, str]:
@@ -140,7 +137,7 @@ def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., R
     spec = pod(out.daemonset)
     assert "shareProcessNamespace" not in spec and "initContainers" not in spec
     assert [c["name"] for c in spec["containers"]] == [CONTAINER]
-    assert "CONFIG_FILE" not in env(spec["containers"][0])
+    assert "CONFIG_FILE" not in container_env(spec["containers"][0])
     nodes = [r for r in out.only("ClusterRole")["rules"] if "nodes" in r["resources"]]
     assert [r["verbs"] for r in nodes] == [["get"]]
 

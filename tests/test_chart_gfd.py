@@ -23,8 +23,10 @@ from tests.test_deploy import (
     _find_renderer,
     chart_values,
     check_schema,
+    container_env,
     load_docs,
     only,
+    without,
 )
 
 STATIC = ROOT / "deployments" / "static" / "gpu-feature-discovery.yml"
@@ -78,18 +80,12 @@ def gfd_container(daemonset: Doc) -> Doc:
     return containers[0]
 
 
-def without(container: Doc, *names: str) -> Doc:
-    """A config-manager container without its name and the env vars `names`."""
-    env = [e for e in container["env"] if e["name"] not in names]
-    return {**{k: v for k, v in container.items() if k != "name"}, "env": env}
-
-
 def env_value(container: Doc, name: str) -> Any:
     return next(e.get("value") for e in container["env"] if e["name"] == name)
 
 
-def env_of(daemonset: Doc) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in gfd_container(daemonset).get("env", [])}
+def gfd_env_of(daemonset: Doc) -> dict[str, Any]:
+    return container_env(gfd_container(daemonset))
 
 
 def check_gfd_daemonset(daemonset: Doc, plugin_pod: Doc) -> None:
@@ -99,7 +95,7 @@ def check_gfd_daemonset(daemonset: Doc, plugin_pod: Doc) -> None:
     ctr = gfd_container(daemonset)
     assert ctr["command"] == [GFD_PROCESS]
     assert ctr["image"] == plugin_pod["containers"][0]["image"]
-    env = env_of(daemonset)
+    env = gfd_env_of(daemonset)
     assert not set(env) - GFD_ENV, f"env vars nvdp gfd does not read: {sorted(set(env) - GFD_ENV)}"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["KUBERNETES_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
@@ -122,7 +118,7 @@ def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -
     assert volumes["output-dir"]["hostPath"] == {"path": FEATURES_DIR, "type": "DirectoryOrCreate"}
     mounts = {m["name"]: m["mountPath"] for m in gfd_container(daemonset)["volumeMounts"]}
     assert mounts["output-dir"] == FEATURES_DIR
-    env = env_of(daemonset)
+    env = gfd_env_of(daemonset)
     assert env["GFD_SLEEP_INTERVAL"] == "30s" and "GFD_USE_NODE_FEATURE_API" not in env
     assert "Role" not in out.kinds() and "RoleBinding" not in out.kinds()
     for doc in out.docs:
@@ -133,7 +129,7 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
     out = render({"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}})
     daemonset = gfd_daemonset(out)
     check_gfd_daemonset(daemonset, plugin_daemonset(out)["spec"]["template"]["spec"])
-    assert env_of(daemonset)["GFD_USE_NODE_FEATURE_API"] == "true"
+    assert gfd_env_of(daemonset)["GFD_USE_NODE_FEATURE_API"] == "true"
     assert "volumes" not in daemonset["spec"]["template"]["spec"], "no features.d with the API"
     role = only(out.docs, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -165,7 +161,7 @@ def test_gfd_reads_the_plugins_config_entry(render: Callable[..., Rendered], con
     plugin = plugin_daemonset(out)
     gfd_pod, plugin_pod = daemonset["spec"]["template"]["spec"], plugin["spec"]["template"]["spec"]
     check_gfd_daemonset(daemonset, plugin_pod)
-    env = env_of(daemonset)
+    env = gfd_env_of(daemonset)
     assert env["CONFIG_FILE"] == "/config/config.yaml" and env["MIG_STRATEGY"] == "mixed"
     gfd_volumes = {v["name"]: v for v in gfd_pod["volumes"]}
     plugin_volumes = {v["name"]: v for v in plugin_pod["volumes"]}
@@ -200,7 +196,7 @@ def test_gfd_without_a_config_map_has_no_config_manager(render: Callable[..., Re
     daemonset = gfd_daemonset(render({"gfd": {"enabled": True}}))
     pod = daemonset["spec"]["template"]["spec"]
     assert "initContainers" not in pod and "shareProcessNamespace" not in pod
-    assert "CONFIG_FILE" not in env_of(daemonset)
+    assert "CONFIG_FILE" not in gfd_env_of(daemonset)
     assert [c["name"] for c in pod["containers"]] == [GFD_CONTAINER]
 
 
@@ -242,7 +238,7 @@ def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> Non
         "config": "/config",
         "available-configs": "/available-configs",
     }
-    assert env_of(daemonset)["NVDP_NVML"] == "sim:dgx-a100"
+    assert gfd_env_of(daemonset)["NVDP_NVML"] == "sim:dgx-a100"
     for doc in out.docs:
         check_schema(doc)
 
@@ -250,7 +246,7 @@ def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> Non
 MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 
 
-def console_script(name: str) -> list[str]:
+def console_script_argv(name: str) -> list[str]:
     """The argv of one of the image's console scripts (pyproject's [project.scripts]), run from here."""
     module, _, function = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][
         name
@@ -277,7 +273,7 @@ def test_the_gfd_container_labels_an_mps_entry(render: Callable[..., Rendered], 
     features = tmp_path / "features.d" / "gfd"  # the hostPath mount
     features.parent.mkdir()
     (command,) = ctr["command"]
-    argv = [*console_script(command), *ctr.get("args", []), "--oneshot", "--output-file", str(features)]
+    argv = [*console_script_argv(command), *ctr.get("args", []), "--oneshot", "--output-file", str(features)]
     result = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     labels = dict(line.split("=", 1) for line in features.read_text().splitlines())

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from tests import test_deploy as deploy
-from tests.test_deploy import CONTAINER, Rendered, check_plugin_daemonset, check_schema
+from tests.test_deploy import (
+    CONTAINER,
+    Rendered,
+    check_plugin_daemonset,
+    check_schema,
+    container_env,
+    without,
+)
 
 renderer = deploy.renderer  # fixtures shared with the chart's main tests
 render = deploy.render
@@ -20,7 +27,7 @@ PLAIN_ENTRY = "version: v1\nflags:\n  migStrategy: none\n"
 Doc = dict[str, Any]
 
 
-def daemonsets(out: Rendered) -> dict[str, Doc]:
+def daemonsets_by_container(out: Rendered) -> dict[str, Doc]:
     return {
         d["spec"]["template"]["spec"]["containers"][0]["name"]: d
         for d in out.docs
@@ -28,13 +35,9 @@ def daemonsets(out: Rendered) -> dict[str, Doc]:
     }
 
 
-def env(ctr: Doc) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ctr.get("env", [])}
-
-
 def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendered]) -> None:
     out = render({"config": {"map": {"default": PLAIN_ENTRY, "mps": MPS_ENTRY}, "default": "mps"}})
-    sets = daemonsets(out)
+    sets = daemonsets_by_container(out)
     assert sorted(sets) == ["mps-control-daemon-ctr", CONTAINER]
     plugin, mps = sets[CONTAINER], sets["mps-control-daemon-ctr"]
     check_plugin_daemonset(plugin)
@@ -42,7 +45,7 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
         check_schema(doc)
     # the plugin: MPS_ROOT and the root, read-only, at the host path
     ctr = plugin["spec"]["template"]["spec"]["containers"][0]
-    assert env(ctr)["MPS_ROOT"] == "/run/nvidia/mps"
+    assert container_env(ctr)["MPS_ROOT"] == "/run/nvidia/mps"
     mount = next(m for m in ctr["volumeMounts"] if m["name"] == "mps-root")
     assert mount == {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True}
     volumes = {v["name"]: v for v in plugin["spec"]["template"]["spec"]["volumes"]}
@@ -64,7 +67,7 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
         "runAsUser": 0,
         "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
     }
-    assert env(daemon) == {
+    assert container_env(daemon) == {
         "MPS_ROOT": "/run/nvidia/mps",
         "CONFIG_FILE": "/config/config.yaml",
         "NVIDIA_VISIBLE_DEVICES": "all",
@@ -82,12 +85,6 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
     assert volumes["config"] == {"name": "config", "emptyDir": {}}
 
 
-def without(container: Doc, *names: str) -> Doc:
-    """The container without its name and the env vars named."""
-    env = [e for e in container.get("env", []) if e["name"] not in names]
-    return {k: v for k, v in {**container, "env": env}.items() if k != "name"}
-
-
 @pytest.mark.parametrize(
     "config",
     [{"map": {"default": PLAIN_ENTRY, "mps": MPS_ENTRY}, "default": "mps"}, {"name": "site-configs"}],
@@ -103,7 +100,7 @@ def test_mps_daemon_follows_the_node_config_label(render: Callable[..., Rendered
     out = render(values)
     for doc in out.docs:
         check_schema(doc)
-    sets = daemonsets(out)
+    sets = daemonsets_by_container(out)
     plugin = sets[CONTAINER]["spec"]["template"]["spec"]
     pod = sets["mps-control-daemon-ctr"]["spec"]["template"]["spec"]
     # the sidecar sees the daemon through the host's PID namespace; Kubernetes refuses
@@ -116,13 +113,16 @@ def test_mps_daemon_follows_the_node_config_label(render: Callable[..., Rendered
     assert (manager_init["name"], sidecar["name"]) == (f"{process}-init", f"{process}-sidecar")
     assert shm_init["name"] == "mps-shm"
     for container in (manager_init, sidecar):
-        assert env(container)["PROCESS_TO_SIGNAL"] == process
-    assert (env(manager_init)["SEND_SIGNAL"], env(sidecar)["SEND_SIGNAL"]) == ("false", "true")
+        assert container_env(container)["PROCESS_TO_SIGNAL"] == process
+    assert (container_env(manager_init)["SEND_SIGNAL"], container_env(sidecar)["SEND_SIGNAL"]) == (
+        "false",
+        "true",
+    )
     # the very same containers as the plugin's otherwise: label, source dir, default, fallbacks
     assert without(manager_init, "PROCESS_TO_SIGNAL") == without(plugin_init, "PROCESS_TO_SIGNAL")
     assert without(sidecar, "PROCESS_TO_SIGNAL") == without(plugin_sidecar, "PROCESS_TO_SIGNAL")
     assert daemon["command"] == [process]
-    assert env(daemon)["CONFIG_FILE"] == "/config/config.yaml"
+    assert container_env(daemon)["CONFIG_FILE"] == "/config/config.yaml"
     volumes = {v["name"]: v for v in pod["volumes"]}
     plugin_volumes = {v["name"]: v for v in plugin["volumes"]}
     for name in ("available-configs", "config"):
@@ -132,10 +132,12 @@ def test_mps_daemon_follows_the_node_config_label(render: Callable[..., Rendered
 
 
 def test_mps_daemon_without_a_config_map_has_no_config_manager(render: Callable[..., Rendered]) -> None:
-    pod = daemonsets(render({"mps": {"enabled": True}}))["mps-control-daemon-ctr"]["spec"]["template"]["spec"]
+    pod = daemonsets_by_container(render({"mps": {"enabled": True}}))["mps-control-daemon-ctr"]["spec"][
+        "template"
+    ]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == ["mps-shm"]
     assert [c["name"] for c in pod["containers"]] == ["mps-control-daemon-ctr"]
-    assert "CONFIG_FILE" not in env(pod["containers"][0])
+    assert "CONFIG_FILE" not in container_env(pod["containers"][0])
 
 
 @pytest.mark.parametrize(
@@ -169,10 +171,10 @@ def test_mps_parts_only_when_mps_is_configured(
     render: Callable[..., Rendered], values: Doc, rendered: bool
 ) -> None:
     out = render(values)
-    sets = daemonsets(out)
+    sets = daemonsets_by_container(out)
     assert ("mps-control-daemon-ctr" in sets) is rendered
     ctr = sets[CONTAINER]["spec"]["template"]["spec"]["containers"][0]
-    assert ("MPS_ROOT" in env(ctr)) is rendered
+    assert ("MPS_ROOT" in container_env(ctr)) is rendered
     assert any(m["name"] == "mps-root" for m in ctr["volumeMounts"]) is rendered
 
 
@@ -184,10 +186,12 @@ def test_mps_root_and_security_context_values(render: Callable[..., Rendered]) -
             "nvidiaDriverRoot": "/run/nvidia/driver",
         }
     )
-    daemon = daemonsets(out)["mps-control-daemon-ctr"]["spec"]["template"]["spec"]["containers"][0]
+    daemon = daemonsets_by_container(out)["mps-control-daemon-ctr"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
     assert daemon["securityContext"] == {"privileged": True}
-    assert env(daemon)["MPS_ROOT"] == "/var/run/mps"
-    assert env(daemon)["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert container_env(daemon)["MPS_ROOT"] == "/var/run/mps"
+    assert container_env(daemon)["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
     for doc in out.docs:
         check_schema(doc)
 
@@ -200,7 +204,9 @@ def test_static_mps_manifest_matches_the_chart(render: Callable[..., Rendered]) 
     for doc in static:
         check_schema(doc)
     assert "sharing" in deploy.yaml.safe_load(deploy.only(static, "ConfigMap")["data"]["config.yaml"])
-    chart = daemonsets(render({"config": {"map": {"default": MPS_ENTRY}}}))["mps-control-daemon-ctr"]
+    chart = daemonsets_by_container(render({"config": {"map": {"default": MPS_ENTRY}}}))[
+        "mps-control-daemon-ctr"
+    ]
     ours = deploy.only(static, "DaemonSet")["spec"]["template"]["spec"]
     theirs = chart["spec"]["template"]["spec"]
     for key in ("hostPID", "nodeSelector", "priorityClassName"):
@@ -211,7 +217,7 @@ def test_static_mps_manifest_matches_the_chart(render: Callable[..., Rendered]) 
         chart_ctrs = [c for c in theirs[ctr_key] if c["name"] not in pair]
         for a, b in zip(ours[ctr_key], chart_ctrs, strict=True):
             assert (a["command"], a["securityContext"]) == (b["command"], b["securityContext"])
-            assert env(a) == env(b)
+            assert container_env(a) == container_env(b)
             assert [(m["mountPath"], m.get("mountPropagation")) for m in a["volumeMounts"]] == [
                 (m["mountPath"], m.get("mountPropagation"))
                 for m in b["volumeMounts"]

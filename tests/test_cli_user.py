@@ -14,6 +14,7 @@ import pytest
 from nvdp import __version__
 from nvdp.cli import gfd_main, main, mps_control_daemon_main, plugin_main
 from nvdp.testing import REPO
+from tests.test_simulate import run_simulate
 
 Entry = Callable[[Sequence[str] | None], int]
 
@@ -138,23 +139,12 @@ def test_config_check_names_a_bad_nvml_once(tmp_path: Path, capsys: pytest.Captu
     )
 
 
-def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nvdp.cli", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 def test_simulate_suggests_only_what_this_run_did_not_do(tmp_path: Path) -> None:
     config = tmp_path / "mps.yaml"
     config.write_text(
         "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
     )
-    result = _simulate("--profile", "pcie-4", "--config-file", str(config))
+    result = run_simulate("--profile", "pcie-4", "--config-file", str(config))
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith(
         "That is what a kubelet sees from this node. Try: --profile dgx-a100-mig --mig-strategy mixed, or"
@@ -164,7 +154,7 @@ def test_simulate_suggests_only_what_this_run_did_not_do(tmp_path: Path) -> None
 
 
 def test_simulate_with_cdi_says_why_nothing_is_advertised(tmp_path: Path) -> None:
-    result = _simulate("--device-list-strategy", "cdi-cri")
+    result = run_simulate("--device-list-strategy", "cdi-cri")
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith(
         "No resources advertised for the 8 GPUs found: the warnings above say why.\n"
@@ -174,7 +164,7 @@ def test_simulate_with_cdi_says_why_nothing_is_advertised(tmp_path: Path) -> Non
     (tmp_path / "dev").mkdir()
     for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl"]:
         (tmp_path / "dev" / name).touch()
-    result = _simulate("--device-list-strategy", "cdi-cri", "--dev-root", str(tmp_path))
+    result = run_simulate("--device-list-strategy", "cdi-cri", "--dev-root", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert (
         "  cdi        k8s.device-plugin.nvidia.com/gpu=GPU-925be680-6786-5653-edfc-0f1c7087259e\n"

@@ -47,4 +47,4 @@ def test_config_manager_never_links_an_entry_the_plugin_refuses(tmp_path: Path) 
     outcome = manager.reconcile()
     assert not outcome.changed and outcome.entry == "a" and os.readlink(dst).endswith("/src/a")
     assert outcome.problem == f"tegra: {TEGRA_UNSUPPORTED}"
-    assert [e[1] for e in events.sent] == ["DevicePluginConfigRefused"]
+    assert [e[1] for e in events.posted] == ["DevicePluginConfigRefused"]

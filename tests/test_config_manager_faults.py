@@ -8,9 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,21 +18,20 @@ from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.logs import FIELDS_ATTR
 from nvdp.testing import Process, clean_env, free_port, wait_until
+from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
+from tests.readings import http_get
 from tests.test_config_manager import LABEL, NODE, NODE_PATH, ConfigMapDir, manager_argv, ts
 
 REFUSED = "DevicePluginConfigRefused"
 FAILED = "DevicePluginConfigFailed"
 
 
-@pytest.fixture
-def api() -> Iterator[KubeApiStandin]:
-    with KubeApiStandin() as standin:
-        standin.put(NODE_PATH, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}}})
-        yield standin
+# test_config_manager's fixture (the Kubernetes API stand-in serving the Node), used here by name
+api = test_config_manager.api
 
 
-class Node:
+class ManagedNode:
     """The stand-in's Node, a ConfigMap directory and config-manager processes for it."""
 
     def __init__(self, base: Path, api: KubeApiStandin, processes: list[Process]) -> None:
@@ -71,15 +67,15 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, api: KubeApiStandin, processes: list[Process]) -> Node:
-    return Node(tmp_path, api, processes)
+def node(tmp_path: Path, api: KubeApiStandin, processes: list[Process]) -> ManagedNode:
+    return ManagedNode(tmp_path, api, processes)
 
 
 # ---- case: a bad label must not shrink the node at its next restart ------------------------------
 
 
 @pytest.mark.soak
-def test_a_restarted_pod_keeps_the_entry_last_applied_when_its_label_names_none(node: Node) -> None:
+def test_a_restarted_pod_keeps_the_entry_last_applied_when_its_label_names_none(node: ManagedNode) -> None:
     """On entry ts4 (32 replicas), a label naming no entry kept ts4 while the pod ran, but the init
     container of a restarted pod fell back to the default entry (8 devices)."""
     plugin, gfd = node.base / "plugin" / "config.yaml", node.base / "gfd" / "config.yaml"
@@ -119,7 +115,9 @@ def test_a_restarted_pod_keeps_the_entry_last_applied_when_its_label_names_none(
 
 
 @pytest.mark.soak
-def test_a_config_that_cannot_be_put_in_place_is_retried_and_readyz_fails_meanwhile(node: Node) -> None:
+def test_a_config_that_cannot_be_put_in_place_is_retried_and_readyz_fails_meanwhile(
+    node: ManagedNode,
+) -> None:
     """A failed apply was reported once and never retried: the node kept the old entry while its
     label named another, /readyz 200, until the next label change."""
     dst = node.base / "dst" / "config.yaml"
@@ -127,44 +125,34 @@ def test_a_config_that_cannot_be_put_in_place_is_retried_and_readyz_fails_meanwh
     node.label("a")
     sidecar = node.manager(dst, "--metrics-address", f"127.0.0.1:{port}", log="sidecar.log")
     wait_until(lambda: dst.is_symlink() and node.target(dst) == "a", 20, "entry a applied")
-    wait_until(lambda: _get(port, "/readyz")[0] == 200, 10, "ready")
+    wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "ready")
 
     # The destination's directory cannot be written (here: a file stands where it was).
     (node.base / "dst").rename(node.base / "dst-away")
     (node.base / "dst").write_text("")
     node.label("ts4")
     wait_until(lambda: "retrying" in sidecar.log(), 10, "the failure reported")
-    code, body = _get(port, "/readyz")
+    code, body = http_get(port, "/readyz")
     assert code == 503 and body.startswith(f"config not in place, retrying: cannot link {dst}: ")
-    assert "nvdp_config_manager_apply_failing 1" in _get(port, "/metrics")[1]
+    assert "nvdp_config_manager_apply_failing 1" in http_get(port, "/metrics")[1]
 
     # Fixed: no label or ConfigMap change follows, so only a retry can apply it.
     (node.base / "dst").unlink()
     (node.base / "dst-away").rename(node.base / "dst")
     wait_until(lambda: node.target(dst) == "ts4", 20, "applied by a retry")
-    wait_until(lambda: _get(port, "/readyz")[0] == 200, 10, "ready again")
-    assert "nvdp_config_manager_apply_failing 0" in _get(port, "/metrics")[1]
+    wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "ready again")
+    assert "nvdp_config_manager_apply_failing 0" in http_get(port, "/metrics")[1]
     errors = [line for line in sidecar.log().splitlines() if "config not applied" in line]
     assert len(errors) == 1 and "label=ts4" in errors[0] and "current=a" in errors[0], errors
     assert len(node.events(FAILED)) == 1 and node.events(REFUSED) == []
     assert sidecar.stop() == 0
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return int(answer.status), answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-    except OSError:
-        return 0, ""
-
-
 # ---- the record on the Node ----------------------------------------------------------------------
 
 
 def test_the_record_is_retried_when_the_api_fails_and_never_fought_over(
-    node: Node, caplog: pytest.LogCaptureFixture
+    node: ManagedNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     dst = node.base / "dst" / "config.yaml"
     dst.parent.mkdir()
@@ -201,7 +189,7 @@ def test_the_record_is_retried_when_the_api_fails_and_never_fought_over(
     assert node.api.count("PATCH", NODE_PATH) == 5
 
 
-def test_io_failures_are_retried_and_refusals_wait_for_a_change(node: Node) -> None:
+def test_io_failures_are_retried_and_refusals_wait_for_a_change(node: ManagedNode) -> None:
     """`retrying` (readiness, the retry loop) is set for what a retry may fix, the source or the
     destination failing, and not for a refusal, which only a label or ConfigMap change fixes."""
     dst = node.base / "dst" / "config.yaml"

@@ -21,6 +21,7 @@ from nvdp.configmanager.settings import Settings, add_flags
 from nvdp.configmanager.settings import resolve as resolve_settings
 from nvdp.errors import ConfigError, SelectionError
 from nvdp.testing import REPO, clean_env, wait_until
+from tests.fakes import FakeNodeEventClient
 
 REQUIRED = ["--node-name", "n", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config"]
 
@@ -195,21 +196,13 @@ def test_entries_skip_dot_dot_names_and_directories(tmp_path: Path) -> None:
 # ---- the manager without a cluster --------------------------------------------------------------
 
 
-class Events:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, str]] = []
-
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
-        self.sent.append((event_type, reason, message))
-
-
-def _manager(tmp_path: Path, **kw: object) -> tuple[ConfigManager, Events, Path]:
+def _manager(tmp_path: Path, **kw: object) -> tuple[ConfigManager, FakeNodeEventClient, Path]:
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_text("version: v1\n")
     (src / "bad").write_text("flags: {migStrategy: sideways}\n")
     dst = tmp_path / "dst" / "config.yaml"
-    events = Events()
+    events = FakeNodeEventClient()
     base = {
         "node_name": "n",
         "config_file_srcdir": str(src),
@@ -230,7 +223,7 @@ def test_invalid_entry_is_never_linked(tmp_path: Path, caplog: pytest.LogCapture
     assert (
         outcome.problem == 'bad: flags.migStrategy: invalid value "sideways" (accepted: none, single, mixed)'
     )
-    refused = [e for e in events.sent if e[1] == "DevicePluginConfigRefused"]
+    refused = [e for e in events.posted if e[1] == "DevicePluginConfigRefused"]
     assert len(refused) == 1 and refused[0][0] == "Warning"
     assert sum("config not applied" in r.getMessage() for r in caplog.records) == 1
 

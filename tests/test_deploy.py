@@ -64,9 +64,20 @@ def container(daemonset: Doc) -> Doc:
     return containers[0]
 
 
-def env_of(daemonset: Doc) -> dict[str, Any]:
+def container_env(ctr: Doc) -> dict[str, Any]:
     """name -> value (a string) or the valueFrom mapping."""
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(daemonset).get("env", [])}
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ctr.get("env", [])}
+
+
+def env_of(daemonset: Doc) -> dict[str, Any]:
+    return container_env(container(daemonset))
+
+
+def without(ctr: Doc, *names: str) -> Doc:
+    """The container without its name and the env vars `names`: what two containers that differ only
+    there have in common."""
+    env = [e for e in ctr.get("env", []) if e["name"] not in names]
+    return {k: v for k, v in {**ctr, "env": env}.items() if k != "name"}
 
 
 def volume(daemonset: Doc, name: str) -> Doc:

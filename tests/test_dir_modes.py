@@ -8,30 +8,21 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from tests.builders import sim_gpus
 from tests.cdi_support import make_node
 from tests.mps_standin import Standin
-from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"
 MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
 
 
-def mode(path: Path) -> str:
+def octal_mode(path: Path) -> str:
     return oct(stat.S_IMODE(os.stat(path).st_mode))
-
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    """Umask 000 in this process while the test runs, so the processes it starts inherit it."""
-    old = os.umask(0)
-    yield
-    os.umask(old)
 
 
 def test_make_dirs_ignores_the_umask_and_leaves_existing_directories_alone(tmp_path: Path) -> None:
@@ -44,8 +35,8 @@ def test_make_dirs_ignores_the_umask_and_leaves_existing_directories_alone(tmp_p
     target = kept / "a" / "b" / "c"
     done = subprocess.run([sys.executable, "-c", code, str(target)], env=clean_env(), capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    assert [mode(p) for p in (kept / "a", kept / "a" / "b", target)] == [oct(0o755)] * 3
-    assert mode(kept) == oct(0o700)
+    assert [octal_mode(p) for p in (kept / "a", kept / "a" / "b", target)] == [oct(0o755)] * 3
+    assert octal_mode(kept) == oct(0o700)
 
 
 def test_make_dirs_refuses_a_file_in_the_way(tmp_path: Path) -> None:
@@ -79,9 +70,9 @@ def test_plugin_makes_the_kubelet_and_cdi_directories_0755_under_umask_000(
     processes.append(plugin)
     wait_until(lambda: "serving resource=" in plugin.log(), timeout=20, what="the serving line")
     made = [kubelet_dir.parent, kubelet_dir, cdi_dir.parent, cdi_dir]
-    assert {str(p): mode(p) for p in made} == {str(p): oct(0o755) for p in made}
+    assert {str(p): octal_mode(p) for p in made} == {str(p): oct(0o755) for p in made}
     assert any(cdi_dir.iterdir()), "the spec was written there"
-    assert mode(sock_dir) == oct(0o700), "an existing directory keeps its mode"
+    assert octal_mode(sock_dir) == oct(0o700), "an existing directory keeps its mode"
 
 
 def test_mps_control_daemon_makes_its_directories_0755_under_umask_000(
@@ -99,7 +90,7 @@ def test_mps_control_daemon_makes_its_directories_0755_under_umask_000(
     wait_until(marker.exists, timeout=20, what="the ready marker")
     made = [tmp_path / "run", tmp_path / "run" / "nvidia", root, root / "shm"]
     made += [root / "nvidia.com", root / GPU, root / GPU / "pipe", root / GPU / "log"]
-    assert {str(p): mode(p) for p in made} == {str(p): oct(0o755) for p in made}
+    assert {str(p): octal_mode(p) for p in made} == {str(p): oct(0o755) for p in made}
 
 
 def test_config_manager_destination_directory_0755_under_umask_000(tmp_path: Path) -> None:
@@ -112,4 +103,4 @@ def test_config_manager_destination_directory_0755_under_umask_000(tmp_path: Pat
         [sys.executable, "-c", code, str(dst), "/etc/hostname"], env=clean_env(), capture_output=True
     )
     assert done.returncode == 0, done.stderr.decode()
-    assert [mode(dst.parent.parent), mode(dst.parent)] == [oct(0o755)] * 2
+    assert [octal_mode(dst.parent.parent), octal_mode(dst.parent)] == [oct(0o755)] * 2

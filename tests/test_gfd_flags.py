@@ -25,10 +25,12 @@ from tests.kube_api_nodefeature import KubeApi
 REPO = Path(__file__).resolve().parent.parent
 
 
-def parse(*argv: str, environ: Mapping[str, str] | None = None) -> GfdSettings:
+def parse(
+    *argv: str, environ: Mapping[str, str] | None = None, token_dir: str = "/nonexistent"
+) -> GfdSettings:
     parser = argparse.ArgumentParser()
     add_gfd_flags(parser)
-    return resolve_gfd(parser.parse_args(argv), environ or {}, token_dir="/nonexistent")
+    return resolve_gfd(parser.parse_args(argv), environ or {}, token_dir=token_dir)
 
 
 # ---- --kubeconfig / KUBECONFIG -----------------------------------------------------------------

@@ -31,7 +31,8 @@ from nvdp.gfd.labels import (
 from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.nvml.types import GpuInfo
+from tests.builders import full_gpu, mig_enabled_gpu
 
 DATA = Path(__file__).resolve().parent / "data" / "gfd"
 PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
@@ -252,42 +253,39 @@ def test_invalid_single_layouts_keep_nvidias_whole_gpu_labels(
     assert result.warnings == (f"invalid configuration for mig-strategy=single: {reason}",)
 
 
-def _gpu(index: int, *profiles: str, mig: bool = True) -> GpuInfo:
-    migs = tuple(
-        MigDeviceInfo(f"MIG-{index}-{n}", n, n + 1, 0, p, 5 * 2**30, f"GPU-{index}", index)
-        for n, p in enumerate(profiles)
-    )
-    return GpuInfo(
-        index, f"GPU-{index}", "NVIDIA A100-SXM4-40GB", index, 40 * 2**30, (8, 0), f"0000000{index}:07:00.0",
-        None, mig_capable=True, mig_enabled=mig, mig_devices=migs,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("gpus", "sharing", "reason"),
     [
-        pytest.param([_gpu(0, mig=False), _gpu(1, mig=False)], "none", None, id="no-mig"),
-        pytest.param([_gpu(0, "1g.5gb"), _gpu(1, "1g.5gb")], "none", None, id="valid"),
+        pytest.param([full_gpu(0), full_gpu(1)], "none", None, id="no-mig"),
+        pytest.param([mig_enabled_gpu(0, "1g.5gb"), mig_enabled_gpu(1, "1g.5gb")], "none", None, id="valid"),
         pytest.param(
-            [_gpu(0, "1g.5gb"), _gpu(1)], "none", "at least one MIG device is enabled but empty", id="empty"
+            [mig_enabled_gpu(0, "1g.5gb"), mig_enabled_gpu(1)],
+            "none",
+            "at least one MIG device is enabled but empty",
+            id="empty",
         ),
         pytest.param(
-            [_gpu(0, "1g.5gb"), _gpu(1, mig=False)],
+            [mig_enabled_gpu(0, "1g.5gb"), full_gpu(1)],
             "none",
             "devices with MIG enabled and disable detected",
             id="mixed-modes",
         ),
         pytest.param(  # NVIDIA checks for an empty MIG GPU first
-            [_gpu(0), _gpu(1, mig=False)], "none", "at least one MIG device is enabled but empty", id="order"
+            [mig_enabled_gpu(0), full_gpu(1)],
+            "none",
+            "at least one MIG device is enabled but empty",
+            id="order",
         ),
         pytest.param(
-            [_gpu(0, "1g.5gb"), _gpu(1, "2g.10gb")],
+            [mig_enabled_gpu(0, "1g.5gb"), mig_enabled_gpu(1, "2g.10gb")],
             "none",
             "more than one MIG device type present on node",
             id="profiles",
         ),
-        pytest.param([_gpu(0, "1g.5gb")], "mps", "MPS sharing is not supported for MIG devices", id="mps"),
-        pytest.param([_gpu(0, "1g.5gb")], "time-slicing", None, id="time-slicing"),
+        pytest.param(
+            [mig_enabled_gpu(0, "1g.5gb")], "mps", "MPS sharing is not supported for MIG devices", id="mps"
+        ),
+        pytest.param([mig_enabled_gpu(0, "1g.5gb")], "time-slicing", None, id="time-slicing"),
     ],
 )
 def test_single_strategy_problems_are_nvidias(gpus: list[GpuInfo], sharing: str, reason: str | None) -> None:
@@ -402,7 +400,14 @@ def test_graphics_mode_from_the_pci_class(tmp_path: Path) -> None:
 
 
 def test_mode_label_uses_the_reader() -> None:
-    gpu = GpuInfo(0, "GPU-0", "Tesla T4", 0, 15360 * 2**20, (7, 5), "00000000:07:00.0", None)
+    gpu = full_gpu(
+        0,
+        name="Tesla T4",
+        memory_bytes=15360 * 2**20,
+        compute_capability=(7, 5),
+        numa_node=None,
+        mig_capable=False,
+    )
     from nvdp.resources import build_resources
 
     facts = NodeFacts((gpu,), "550.54.15", "12.4", modes={"GPU-0": "graphics"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import resource
 import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from nvdp.cli import main
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from nvdp.testing import REPO, Process, wait_until
 from tests.kube_api_standin import KubeApiStandin
+from tests.test_gfd_process import gfd_argv, gfd_env
 
 DATA = REPO / "tests" / "data" / "gfd"
 CASE1 = DATA / "configs" / "ts-unmatched.yaml"  # nvidia.com/gpu x2 and nvidia.com/mig-1g.5gb x4
@@ -45,30 +45,14 @@ FLEET_NODES = {
 }
 
 
-def gfd_argv(nvml: str, *extra: str) -> list[str]:
-    return [
-        sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", nvml,
-        "--machine-type-file", str(DATA / "product_name"), *extra,
-    ]  # fmt: skip
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = clean_env()
-    for name in list(env):
-        if name.startswith(("GFD_", "KUBE")) or name in ("NODE_NAME", "MPS_ROOT", "NVDP_SIM_EVENTS"):
-            del env[name]
-    env.update(extra)
-    return env
-
-
-def _labels(text: str) -> dict[str, str]:
+def _labels_in(text: str) -> dict[str, str]:
     pairs = (line.split("=", 1) for line in text.splitlines())
     return {k: v for k, v in pairs if k != "nvidia.com/gfd.timestamp"}
 
 
 def _oneshot(nvml: str, config: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    argv = gfd_argv(nvml, "--oneshot", "--config-file", str(config), "--output-file", str(out))
-    return subprocess.run(argv, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
+    argv = gfd_argv("--oneshot", "--config-file", str(config), "--output-file", str(out), nvml=nvml)
+    return subprocess.run(argv, env=gfd_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -81,8 +65,8 @@ def test_an_entry_for_a_resource_the_node_lacks_is_one_warning_and_the_rest_is_l
     out = tmp_path / "gfd"
     result = _oneshot("sim:dgx-a100", CASE1, out)
     assert result.returncode == 0, result.stderr
-    labels = _labels(out.read_text())
-    assert labels == _labels((DATA / "dgx-a100-none-ts-unmatched.labels").read_text())
+    labels = _labels_in(out.read_text())
+    assert labels == _labels_in((DATA / "dgx-a100-none-ts-unmatched.labels").read_text())
     assert labels["nvidia.com/gpu.replicas"] == "2"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
@@ -95,7 +79,7 @@ def test_mps_is_labelled_without_an_mps_root(tmp_path: Path) -> None:
     out = tmp_path / "gfd"
     result = _oneshot("sim:dgx-a100", config, out)
     assert result.returncode == 0, result.stderr
-    labels = _labels(out.read_text())
+    labels = _labels_in(out.read_text())
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
     assert labels["nvidia.com/mps.capable"] == "true"
@@ -129,7 +113,7 @@ def test_one_configmap_labels_every_node_of_a_mixed_fleet(tmp_path: Path) -> Non
     for node, entry, result in results:
         assert result.returncode == 0, f"{node} / {entry}: {result.stderr}"
         assert " ERROR " not in result.stderr and "Traceback" not in result.stderr, f"{node} / {entry}"
-        labels = _labels((tmp_path / f"{node}-{entry}.labels").read_text())
+        labels = _labels_in((tmp_path / f"{node}-{entry}.labels").read_text())
         assert labels["nvidia.com/gpu.product"].startswith("NVIDIA-"), f"{node} / {entry}"
         warned[node, entry] = [w for w in _warnings(result.stderr) if "reason=" in w]
     # What did not apply is named: the MIG entry on nodes without 1g.5gb MIG devices...
@@ -168,12 +152,10 @@ def test_loop_reports_a_misfit_once_with_a_node_event_and_labels_mig_devices_onc
     node_file = tmp_path / "node.yaml"
     layout = (DATA / "nodes" / "dgx-a100-repartition.yaml").read_text()
     node_file.write_text(layout)
-    out = tmp_path / "gfd"
-    argv = gfd_argv(
-        f"sim:{node_file}", "--mig-strategy", "mixed", "--output-file", str(out), "--sleep-interval", "1h"
-    )
+    out, node = tmp_path / "gfd", f"sim:{node_file}"
+    argv = gfd_argv("--mig-strategy", "mixed", "--output-file", str(out), "--sleep-interval", "1h", nvml=node)
     with KubeApiStandin() as api:
-        env = _env(KUBECONFIG=str(api.write_kubeconfig(tmp_path / "kubeconfig")), NODE_NAME="node-a")
+        env = gfd_env(KUBECONFIG=str(api.write_kubeconfig(tmp_path / "kubeconfig")), NODE_NAME="node-a")
         with Process(argv, tmp_path / "gfd.log", env) as gfd:
             try:
                 wait_until(lambda: out.exists(), 30, "first labels")
@@ -238,10 +220,8 @@ def test_a_full_disk_keeps_the_last_labels_and_retries(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
     out = tmp_path / "gfd"
-    argv = gfd_argv(
-        "sim:pcie-4", "--config-file", str(config), "--output-file", str(out), "--sleep-interval", "1h"
-    )
-    gfd = PipedGfd(argv, _env())
+    argv = gfd_argv("--config-file", str(config), "--output-file", str(out), "--sleep-interval", "1h")
+    gfd = PipedGfd(argv, gfd_env())
     try:
         wait_until(lambda: out.exists(), 30, "first labels")
         before = out.read_text()

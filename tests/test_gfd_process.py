@@ -21,17 +21,22 @@ PLAIN_CONFIG = "version: v1\n"
 NODE_FEATURE = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu-ns/nodefeatures/nvidia-features-for-node-a"
 
 
-def gfd_argv(*extra: str) -> list[str]:
+def gfd_argv(*extra: str, nvml: str = "sim:pcie-4") -> list[str]:
+    """`nvdp gfd` on a simulated node, with this checkout's machine-type file."""
     return [
-        sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", "sim:pcie-4",
+        sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", nvml,
         "--machine-type-file", str(DATA / "product_name"), *extra,
     ]  # fmt: skip
 
 
-def _env(**extra: str) -> dict[str, str]:
+_INHERITED = ("NODE_NAME", "POD_NAMESPACE", "MPS_ROOT", "NVDP_SIM_EVENTS")
+
+
+def gfd_env(**extra: str) -> dict[str, str]:
+    """A clean environment (no inherited GFD_*, Kubernetes, node or simulation variables) plus `extra`."""
     env = clean_env()
     for name in list(env):
-        if name.startswith("GFD_") or name in ("KUBECONFIG", "KUBERNETES_NAMESPACE", "POD_NAMESPACE"):
+        if name.startswith(("GFD_", "KUBE")) or name in _INHERITED:
             del env[name]
     env.update(extra)
     return env
@@ -45,7 +50,7 @@ def test_oneshot_writes_the_file_and_exits_0(tmp_path: Path) -> None:
     out = tmp_path / "gfd"
     result = subprocess.run(
         [*gfd_argv("--oneshot", "--output-file", str(out))],
-        env=_env(),
+        env=gfd_env(),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -65,7 +70,7 @@ def test_unwritable_output_dir_is_one_clear_error_line(tmp_path: Path) -> None:
     out = tmp_path / "file" / "gfd"
     result = subprocess.run(
         gfd_argv("--oneshot", "--output-file", str(out)),
-        env=_env(),
+        env=gfd_env(),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -79,9 +84,8 @@ def test_unwritable_output_dir_is_one_clear_error_line(tmp_path: Path) -> None:
 
 
 def test_bad_flag_value_is_one_line() -> None:
-    result = subprocess.run(
-        gfd_argv("--sleep-interval", "soon"), env=_env(), cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    argv = gfd_argv("--sleep-interval", "soon")
+    result = subprocess.run(argv, env=gfd_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr == 'error: --sleep-interval / GFD_SLEEP_INTERVAL: invalid duration "soon"\n'
 
@@ -108,7 +112,7 @@ def test_loop_rewrites_on_sighup_never_half_written_and_removes_the_file_on_stop
     reader = threading.Thread(target=read_forever, daemon=True)
     reader.start()
     argv = gfd_argv("--output-file", str(out), "--config-file", str(config), "--sleep-interval", "1h")
-    with Process(argv, tmp_path / "gfd.log", _env()) as gfd:
+    with Process(argv, tmp_path / "gfd.log", gfd_env()) as gfd:
         try:
             wait_until(lambda: out.exists(), 30, "first label file")
             for n in range(6):  # each reload flips the sharing config, so each one rewrites the file
@@ -162,7 +166,7 @@ def test_node_feature_created_updated_and_retried_through_the_api(tmp_path: Path
     config.write_text(PLAIN_CONFIG)
     with KubeApi() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        env = _env(KUBECONFIG=str(kubeconfig), NODE_NAME="node-a", KUBERNETES_NAMESPACE="gpu-ns")
+        env = gfd_env(KUBECONFIG=str(kubeconfig), NODE_NAME="node-a", KUBERNETES_NAMESPACE="gpu-ns")
         argv = gfd_argv("--use-node-feature-api", "--config-file", str(config), "--sleep-interval", "1h")
         with Process(argv, tmp_path / "gfd.log", env) as gfd:
             created = wait_until(lambda: api.get(NODE_FEATURE), 30, "NodeFeature created")
@@ -223,7 +227,7 @@ def test_node_feature_created_updated_and_retried_through_the_api(tmp_path: Path
 def test_node_feature_api_needs_node_name(env: dict[str, str], error: str) -> None:
     result = subprocess.run(
         gfd_argv("--use-node-feature-api", "--oneshot"),
-        env=_env(**env),
+        env=gfd_env(**env),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -235,7 +239,7 @@ def test_node_feature_api_needs_node_name(env: dict[str, str], error: str) -> No
 def test_simulate_shows_the_node_labels() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "nvdp.cli", "simulate", "--profile", "pcie-4"],
-        env=_env(),
+        env=gfd_env(),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 import time
@@ -12,21 +11,15 @@ from pathlib import Path
 import pytest
 
 from nvdp.errors import ConfigError, NvdpError
-from nvdp.gfd.options import DEFAULT_OUTPUT_FILE, GfdSettings, add_gfd_flags, resolve_gfd
+from nvdp.gfd.options import DEFAULT_OUTPUT_FILE, GfdSettings
 from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.gfd.run import Gfd
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
 from nvdp.testing import wait_until
+from tests.fakes import FakeNodeEventClient
 from tests.kube_api_nodefeature import KubeApi
-
-
-def parse(
-    *argv: str, environ: Mapping[str, str] | None = None, token_dir: str = "/nonexistent"
-) -> GfdSettings:
-    parser = argparse.ArgumentParser()
-    add_gfd_flags(parser)
-    return resolve_gfd(parser.parse_args(argv), environ or {}, token_dir=token_dir)
+from tests.test_gfd_flags import parse
 
 
 def test_defaults_are_nvidias() -> None:
@@ -86,7 +79,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 # ---- the loop ----------------------------------------------------------------------------------
 
 
-class Recorder:
+class RecordingOutput:
     def __init__(self) -> None:
         self.writes: list[dict[str, str]] = []
         self.removed = 0
@@ -118,7 +111,7 @@ def _settings(**overrides: object) -> GfdSettings:
 
 
 def test_loop_sleeps_until_the_interval_or_a_signal_and_reloads() -> None:
-    recorder = Recorder()
+    recorder = RecordingOutput()
     reloaded = _settings(sleep_interval=3600.0, no_timestamp=True)
     gfd = Gfd(
         _settings(sleep_interval=3600.0),
@@ -144,7 +137,7 @@ def test_loop_sleeps_until_the_interval_or_a_signal_and_reloads() -> None:
 
 
 def test_failed_reload_keeps_the_current_config() -> None:
-    recorder = Recorder()
+    recorder = RecordingOutput()
 
     def bad() -> GfdSettings:
         raise ConfigError("config.yaml: flags.migStrategy: invalid value")
@@ -171,7 +164,7 @@ def test_nvml_init_failure_is_fatal_with_fail_on_init_error() -> None:
     gfd = Gfd(
         _settings(oneshot=True),
         reload_settings=_settings,
-        output_factory=lambda settings, stop: Recorder(),
+        output_factory=lambda settings, stop: RecordingOutput(),
         nvml_factory=_failing,
     )
     with pytest.raises(NvdpError, match="NVML init failed: nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND"):
@@ -180,7 +173,7 @@ def test_nvml_init_failure_is_fatal_with_fail_on_init_error() -> None:
 
 def test_nvml_init_failure_without_fail_on_init_error_writes_only_the_timestamp() -> None:
     settings = parse("--nvml", "sim:pcie-4", "--oneshot", "--fail-on-init-error=false")
-    recorder = Recorder()
+    recorder = RecordingOutput()
     gfd = Gfd(
         settings,
         reload_settings=lambda: settings,
@@ -193,7 +186,7 @@ def test_nvml_init_failure_without_fail_on_init_error_writes_only_the_timestamp(
 
 
 def test_machine_type_file_missing_is_unknown(tmp_path: Path) -> None:
-    recorder = Recorder()
+    recorder = RecordingOutput()
     settings = _settings(oneshot=True, machine_type_file=str(tmp_path / "missing"))
     Gfd(settings, reload_settings=lambda: settings, output_factory=lambda s, stop: recorder).run()
     assert recorder.writes[0]["nvidia.com/gpu.machine"] == "unknown"
@@ -268,22 +261,12 @@ def test_node_feature_already_up_to_date_is_left_alone() -> None:
 CASE1_CONFIG = Path(__file__).parent / "data" / "gfd" / "configs" / "ts-unmatched.yaml"
 
 
-class FakeEvents:
-    """The Node events client at its boundary: what the recorder would post."""
-
-    def __init__(self) -> None:
-        self.posted: list[tuple[str, str, str]] = []
-
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
-        self.posted.append((event_type, reason, message))
-
-
 def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytest.LogCaptureFixture) -> None:
     from nvdp.health.node_events import NodeEventRecorder
 
     caplog.set_level(logging.INFO)
-    client = FakeEvents()
-    recorder = Recorder()
+    client = FakeNodeEventClient()
+    recorder = RecordingOutput()
     case1 = parse("--nvml", "sim:dgx-a100", "--config-file", str(CASE1_CONFIG))
     settings = _settings(sleep_interval=3600.0, config=case1.config, runtime=case1.runtime)
     gfd = Gfd(
@@ -318,7 +301,7 @@ def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytes
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
 
 
-class FailingOutput(Recorder):
+class FailingOutput(RecordingOutput):
     """An output whose writes fail (a full or read-only disk) while `failing` is set."""
 
     def __init__(self) -> None:

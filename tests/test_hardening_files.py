@@ -22,10 +22,10 @@ from nvdp.configmanager import files as cm_files
 from nvdp.errors import CandidateError, ConfigError, UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.gfd.discover import read_machine_type
-from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml.sim import load_node_file
 from nvdp.nvml.sim.follower import FileFollower
 from tests.odd_files import ODD_KINDS, SHADOW_LINES, leaked, make_fifo, make_sparse, odd_path, write_shadow
+from tests.readings import log_lines
 
 NOT_A_CONFIG = "not an nvdp/NVIDIA device plugin config: no known top-level key"
 KNOWN = "known: version, flags, resources, sharing, imex, health"
@@ -245,7 +245,7 @@ def test_machine_type_file_that_is_no_product_name_is_unknown(
         path.write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="nvdp.gfd"):
         assert returns_within(lambda: read_machine_type(str(path))) == "unknown"
-    (line,) = [f"{r.getMessage()} {format_fields(getattr(r, FIELDS_ATTR))}" for r in caplog.records]
+    (line,) = log_lines(caplog)
     assert f"file={path}" in line and line.endswith(reason) and leaked(line) == []
 
 

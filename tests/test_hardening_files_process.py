@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -18,9 +18,10 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, ProcStats, clean_env, plugin_argv, start_plugin, wait_until
+from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.odd_files import ODD_KINDS, leaked, make_sparse, odd_path, write_shadow
-from tests.test_config_manager import LABEL, NODE, NODE_PATH, ConfigMapDir, manager_argv
+from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, manager_argv
 
 GPU = "nvidia.com/gpu"
 MAX_RSS_MIB = 100  # the plugin serves a 4-GPU simulated node in about 40 MiB
@@ -134,11 +135,8 @@ def test_reload_onto_odd_files_keeps_serving_the_previous_config_and_stops_at_si
     assert memory.peak_mib < MAX_RSS_MIB
 
 
-@pytest.fixture
-def api() -> Iterator[KubeApiStandin]:
-    with KubeApiStandin() as standin:
-        standin.put(NODE_PATH, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}}})
-        yield standin
+# test_config_manager's fixture (the Kubernetes API stand-in serving the Node), used here by name
+api = test_config_manager.api
 
 
 @pytest.mark.parametrize("entry", ["big", "passwd"])

@@ -18,20 +18,9 @@ from nvdp.kubelet_standin import Kubelet
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
 from nvdp.testing import Process, start_plugin, wait_until
-from tests.health_fakes import FakeTarget
-from tests.test_health_router import GPU0, GPU1, device, down, up
-from tests.test_metrics_parts import FakeSupervisor
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, str]] = []
-
-    def record(self, event_type: str, reason: str, message: str) -> None:
-        self.events.append((event_type, reason, message))
-
-    def close(self, timeout: float = 1.0) -> None:
-        pass
+from tests.builders import device, full_gpu
+from tests.fakes import FakeEventSink, FakeHealth, FakeSupervisor, FakeTarget
+from tests.test_health_router import FIRST, GPU0, GPU1, SECOND, down, up
 
 
 @pytest.fixture
@@ -53,35 +42,35 @@ def lines() -> Iterator[list[str]]:
 
 
 def test_change_before_targets_is_reported_once_when_they_arrive(lines: list[str]) -> None:
-    sink = Sink()
+    sink = FakeEventSink()
     router = HealthRouter(node_events=sink)
     router.handle([down(GPU1, xid=None, reason="GPU enumeration failed: lost")])  # no targets yet
-    assert sink.events == []
-    target = FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])
+    assert sink.recorded == []
+    target = FakeTarget("nvidia.com/gpu", [device(FIRST), device(SECOND)])
     router.set_targets([target])
     assert target.calls == [([GPU1], False)]
-    assert [e[:2] for e in sink.events] == [("Warning", "GPUUnhealthy")]
-    assert 'reason="GPU enumeration failed: lost"' in sink.events[0][2]
+    assert [e[:2] for e in sink.recorded] == [("Warning", "GPUUnhealthy")]
+    assert 'reason="GPU enumeration failed: lost"' in sink.recorded[0][2]
     assert sum(line.startswith("device unhealthy") for line in lines) == 1
     assert not any("kept devices unhealthy" in line for line in lines)
     router.set_targets([target])  # a reload: kept, not reported again
-    assert len(sink.events) == 1
+    assert len(sink.recorded) == 1
     assert sum("kept devices unhealthy across reload" in line for line in lines) == 1
 
 
 def test_held_changes_keep_their_order_and_unserved_ones_are_dropped() -> None:
-    sink = Sink()
+    sink = FakeEventSink()
     router = HealthRouter(node_events=sink)
     router.handle([down(GPU0, since=1.0)])
     router.handle([up(GPU0, since=400.0)])
     router.handle([down("GPU-not-served")])
-    target = FakeTarget("nvidia.com/gpu", [device(GPU0, "0")])
+    target = FakeTarget("nvidia.com/gpu", [device(FIRST)])
     router.set_targets([target])
-    assert [e[1] for e in sink.events] == ["GPUUnhealthy", "GPUHealthy"]
-    assert "after=6m39s" in sink.events[1][2]
+    assert [e[1] for e in sink.recorded] == ["GPUUnhealthy", "GPUHealthy"]
+    assert "after=6m39s" in sink.recorded[1][2]
     assert target.calls == [([GPU0], True)]
-    router.set_targets([FakeTarget("nvidia.com/gpu", [device("GPU-not-served", "1")])])
-    assert len(sink.events) == 2, "a change held past one set_targets is dropped"
+    router.set_targets([FakeTarget("nvidia.com/gpu", [device(full_gpu(1, uuid="GPU-not-served"))])])
+    assert len(sink.recorded) == 2, "a change held past one set_targets is dropped"
 
 
 def test_plugin_reports_a_gpu_lost_at_start_once(
@@ -157,20 +146,15 @@ def test_monitor_degraded_beyond_grace_is_failing_and_devices_stay() -> None:
         sim.shutdown()
 
 
-class FailingHealth:
-    checks_enabled = True
-
-    def monitor_status(self) -> MonitorStatus:
-        return MonitorStatus(
-            True, True, "NVML event wait failed", "x", 0, failing="health monitor degraded ..."
-        )
-
-    def unhealthy(self) -> dict[str, HealthChange]:
-        return {}
-
-
 def test_readyz_fails_with_the_reason_once_failing() -> None:
-    probes = Probes(FakeSupervisor({"nvidia.com/gpu": True}), FailingHealth())
+    probes = Probes(
+        FakeSupervisor({"nvidia.com/gpu": True}),
+        FakeHealth(
+            status=MonitorStatus(
+                True, True, "NVML event wait failed", "x", 0, failing="health monitor degraded ..."
+            )
+        ),
+    )
     assert probes.readiness_problem() == "health monitor degraded ..."
 
 

@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from tests.test_supervisor import Rig
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvidia-gpu.sock"
-
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    yield
-    os.umask(old)
 
 
 def mode(path: Path) -> int:

@@ -4,7 +4,6 @@ MIG profiles with attributes (`1g.5gb+me`) named as NVIDIA names them."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from nvdp.api import UNHEALTHY, pb
@@ -13,20 +12,10 @@ from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
 from nvdp.kubelet_standin import Kubelet
 from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
-from nvdp.nvml.sim import open_sim
-from nvdp.nvml.types import GpuInfo
 from nvdp.resources import build_resources, default_mig_patterns
 from nvdp.testing import Process, start_plugin
+from tests.builders import mig_enabled_gpu, sim_gpus, with_facts
 from tests.test_config_options import WITH_FILE, errors
-
-
-def sim_gpus(profile: str = "dgx-a100") -> list[GpuInfo]:
-    nvml = open_sim(profile)
-    nvml.init()
-    try:
-        return nvml.gpus()
-    finally:
-        nvml.shutdown()
 
 
 def test_replicas_over_the_cap_are_refused_in_one_line() -> None:
@@ -51,8 +40,7 @@ def test_list_size_is_the_encoded_size() -> None:
 def test_a_resource_too_large_for_the_kubelet_is_withheld() -> None:
     base = sim_gpus()
     gpus = [
-        dataclasses.replace(base[n % 8], uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000", index=n)
-        for n in range(64)
+        with_facts(base[n % 8], uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000", index=n) for n in range(64)
     ]
     built = build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", MAX_REPLICAS_PER_DEVICE)])
     assert built.resources == []
@@ -72,9 +60,7 @@ def test_a_resource_too_large_for_the_kubelet_is_withheld() -> None:
 
 
 def test_mig_profile_with_attributes_gets_nvidias_resource_name() -> None:
-    gpu = dataclasses.replace(sim_gpus("dgx-a100-mig")[0])
-    mig = dataclasses.replace(gpu.mig_devices[0], profile="1g.5gb+me")
-    gpu = dataclasses.replace(gpu, mig_devices=(mig, *gpu.mig_devices[1:]))
+    gpu = mig_enabled_gpu(0, "1g.5gb+me", *["1g.5gb"] * 6)
     names = [p.name for p in default_mig_patterns("mixed", [gpu])]
     assert names == ["nvidia.com/mig-1g.5gb", "nvidia.com/mig-1g.5gb.me"]
     assert all(resource_name(name) == name for name in names)

@@ -5,12 +5,9 @@ and 17)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +27,8 @@ from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import MAX_LIST_AND_WATCH_STREAMS, DevicePluginServer
 from nvdp.resources import build_resources
 from nvdp.testing import Process, free_port, start_plugin, wait_until
-from tests.sim import sim_gpus
+from tests.builders import append_sim_event, sim_gpus
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 # docs/hardening.md: 16 streams per server, one place kept for the kubelet; other clients share 15.
@@ -216,7 +214,7 @@ def test_only_the_current_kubelet_stream_ending_is_reported(server: DevicePlugin
 # ---- a real plugin process and the kubelet stand-in ---------------------------------------------
 
 
-class Node:
+class PluginWithStreams:
     """`nvdp plugin` (sim:pcie-4, metrics on) registered with a kubelet stand-in."""
 
     def __init__(self, sock_dir: Path, tmp_path: Path, kubelet: Kubelet) -> None:
@@ -234,15 +232,10 @@ class Node:
         self.streams = Streams(sock_dir / "nvidia-gpu.sock")
 
     def inject(self, **line: object) -> None:
-        with self.events.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_sim_event(self.events, **line)
 
     def readyz(self) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
+        return http_get(self.port, "/readyz")
 
     def wait_ready(self) -> None:
         wait_until(lambda: self.readyz()[0] == 200, timeout=20, what="/readyz 200")
@@ -253,10 +246,10 @@ class Node:
 
 
 @pytest.fixture
-def node(sock_dir: Path, tmp_path: Path) -> Iterator[Node]:
+def node(sock_dir: Path, tmp_path: Path) -> Iterator[PluginWithStreams]:
     # One Registration worker and a short dial timeout: a test can keep the kubelet busy for 2 s.
     with Kubelet(sock_dir, workers=1, dial_timeout=2.0) as kubelet:
-        node = Node(sock_dir, tmp_path, kubelet)
+        node = PluginWithStreams(sock_dir, tmp_path, kubelet)
         try:
             kubelet.wait_for_registration(GPU, timeout=20)
             kubelet.wait_for_devices(GPU, lambda d: len(d) == 4, timeout=10)
@@ -266,7 +259,7 @@ def node(sock_dir: Path, tmp_path: Path) -> Iterator[Node]:
             print(node.plugin.log()[-8000:])
 
 
-def test_other_clients_streams_never_cut_the_kubelet_off(node: Node) -> None:
+def test_other_clients_streams_never_cut_the_kubelet_off(node: PluginWithStreams) -> None:
     """A debugging grpcurl and a monitoring agent (and more, up to the bound) beside the kubelet:
     the kubelet's stream stays and gets a later XID, Allocate answers, the excess stream is refused."""
     node.wait_ready()
@@ -333,7 +326,9 @@ class SilentPlugin:
         self._socket.close()
 
 
-def test_the_kubelet_dropping_its_stream_leads_to_a_new_registration(node: Node, sock_dir: Path) -> None:
+def test_the_kubelet_dropping_its_stream_leads_to_a_new_registration(
+    node: PluginWithStreams, sock_dir: Path
+) -> None:
     """The kubelet ends its stream while it stays (it then drops the resource): nvdp registers again,
     /readyz says so meanwhile, and the new stream gets in although other clients fill the bound."""
     node.wait_ready()
@@ -364,7 +359,9 @@ def test_the_kubelet_dropping_its_stream_leads_to_a_new_registration(node: Node,
     assert f"re-registered with kubelet resource={GPU}" in log
 
 
-def test_after_a_kubelet_restart_the_kubelet_gets_in_with_others_at_the_bound(node: Node) -> None:
+def test_after_a_kubelet_restart_the_kubelet_gets_in_with_others_at_the_bound(
+    node: PluginWithStreams,
+) -> None:
     """A kubelet restart wipes the plugin sockets: the server restarts (other clients' streams end
     with the old one) and the restarted kubelet's stream is served; other clients reconnect after."""
     node.wait_ready()

@@ -3,7 +3,6 @@ monitor -> ListAndWatch as the kubelet stand-in receives it."""
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,18 +11,17 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin, wait_until
-from tests.sim import sim_gpus
+from tests.builders import append_sim_event, sim_gpus
 
 GPU = "nvidia.com/gpu"
 
 
-class Node:
+class PluginNode:
     def __init__(self, sock_dir: Path, kubelet: Kubelet, events: Path, plugin: Process) -> None:
         self.kubelet, self.events, self.plugin = kubelet, events, plugin
 
     def inject(self, **line: object) -> None:
-        with self.events.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_sim_event(self.events, **line)
 
     def unhealthy(self, resource: str = GPU) -> set[str]:
         return {i for i, s in self.kubelet.devices(resource).items() if s.health != "Healthy"}
@@ -51,7 +49,7 @@ def start_node(
     return kubelet, plugin, events
 
 
-NodeFactory = Callable[..., Node]
+NodeFactory = Callable[..., PluginNode]
 
 
 @pytest.fixture
@@ -63,14 +61,14 @@ def node_factory(sock_dir: Path, tmp_path: Path) -> Iterator[NodeFactory]:
         config: str = "version: v1\n",
         resources: tuple[str, ...] = (GPU,),
         args: tuple[str, ...] = (),
-    ) -> Node:
+    ) -> PluginNode:
         kubelet, plugin, events = start_node(sock_dir, tmp_path, profile, config, args)
         started.append((kubelet, plugin))
         for resource in resources:
             kubelet.wait_for_registration(resource, timeout=20)
             kubelet.wait_for_devices(resource, timeout=10)
         wait_until(lambda: "health monitor" in plugin.log(), timeout=10, what="health monitor start")
-        return Node(sock_dir, kubelet, events, plugin)
+        return PluginNode(sock_dir, kubelet, events, plugin)
 
     yield make
     for kubelet, plugin in started:

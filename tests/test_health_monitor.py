@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,22 +13,15 @@ from typing import Any
 import pytest
 
 from nvdp.backoff import Backoff
-from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
 from nvdp.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
 from nvdp.logs import TextFormatter
 from nvdp.nvml import GpuInfo, Nvml, open_nvml
-from tests.health_fakes import FakeTarget
+from nvdp.testing import wait_until
+from tests.builders import append_sim_event, replicas
+from tests.fakes import FakeTarget
 
 DEADLINE = 10.0  # generous: a loaded 2-core CI machine
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = DEADLINE, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class CountingNvml:
@@ -95,8 +87,7 @@ class Node:
     changes: Changes
 
     def inject(self, **line: Any) -> None:
-        with self.events.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_sim_event(self.events, **line)
 
     def monitor(self, **kwargs: Any) -> HealthMonitor:
         kwargs.setdefault("settings", HealthSettings(recovery_quiet_period=0.5, probe_interval=0.05))
@@ -106,7 +97,7 @@ class Node:
         return HealthMonitor(self.nvml, self.gpus, kwargs.pop("listener", self.changes), **kwargs)  # type: ignore[arg-type]
 
     def wait_first_probe_cycle(self) -> None:
-        wait_until(lambda: self.nvml.probes >= len(self.gpus), what="the first probe cycle")
+        wait_until(lambda: self.nvml.probes >= len(self.gpus), DEADLINE, "the first probe cycle")
 
     def advance(self, clock: FakeClock, now: float) -> None:
         """Move the fake clock and wait for the one probe cycle that this triggers to run.
@@ -115,7 +106,7 @@ class Node:
         """
         target = self.nvml.probes + len(self.gpus)
         clock.now = now
-        wait_until(lambda: self.nvml.probes >= target, what="a probe cycle")
+        wait_until(lambda: self.nvml.probes >= target, DEADLINE, "a probe cycle")
 
 
 @pytest.fixture
@@ -146,25 +137,6 @@ def running(node: Node) -> Iterator[HealthMonitor]:
     monitor.start()
     yield monitor
     monitor.stop()
-
-
-def whole_gpu_target(gpus: Sequence[GpuInfo], replicas: int = 1) -> FakeTarget:
-    devices = [
-        Device(
-            f"{g.uuid}::{r}" if replicas > 1 else g.uuid,
-            g.uuid,
-            str(g.index),
-            g.uuid,
-            g.index,
-            g.numa_node,
-            (f"/dev/nvidia{g.minor}",),
-            g.memory_bytes,
-            replica=r if replicas > 1 else None,
-        )
-        for g in gpus
-        for r in range(replicas)
-    ]
-    return FakeTarget("nvidia.com/gpu", devices)
 
 
 # ---- events ---------------------------------------------------------------------------------
@@ -217,23 +189,7 @@ def test_mig_attribution_by_instance_ids(make_node: Callable[[str], Node]) -> No
     assert len(seven.mig_devices) == 7 and len(three.mig_devices) == 3
     migs = [m for g in node.gpus for m in g.mig_devices]
     target = FakeTarget(
-        "nvidia.com/mig-1g.5gb",
-        [
-            Device(
-                f"{m.uuid}::{r}",
-                m.uuid,
-                f"{m.parent_index}:{m.index}",
-                m.parent_uuid,
-                m.parent_index,
-                0,
-                (),
-                m.memory_bytes,
-                mig=m,
-                replica=r,
-            )
-            for m in seven.mig_devices
-            for r in range(2)
-        ],
+        "nvidia.com/mig-1g.5gb", [d for m in seven.mig_devices for d in replicas(seven, 2, m)]
     )
     router = HealthRouter([target])
 
@@ -308,14 +264,14 @@ def test_pending_retirement_blocks_recovery_until_cleared(node: Node) -> None:
         node.wait_first_probe_cycle()
         gpu = node.gpus[1].uuid
         node.inject(uuid=gpu, event="retired-pages-pending")
-        wait_until(lambda: node.nvml.inner.probe(gpu).retired_pages_pending, what="pending pages")
+        wait_until(lambda: node.nvml.inner.probe(gpu).retired_pages_pending, DEADLINE, "pending pages")
         node.inject(uuid=gpu, xid=63)
         change = node.changes.wait_for(gpu, healthy=False)
         assert not change.fatal
         node.advance(clock, 10.0)
         assert gpu in monitor.unhealthy()
         node.inject(uuid=gpu, event="clear-pending")
-        wait_until(lambda: not node.nvml.inner.probe(gpu).retired_pages_pending, what="pending cleared")
+        wait_until(lambda: not node.nvml.inner.probe(gpu).retired_pages_pending, DEADLINE, "pending cleared")
         clock.now = 20.0
         assert node.changes.wait_for(gpu, healthy=True).since == 20.0
     finally:
@@ -346,9 +302,9 @@ def test_lost_gpu_seen_by_probe_and_stays_unhealthy(node: Node, running: HealthM
     change = node.changes.wait_for(gpu, healthy=False)
     assert (change.reason, change.fatal, change.xid) == (GPU_LOST_REASON, True, None)
     node.inject(uuid=gpu, event="gpu-restored")
-    wait_until(lambda: _answers(node, gpu), what="GPU answers again")
+    wait_until(lambda: _answers(node, gpu), DEADLINE, "GPU answers again")
     target = node.nvml.probes + 16 * len(node.gpus)  # >= 0.8 s of probing, longer than the quiet period
-    wait_until(lambda: node.nvml.probes >= target, what="probe cycles")
+    wait_until(lambda: node.nvml.probes >= target, DEADLINE, "probe cycles")
     assert running.unhealthy() == {gpu: True}
     assert [c.healthy for c in node.changes.items] == [False]
 
@@ -381,11 +337,11 @@ def test_wait_error_keeps_states_and_rearms(node: Node, caplog: pytest.LogCaptur
         node.changes.wait_for(gpu2, healthy=False)
         sets_before = node.nvml.event_sets
         node.inject(event="wait-error", code="NVML_ERROR_UNKNOWN")
-        wait_until(lambda: monitor.degraded, what="degraded")
+        wait_until(lambda: monitor.degraded, DEADLINE, "degraded")
         status = monitor.status()
         assert status.degraded and "NVML_ERROR_UNKNOWN" in (status.last_error or "")
         assert "NVML event wait failed" in (status.reason or "")
-        wait_until(lambda: not monitor.degraded, what="re-armed")
+        wait_until(lambda: not monitor.degraded, DEADLINE, "re-armed")
         assert monitor.status().rearms == 1
         assert node.nvml.event_sets == sets_before + 1
         assert [c.uuid for c in node.changes.items] == [gpu2]
@@ -443,7 +399,7 @@ def test_update_gpus_keeps_known_states(node: Node, running: HealthMonitor) -> N
     node.changes.wait_for(gpu0, healthy=False)
     sets = node.nvml.event_sets
     running.update_gpus(node.gpus[:4])
-    wait_until(lambda: node.nvml.event_sets > sets, what="re-armed with the new GPUs")
+    wait_until(lambda: node.nvml.event_sets > sets, DEADLINE, "re-armed with the new GPUs")
     assert running.unhealthy() == {gpu0: True}
     gpu6, gpu1 = node.gpus[6].uuid, node.gpus[1].uuid
     node.inject(uuid=gpu6, xid=79)  # no longer monitored
@@ -454,14 +410,14 @@ def test_update_gpus_keeps_known_states(node: Node, running: HealthMonitor) -> N
 
 def test_end_to_end_log_line(node: Node, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="nvdp.health.router")
-    target = whole_gpu_target(node.gpus, replicas=2)
+    target = FakeTarget("nvidia.com/gpu", [d for g in node.gpus for d in replicas(g, 2)])
     router = HealthRouter([target])
     monitor = node.monitor(listener=router)
     monitor.start()
     try:
         gpu3 = node.gpus[3]
         node.inject(uuid=gpu3.uuid, xid=79)
-        wait_until(lambda: bool(target.calls), what="set_health")
+        wait_until(lambda: bool(target.calls), DEADLINE, "set_health")
         assert target.calls == [([f"{gpu3.uuid}::0", f"{gpu3.uuid}::1"], False)]
     finally:
         monitor.stop()

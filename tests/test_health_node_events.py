@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from nvdp.devices import Device, DeviceSet
 from nvdp.health import HealthChange, HealthRouter, NodeEventRecorder
 from nvdp.health.node_events import node_events_from_env
 from nvdp.kube import KubeNodeEvents
+from tests.builders import full_gpu, replicas
+from tests.fakes import FakeTarget
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 NODE = "gpu-node-1"
@@ -69,29 +70,13 @@ def api() -> Iterator[StubApi]:
     server.server_close()
 
 
-class FakeTarget:
-    resource_name = "nvidia.com/gpu"
-
-    def __init__(self) -> None:
-        self.devices = DeviceSet(
-            [
-                Device(f"{GPU}::{r}", GPU, "3", GPU, 3, 0, ("/dev/nvidia3",), 1 << 30, replica=r)
-                for r in range(2)
-            ]
-        )
-        self.calls: list[tuple[list[str], bool]] = []
-
-    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
-        self.calls.append((sorted(device_ids), healthy))
-
-
 def recorder_for(url: str, max_queue: int = 64) -> NodeEventRecorder:
     return NodeEventRecorder(lambda: KubeNodeEvents(NODE, host=url, token="secret"), max_queue=max_queue)
 
 
 def test_transitions_become_node_events(api: StubApi) -> None:
     events = recorder_for(api.url)
-    target = FakeTarget()
+    target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU), 2))
     router = HealthRouter([target], node_events=events)
     router.handle([HealthChange(GPU, False, "GPU has fallen off the bus", 79, True, 1.0)])
     router.handle([HealthChange(GPU, True, "recovered", None, False, 61.0)])
@@ -127,7 +112,7 @@ def test_api_failure_does_not_stop_health(
             s.bind(("127.0.0.1", 0))
             url = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
     events = recorder_for(url)
-    target = FakeTarget()
+    target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU), 2))
     router = HealthRouter([target], node_events=events)
     caplog.set_level(logging.WARNING, logger="nvdp.health.node_events")
     router.handle([HealthChange(GPU, False, "GPU has fallen off the bus", 79, True, 1.0)])
@@ -143,7 +128,7 @@ def test_api_failure_does_not_stop_health(
 def test_slow_api_never_blocks_and_full_queue_drops(api: StubApi, caplog: pytest.LogCaptureFixture) -> None:
     api.delay = 3.0  # a synchronous post would make each handle() take 3 s
     events = recorder_for(api.url, max_queue=1)
-    target = FakeTarget()
+    target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU), 2))
     router = HealthRouter([target], node_events=events)
     caplog.set_level(logging.WARNING, logger="nvdp.health.node_events")
     started = time.monotonic()

@@ -9,29 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthRouter
 from nvdp.logs import JsonFormatter, TextFormatter
 from nvdp.units import format_go_duration
-from tests.health_fakes import FakeTarget
+from tests.builders import device, full_gpu, mig_device_info, replicas
+from tests.fakes import FakeTarget
 
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU1 = "GPU-bbbbbbbb-0000-0000-0000-000000000001"
 MIG = "MIG-cccccccc-0000-0000-0000-000000000002"
-
-
-def device(uuid: str, index: str, replica: int | None = None, gpu: str | None = None) -> Device:
-    return Device(
-        id=uuid if replica is None else f"{uuid}::{replica}",
-        uuid=uuid,
-        index=index,
-        gpu_uuid=gpu or uuid,
-        gpu_index=int(index.split(":")[0]),
-        numa_node=0,
-        paths=(f"/dev/nvidia{index.split(':')[0]}",),
-        memory_bytes=1 << 30,
-        replica=replica,
-    )
+FIRST, SECOND = full_gpu(0, uuid=GPU0), full_gpu(1, uuid=GPU1)
 
 
 @pytest.fixture
@@ -63,9 +50,9 @@ def up(uuid: str, since: float) -> HealthChange:
 
 
 def test_replicas_follow_and_one_call_per_target() -> None:
-    shared = FakeTarget("nvidia.com/gpu", [device(GPU0, "0", r) for r in range(4)] + [device(GPU1, "1", 0)])
-    whole = FakeTarget("nvidia.com/gpu.whole", [device(GPU0, "0"), device(GPU1, "1")])
-    other = FakeTarget("nvidia.com/mig-1g.5gb", [device(MIG, "2:0", gpu=GPU1)])
+    shared = FakeTarget("nvidia.com/gpu", [*replicas(FIRST, 4), *replicas(SECOND, 1)])
+    whole = FakeTarget("nvidia.com/gpu.whole", [device(FIRST), device(SECOND)])
+    other = FakeTarget("nvidia.com/mig-1g.5gb", [device(SECOND, mig_device_info(0, uuid=MIG))])
     router = HealthRouter([shared, whole, other])
     router.handle([down(GPU0), down(GPU1)])
     assert shared.calls == [(sorted([f"{GPU0}::{r}" for r in range(4)] + [f"{GPU1}::0"]), False)]
@@ -78,11 +65,11 @@ def test_replicas_follow_and_one_call_per_target() -> None:
 
 
 def test_set_targets_reapplies_unhealthy() -> None:
-    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])])
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(FIRST), device(SECOND)])])
     router.handle([down(GPU1)])
     reloaded = FakeTarget(
         "nvidia.com/gpu",
-        [device(GPU0, "0", r) for r in range(2)] + [device(GPU1, "1", 0), device(GPU1, "1", 1)],
+        [*replicas(FIRST, 2), *replicas(SECOND, 2)],
     )
     router.set_targets([reloaded])
     assert reloaded.calls == [([f"{GPU1}::0", f"{GPU1}::1"], False)]
@@ -94,12 +81,12 @@ def test_set_targets_reapplies_unhealthy() -> None:
 def test_a_device_gone_from_the_node_forgets_its_health(records: list[logging.LogRecord]) -> None:
     """Present devices keep Unhealthy across reloads; one that left the enumeration comes back Healthy
     (a new device), and a held change of a gone device is dropped."""
-    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])])
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(FIRST), device(SECOND)])])
     router.handle([down(GPU0), down(GPU1), down(MIG)])  # MIG: no target holds it, held
     router.forget([GPU1, MIG])
     assert set(router.unhealthy()) == {GPU0}
-    back = FakeTarget("nvidia.com/gpu", [device(GPU0, "0"), device(GPU1, "1")])
-    mig = FakeTarget("nvidia.com/mig-1g.5gb", [device(MIG, "1:0", gpu=GPU1)])
+    back = FakeTarget("nvidia.com/gpu", [device(FIRST), device(SECOND)])
+    mig = FakeTarget("nvidia.com/mig-1g.5gb", [device(SECOND, mig_device_info(0, uuid=MIG))])
     router.set_targets([back, mig])
     assert back.calls == [([GPU0], False)] and mig.calls == []
     assert records[-1].getMessage() == "kept devices unhealthy across reload"
@@ -107,7 +94,7 @@ def test_a_device_gone_from_the_node_forgets_its_health(records: list[logging.Lo
 
 
 def test_log_lines_text_and_json(records: list[logging.LogRecord]) -> None:
-    target = FakeTarget("nvidia.com/gpu", [device(GPU0, "3", r) for r in range(2)])
+    target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU0), 2))
     router = HealthRouter([target])
     router.handle([down(GPU0, since=10.0)])
     router.handle([up(GPU0, since=310.0)])
@@ -134,7 +121,7 @@ def test_log_lines_text_and_json(records: list[logging.LogRecord]) -> None:
 
 
 def test_log_line_without_xid(records: list[logging.LogRecord]) -> None:
-    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0")])])
+    router = HealthRouter([FakeTarget("nvidia.com/gpu", [device(FIRST)])])
     router.handle([HealthChange(GPU0, False, "GPU is lost (NVML_ERROR_GPU_IS_LOST)", None, True, 0.0)])
     line = TextFormatter().format(records[0]).split(" ", 1)[1]
     assert line == (
@@ -151,7 +138,7 @@ def test_text_formatter_through_a_stream() -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        HealthRouter([FakeTarget("nvidia.com/gpu", [device(GPU0, "0")])]).handle([down(GPU0)])
+        HealthRouter([FakeTarget("nvidia.com/gpu", [device(FIRST)])]).handle([down(GPU0)])
     finally:
         logger.removeHandler(handler)
     assert stream.getvalue().rstrip().endswith('reason="GPU has fallen off the bus" fatal=true')

@@ -18,34 +18,24 @@ from nvdp.health.state import (
     ProbeFailed,
     ProbeOutcome,
 )
-from nvdp.nvml.types import EventType, GpuInfo, MigDeviceInfo, NvmlEvent, ProbeResult
+from nvdp.nvml.types import EventType, NvmlEvent, ProbeResult
+from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
 QUIET = 300.0
 G0, G1, M = "GPU-0", "GPU-1", "GPU-M"  # M: MIG-enabled, two GPU instances with one CI each
 MIG_A, MIG_B = "MIG-a", "MIG-b"
 
 
-def gpu(index: int, uuid: str, migs: tuple[MigDeviceInfo, ...] = ()) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=uuid,
-        name="NVIDIA A100-SXM4-40GB",
-        minor=index,
-        memory_bytes=40 << 30,
-        compute_capability=(8, 0),
-        pci_bus_id=f"00000000:0{index}:00.0",
-        numa_node=0,
-        mig_capable=bool(migs),
-        mig_enabled=bool(migs),
-        mig_devices=migs,
-    )
-
-
-def mig(uuid: str, gi: int) -> MigDeviceInfo:
-    return MigDeviceInfo(uuid, gi - 1, gi, 0, "3g.20gb", 20 << 30, M, 2)
-
-
-GPUS = [gpu(0, G0), gpu(1, G1), gpu(2, M, (mig(MIG_A, 1), mig(MIG_B, 2)))]
+GPUS = [
+    full_gpu(0, uuid=G0),
+    full_gpu(1, uuid=G1),
+    mig_enabled_gpu(
+        2,
+        mig_device_info(0, "3g.20gb", uuid=MIG_A, gi_id=1),
+        mig_device_info(1, "3g.20gb", uuid=MIG_B, gi_id=2),
+        uuid=M,
+    ),
+]
 
 
 def xid(uuid: str, number: int, gi: int | None = None, ci: int | None = None) -> NvmlEvent:
@@ -203,7 +193,7 @@ def test_new_enumeration_keeps_known_units() -> None:
     state = HealthState(GPUS, XidPolicy.from_env({}), QUIET)
     state.event(xid(G0, 79), 0)
     state.event(xid(G1, 94), 0)
-    state.set_gpus([GPUS[0], gpu(3, "GPU-3")])
+    state.set_gpus([GPUS[0], full_gpu(3)])
     assert state.unhealthy() == {G0: True}
     assert [g.uuid for g in state.gpus] == [G0, "GPU-3"]
     assert state.event(xid(G1, 94), 1) == []  # no longer monitored

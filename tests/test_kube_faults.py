@@ -10,7 +10,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,16 @@ from nvdp import kube
 from nvdp.configmanager import node_watch
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
+from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
+from tests.test_config_manager import LABEL, NODE, NODE_PATH
 
-NODE = "node-a"
-NODE_PATH = f"/api/v1/nodes/{NODE}"
 EVENTS = "/api/v1/namespaces/default/events"
-LABEL = "nvidia.com/device-plugin.config"
 LATE = 0.15  # seconds between an answer's headers and its body
 
 
-@pytest.fixture
-def api() -> Iterator[KubeApiStandin]:
-    with KubeApiStandin() as standin:
-        standin.put(NODE_PATH, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}}})
-        yield standin
+# test_config_manager's fixture (the Kubernetes API stand-in serving the Node), used here by name
+api = test_config_manager.api
 
 
 def client(api: KubeApiStandin, tmp_path: Path) -> Any:

@@ -10,8 +10,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from nvdp.kubelet_standin import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME
 from nvdp.testing import Process, free_port, start_plugin, wait_until
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 SOCKET = "nvidia-gpu.sock"
@@ -146,16 +145,9 @@ def _bind(source: Path, target: Path, *options: str) -> bool:
     return done.returncode == 0
 
 
-def _read_only(path: Path) -> bool:
+def bind_read_only(path: Path) -> bool:
+    """Mount `path` read-only over itself (root only); whether that worked."""
     return _bind(path, path, "-o", "ro")
-
-
-def _readyz(port: int, path: str = "/readyz") -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def test_read_only_directory_while_the_kubelet_restarts(
@@ -172,7 +164,7 @@ def test_read_only_directory_while_the_kubelet_restarts(
     plugin.send(signal.SIGSTOP)  # the restart and the remount land between two of its looks
     try:
         kubelet.restart()  # our socket removed, a new kubelet.sock
-        if not _read_only(sock_dir):
+        if not bind_read_only(sock_dir):
             pytest.skip("needs a read-only bind mount (root with CAP_SYS_ADMIN)")
     finally:
         plugin.send(signal.SIGCONT)
@@ -181,7 +173,7 @@ def test_read_only_directory_while_the_kubelet_restarts(
         line = next(li for li in plugin.log().splitlines() if "cannot listen" in li)
         assert "plugin server cannot listen; retrying" in line and "Read-only file system" in line
         status, body = wait_until(
-            lambda: (r := _readyz(port))[0] == 503 and "Read-only" in r[1] and r,
+            lambda: (r := http_get(port, "/readyz"))[0] == 503 and "Read-only" in r[1] and r,
             timeout=10,
             what="/readyz saying why",
         )
@@ -191,7 +183,7 @@ def test_read_only_directory_while_the_kubelet_restarts(
     finally:
         subprocess.run(["umount", str(sock_dir)], check=True)
     kubelet.wait_for_registration(GPU, count=2, timeout=DEADLINE_S)
-    wait_until(lambda: _readyz(port)[0] == 200, timeout=10, what="ready again")
+    wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout=10, what="ready again")
     assert plugin.log().count("plugin server cannot listen") == 1, "said once, not once per retry"
     assert "plugin server listening again" in plugin.log() and "Traceback" not in plugin.log()
 
@@ -214,10 +206,10 @@ def test_a_mount_of_a_removed_directory_fails_healthz(
             )
             processes.append(plugin)
             settled(plugin, kubelet)
-            assert _readyz(port, "/healthz") == (200, "ok\n")
+            assert http_get(port, "/healthz") == (200, "ok\n")
         shutil.rmtree(other_dir)  # on the "host"
         status, body = wait_until(
-            lambda: (r := _readyz(port, "/healthz"))[0] == 503 and r, timeout=10, what="/healthz failing"
+            lambda: (r := http_get(port, "/healthz"))[0] == 503 and r, timeout=10, what="/healthz failing"
         )
         assert "kubelet directory unusable" in body and "restart the container to mount the new one" in body
         assert plugin.alive() and plugin.log().count("this mount of it is stale") == 1

@@ -22,7 +22,6 @@ from nvdp.api import pb, pb_grpc
 from nvdp.dir_watch import DirWatcher
 from nvdp.errors import DirLockHeld, NvdpError
 from nvdp.inventory import ResourceRules
-from nvdp.logs import FIELDS_ATTR, format_fields
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import open_sim
 from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
@@ -32,13 +31,10 @@ from nvdp.plugin.server import DevicePluginServer
 from nvdp.plugin.supervisor import DaemonSettings
 from nvdp.resources import build_resources
 from nvdp.testing import wait_until
-from tests.test_supervisor import GPU, FakeServer, Rig
-
-
-def line(record: logging.LogRecord) -> str:
-    """The record as the text log shows it, less time and level."""
-    return f"{record.getMessage()} {format_fields(getattr(record, FIELDS_ATTR, {}))}"
-
+from tests.fakes import FakeServer
+from tests.readings import log_lines
+from tests.test_kubelet_dir_replaced import bind_read_only
+from tests.test_supervisor import GPU, Rig
 
 CHANGE_S = 5.0  # a change wakes the watcher well within this
 QUIET_S = 0.2  # nothing that matters happens: the wait runs out
@@ -183,13 +179,8 @@ def test_claim_is_taken_again_in_a_new_directory(tmp_path: Path, caplog: pytest.
 # ---- a server that cannot listen ----------------------------------------------------------------
 
 
-def _read_only(path: Path) -> bool:
-    done = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], capture_output=True)
-    return done.returncode == 0
-
-
 def test_server_that_cannot_listen_says_why_and_starts_later(sock_dir: Path) -> None:
-    if os.geteuid() != 0 or not _read_only(sock_dir):
+    if os.geteuid() != 0 or not bind_read_only(sock_dir):
         pytest.skip("needs a read-only bind mount (root with CAP_SYS_ADMIN)")
     nvml = open_sim("pcie-4")
     nvml.init()
@@ -249,7 +240,7 @@ def test_supervisor_retries_a_server_that_cannot_listen(
             wait_until(lambda: timers[-1] is None, timeout=5, what="no timer once it listens")
         finally:
             rig.stop()
-    assert [line(r) for r in caplog.records] == [
+    assert log_lines(caplog) == [
         f"plugin server cannot listen; retrying resource={GPU} "
         f'error="cannot listen on {tmp_path / "nvidia-gpu.sock"}: Read-only file system"',
         f"plugin server listening again resource={GPU}",

@@ -4,7 +4,6 @@ fake servers and a recording observer; no sockets, no threads."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,21 +18,12 @@ from nvdp.plugin.kubelet_link import (
     STREAM_STABLE_S,
     KubeletLink,
 )
-from nvdp.plugin.server import PreferredAllocator
+from tests.builders import resource
+from tests.fakes import FakeServer
 
 KUBELET = Path("/kubelet/kubelet.sock")
 FIRST_KUBELET: FileId = (1, 100)
 RESTARTED_KUBELET: FileId = (1, 101)
-
-
-@dataclass
-class FakeServer:
-    socket_path: Path
-    allocator: PreferredAllocator | None = None
-    kubelet_stream_lost: Callable[[], None] | None = None  # handed in with each registration
-
-    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
-        self.kubelet_stream_lost = lost
 
 
 @dataclass
@@ -60,7 +50,7 @@ class FakeRegistrar:
 
 
 @dataclass
-class Recorder:
+class RecordingObserver:
     events: list[str] = field(default_factory=list)
 
     def registered(self, resource: str, first: bool) -> None:
@@ -70,10 +60,10 @@ class Recorder:
         self.events.append("kubelet lost")
 
 
-class Rig:
+class LinkRig:
     def __init__(self, *names: str) -> None:
         self.registrar = FakeRegistrar()
-        self.observer = Recorder()
+        self.observer = RecordingObserver()
         self.ready = threading.Event()
         self.now = 1000.0
         self.wakes = 0
@@ -85,7 +75,10 @@ class Rig:
             wake=self.wake,
             clock=lambda: self.now,
         )
-        self.servers = {name: FakeServer(Path(f"/kubelet/{name.replace('/', '-')}.sock")) for name in names}
+        self.servers = {
+            name: FakeServer(resource(name), Path(f"/kubelet/{name.replace('/', '-')}.sock"))
+            for name in names
+        }
         for name in names:
             self.link.expect(name)
 
@@ -104,7 +97,7 @@ class Rig:
 
 
 def test_registers_each_server_once_per_kubelet_and_then_is_ready() -> None:
-    rig = Rig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
+    rig = LinkRig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
     rig.servers["nvidia.com/gpu"].allocator = object()  # type: ignore[assignment]
     assert rig.link.registrations() == {"nvidia.com/gpu": False, "nvidia.com/mig-1g.5gb": False}
 
@@ -125,7 +118,7 @@ def test_registers_each_server_once_per_kubelet_and_then_is_ready() -> None:
 
 
 def test_a_kubelet_restart_forgets_every_registration_and_re_registers() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.register()
 
     rig.link.kubelet_gone()
@@ -140,7 +133,7 @@ def test_a_kubelet_restart_forgets_every_registration_and_re_registers() -> None
 
 
 def test_a_new_kubelet_socket_identity_is_registered_with_again() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.register()
     rig.register(RESTARTED_KUBELET)  # replaced between two wake-ups, never seen missing
     assert [call[1] for call in rig.registrar.calls] == ["nvidia.com/gpu", "nvidia.com/gpu"]
@@ -153,7 +146,7 @@ def test_a_new_kubelet_socket_identity_is_registered_with_again() -> None:
     ids=["first-failure", "doubles", "bounded"],
 )
 def test_a_refused_registration_is_retried_with_backoff(previous: float | None, expected: float) -> None:
-    rig = Rig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
+    rig = LinkRig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
     rig.registrar.refuse = {"nvidia.com/gpu"}
     assert rig.register(previous=previous) == pytest.approx(expected)
     assert not rig.ready.is_set()
@@ -166,7 +159,7 @@ def test_a_refused_registration_is_retried_with_backoff(previous: float | None, 
 
 
 def test_ready_with_nothing_to_serve_and_forgotten_servers_are_not_reported() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.link.forget("nvidia.com/gpu")
     del rig.servers["nvidia.com/gpu"]
     assert rig.link.registrations() == {}
@@ -182,7 +175,7 @@ def test_ready_with_nothing_to_serve_and_forgotten_servers_are_not_reported() ->
 
 
 def test_a_dropped_stream_unregisters_at_once_and_registers_again_after_a_delay() -> None:
-    rig = Rig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
+    rig = LinkRig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
     assert rig.register() is None
     rig.kubelet_drops_stream("nvidia.com/gpu")  # on a gRPC thread: wakes the loop
     assert rig.wakes == 1
@@ -205,7 +198,7 @@ def test_a_dropped_stream_unregisters_at_once_and_registers_again_after_a_delay(
 
 
 def test_streams_that_keep_ending_back_off_and_a_stable_one_resets() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.register()
     delays = []
     for _ in range(5):
@@ -223,7 +216,7 @@ def test_streams_that_keep_ending_back_off_and_a_stable_one_resets() -> None:
 
 
 def test_an_earlier_registrations_stream_or_a_restarted_kubelet_is_not_held_back() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.register()
     earlier = rig.servers["nvidia.com/gpu"].kubelet_stream_lost
     assert earlier is not None
@@ -243,7 +236,7 @@ def test_an_earlier_registrations_stream_or_a_restarted_kubelet_is_not_held_back
 
 
 def test_a_registration_that_failed_hands_the_next_attempt_a_new_stream_callback() -> None:
-    rig = Rig("nvidia.com/gpu")
+    rig = LinkRig("nvidia.com/gpu")
     rig.registrar.refuse = {"nvidia.com/gpu"}
     rig.register()
     failed = rig.servers["nvidia.com/gpu"].kubelet_stream_lost

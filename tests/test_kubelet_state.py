@@ -16,24 +16,13 @@ from nvdp.kubelet_standin import (
     Rejection,
     StreamEnd,
 )
+from tests.fakes import FakePluginEndpoint
 
 GPU = "nvidia.com/gpu"
 
 
-class FakeEndpoint:
-    """What the state needs of a plugin endpoint: its resource, and watch() to start the stream."""
-
-    def __init__(self, resource: str = GPU, name: str = "a.sock") -> None:
-        self.resource = resource
-        self.name = name
-        self.watching = False
-
-    def watch(self) -> None:
-        self.watching = True
-
-
 def endpoint(resource: str = GPU, name: str = "a.sock") -> PluginEndpoint:
-    return cast(PluginEndpoint, FakeEndpoint(resource, name))
+    return cast(PluginEndpoint, FakePluginEndpoint(resource, name))
 
 
 def registration(resource: str = GPU, endpoint: str = "a.sock") -> Registration:

@@ -1,5 +1,6 @@
 """How the code is laid out: the tests stand on the package, not on the benchmarks (but for the test of
-the benchmarks' own verdict), and the benchmarks follow the package's module-size rule."""
+the benchmarks' own verdict), the benchmarks follow the package's module-size rule, and each test
+helper, fake and builder is defined once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 
 import pytest
 
+import nvdp.testing
 from nvdp.testing import REPO
 from tests.test_layering import MAX_LINES
 
@@ -29,6 +31,37 @@ def imported_packages(path: str) -> set[str]:
 def test_tests_do_not_import_the_benchmarks(path: str) -> None:
     """Helpers the tests share with the benchmarks live in nvdp.testing."""
     assert "bench" not in imported_packages(path)
+
+
+def is_fixture(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """Decorated with pytest.fixture (pytest looks a fixture up per module: one name may serve many)."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if ast.unparse(target) in ("pytest.fixture", "fixture"):
+            return True
+    return False
+
+
+def helpers_defined(path: str) -> list[str]:
+    """The module's top-level classes and functions, less its tests and fixtures."""
+    return [
+        node.name
+        for node in ast.parse((REPO / path).read_text(), path).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and not node.name.startswith("test_")
+        and not is_fixture(node)
+    ]
+
+
+def test_each_helper_fake_and_builder_is_defined_once() -> None:
+    """A test helper lives in one module and is imported where it is used: the shared fakes in
+    tests/fakes.py, the builders in tests/builders.py, what reads a daemon in tests/readings.py, and
+    none of them again under the name of what nvdp.testing ships (wait_until, start_plugin...)."""
+    where: dict[str, list[str]] = {name: ["nvdp/testing"] for name in nvdp.testing.__all__}
+    for path in TEST_FILES:
+        for name in helpers_defined(path):
+            where.setdefault(name, []).append(path)
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
 
 
 def test_every_bench_module_says_its_job_and_stays_readable() -> None:

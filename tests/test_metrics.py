@@ -29,13 +29,16 @@ import pytest
 
 from nvdp.config import PluginOptions, resolve
 from nvdp.daemon import Daemon
-from nvdp.errors import ConfigError, NvdpError, nvml_error
+from nvdp.errors import ConfigError, NvdpError
 from nvdp.health import xid_reason
 from nvdp.kubelet_standin import Kubelet
 from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, Probes, parse_address
 from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
 from nvdp.testing import REPO, wait_until
+from tests.builders import append_sim_event, resource
+from tests.fakes import BrokenNvml, FakeServer, FakeSupervisor
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -177,12 +180,7 @@ class Plugin:
         return self.daemon.metrics
 
     def get(self, path: str) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.metrics.port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
+        return http_get(self.metrics.port, path)
 
     def wait_for(self, path: str, predicate: Callable[[int, str], object], what: str) -> tuple[int, str]:
         """Poll `path` until predicate(status, body) holds (deadline 10 s); return the last answer."""
@@ -225,11 +223,6 @@ def plugin(sock_dir: Path, events: Path) -> Iterator[Plugin]:
     plugin = Plugin(sim_daemon(sock_dir)).start()
     yield plugin
     plugin.stop()
-
-
-def inject(events: Path, **line: object) -> None:
-    with events.open("a") as f:
-        f.write(json.dumps(line) + "\n")
 
 
 def registered(plugin: Plugin, kubelet: Kubelet) -> None:
@@ -285,16 +278,11 @@ def test_readyz_without_health_checks(sock_dir: Path, events: Path, kubelet: Kub
         plugin.stop()
 
 
-class _BrokenNvml:
-    """NVML that cannot initialize (no driver on this node)."""
-
-    def init(self) -> None:
-        raise nvml_error("NVML_ERROR_LIBRARY_NOT_FOUND", "nvmlInit_v2")
-
-
 def test_idling_without_nvml_is_ready(sock_dir: Path) -> None:
     """fail-on-init-error=false: the plugin idles on purpose; a DaemonSet rollout must not wait on it."""
-    plugin = Plugin(sim_daemon(sock_dir, nvml=_BrokenNvml(), fail_on_init_error="false")).start()
+    plugin = Plugin(
+        sim_daemon(sock_dir, nvml=BrokenNvml("NVML_ERROR_LIBRARY_NOT_FOUND"), fail_on_init_error="false")
+    ).start()
     try:
         assert plugin.get("/readyz") == (200, "ok\n")
         text = plugin.get("/metrics")[1]
@@ -304,36 +292,16 @@ def test_idling_without_nvml_is_ready(sock_dir: Path) -> None:
         plugin.stop()
 
 
-class _FakeServer:
-    def __init__(self, path: str) -> None:
-        self.socket_path = Path(path)
-        self.serving = True
-
-    def socket_is_ours(self) -> bool:
-        return self.serving
-
-
-class _FakeSupervisor:
-    """The supervisor's registration state (nvdp.metrics.RegistrationState)."""
-
-    def __init__(self, servers: dict[str, _FakeServer]) -> None:
-        self.servers = servers
-        self.registered: dict[str, bool] = dict.fromkeys(servers, False)
-        self.started = True
-
-    def registrations(self) -> dict[str, bool]:
-        return dict(self.registered)
-
-
 def test_healthz_fails_when_a_registered_socket_stays_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = _FakeServer("/dp/nvidia-gpu.sock")
-    supervisor = _FakeSupervisor({GPU: server})
+    server = FakeServer(resource(GPU), Path("/dp/nvidia-gpu.sock"))
+    server.start()
+    supervisor = FakeSupervisor({GPU: False}, {GPU: server})
     metrics = Metrics("127.0.0.1:0", probes=Probes(supervisor))  # type: ignore[arg-type]
     metrics.families.servers_changed({GPU: server})
     supervisor.registered[GPU] = True
     metrics.families.registered(GPU, True)
     assert metrics.liveness_problem() is None
-    server.serving = False
+    server.wiped = True  # its socket file is gone
     assert metrics.liveness_problem() is None  # within the grace period: being restarted
     monkeypatch.setattr("nvdp.metrics.readiness.SOCKET_GRACE_S", 0.0)
     assert metrics.liveness_problem() == "plugin socket missing for over 0s: /dp/nvidia-gpu.sock"
@@ -400,13 +368,13 @@ def test_xid_and_nvml_errors_show_up(plugin: Plugin, kubelet: Kubelet, events: P
     kubelet.start()
     registered(plugin, kubelet)
     uuid = sorted(kubelet.devices(GPU))[3]
-    inject(events, uuid=uuid, xid=79)
+    append_sim_event(events, uuid=uuid, xid=79)
     text = plugin.wait_metric("nvdp_device_healthy", 0, resource=GPU, device=uuid, reason=xid_reason(79))
     assert value(text, "nvdp_health_events_total", xid="79") == 1
     healthy = {ls["device"]: v for n, ls, v in parse_metrics(text) if n == "nvdp_device_healthy"}
     assert healthy == {i: float(i != uuid) for i in kubelet.devices(GPU)}
 
-    inject(events, event="wait-error", code="NVML_ERROR_UNKNOWN")  # a failed nvmlEventSetWait
+    append_sim_event(events, event="wait-error", code="NVML_ERROR_UNKNOWN")  # a failed nvmlEventSetWait
     plugin.wait_metric("nvdp_nvml_errors_total", 1, call="nvmlEventSetWait_v2")
     assert plugin.wait_metric("nvdp_health_monitor_degraded", 0)  # re-armed after the failed wait
 

@@ -5,47 +5,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
 
-from nvdp.errors import NvmlError, nvml_error
-from nvdp.health import HealthChange, MonitorStatus
+from nvdp.errors import NvmlError
 from nvdp.metrics import HttpEndpoint, MetricFamilies, Metrics, Pages, Probes
+from tests.fakes import BrokenNvml, FakeHealth, FakeHttpEndpoint, FakeSupervisor
 
 A, B = "nvidia.com/a", "nvidia.com/b"
-
-
-class FakeServer:
-    def __init__(self, name: str) -> None:
-        self.socket_path = Path(f"/dp/{name}.sock")
-
-    def socket_is_ours(self) -> bool:
-        return True
-
-
-class FakeSupervisor:
-    def __init__(self, registered: Mapping[str, bool], started: bool = True) -> None:
-        self.servers = {name: FakeServer(name) for name in registered}
-        self.registered = dict(registered)
-        self.started = started
-
-    def registrations(self) -> dict[str, bool]:
-        return dict(self.registered)
-
-
-class FakeHealth:
-    def __init__(self, enabled: bool, running: bool | None) -> None:
-        self.checks_enabled = enabled
-        self.running = running
-
-    def monitor_status(self) -> MonitorStatus | None:
-        if self.running is None:
-            return None
-        return MonitorStatus(running=self.running, degraded=False, reason=None, last_error=None, rearms=0)
-
-    def unhealthy(self) -> dict[str, HealthChange]:
-        return {}
 
 
 RUNNING, STOPPED, NONE, OFF = FakeHealth(True, True), FakeHealth(True, False), FakeHealth(True, None), None
@@ -95,27 +62,11 @@ def test_readiness_reads_the_supervisor_at_probe_time() -> None:
     assert probes.readiness_problem() is None
 
 
-class FakeEndpoint:
-    def __init__(self, address: str, pages: Pages) -> None:
-        self.address, self.pages = address, pages
-        self.calls: list[str] = []
-
-    @property
-    def port(self) -> int:
-        return 4242 if self.calls[-1:] == ["start"] else 0
-
-    def start(self) -> None:
-        self.calls.append("start")
-
-    def stop(self) -> None:
-        self.calls.append("stop")
-
-
 def test_metrics_serve_through_the_endpoint_protocol() -> None:
-    made: list[FakeEndpoint] = []
+    made: list[FakeHttpEndpoint] = []
 
-    def factory(address: str, pages: Pages) -> FakeEndpoint:
-        made.append(FakeEndpoint(address, pages))
+    def factory(address: str, pages: Pages) -> FakeHttpEndpoint:
+        made.append(FakeHttpEndpoint(address, pages))
         return made[-1]
 
     metrics = Metrics(":9400", MetricFamilies("9.9"), endpoint=factory)
@@ -129,14 +80,9 @@ def test_metrics_serve_through_the_endpoint_protocol() -> None:
     assert endpoint.pages.readiness_problem() == "starting: no resources served yet"
 
 
-class FakeNvml:
-    def init(self) -> None:
-        raise nvml_error("NVML_ERROR_DRIVER_NOT_LOADED", "nvmlInit_v2")
-
-
 def test_failed_nvml_calls_are_counted_by_call() -> None:
     metrics = Metrics(":0")
-    nvml = metrics.families.count_nvml_errors(FakeNvml())  # type: ignore[arg-type]
+    nvml = metrics.families.count_nvml_errors(BrokenNvml())  # type: ignore[arg-type]
     for _ in range(2):
         with pytest.raises(NvmlError):
             nvml.init()

@@ -4,8 +4,6 @@ and a metric; the rest of the node is served; a resource left without devices ma
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,24 +13,18 @@ from nvdp.metrics import Probes
 from nvdp.misfit_report import MisfitReport
 from nvdp.misfits import Misfit
 from nvdp.testing import free_port, start_plugin, wait_until
-from tests.sim import sim_gpus
+from tests.builders import sim_gpus
+from tests.fakes import FakeEventSink
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 UNMATCHED = Misfit("SharingEntryUnmatched", "sharing.timeSlicing.resources[0]", "entry 0 matches nothing")
 NO_NODES = Misfit("DeviceNodesMissing", "/dev/nvidia0", "no device nodes", withholds=(GPU,))
 
 
-class Events:
-    def __init__(self) -> None:
-        self.recorded: list[tuple[str, str, str]] = []
-
-    def record(self, event_type: str, reason: str, message: str) -> None:
-        self.recorded.append((event_type, reason, message))
-
-
 def test_a_new_misfit_is_one_warning_and_one_event_until_it_goes(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="nvdp.misfit_report")
-    events = Events()
+    events = FakeEventSink()
     report = MisfitReport(events)
     report.update("resources", [UNMATCHED])
     report.update("resources", [UNMATCHED])  # a reload that sees it again: said once
@@ -73,14 +65,6 @@ def test_readiness_names_a_resource_a_misfit_withholds() -> None:
     assert probes.readiness_problem() == "withheld by a node fact: nvidia.com/gpu (no device nodes)"
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_a_sharing_entry_for_a_resource_the_node_lacks_leaves_the_others_applied(
     sock_dir: Path, tmp_path: Path
 ) -> None:
@@ -97,8 +81,8 @@ def test_a_sharing_entry_for_a_resource_the_node_lacks_leaves_the_others_applied
             kubelet.wait_for_registration(GPU, timeout=20)
             devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 16)
             assert f"{sim_gpus('dgx-a100')[7].uuid}::1" in devices
-            wait_until(lambda: _get(port, "/readyz")[0] == 200, 10, "ready")
-            _, metrics = _get(port, "/metrics")
+            wait_until(lambda: http_get(port, "/readyz")[0] == 200, 10, "ready")
+            _, metrics = http_get(port, "/metrics")
             assert 'nvdp_node_misfits{reason="SharingEntryUnmatched"} 1' in metrics
             assert 'nvdp_node_misfits_total{reason="SharingEntryUnmatched"} 1' in metrics
             warnings = [line for line in plugin.log().splitlines() if " WARNING " in line]

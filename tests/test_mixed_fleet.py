@@ -40,7 +40,7 @@ ENTRIES = {
 
 
 @dataclass(frozen=True)
-class Node:
+class FleetNode:
     nvml: str
     # entry -> (resource -> devices, the misfit reasons the plugin warns about)
     expected: dict[str, tuple[dict[str, int], tuple[str, ...]]]
@@ -57,11 +57,11 @@ def whole(gpus: int) -> dict[str, tuple[dict[str, int], tuple[str, ...]]]:
 
 
 NODES = {
-    "dgx-a100": Node("sim:dgx-a100", whole(8)),
-    "pcie-4": Node("sim:pcie-4", whole(4)),
-    "dgx-h100": Node("sim:dgx-h100", whole(8)),
+    "dgx-a100": FleetNode("sim:dgx-a100", whole(8)),
+    "pcie-4": FleetNode("sim:pcie-4", whole(4)),
+    "dgx-h100": FleetNode("sim:dgx-h100", whole(8)),
     # dgx-a100-mig in the middle of a re-partition: GPU 0 has MIG on and no MIG devices yet.
-    "dgx-a100-mig-repartitioning": Node(
+    "dgx-a100-mig-repartitioning": FleetNode(
         f"sim:{DATA / 'nodes' / 'dgx-a100-repartition.yaml'}",
         {
             "default": ({GPU: 8}, ()),  # strategy none: MIG-enabled GPUs are served whole
@@ -76,7 +76,7 @@ NODES = {
 }
 
 
-def _warnings(log: str) -> list[str]:
+def _warned_reasons(log: str) -> list[str]:
     return [
         line.rsplit(" reason=", 1)[1]
         for line in log.splitlines()
@@ -123,8 +123,10 @@ def test_one_configmap_serves_every_node_of_a_mixed_fleet(
             for resource, count in served.items():
                 kubelet.wait_for_devices(resource, lambda d, n=count: len(d) == n, timeout=30)
             assert sorted(kubelet.resources()) == sorted(served), entry
-            wait_until(lambda r=reasons, s=seen: set(r) <= set(_warnings(plugin.log()[s:])), 10, "warnings")
-            assert set(_warnings(plugin.log()[seen:])) == set(reasons), entry
+            wait_until(
+                lambda r=reasons, s=seen: set(r) <= set(_warned_reasons(plugin.log()[s:])), 10, "warnings"
+            )
+            assert set(_warned_reasons(plugin.log()[seen:])) == set(reasons), entry
             labels = _gfd(node.nvml, dst, tmp_path / f"{entry}.labels")
             assert labels["nvidia.com/gpu.count"] != "", entry
             assert plugin.alive(), entry

@@ -18,8 +18,8 @@ from nvdp.nvml.sim import SimEventError, SimNvml
 from nvdp.nvml.types import ComputeMode
 from nvdp.testing import Process, clean_env, wait_until
 from tests import test_mps_daemon
+from tests.builders import append_sim_event, sim_gpus
 from tests.mps_standin import Standin
-from tests.sim import sim_gpus
 from tests.test_mps_daemon import MPS4, Running
 
 running = test_mps_daemon.running  # the in-process controller against the stand-in, by name
@@ -85,8 +85,7 @@ def test_daemon_process_follows_the_events_file(tmp_path: Path) -> None:
     try:
         wait_until(lambda: root.marker(GPU).exists(), timeout=20, what="ready marker")
         gpu1 = sim_gpus("pcie-4")[1].uuid
-        with events.open("a") as f:
-            f.write(json.dumps({"uuid": gpu1, "compute-mode": "DEFAULT"}) + "\n")
+        append_sim_event(events, **{"uuid": gpu1, "compute-mode": "DEFAULT"})
         wait_until(lambda: "restoring EXCLUSIVE_PROCESS" in process.log(), timeout=10, what="restore")
     finally:
         process.stop()

@@ -27,7 +27,7 @@ GPU = "nvidia.com/gpu"
 L40S_MIB = 46068  # pcie-4: 4 x L40S
 
 
-def mps(replicas: int) -> str:
+def mps_config(replicas: int) -> str:
     return f"version: v1\nsharing:\n  mps:\n    resources: [{{name: nvidia.com/gpu, replicas: {replicas}}}]\n"
 
 
@@ -40,7 +40,7 @@ def test_mps_daemon_follows_the_node_label_through_the_config_manager(
     tmp_path: Path, api: KubeApiStandin, processes: list[Process]
 ) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    src = ConfigMapDir(tmp_path / "src", {"a": mps(2), "b": mps(4)})
+    src = ConfigMapDir(tmp_path / "src", {"a": mps_config(2), "b": mps_config(4)})
     dst = tmp_path / "dst" / "config.yaml"
     root = MpsRoot(tmp_path / "mps")
     standin = Standin(tmp_path / "standin")

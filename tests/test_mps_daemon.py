@@ -28,8 +28,8 @@ from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
 from nvdp.nvml.types import ComputeMode
 from nvdp.testing import Process, clean_env, wait_until
+from tests.builders import sim_gpus
 from tests.mps_standin import Standin
-from tests.sim import sim_gpus
 
 GPU = "nvidia.com/gpu"
 MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"

@@ -20,7 +20,7 @@ from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
 from nvdp.resources import build_resources
 from nvdp.testing import start_plugin
-from tests.sim import sim_gpus
+from tests.builders import sim_gpus, with_facts
 
 GPU = "nvidia.com/gpu"
 L40S_MIB = 46068  # pcie-4: 4 x L40S
@@ -117,7 +117,7 @@ def test_allocate_limits_follow_each_gpus_count(sock_dir: Path, kubelet: Kubelet
     ],
 )
 def test_volta_client_limit_is_per_gpu(replicas: tuple[int, int], refused: str | None) -> None:
-    volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:2]]
+    volta = [with_facts(g, compute_capability=(7, 0)) for g in sim_gpus("pcie-4")[:2]]
     sharing = (
         ReplicatedResource(GPU, replicas[0], strategy="mps", devices=("0",)),
         ReplicatedResource(GPU, replicas[1], strategy="mps", devices=("1",)),

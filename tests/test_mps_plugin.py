@@ -6,11 +6,8 @@ GPU marking all its replicas, and every MPS refusal with its exact line."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -23,8 +20,9 @@ from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
 from nvdp.resources import build_resources
 from nvdp.testing import Process, clean_env, free_port, start_plugin, wait_until
+from tests.builders import append_sim_event, sim_gpus, with_facts
 from tests.mps_standin import Standin
-from tests.sim import sim_gpus
+from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
 MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
@@ -75,8 +73,7 @@ def test_advertised_only_while_the_control_daemon_is_ready(
         with pytest.raises(grpc.RpcError, match="maximum request size for shared resources is 1"):
             kubelet.allocate(GPU, [[f"{gpu0}::0", f"{gpu0}::1"]])
         # an XID on GPU 0 marks all four of its replicas
-        with events.open("a") as f:
-            f.write(json.dumps({"uuid": gpu0, "xid": 79}) + "\n")
+        append_sim_event(events, uuid=gpu0, xid=79)
         kubelet.wait_for_devices(
             GPU,
             lambda d: (
@@ -129,10 +126,9 @@ def test_a_daemon_that_cannot_start_is_named_by_the_plugin_and_readyz(
         daemon = Process(daemon_argv, tmp_path / "daemon.log", no_binary)
         why = f"{waiting}: nvidia-cuda-mps-control not found; not advertised"
         wait_until(lambda: f"{why} reason=MpsDaemonNotReady" in plugin.log(), 20, "the reason")
-        wait_until(
-            lambda: get(port, "/readyz") == (503, f"withheld by a node fact: {GPU} ({why})\n"), 10, "/readyz"
-        )
-        assert 'nvdp_node_misfits{reason="MpsDaemonNotReady"} 1' in get(port, "/metrics")[1]
+        withheld = (503, f"withheld by a node fact: {GPU} ({why})\n")
+        wait_until(lambda: http_get(port, "/readyz") == withheld, 10, "/readyz")
+        assert 'nvdp_node_misfits{reason="MpsDaemonNotReady"} 1' in http_get(port, "/metrics")[1]
         assert GPU not in kubelet.resources() and "no devices found" not in plugin.log()
         daemon.send(signal.SIGTERM)
         assert daemon.wait(10) == 0
@@ -143,14 +139,6 @@ def test_a_daemon_that_cannot_start_is_named_by_the_plugin_and_readyz(
             daemon.stop()
     assert plugin.log().count(why) == 1  # retried by the daemon, said once
     assert "Traceback" not in plugin.log() + (daemon.log() if daemon else "")
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def test_per_container_limits_follow_the_replicas_received(
@@ -176,7 +164,7 @@ def test_per_container_limits_follow_the_replicas_received(
 # ---- refusals --------------------------------------------------------------------------------------
 
 
-def problems(argv: list[str], text: str, tmp_path: Path) -> list[str]:
+def plugin_problems(argv: list[str], text: str, tmp_path: Path) -> list[str]:
     path = tmp_path / "config.yaml"
     path.write_text(text)
     parser = argparse.ArgumentParser()
@@ -224,7 +212,7 @@ def problems(argv: list[str], text: str, tmp_path: Path) -> list[str]:
     ],
 )
 def test_config_refusals(argv: list[str], text: str, expected: list[str], tmp_path: Path) -> None:
-    assert problems(argv, text, tmp_path) == expected
+    assert plugin_problems(argv, text, tmp_path) == expected
 
 
 def test_node_misfits() -> None:
@@ -237,12 +225,12 @@ def test_node_misfits() -> None:
         "sharing.mps: nvidia.com/gpu: MPS is not supported on MIG devices (MIG device 3:0 would be shared); "
         "not advertised"
     ]
-    volta = [g.__class__(**{**g.__dict__, "compute_capability": (7, 0)}) for g in sim_gpus("pcie-4")[:1]]
+    volta = [with_facts(g, compute_capability=(7, 0)) for g in sim_gpus("pcie-4")[:1]]
     assert [m.message for m in mps_misfits(build_resources(volta, sharing=mps).resources, volta)] == [
         "sharing.mps: nvidia.com/gpu: 20 replicas are more than MPS supports on GPU 0 "
         "(compute capability 7.0: 16 clients); not advertised"
     ]
-    turing = [g.__class__(**{**g.__dict__, "compute_capability": (7, 5)}) for g in sim_gpus("pcie-4")[:1]]
+    turing = [with_facts(g, compute_capability=(7, 5)) for g in sim_gpus("pcie-4")[:1]]
     assert mps_misfits(build_resources(turing, sharing=mps).resources, turing) == []
 
 
@@ -269,11 +257,11 @@ def test_node_misfit_is_one_warning_and_the_plugin_keeps_running(sock_dir: Path,
 
 
 def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) -> None:
-    from tests.test_simulate import run
+    from tests.test_simulate import run_simulate
 
     config = tmp_path / "mps.yaml"
     config.write_text(MPS4)
-    result = run("--profile", "pcie-4", "--config-file", str(config))
+    result = run_simulate("--profile", "pcie-4", "--config-file", str(config))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("MPS: the simulated node has no nvidia-cuda-mps-control, so no MPS control daemon")

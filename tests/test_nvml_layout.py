@@ -5,7 +5,6 @@ hot-plugged GPUs included, and the real backend asks NVML only for what a layout
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,10 +16,11 @@ from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
 from nvdp.errors import NvmlError
 from nvdp.nvml import open_nvml
-from nvdp.nvml.real import RealNvml
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuLayout
 from nvdp.plugin.rescan import layout_of
+from tests import test_nvml_standin
+from tests.test_nvml_real import opened
 
 A100_80GB = 81920 * 1024 * 1024
 ME = fake.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1  # the 1g.10gb+me GPU instance profile (A100 80GB)
@@ -44,7 +44,7 @@ def mig(uuid: str, gi: int, ci: int, g: int, c: int, memory_mb: int, profile_id:
     return FakeMig(uuid, gi, ci, g, c, memory_mb, gi_profile_id=profile_id)
 
 
-def node() -> list[FakeGpu]:
+def fake_node() -> list[FakeGpu]:
     """GPU 0: 3g.40gb split into 1c.3g.40gb compute instances, a 1g.10gb+me and a 2g.20gb; GPU 1:
     MIG disabled; GPU 2: not MIG capable; GPU 3: MIG enabled without MIG devices."""
     slots = {
@@ -84,15 +84,9 @@ EXPECTED = {
 }
 
 
-def opened(lib: FakePynvml) -> RealNvml:
-    nvml = RealNvml(pynvml=lib, sysfs_root="/nonexistent")
-    nvml.init()
-    return nvml
-
-
 @pytest.mark.parametrize("enumerated_first", [True, False], ids=["after-gpus", "fresh-backend"])
 def test_real_layout_names_equal_the_enumerations(enumerated_first: bool) -> None:
-    nvml = opened(FakePynvml(node()))
+    nvml = opened(FakePynvml(fake_node()))
     if enumerated_first:
         assert layout_of(nvml.gpus()) == EXPECTED
     assert nvml.mig_layout() == EXPECTED
@@ -101,7 +95,7 @@ def test_real_layout_names_equal_the_enumerations(enumerated_first: bool) -> Non
 
 
 def test_real_layout_asks_only_for_the_layout() -> None:
-    lib = FakePynvml(node())
+    lib = FakePynvml(fake_node())
     nvml = opened(lib)
     nvml.gpus()
     lib.calls.clear()
@@ -128,7 +122,7 @@ def test_real_layout_asks_only_for_the_layout() -> None:
 def test_real_layout_of_a_failing_gpu_is_what_gpus_lists(
     errors: dict[str, int], enumerated_first: bool, expected: GpuLayout | None
 ) -> None:
-    gpus = node()
+    gpus = fake_node()
     nvml = opened(FakePynvml(gpus))
     if enumerated_first:
         nvml.gpus()
@@ -142,7 +136,7 @@ def test_real_layout_of_a_failing_gpu_is_what_gpus_lists(
 
 
 def test_real_layout_follows_hot_plug_and_raises_nvml_failures() -> None:
-    lib = FakePynvml(node())
+    lib = FakePynvml(fake_node())
     nvml = opened(lib)
     unplugged = lib.gpus.pop(1)
     assert list(nvml.mig_layout()) == ["GPU-0", "GPU-2", "GPU-3"]
@@ -156,7 +150,7 @@ def test_real_layout_follows_hot_plug_and_raises_nvml_failures() -> None:
 def test_a_failing_gpu_is_listed_with_its_own_last_facts_after_indices_shift() -> None:
     """Last known facts are found by UUID, not index: indices shift when a GPU is unplugged or
     plugged back in front, and a GPU that comes back is a new one (listed with its fault)."""
-    lib = FakePynvml(node())
+    lib = FakePynvml(fake_node())
     nvml = opened(lib)
     first = nvml.gpus()
     unplugged = lib.gpus.pop(0)
@@ -208,7 +202,6 @@ def test_sim_layout_follows_changes_and_lost_gpus() -> None:
 
 # -- the C NVML stand-in (tests/nvml_standin) through the real pynvml ------------------------------
 
-STANDIN = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"
 STANDIN_NODE = """driver 550.54.15
 cuda 12040
 gpu uuid=GPU-0 minor=0 memory_mib=81920 bus=00000000:07:00.0 numa=0 mig=1 name=NVIDIA A100-SXM4-80GB
@@ -238,31 +231,15 @@ print(json.dumps({"fresh": repr(fresh), "full": repr(full), "again": repr(again)
 """
 
 
-@pytest.fixture(scope="module")
-def standin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    compiler = shutil.which("cc")
-    if compiler is None:
-        pytest.skip("no C compiler (cc) on PATH to build the NVML stand-in library")
-    out = tmp_path_factory.mktemp("nvml-standin-layout")
-    build = [
-        compiler,
-        "-shared",
-        "-fPIC",
-        "-O1",
-        "-o",
-        str(out / "libnvidia-ml.so.1"),
-        str(STANDIN),
-        "-lpthread",
-    ]
-    subprocess.run(build, check=True, capture_output=True, timeout=120)
-    return out
+# test_nvml_standin's fixture (the stand-in library, built once), used here by name
+standin = test_nvml_standin.standin
 
 
-def test_standin_layout_names_equal_the_enumerations(standin_dir: Path, tmp_path: Path) -> None:
+def test_standin_layout_names_equal_the_enumerations(standin: Path, tmp_path: Path) -> None:
     (tmp_path / "node.txt").write_text(STANDIN_NODE)
     (tmp_path / "commands.txt").touch()
     env = {
-        "LD_LIBRARY_PATH": str(standin_dir),
+        "LD_LIBRARY_PATH": str(standin),
         "NVML_STANDIN_NODE": str(tmp_path / "node.txt"),
         "NVML_STANDIN_COMMANDS": str(tmp_path / "commands.txt"),
         "PATH": "/usr/bin:/bin",
@@ -301,13 +278,13 @@ print(json.dumps([list(before.instances), list(after.instances), before.mig_uuid
 """
 
 
-def test_standin_layout_created_again_has_new_uuids(standin_dir: Path, tmp_path: Path) -> None:
+def test_standin_layout_created_again_has_new_uuids(standin: Path, tmp_path: Path) -> None:
     """Real backend over the C stand-in: the same MIG devices destroyed and created again (new UUIDs,
     as the driver gives) read as a new layout with the same instances."""
     (tmp_path / "node.txt").write_text(STANDIN_NODE)
     (tmp_path / "commands.txt").touch()
     env = {
-        "LD_LIBRARY_PATH": str(standin_dir),
+        "LD_LIBRARY_PATH": str(standin),
         "NVML_STANDIN_NODE": str(tmp_path / "node.txt"),
         "NVML_STANDIN_COMMANDS": str(tmp_path / "commands.txt"),
         "PATH": "/usr/bin:/bin",

@@ -26,6 +26,7 @@ def gpu(n: int, **kwargs: object) -> FakeGpu:
 
 
 def opened(lib: FakePynvml, tmp_path: Path | None = None) -> RealNvml:
+    """The real backend over `lib`, initialised; sysfs read under `tmp_path` (none by default)."""
     nvml = RealNvml(pynvml=lib, sysfs_root=str(tmp_path or "/nonexistent"))
     nvml.init()
     return nvml

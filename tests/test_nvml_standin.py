@@ -41,7 +41,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-class Node:
+class StandinNode:
     """A stand-in node: its node file, its commands file and the plugin serving it."""
 
     def __init__(self, tmp_path: Path, lines: str) -> None:
@@ -60,10 +60,10 @@ class Node:
             f.write(line + "\n")
 
 
-def start(
+def start_standin_plugin(
     sock_dir: Path,
     tmp_path: Path,
-    node: Node,
+    node: StandinNode,
     processes: list[Process],
     library_dir: Path | None,
     config: str = "version: v1\n",
@@ -76,7 +76,7 @@ def start(
     return plugin
 
 
-def unhealthy(kubelet: Kubelet, expected: set[str], resource: str = GPU) -> None:
+def wait_unhealthy(kubelet: Kubelet, expected: set[str], resource: str = GPU) -> None:
     kubelet.wait_for_devices(
         resource, lambda d: {i for i, s in d.items() if s.health != "Healthy"} == expected, timeout=10
     )
@@ -85,14 +85,16 @@ def unhealthy(kubelet: Kubelet, expected: set[str], resource: str = GPU) -> None
 def test_discovery_whole_gpus_and_mig_devices(
     standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    node = Node(
+    node = StandinNode(
         tmp_path,
         gpu_line(0, mig=-1)
         + gpu_line(1, mig=1)
         + f"mig gpu=1 uuid={MIGS[0]} gi=1 ci=0 gi_slices=3 ci_slices=3 memory_mb=19968 profile=2\n"
         + f"mig gpu=1 uuid={MIGS[1]} gi=2 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=0\n",
     )
-    plugin = start(sock_dir, tmp_path, node, processes, standin, args=("--mig-strategy", "mixed"))
+    plugin = start_standin_plugin(
+        sock_dir, tmp_path, node, processes, standin, args=("--mig-strategy", "mixed")
+    )
     for resource, ids in (
         (GPU, {UUIDS[0]}),
         ("nvidia.com/mig-3g.20gb", {MIGS[0]}),
@@ -106,13 +108,13 @@ def test_discovery_whole_gpus_and_mig_devices(
 def test_xid_through_event_set_wait_v2_reaches_list_and_watch(
     standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    node = Node(tmp_path, gpu_line(0) + gpu_line(1) + gpu_line(2))
-    plugin = start(sock_dir, tmp_path, node, processes, standin)
+    node = StandinNode(tmp_path, gpu_line(0) + gpu_line(1) + gpu_line(2))
+    plugin = start_standin_plugin(sock_dir, tmp_path, node, processes, standin)
     kubelet.wait_for_registration(GPU, timeout=20)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 3, timeout=10)
     wait_until(lambda: "health monitor starting" in plugin.log(), timeout=10, what="health monitor")
     node.command("xid 1 79")
-    unhealthy(kubelet, {UUIDS[1]})
+    wait_unhealthy(kubelet, {UUIDS[1]})
     wait_until(lambda: "device unhealthy" in plugin.log(), timeout=5, what="transition line")
     line = next(li for li in plugin.log().splitlines() if "device unhealthy" in li)
     assert line.endswith(
@@ -124,24 +126,24 @@ def test_xid_through_event_set_wait_v2_reaches_list_and_watch(
 def test_gpu_lost_at_run_time_is_found_by_the_probe(
     standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    node = Node(tmp_path, gpu_line(0) + gpu_line(1))
+    node = StandinNode(tmp_path, gpu_line(0) + gpu_line(1))
     config = "version: v1\nhealth:\n  probeInterval: 200ms\n"
-    plugin = start(sock_dir, tmp_path, node, processes, standin, config=config)
+    plugin = start_standin_plugin(sock_dir, tmp_path, node, processes, standin, config=config)
     kubelet.wait_for_registration(GPU, timeout=20)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 2, timeout=10)
     node.command("lost 0")
-    unhealthy(kubelet, {UUIDS[0]})
+    wait_unhealthy(kubelet, {UUIDS[0]})
     assert "NVML_ERROR_GPU_IS_LOST" in plugin.log()
 
 
 def test_gpu_lost_at_start_is_advertised_unhealthy_and_the_others_served(
     standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    node = Node(tmp_path, gpu_line(0) + gpu_line(1, lost=1) + gpu_line(2) + gpu_line(3))
-    plugin = start(sock_dir, tmp_path, node, processes, standin)  # fail-on-init-error: true
+    node = StandinNode(tmp_path, gpu_line(0) + gpu_line(1, lost=1) + gpu_line(2) + gpu_line(3))
+    plugin = start_standin_plugin(sock_dir, tmp_path, node, processes, standin)  # fail-on-init-error: true
     kubelet.wait_for_registration(GPU, timeout=20)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 4, timeout=10)
-    unhealthy(kubelet, {UUIDS[1]})
+    wait_unhealthy(kubelet, {UUIDS[1]})
     assert plugin.alive()
     assert (
         f"GPU enumeration failed; advertising it Unhealthy gpu={UUIDS[1]} index=1 "
@@ -183,9 +185,11 @@ def test_library_lookup_order(
     default_search: bool,
     loaded: str | None,
 ) -> None:
-    node = Node(tmp_path, gpu_line(0))
+    node = StandinNode(tmp_path, gpu_line(0))
     args = ("--driver-root-ctr-path", str(roots[ctr]), "--nvidia-driver-root", str(roots[host]))
-    plugin = start(sock_dir, tmp_path, node, processes, standin if default_search else None, args=args)
+    plugin = start_standin_plugin(
+        sock_dir, tmp_path, node, processes, standin if default_search else None, args=args
+    )
     wait_until(lambda: "NVML initialized" in plugin.log(), timeout=20, what="NVML initialized")
     path = "libnvidia-ml.so.1" if loaded is None else f"{tmp_path / loaded}/{LIBRARY}"
     assert f"library={path}" in plugin.log()
@@ -200,9 +204,9 @@ def test_library_not_found_names_every_path_tried(
         pass
     else:
         pytest.skip(f"this machine has a {LIBRARY} in the default search: it would be found")
-    node = Node(tmp_path, gpu_line(0))
+    node = StandinNode(tmp_path, gpu_line(0))
     args = ("--driver-root-ctr-path", str(roots["empty"]), "--nvidia-driver-root", str(tmp_path / "none"))
-    plugin = start(sock_dir, tmp_path, node, processes, None, args=args)
+    plugin = start_standin_plugin(sock_dir, tmp_path, node, processes, None, args=args)
     assert plugin.wait(timeout=20) == 1
     last = plugin.log().strip().splitlines()[-1]
     assert (
@@ -224,7 +228,7 @@ def test_rescan_serves_repartitioning_and_hot_plug_over_the_real_backend(
     instance profiles) and a GPU unplugged and plugged back, served without a signal."""
     mig = "gi_slices=3 ci_slices=1 memory_mb=19968 profile=2"
     new = [f"MIG-2222222{n}-0000-4000-8000-00000000000{n}" for n in range(3)]
-    node = Node(
+    node = StandinNode(
         tmp_path,
         gpu_line(0, mig=0)
         + gpu_line(1, mig=1)
@@ -233,7 +237,7 @@ def test_rescan_serves_repartitioning_and_hot_plug_over_the_real_backend(
         + f"mig gpu=1 uuid={MIGS[1]} gi=7 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=0\n",
     )
     args = ("--mig-strategy", "mixed", "--device-rescan-interval", "300ms")
-    plugin = start(sock_dir, tmp_path, node, processes, standin, args=args)
+    plugin = start_standin_plugin(sock_dir, tmp_path, node, processes, standin, args=args)
     for resource in (GPU, "nvidia.com/mig-3g.20gb", "nvidia.com/mig-1g.5gb"):
         kubelet.wait_for_registration(resource, timeout=20)
     kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[2]}, timeout=10)
@@ -273,20 +277,20 @@ def test_a_gpu_plugged_back_is_a_new_device_and_starts_healthy(
 ) -> None:
     """Lost, removed by the rescan, plugged back after a driver rebind: Healthy again; one plugged
     back still broken is marked again by the health monitor."""
-    node = Node(tmp_path, gpu_line(0) + gpu_line(1))
+    node = StandinNode(tmp_path, gpu_line(0) + gpu_line(1))
     config = "version: v1\nhealth:\n  probeInterval: 200ms\n"
-    plugin = start(
+    plugin = start_standin_plugin(
         sock_dir, tmp_path, node, processes, standin, config, ("--device-rescan-interval", "200ms")
     )
     kubelet.wait_for_registration(GPU, timeout=20)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 2, timeout=10)
     for still_broken in (False, True):
         node.command("lost 0")
-        unhealthy(kubelet, {UUIDS[0]})
+        wait_unhealthy(kubelet, {UUIDS[0]})
         node.command("unplug 0")
         kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[1]}, timeout=10)
         node.command("plug 0" if still_broken else "restored 0\nplug 0")
         kubelet.wait_for_devices(GPU, lambda d: set(d) == {UUIDS[0], UUIDS[1]}, timeout=10)
-        unhealthy(kubelet, {UUIDS[0]} if still_broken else set())
+        wait_unhealthy(kubelet, {UUIDS[0]} if still_broken else set())
     assert f"forgot the health of devices gone from the node devices={UUIDS[0]}" in plugin.log()
     assert plugin.alive() and "Traceback" not in plugin.log()

@@ -11,7 +11,7 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until
-from tests.sim import sim_gpus
+from tests.builders import sim_gpus
 
 GPU = "nvidia.com/gpu"
 PROFILES = ("dgx-a100", "pcie-4", "dgx-h100")

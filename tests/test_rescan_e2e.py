@@ -4,7 +4,6 @@ stand-in over real unix sockets."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin, wait_until
-from tests.sim import sim_gpus
+from tests.builders import append_sim_event, sim_gpus
 
 MIG = "nvidia.com/mig-"
 MIXED = ["gpu", "mig-1g.5gb", "mig-2g.10gb", "mig-3g.20gb", "mig-7g.40gb"]
@@ -21,12 +20,11 @@ INTERVAL = 1.0
 
 
 def inject(events: Path, **line: object) -> float:
-    with events.open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_sim_event(events, **line)
     return time.monotonic()
 
 
-def start(
+def start_rescanning(
     sock_dir: Path, processes: list[Process], *args: str, interval: float = INTERVAL
 ) -> tuple[Process, Path]:
     events = sock_dir / "events.jsonl"
@@ -44,7 +42,7 @@ def start(
 def test_mixed_layout_change_served_without_a_signal(
     sock_dir: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    plugin, events = start(sock_dir, processes, "--mig-strategy", "mixed")
+    plugin, events = start_rescanning(sock_dir, processes, "--mig-strategy", "mixed")
     for name in MIXED:
         kubelet.wait_for_registration(f"nvidia.com/{name}", timeout=20)
     gpus = sim_gpus("dgx-a100-mig")
@@ -78,7 +76,7 @@ def test_mixed_layout_change_served_without_a_signal(
 def test_single_strategy_node_becomes_servable_after_repartitioning(
     sock_dir: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    plugin, events = start(sock_dir, processes, "--mig-strategy", "single", interval=0.5)
+    plugin, events = start_rescanning(sock_dir, processes, "--mig-strategy", "single", interval=0.5)
     kubelet.wait_for_devices("nvidia.com/gpu", lambda d: len(d) == 8, timeout=20)  # GPU 0's and 2's 1g.5gb
     for gpu in sim_gpus("dgx-a100-mig"):
         if [m.profile for m in gpu.mig_devices] != ["1g.5gb"] * 7:
@@ -89,7 +87,7 @@ def test_single_strategy_node_becomes_servable_after_repartitioning(
 
 
 def test_interval_zero_turns_rescans_off(sock_dir: Path, kubelet: Kubelet, processes: list[Process]) -> None:
-    plugin, events = start(sock_dir, processes, "--mig-strategy", "mixed", interval=0)
+    plugin, events = start_rescanning(sock_dir, processes, "--mig-strategy", "mixed", interval=0)
     kubelet.wait_for_registration(MIG + "7g.40gb", timeout=20)
     assert "device rescan disabled" in plugin.log()
     inject(events, uuid=sim_gpus("dgx-a100-mig")[3].uuid, mig=["4g.20gb", "3g.20gb"])

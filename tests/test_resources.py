@@ -7,43 +7,12 @@ import pytest
 from nvdp.config import NamePattern, ReplicatedResource
 from nvdp.devices import mig_cap_paths, parse_mig_minors
 from nvdp.errors import ConfigError
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.nvml.types import GpuInfo
 from nvdp.resources import (
     build_resources,
     qualify,
 )
-
-GIB = 1024**3
-
-
-def gpu(index: int, name: str = "NVIDIA A100-SXM4-40GB", migs: tuple[str, ...] | None = None) -> GpuInfo:
-    uuid = f"GPU-{index:08d}-0000-0000-0000-000000000000"
-    devices = tuple(
-        MigDeviceInfo(
-            uuid=f"MIG-{index:04d}{j:04d}-0000-0000-0000-000000000000",
-            index=j,
-            gi_id=j + 1,
-            ci_id=0,
-            profile=p,
-            memory_bytes=5 * GIB,
-            parent_uuid=uuid,
-            parent_index=index,
-        )
-        for j, p in enumerate(migs or ())
-    )
-    return GpuInfo(
-        index=index,
-        uuid=uuid,
-        name=name,
-        minor=index,
-        memory_bytes=40 * GIB,
-        compute_capability=(8, 0),
-        pci_bus_id=f"00000000:{index + 7:02x}:00.0",
-        numa_node=index // 4,
-        mig_capable=True,
-        mig_enabled=migs is not None,
-        mig_devices=devices,
-    )
+from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
 
 def names(resources: list) -> dict[str, int]:
@@ -51,7 +20,7 @@ def names(resources: list) -> dict[str, int]:
 
 
 def test_none_strategy_advertises_every_gpu_whole() -> None:
-    gpus = [gpu(0, migs=("1g.5gb",) * 7), gpu(1)]
+    gpus = [mig_enabled_gpu(0, *["1g.5gb"] * 7), full_gpu(1)]
     resources = build_resources(gpus, mig_strategy="none").resources
     assert names(resources) == {"nvidia.com/gpu": 2}
     device = resources[0].devices[gpus[0].uuid]
@@ -59,7 +28,7 @@ def test_none_strategy_advertises_every_gpu_whole() -> None:
 
 
 def test_mixed_strategy_names_mig_profiles() -> None:
-    gpus = [gpu(0, migs=("1g.5gb", "1g.5gb", "2g.10gb")), gpu(1)]
+    gpus = [mig_enabled_gpu(0, "1g.5gb", "1g.5gb", "2g.10gb"), full_gpu(1)]
     resources = build_resources(gpus, mig_strategy="mixed").resources
     assert names(resources) == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 2, "nvidia.com/mig-2g.10gb": 1}
     mig = next(r for r in resources if r.name == "nvidia.com/mig-2g.10gb")
@@ -71,7 +40,7 @@ def test_mixed_strategy_names_mig_profiles() -> None:
 
 
 def test_single_strategy_uniform_profile() -> None:
-    gpus = [gpu(0, migs=("1g.5gb",) * 2), gpu(1, migs=("1g.5gb",) * 2)]
+    gpus = [mig_enabled_gpu(0, *["1g.5gb"] * 2), mig_enabled_gpu(1, *["1g.5gb"] * 2)]
     assert names(build_resources(gpus, mig_strategy="single").resources) == {"nvidia.com/gpu": 4}
 
 
@@ -79,7 +48,7 @@ def test_single_strategy_uniform_profile() -> None:
     ("gpus", "served", "reason", "message"),
     [
         pytest.param(
-            [gpu(0, migs=("1g.5gb",)), gpu(1)],
+            [mig_enabled_gpu(0, "1g.5gb"), full_gpu(1)],
             {"nvidia.com/gpu": 1},
             "MigModeMixed",
             "mig-strategy single: GPUs 1 have MIG disabled while 0 have MIG enabled; serving the MIG "
@@ -87,7 +56,7 @@ def test_single_strategy_uniform_profile() -> None:
             id="mixed-mig-mode",
         ),
         pytest.param(
-            [gpu(0, migs=("1g.5gb", "2g.10gb", "2g.10gb"))],
+            [mig_enabled_gpu(0, "1g.5gb", "2g.10gb", "2g.10gb")],
             {"nvidia.com/gpu": 2},
             "MigProfilesMixed",
             "mig-strategy single: more than one MIG profile on the node (1g.5gb, 2g.10gb); serving "
@@ -95,10 +64,10 @@ def test_single_strategy_uniform_profile() -> None:
             id="two-profiles",
         ),
         pytest.param(
-            [gpu(0, migs=()), gpu(1, migs=("1g.5gb",))],
+            [mig_enabled_gpu(0), mig_enabled_gpu(1, "1g.5gb")],
             {"nvidia.com/gpu": 1},
             "MigWithoutDevices",
-            f"GPU 0 ({gpu(0).uuid}) has MIG enabled but no MIG devices yet; not advertised until they "
+            f"GPU 0 ({full_gpu(0).uuid}) has MIG enabled but no MIG devices yet; not advertised until they "
             "are created",
             id="empty-mig",
         ),
@@ -113,7 +82,7 @@ def test_single_strategy_serves_what_fits_and_names_the_rest(
 
 
 def test_mixed_strategy_serves_the_other_gpus_beside_one_without_mig_devices() -> None:
-    gpus = [gpu(0, migs=()), gpu(1, migs=("1g.5gb", "1g.5gb")), gpu(2)]
+    gpus = [mig_enabled_gpu(0), mig_enabled_gpu(1, "1g.5gb", "1g.5gb"), full_gpu(2)]
     built = build_resources(gpus, mig_strategy="mixed")
     assert names(built.resources) == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 2}
     assert [(m.reason, m.subject) for m in built.misfits] == [("MigWithoutDevices", "GPU 0")]
@@ -121,11 +90,11 @@ def test_mixed_strategy_serves_the_other_gpus_beside_one_without_mig_devices() -
 
 def test_unknown_strategy_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="accepted: none, single, mixed"):
-        build_resources([gpu(0)], mig_strategy="double")
+        build_resources([full_gpu(0)], mig_strategy="double")
 
 
 def test_patterns_rename_and_unmatched_gpu_is_left_out() -> None:
-    gpus = [gpu(0, name="NVIDIA A100-SXM4-40GB"), gpu(1, name="Tesla T4")]
+    gpus = [full_gpu(0, name="NVIDIA A100-SXM4-40GB"), full_gpu(1, name="Tesla T4")]
     patterns = [NamePattern("*A100*", "nvidia.com/a100"), NamePattern("Tesla*", "nvidia.com/t4")]
     built = build_resources(gpus, gpu_patterns=patterns)
     assert names(built.resources) == {"nvidia.com/a100": 1, "nvidia.com/t4": 1}
@@ -138,7 +107,7 @@ def test_patterns_rename_and_unmatched_gpu_is_left_out() -> None:
 
 
 def test_time_slicing_replicas_keep_name() -> None:
-    gpus = [gpu(0), gpu(1)]
+    gpus = [full_gpu(0), full_gpu(1)]
     resources = build_resources(gpus, sharing=[ReplicatedResource("nvidia.com/gpu", replicas=4)]).resources
     (shared,) = resources
     assert shared.name == "nvidia.com/gpu" and shared.sharing == "time-slicing" and len(shared.devices) == 8
@@ -147,7 +116,7 @@ def test_time_slicing_replicas_keep_name() -> None:
 
 
 def test_time_slicing_rename_and_subset_by_index() -> None:
-    gpus = [gpu(0), gpu(1), gpu(2)]
+    gpus = [full_gpu(0), full_gpu(1), full_gpu(2)]
     rule = ReplicatedResource(
         "nvidia.com/gpu", replicas=2, rename="nvidia.com/gpu.shared", devices=("1", gpus[2].uuid)
     )
@@ -184,7 +153,7 @@ def test_sharing_beyond_the_node_shares_what_it_has(
     devices: int | tuple[str, ...], served: dict[str, int], message: str
 ) -> None:
     built = build_resources(
-        [gpu(0), gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 2, devices=devices)]
+        [full_gpu(0), full_gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 2, devices=devices)]
     )
     assert names(built.resources) == served
     assert [(m.reason, m.message) for m in built.misfits] == [
@@ -193,7 +162,7 @@ def test_sharing_beyond_the_node_shares_what_it_has(
 
 
 def test_mig_minors_from_file_and_layout() -> None:
-    mig = gpu(0, migs=("1g.5gb", "1g.5gb")).mig_devices[1]
+    mig = mig_device_info(1, gi_id=2)
     table = parse_mig_minors("config 1\nmonitor 2\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n")
     assert mig_cap_paths(0, mig, table) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
     assert mig_cap_paths(0, mig, None) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
@@ -216,7 +185,7 @@ def _mixed(gpus: list[GpuInfo]) -> list[ReplicatedResource]:
 
 
 def test_per_gpu_replica_counts_under_one_name() -> None:
-    gpus = [gpu(i) for i in range(5)]
+    gpus = [full_gpu(i) for i in range(5)]
     (resource,) = build_resources(gpus, sharing=_mixed(gpus)).resources
     u = [g.uuid for g in gpus]
     assert list(resource.devices) == [
@@ -236,7 +205,7 @@ def test_per_gpu_replica_counts_under_one_name() -> None:
 
 
 def test_unselected_gpus_stay_whole_under_the_unshared_name() -> None:
-    gpus = [gpu(i) for i in range(4)]
+    gpus = [full_gpu(i) for i in range(4)]
     rules = [
         ReplicatedResource("nvidia.com/gpu", 2, rename="nvidia.com/gpu.shared", devices=("0",)),
         ReplicatedResource("nvidia.com/gpu", 3, rename="nvidia.com/gpu.shared", devices=("1",)),
@@ -254,14 +223,14 @@ def test_unselected_gpus_stay_whole_under_the_unshared_name() -> None:
 
 def test_one_replica_alone_is_not_shared() -> None:
     (resource,) = build_resources(
-        [gpu(0), gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 1)]
+        [full_gpu(0), full_gpu(1)], sharing=[ReplicatedResource("nvidia.com/gpu", 1)]
     ).resources
-    assert list(resource.devices) == [gpu(0).uuid, gpu(1).uuid]
+    assert list(resource.devices) == [full_gpu(0).uuid, full_gpu(1).uuid]
     assert (resource.sharing, resource.replica_counts, resource.allocation_policy) == (None, {}, None)
 
 
 def test_overlapping_selections_of_one_name_leave_the_later_entry_out_naming_the_gpus() -> None:
-    gpus = [gpu(i) for i in range(4)]
+    gpus = [full_gpu(i) for i in range(4)]
     rules = [
         ReplicatedResource("nvidia.com/gpu", 2, devices=("0", "1", "2")),
         ReplicatedResource("nvidia.com/gpu", 4, devices=(gpus[1].uuid, "3", gpus[2].uuid)),
@@ -276,7 +245,7 @@ def test_overlapping_selections_of_one_name_leave_the_later_entry_out_naming_the
 
 
 def test_entry_matching_no_resource_is_not_applied_naming_what_it_could_match() -> None:
-    gpus = [gpu(0, name="NVIDIA A100-SXM4-40GB"), gpu(1, name="Tesla T4")]
+    gpus = [full_gpu(0, name="NVIDIA A100-SXM4-40GB"), full_gpu(1, name="Tesla T4")]
     patterns = [NamePattern("*A100*", "nvidia.com/a100"), NamePattern("*", "nvidia.com/other")]
     rules = [
         ReplicatedResource("nvidia.com/a100", 2),
@@ -295,7 +264,7 @@ def test_entry_matching_no_resource_is_not_applied_naming_what_it_could_match() 
 
 
 def test_mig_resources_carry_the_policy() -> None:
-    gpus = [gpu(0, migs=("1g.5gb", "1g.5gb")), gpu(1)]
+    gpus = [mig_enabled_gpu(0, "1g.5gb", "1g.5gb"), full_gpu(1)]
     resources = {
         r.name: r for r in build_resources(gpus, mig_strategy="mixed", allocation_policy="packed").resources
     }

@@ -4,24 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvdp.devices import Device
 from nvdp.plugin.host_facts import present_control_devices
 from nvdp.plugin.responses import ResponseOptions, container_response
-
-
-def dev(i: int, replica: int | None = None, mig: bool = False) -> Device:
-    uuid = f"GPU-{i}"
-    return Device(
-        id=uuid if replica is None else f"{uuid}::{replica}",
-        uuid=uuid,
-        index=str(i),
-        gpu_uuid=uuid,
-        gpu_index=i,
-        numa_node=0,
-        paths=(f"/dev/nvidia{i}",),
-        memory_bytes=1,
-        replica=replica,
-    )
+from tests.builders import device, full_gpu
 
 
 @pytest.mark.parametrize(
@@ -29,18 +14,26 @@ def dev(i: int, replica: int | None = None, mig: bool = False) -> Device:
     [pytest.param("uuid", "GPU-0,GPU-3", id="uuid"), pytest.param("index", "0,3", id="index")],
 )
 def test_envvar(strategy: str, expected: str) -> None:
-    r = container_response([dev(0), dev(3)], ResponseOptions(device_id_strategy=strategy), "")
+    r = container_response(
+        [device(full_gpu(0)), device(full_gpu(3))], ResponseOptions(device_id_strategy=strategy), ""
+    )
     assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": expected}
     assert not r.devices and not r.mounts and not r.cdi_devices
 
 
 def test_replicas_collapse_to_one_visible_device() -> None:
-    r = container_response([dev(1, 0), dev(1, 3)], ResponseOptions(), "")
+    r = container_response(
+        [device(full_gpu(1), replica=0), device(full_gpu(1), replica=3)], ResponseOptions(), ""
+    )
     assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
 
 
 def test_volume_mounts() -> None:
-    r = container_response([dev(0), dev(1)], ResponseOptions(device_list_strategy=("volume-mounts",)), "")
+    r = container_response(
+        [device(full_gpu(0)), device(full_gpu(1))],
+        ResponseOptions(device_list_strategy=("volume-mounts",)),
+        "",
+    )
     assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     assert [(m.container_path, m.host_path) for m in r.mounts] == [
         ("/var/run/nvidia-container-devices/GPU-0", "/dev/null"),
@@ -50,7 +43,7 @@ def test_volume_mounts() -> None:
 
 def test_cdi_annotations_and_cri() -> None:
     options = ResponseOptions(device_list_strategy=("cdi-annotations", "cdi-cri"))
-    r = container_response([dev(0), dev(1)], options, "abc")
+    r = container_response([device(full_gpu(0)), device(full_gpu(1))], options, "abc")
     assert dict(r.annotations) == {
         "cdi.k8s.io/nvidia-device-plugin_abc": "k8s.device-plugin.nvidia.com/gpu=GPU-0,"
         "k8s.device-plugin.nvidia.com/gpu=GPU-1"
@@ -69,7 +62,7 @@ def test_device_specs_with_dev_root(tmp_path) -> None:
     controls = present_control_devices(str(tmp_path))
     assert controls == ("/dev/nvidiactl", "/dev/nvidia-uvm")
     options = ResponseOptions(pass_device_specs=True, dev_root=str(tmp_path), control_devices=controls)
-    r = container_response([dev(2)], options, "")
+    r = container_response([device(full_gpu(2))], options, "")
     assert [(d.container_path, d.host_path, d.permissions) for d in r.devices] == [
         ("/dev/nvidiactl", f"{tmp_path}/dev/nvidiactl", "rw"),
         ("/dev/nvidia-uvm", f"{tmp_path}/dev/nvidia-uvm", "rw"),
@@ -79,7 +72,7 @@ def test_device_specs_with_dev_root(tmp_path) -> None:
 
 def test_feature_envs_are_added() -> None:
     options = ResponseOptions(extra_envs=(("NVIDIA_GDS", "enabled"), ("NVIDIA_IMEX_CHANNELS", "0")))
-    r = container_response([dev(0)], options, "")
+    r = container_response([device(full_gpu(0))], options, "")
     assert dict(r.envs) == {
         "NVIDIA_VISIBLE_DEVICES": "GPU-0",
         "NVIDIA_GDS": "enabled",

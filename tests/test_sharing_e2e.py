@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin
-from tests.sim import sim_gpus
+from tests.builders import append_sim_event, sim_gpus
 
 GPU = "nvidia.com/gpu"
 MIXED = """\
@@ -50,8 +49,7 @@ def test_mixed_replica_counts_ids_packed_policy_allocate_and_health(
     envs = [dict(c.envs)["NVIDIA_VISIBLE_DEVICES"] for c in response.container_responses]
     assert envs == [f"{u[4]},{u[6]}", u[0]]
 
-    with events.open("a") as f:
-        f.write(json.dumps({"uuid": u[4], "xid": 79}) + "\n")
+    append_sim_event(events, uuid=u[4], xid=79)
     sick = {f"{u[4]}::{n}" for n in range(4)}
     devices = kubelet.wait_for_devices(
         GPU, lambda d: any(s.health == "Unhealthy" for s in d.values()), timeout=10

@@ -22,8 +22,8 @@ from nvdp.plugin.supervisor import DaemonSettings
 from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S
 from nvdp.testing import Process, start_plugin, wait_until, write_time_slicing_config
 from tests import test_supervisor
+from tests.builders import append_sim_event, sim_gpus
 from tests.mps_standin import Standin
-from tests.sim import sim_gpus
 from tests.test_mps_daemon import daemon_process
 from tests.test_supervisor import Rig
 
@@ -111,8 +111,7 @@ def plugin_stuck_in_nvml(kubelet: Kubelet, processes: list[Process], sock_dir: P
     processes.append(plugin)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=30)
     assert {p.name for p in kubelet.plugin_dir.iterdir()} >= {"nvidia-gpu.sock", LOCK_NAME}
-    with events.open("a") as f:
-        f.write(f'{{"uuid": "{sim_gpus("dgx-a100")[0].uuid}", "event": "gpu-hung"}}\n')
+    append_sim_event(events, uuid=sim_gpus("dgx-a100")[0].uuid, event="gpu-hung")
     wait_until(lambda: "event=gpu-hung" in plugin.log(), 10, "the GPU hung")
     plugin.send(signal.SIGHUP)
     wait_until(lambda: "enumeration blocked by a hung GPU" in plugin.log(), 10, "reload stuck in NVML")

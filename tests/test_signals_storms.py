@@ -24,7 +24,7 @@ from tests.kube_api_standin import KubeApiStandin
 from tests.mps_standin import Standin
 from tests.signal_storm import storm
 from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, manager_argv, ts
-from tests.test_gfd_process import PLAIN_CONFIG, _env, gfd_argv
+from tests.test_gfd_process import PLAIN_CONFIG, gfd_argv, gfd_env
 from tests.test_mps_daemon import MPS4, daemon_process
 
 GPU = "nvidia.com/gpu"
@@ -90,7 +90,7 @@ def test_gfd_keeps_labelling_through_a_sighup_storm(tmp_path: Path, processes: l
     out, config = tmp_path / "gfd", tmp_path / "config.yaml"
     config.write_text(PLAIN_CONFIG)
     argv = gfd_argv("--output-file", str(out), "--config-file", str(config), "--sleep-interval", "1h")
-    gfd = Process(argv, tmp_path / "gfd.log", _env())
+    gfd = Process(argv, tmp_path / "gfd.log", gfd_env())
     processes.append(gfd)
     wait_until(lambda: out.exists(), 30, "first label file")
     sent, took = timed_storm(gfd)

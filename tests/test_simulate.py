@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.nvml import open_nvml
 from nvdp.testing import REPO, wait_until
+from tests.builders import append_sim_event, sim_gpus
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_simulate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "nvdp.cli", "simulate", *args],
         capture_output=True,
@@ -27,7 +26,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_default_prints_eight_gpus_and_an_allocation() -> None:
-    result = run()
+    result = run_simulate()
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "node sim:dgx-a100" in out
@@ -56,7 +55,7 @@ def test_default_prints_eight_gpus_and_an_allocation() -> None:
     ],
 )
 def test_profiles_and_flags(args: tuple[str, ...], expected: str) -> None:
-    result = run(*args)
+    result = run_simulate(*args)
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout
 
@@ -64,7 +63,7 @@ def test_profiles_and_flags(args: tuple[str, ...], expected: str) -> None:
 def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
     bad = tmp_path / "config.yaml"
     bad.write_text("version: v2\n")
-    result = run("--config-file", str(bad))
+    result = run_simulate("--config-file", str(bad))
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "version" in result.stderr
     assert "Traceback" not in result.stderr
@@ -72,7 +71,7 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 def test_a_node_that_does_not_fit_the_strategy_is_served_with_one_warning_per_misfit() -> None:
-    result = run("--profile", "dgx-a100-mig", "--mig-strategy", "single")
+    result = run_simulate("--profile", "dgx-a100-mig", "--mig-strategy", "single")
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
     assert [w.rsplit(" reason=", 1)[1] for w in warnings] == ["MigModeMixed", "MigProfilesMixed"]
@@ -87,10 +86,7 @@ def test_a_node_that_does_not_fit_the_strategy_is_served_with_one_warning_per_mi
 def test_serve_prints_injected_health_changes(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.touch()
-    nvml = open_nvml("sim:dgx-a100")
-    nvml.init()
-    gpu = nvml.gpus()[6]
-    nvml.shutdown()
+    gpu = sim_gpus("dgx-a100")[6]
     out_path = tmp_path / "out.txt"
     with out_path.open("w") as out:
         proc = subprocess.Popen(
@@ -104,8 +100,7 @@ def test_serve_prints_injected_health_changes(tmp_path: Path) -> None:
             wait_until(
                 lambda: "Serving; health changes" in out_path.read_text(), timeout=30, what="serving line"
             )
-            with events.open("a") as f:
-                f.write(json.dumps({"uuid": gpu.uuid, "xid": 79}) + "\n")
+            append_sim_event(events, uuid=gpu.uuid, xid=79)
             wait_until(
                 lambda: f"{gpu.uuid} -> Unhealthy" in out_path.read_text(),
                 timeout=15,

@@ -33,7 +33,7 @@ POOL_SLACK = 2
 REGISTERED = "registered with kubelet"  # also in "re-registered with kubelet"
 
 
-def _start(kubelet: Kubelet, processes: list[Process], **kw: object) -> Process:
+def _start_registered(kubelet: Kubelet, processes: list[Process], **kw: object) -> Process:
     process = start_plugin(kubelet.plugin_dir, **kw)  # type: ignore[arg-type]
     processes.append(process)
     kubelet.wait_for_registration(GPU, timeout=30)
@@ -89,7 +89,7 @@ def _stop_and_check(process: Process) -> None:
 def test_hundred_kubelet_restarts_reregister_and_leak_nothing(
     kubelet: Kubelet, processes: list[Process]
 ) -> None:
-    process = _start(kubelet, processes)
+    process = _start_registered(kubelet, processes)
     start = _steady(process, kubelet)
     for n in range(2, 102):
         kubelet.restart()
@@ -155,7 +155,7 @@ def _plan(ids: list[str], calls: int, seed: int = 0) -> list[Call]:
     return plan
 
 
-def _visible(container: list[str]) -> str:
+def _expected_visible(container: list[str]) -> str:
     """NVIDIA_VISIBLE_DEVICES for the replicas asked for: their GPUs, each once, in order."""
     return ",".join(dict.fromkeys(i.split("::")[0] for i in container))
 
@@ -164,7 +164,7 @@ def test_ten_thousand_allocations_with_one_percent_malformed(
     kubelet: Kubelet, processes: list[Process], sock_dir: Path
 ) -> None:
     config = write_time_slicing_config(sock_dir / "config.yaml", replicas=4)
-    process = _start(kubelet, processes, config_file=config)
+    process = _start_registered(kubelet, processes, config_file=config)
     ids = list(kubelet.wait_for_devices(GPU, lambda d: len(d) == 32))
     plan = _plan(ids, 10_000)
     stub = kubelet.stub(GPU)
@@ -189,7 +189,7 @@ def test_ten_thousand_allocations_with_one_percent_malformed(
                 continue
             assert isinstance(outcome, pb.AllocateResponse)
             got = [r.envs["NVIDIA_VISIBLE_DEVICES"] for r in outcome.container_responses]
-            if got != [_visible(ids) for ids in c.containers]:
+            if got != [_expected_visible(ids) for ids in c.containers]:
                 wrong.append(f"valid {c.containers} answered {got}")
         elif not isinstance(outcome, grpc.RpcError):
             wrong.append(f"{c.kind} {c.containers} accepted: {outcome}")

@@ -4,8 +4,7 @@ and observer around the simulated NVML node (no gRPC, no subprocess, no kubelet)
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,103 +12,20 @@ from typing import Any
 import pytest
 
 from nvdp.config import ReplicatedResource
-from nvdp.devices import DeviceSet
-from nvdp.errors import ConfigError, NvmlError, RegistrationError
-from nvdp.health.types import HealthSettings, HealthTarget
+from nvdp.errors import ConfigError
+from nvdp.health.types import HealthSettings
 from nvdp.inventory import ResourceRules
 from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.rescan import LayoutRescanner
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor
 from nvdp.resources import Resource
+from nvdp.testing import wait_until
+from tests.fakes import CONTROL_DEVICES as CONTROLS
+from tests.fakes import BrokenNvml, FakeFacts, FakeHealth, FakeKubelet, FakeServer
 
 GPU = "nvidia.com/gpu"
-CONTROLS = ("/dev/nvidiactl",)
-
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-class FakeServer:
-    def __init__(
-        self,
-        resource: Resource,
-        socket_path: Path,
-        options: ResponseOptions,
-        allocator: PreferredAllocator | None,
-    ) -> None:
-        self.resource = resource
-        self.socket_path = socket_path
-        self.options = options
-        self.allocator = allocator
-        self.started = False
-        self.stopped = False
-        self.wiped = False
-        self.kubelet_stream_lost: Callable[[], None] | None = None  # handed in with each registration
-
-    @property
-    def resource_name(self) -> str:
-        return self.resource.name
-
-    @property
-    def devices(self) -> DeviceSet:
-        return self.resource.devices
-
-    def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        self.started = True
-
-    def stop(self, grace: float = 0.5) -> None:
-        self.stopped = True
-
-    def socket_is_ours(self) -> bool:
-        return self.started and not self.stopped and not self.wiped
-
-    def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
-        self.resource, self.allocator = resource, allocator
-
-    def expect_kubelet_stream(self, lost: Callable[[], None]) -> None:
-        self.kubelet_stream_lost = lost
-
-
-class Kubelet:
-    """The kubelet's socket (its identity, None when gone) and a Register that can refuse."""
-
-    def __init__(self) -> None:
-        self.socket_id: tuple[int, int] | None = (1, 1)
-        self.refuse = 0  # refuse this many Register calls
-        self.calls: list[tuple[str, str, bool]] = []
-        self._lock = threading.Lock()
-
-    def register(
-        self,
-        kubelet_socket: Path,
-        resource_name: str,
-        endpoint: str,
-        *,
-        preferred_allocation: bool = True,
-        timeout: float = 10.0,
-    ) -> tuple[int, int]:
-        with self._lock:
-            if self.refuse:
-                self.refuse -= 1
-                raise RegistrationError(f"registering {resource_name} failed: UNAVAILABLE")
-            assert self.socket_id is not None
-            self.calls.append((resource_name, endpoint, preferred_allocation))
-            return self.socket_id
-
-    def registered(self) -> list[str]:
-        with self._lock:
-            return [name for name, _, _ in self.calls]
 
 
 class FakeWatcher:
@@ -130,36 +46,6 @@ class FakeWatcher:
 
     def close(self) -> None:
         self.closed = True
-
-
-class FakeFacts:
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, str]] = []
-        self.minors_asked = 0
-
-    def control_devices(self, dev_root: str, container_driver_root: str) -> tuple[str, ...]:
-        self.asked.append((dev_root, container_driver_root))
-        return CONTROLS
-
-    def mig_minors(self) -> Mapping[str, int] | None:
-        self.minors_asked += 1
-        return None
-
-
-class FakeHealth:
-    def __init__(self) -> None:
-        self.started: list[tuple[int, HealthSettings | None]] = []
-        self.targets: list[list[HealthTarget]] = []
-        self.stopped = False
-
-    def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
-        self.started.append((len(gpus), settings))
-
-    def set_targets(self, targets: Sequence[HealthTarget]) -> None:
-        self.targets.append(list(targets))
-
-    def stop(self) -> None:
-        self.stopped = True
 
 
 class FakeObserver:
@@ -185,11 +71,6 @@ class FakeObserver:
         return [value for k, value in list(self.events) if k == kind]
 
 
-class BrokenNvml:
-    def init(self) -> None:
-        raise NvmlError("NVML_ERROR_DRIVER_NOT_LOADED", "nvmlInit_v2")
-
-
 class Rig:
     """A supervisor on a thread with every seam faked; `reloads` feeds its reload() source."""
 
@@ -200,7 +81,7 @@ class Rig:
         nvml: Any = None,
         server_type: type[FakeServer] = FakeServer,
     ) -> None:
-        self.kubelet = Kubelet()
+        self.kubelet = FakeKubelet()
         self.facts = FakeFacts()
         self.health = FakeHealth()
         self.observer = FakeObserver()
@@ -256,7 +137,7 @@ class Rig:
 
     def poke(self) -> None:
         """What inotify does when the kubelet's directory changes."""
-        wait_until(lambda: self.watchers, "the watcher")
+        wait_until(lambda: self.watchers, 5, "the watcher")
         self.watchers[0].wake()
 
     def reload(self, found: DaemonSettings | Exception) -> None:
@@ -306,7 +187,7 @@ def test_kubelet_restart_replaces_wiped_servers_and_registers_again(rig: Rig) ->
     old.wiped = True  # the restarting kubelet removed our socket
     rig.kubelet.socket_id = (2, 2)
     rig.poke()
-    wait_until(lambda: rig.kubelet.registered() == [GPU, GPU], "re-registration")
+    wait_until(lambda: rig.kubelet.registered() == [GPU, GPU], 5, "re-registration")
     (new,) = rig.supervisor.servers.values()
     assert new is not old and old.stopped and new.started
     assert (new.resource, new.socket_path, new.options) == (old.resource, old.socket_path, old.options)
@@ -320,11 +201,11 @@ def test_kubelet_gone_then_back(rig: Rig) -> None:
     assert rig.supervisor.ready.wait(5)
     rig.kubelet.socket_id = None
     rig.poke()
-    wait_until(lambda: rig.observer.of("kubelet_lost"), "kubelet_lost")
+    wait_until(lambda: rig.observer.of("kubelet_lost"), 5, "kubelet_lost")
     assert not rig.supervisor.ready.is_set()
     rig.kubelet.socket_id = (3, 3)
     rig.poke()
-    wait_until(lambda: rig.supervisor.ready.is_set(), "ready again")
+    wait_until(lambda: rig.supervisor.ready.is_set(), 5, "ready again")
     assert rig.kubelet.registered() == [GPU, GPU]
     assert len(rig.made) == 1  # the server itself was fine: not restarted
 
@@ -347,7 +228,7 @@ def test_reload_converges_by_diff(rig: Rig, settings: DaemonSettings) -> None:
         health=HealthSettings(probe_interval=1.0),
     )
     rig.reload(shared)
-    wait_until(lambda: rig.observer.of("reloaded") == [True], "the reload")
+    wait_until(lambda: rig.observer.of("reloaded") == [True], 5, "the reload")
     (after,) = rig.supervisor.servers.values()
     # A changed device list goes to the running server: same stream, no re-registration.
     assert after is before and not before.stopped and len(after.devices) == 8
@@ -356,7 +237,7 @@ def test_reload_converges_by_diff(rig: Rig, settings: DaemonSettings) -> None:
     assert rig.kubelet.registered() == [GPU]
 
     rig.reload(shared)  # same settings: nothing restarts
-    wait_until(lambda: rig.observer.of("reloaded") == [True, True], "the second reload")
+    wait_until(lambda: rig.observer.of("reloaded") == [True, True], 5, "the second reload")
     assert rig.supervisor.servers[GPU] is after and not after.stopped
 
 
@@ -365,7 +246,7 @@ def test_failed_reload_keeps_the_previous_configuration(rig: Rig, settings: Daem
     assert rig.supervisor.ready.wait(5)
     (server,) = rig.supervisor.servers.values()
     rig.reload(ConfigError(["config.yaml: not YAML"]))
-    wait_until(lambda: rig.observer.of("reloaded") == [False], "the failed reload")
+    wait_until(lambda: rig.observer.of("reloaded") == [False], 5, "the failed reload")
     assert rig.supervisor.servers == {GPU: server} and not server.stopped
     assert rig.supervisor.settings == settings
 
@@ -376,7 +257,7 @@ def test_kubelet_socket_changes_wait_for_a_restart(
     rig.start()
     assert rig.supervisor.ready.wait(5)
     rig.reload(replace(settings, kubelet_socket=tmp_path / "elsewhere" / "kubelet.sock"))
-    wait_until(lambda: rig.observer.of("reloaded") == [True], "the reload")
+    wait_until(lambda: rig.observer.of("reloaded") == [True], 5, "the reload")
     assert rig.supervisor.settings.kubelet_socket == settings.kubelet_socket
 
 
@@ -418,7 +299,7 @@ def test_rescan_applies_a_new_mig_layout_with_the_current_settings(
         assert served is not None and served[3].mig_devices[0].profile == "7g.40gb"
         rig.nvml.inject({"uuid": served[3].uuid, "mig": ["4g.20gb", "3g.20gb"]})
         rig.supervisor.request_rescan()
-        wait_until(lambda: "nvidia.com/mig-4g.20gb" in rig.supervisor.servers, "the new profile")
+        wait_until(lambda: "nvidia.com/mig-4g.20gb" in rig.supervisor.servers, 5, "the new profile")
         servers = rig.supervisor.servers
         assert "nvidia.com/mig-7g.40gb" not in servers and before["nvidia.com/mig-7g.40gb"].stopped
         assert servers["nvidia.com/mig-3g.20gb"] is before["nvidia.com/mig-3g.20gb"]  # updated in place
@@ -449,7 +330,7 @@ def test_rescan_serves_the_new_uuids_of_a_layout_created_again(
         assert [(c.kind, c.gpu.uuid) for c in scan.check()] == [("mig", gpu.uuid)]
         new_uuid = rig.nvml.mig_layout()[gpu.uuid].mig_uuids[0]
         assert new_uuid not in old_ids
-        wait_until(lambda: new_uuid in set(server.devices), "the new MIG uuid served")
+        wait_until(lambda: new_uuid in set(server.devices), 5, "the new MIG uuid served")
         assert old_ids - set(server.devices) == {gpu.mig_devices[0].uuid}
         assert rig.supervisor.servers["nvidia.com/mig-7g.40gb"] is server  # same resource, new list
         assert scan.check() == []

@@ -15,7 +15,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -166,7 +165,3 @@ class NodeFeatureOutput:
 
     def remove(self) -> None:
         """NVIDIA leaves the NodeFeature in place on exit; so do we."""
-
-
-def now_seconds() -> int:
-    return int(time.time())

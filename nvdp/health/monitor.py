@@ -106,11 +106,6 @@ class HealthMonitor:
         with self._lock:
             return self._degraded_reason is not None
 
-    @property
-    def degraded_reason(self) -> str | None:
-        with self._lock:
-            return self._degraded_reason
-
     def status(self) -> MonitorStatus:
         now = self._clock()
         with self._lock:

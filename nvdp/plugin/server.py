@@ -134,10 +134,6 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         return self._allocator
 
     @property
-    def allocator_available(self) -> bool:
-        return self._allocator is not None
-
-    @property
     def open_streams(self) -> int:
         with self._cond:
             return len(self._streams)

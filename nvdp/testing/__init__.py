@@ -11,7 +11,7 @@ from nvdp.testing.processes import (
     start_plugin,
     wait_until,
 )
-from nvdp.testing.procfs import ProcStats, thread_names
+from nvdp.testing.procfs import ProcStats
 
 __all__ = [
     "REPO",
@@ -21,7 +21,6 @@ __all__ = [
     "free_port",
     "plugin_argv",
     "start_plugin",
-    "thread_names",
     "wait_until",
     "write_node_file",
     "write_time_slicing_config",

@@ -52,14 +52,3 @@ def _status(path: str) -> dict[str, str]:
 
 def _kib(value: str) -> int:
     return int(value.split()[0])
-
-
-def thread_names(pid: int) -> list[str]:
-    """The kernel's name (comm) of every thread of `pid`, sorted."""
-    names = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            names.append(Path(f"/proc/{pid}/task/{task}/comm").read_text().strip())
-        except FileNotFoundError:
-            continue
-    return sorted(names)
