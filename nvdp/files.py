@@ -1,4 +1,4 @@
-"""Bounded reads of the files an nvdp command is pointed at: regular files only, never more than a limit.
+"""The files nvdp reads and writes: bounded reads of regular files only, atomic writes.
 
 A path given on the command line, in a ConfigMap or an env var may name anything: `/dev/zero` (a
 read never ends), a FIFO (an open blocks until a writer comes), a sparse file of gigabytes, a
@@ -7,12 +7,18 @@ reading it: the path is stat()ed first (so no device is even opened), then opene
 (a FIFO swapped in meanwhile cannot block the open) and fstat()ed again, and at most `limit` + 1
 bytes are read whatever the file claims its size is. `/dev/null` is the one non-regular file read,
 as the empty file it is: config-manager links the empty config to it.
+
+`write_atomic` is how every file nvdp hands to another program is written (CDI specs, node labels,
+the MPS daemon's status): a reader sees the old file or the new one, never a part of either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
+from pathlib import Path
 
 from nvdp.errors import UnreadableFile
 from nvdp.units import MIB, describe_size
@@ -84,3 +90,37 @@ def not_regular(mode: int) -> str | None:
 
 def _is_null_device(found: os.stat_result) -> bool:
     return stat.S_ISCHR(found.st_mode) and found.st_rdev == _NULL_DEVICE
+
+
+def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
+    """Replace `path` by a file holding `content`, with `mode`, in one rename: a temporary file in
+    the same directory, fsync, rename, fsync of the directory. Raises OSError, leaving no temporary
+    file behind."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd` (not removed or replaced since)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)

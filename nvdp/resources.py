@@ -89,11 +89,6 @@ class Resource:
         )
 
 
-def qualify(name: str) -> str:
-    """Add the default `nvidia.com/` prefix to a bare resource name."""
-    return name if "/" in name else DEFAULT_PREFIX + name
-
-
 def default_gpu_patterns() -> list[NamePattern]:
     return [NamePattern("*", DEFAULT_PREFIX + "gpu")]
 

@@ -48,14 +48,6 @@ def block_ssl() -> None:
         sys.meta_path.insert(0, _LIFT)
 
 
-def allow_ssl() -> None:
-    """Undo block_ssl(): the next `import ssl` loads it, and modules that looked for ssl while it was
-    blocked and keep their TLS parts optional (http.client) are loaded again with it."""
-    if _LIFT in sys.meta_path:
-        sys.meta_path.remove(_LIFT)
-    _unblock()
-
-
 def _unblock() -> None:
     if "ssl" in sys.modules and sys.modules["ssl"] is None:
         for name in _BLOCKED:

@@ -36,24 +36,6 @@ def test_plugin_imports_leave_ssl_and_kubernetes_out() -> None:
     assert out.split() == ["-", "False"]
 
 
-def test_allow_ssl_gives_tls_clients_back() -> None:
-    out = run_python(
-        """
-        import sys
-        from nvdp.ssl_block import allow_ssl, block_ssl
-        block_ssl()
-        import grpc, http.client
-        assert not hasattr(http.client, "HTTPSConnection")
-        allow_ssl()
-        import ssl, urllib3
-        assert http.client.HTTPSConnection
-        pool = urllib3.PoolManager(cert_reqs="CERT_REQUIRED").connection_from_url("https://kubernetes.default.svc")
-        print(type(pool).__name__, ssl.OPENSSL_VERSION.split()[0])
-        """
-    )
-    assert out.split() == ["HTTPSConnectionPool", "OpenSSL"]
-
-
 def test_importing_a_tls_client_lifts_the_block() -> None:
     """The plugin's entry point is the only caller: the `kubernetes` client gets TLS by being imported."""
     out = run_python(

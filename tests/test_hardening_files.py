@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.cdi.writer import write_atomic
+from nvdp.cdi.writer import write_spec
 from nvdp.cli import main
 from nvdp.config import load_file, parse_text
 from nvdp.config.values import show
@@ -317,6 +317,6 @@ def test_events_file_replaced_by_a_fifo_is_one_warning_and_never_blocks(
 
 def test_cdi_spec_write_over_a_fifo_replaces_it_without_blocking(tmp_path: Path) -> None:
     make_fifo(tmp_path / "nvdp.json")
-    assert returns_within(lambda: write_atomic(tmp_path, "nvdp.json", b"{}")) is True
+    assert returns_within(lambda: write_spec(tmp_path, "nvdp.json", b"{}")) is True
     assert (tmp_path / "nvdp.json").read_bytes() == b"{}"
-    assert write_atomic(tmp_path, "nvdp.json", b"{}") is False  # the same content: not written again
+    assert write_spec(tmp_path, "nvdp.json", b"{}") is False  # the same content: not written again

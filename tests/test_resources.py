@@ -10,7 +10,6 @@ from nvdp.errors import ConfigError
 from nvdp.nvml.types import GpuInfo
 from nvdp.resources import (
     build_resources,
-    qualify,
 )
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
@@ -166,14 +165,6 @@ def test_mig_minors_from_file_and_layout() -> None:
     table = parse_mig_minors("config 1\nmonitor 2\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n")
     assert mig_cap_paths(0, mig, table) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
     assert mig_cap_paths(0, mig, None) == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
-
-
-def test_qualify() -> None:
-    assert qualify("gpu") == "nvidia.com/gpu"
-    assert qualify("example.com/gpu") == "example.com/gpu"
-
-
-# ---- per-GPU replica counts under one name, unmatched entries, allocation policy -----------------
 
 
 def _mixed(gpus: list[GpuInfo]) -> list[ReplicatedResource]:

@@ -16,6 +16,8 @@ import os
 import socket
 from pathlib import Path
 
+from nvdp.files import same_file
+
 HOLDER_BYTES = 256  # a holder line longer than this is cut
 OWNER_ONLY = 0o600
 
@@ -31,7 +33,7 @@ class SpecDirLock:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None and self.path is not None and _same_file(self._fd, self.path)
+        return self._fd is not None and self.path is not None and same_file(self._fd, self.path)
 
     def acquire(self, path: Path) -> str | None:
         """Hold the lock at `path` (kept when already held there): None on success, else who holds
@@ -45,7 +47,7 @@ class SpecDirLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return _holder(fd)  # closes fd
-            if not _same_file(fd, path):  # removed by its holder between our open and flock
+            if not same_file(fd, path):  # removed by its holder between our open and flock
                 os.close(fd)
                 return "none (the lock file was removed while locking)"
             try:
@@ -65,7 +67,7 @@ class SpecDirLock:
         self._fd = self.path = None
         if fd is None:
             return
-        if path is not None and _same_file(fd, path):
+        if path is not None and same_file(fd, path):
             try:
                 path.unlink()
             except OSError:
@@ -83,12 +85,3 @@ def _holder(fd: int) -> str:
         os.close(fd)
     line = "".join(c for c in text.partition("\n")[0] if c.isprintable()).strip()
     return line or "unknown (it has not said who it is yet)"
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)

@@ -127,7 +127,7 @@ class CdiPublisher:
         for name, spec in built.specs.items():
             content = render(spec)
             try:
-                changed = writer.write_atomic(spec_dir, name, content)
+                changed = writer.write_spec(spec_dir, name, content)
             except OSError as error:
                 failed[name] = error.strerror or str(error)
                 continue
@@ -269,7 +269,7 @@ class CdiPublisher:
                 continue
             what = "removed" if now is None else "changed"
             try:
-                writer.write_atomic(spec.parent, spec.name, kept.content)
+                writer.write_spec(spec.parent, spec.name, kept.content)
             except OSError as error:
                 log_event(
                     log,

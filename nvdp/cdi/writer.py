@@ -3,14 +3,12 @@ new one, never a partial one), read back with a bound, and told apart by a cheap
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 from nvdp.dirs import make_dirs
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.files import read_bounded, write_atomic
 
 Fingerprint = tuple[int, int, int, int, int]  # device, inode, size, mtime, ctime
 
@@ -21,7 +19,7 @@ def ensure_dir(directory: Path) -> None:
     make_dirs(directory)
 
 
-def write_atomic(directory: Path, name: str, content: bytes) -> bool:
+def write_spec(directory: Path, name: str, content: bytes) -> bool:
     """Put `content` at directory/name: a temp file in the same directory, fsync, rename, fsync of
     the directory. Returns False (and writes nothing) when the file already holds `content`.
     Raises OSError when the directory cannot be created or written."""
@@ -29,19 +27,7 @@ def write_atomic(directory: Path, name: str, content: bytes) -> bool:
     if read_spec(target, len(content)) == content:
         return False
     ensure_dir(directory)
-    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_dir(directory)
+    write_atomic(target, content)
     return True
 
 
@@ -71,16 +57,3 @@ def remove(directory: Path, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -11,9 +11,7 @@ with backoff.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any, Protocol
 
 from nvdp.backoff import Backoff
 from nvdp.errors import NvdpError, UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.files import read_bounded, write_atomic
 from nvdp.gfd.labels import TIMESTAMP_LABEL, format_labels
 from nvdp.logs import log_event
 
@@ -78,25 +76,10 @@ class FileOutput:
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     """Replace `path` by a file holding `text` in one rename. Raises NvdpError (one line)."""
-    directory = path.parent
-    tmp_name = None
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-        tmp_name = None
+        write_atomic(path, text.encode("utf-8"), mode)
     except OSError as error:
         raise NvdpError(f"cannot write labels to {path}: {error.strerror or error}") from error
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
 
 
 class NodeFeatureOutput:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
+
+from nvdp.files import write_atomic
 
 MAX_BYTES = 512
 MAX_CHARS = 300
@@ -24,16 +25,7 @@ MAX_CHARS = 300
 def write_status(path: Path, reason: str) -> None:
     """Say `reason` at `path` (created 0644, replacing what was there). Raises OSError."""
     line = _clean(reason).encode()[:MAX_BYTES] + b"\n"
-    fd, temp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(line)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_atomic(path, line)
 
 
 def read_status(path: Path) -> str | None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from nvdp.backoff import Backoff
 from nvdp.dirs import make_dirs
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
+from nvdp.files import same_file
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class DirClaim:
         before the next try: the first 50 ms after the file went (a directory being removed is
         not filled again under `rm -rf`), then backoff doubling to 5 s. Raises DirLockHeld when
         another process took the directory meanwhile."""
-        if not self._claimed or (self._fd is not None and _same_file(self._fd, self.path)):
+        if not self._claimed or (self._fd is not None and same_file(self._fd, self.path)):
             return None
         self._close()
         now = self._clock()
@@ -169,7 +170,7 @@ class DirClaim:
         self._claimed = False
         if self._fd is None:
             return
-        if _same_file(self._fd, self.path):
+        if same_file(self._fd, self.path):
             try:
                 self.path.unlink()
             except OSError:
@@ -190,7 +191,7 @@ class DirClaim:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return _holder(fd)
-            if not _same_file(fd, self.path):  # removed between open and flock: not a lock at all
+            if not same_file(fd, self.path):  # removed between open and flock: not a lock at all
                 os.close(fd)
                 return "none (the lock file was removed while locking)"
             os.ftruncate(fd, 0)
@@ -211,15 +212,6 @@ def _holder(fd: int) -> str:
     os.close(fd)
     pid = text.removeprefix("pid=")
     return pid if pid.isdigit() else "unknown"
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _removed(directory: Path) -> bool:
