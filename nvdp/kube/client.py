@@ -1,34 +1,26 @@
-"""Talking to the Kubernetes API server: the only importer of the `kubernetes` client.
+"""The Kubernetes API transport: the only importer of the `kubernetes` client.
 
-A leaf adapter: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small
-protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`). The client (tens of MB) is
-imported lazily, inside the functions that need it, and only when a feature that talks to the API
-server is on; importing this module costs nothing. A process that blocked `ssl`
-(`nvdp.ssl_block.block_ssl`) lifts the block before it builds a client here.
+The client (tens of MB) is imported lazily, inside the functions that need it, and only when a
+feature that talks to the API server is on; importing this module costs nothing. A process that
+blocked `ssl` (`nvdp.ssl_block.block_ssl`) lifts the block before it builds a client here.
 
 One client constructor (`new_api_client`: a host for tests, a kubeconfig, or the in-cluster service
-account) serves every user: the plugin's node events, gfd's NodeFeature, the config-manager's Node
-watch. Requests go through the client's ApiClient untyped (JSON in, JSON out; `_request`), not the
-typed APIs, whose models cost about 22 MB more RSS; API failures are one-line KubeErrors. Every
-response body is read to its end before its connection goes back to the client's pool (`_request`);
-a watch stream left early closes its connection instead (`_watch_stream`): a connection handed back
-with unread bytes makes the next request on it read them as its status line (`BadStatusLine`).
-
-Node events: a health transition becomes an Event on the node's Node object, as the kubelet records
-its own node events: namespace `default`, involvedObject `{kind: Node, name: <node>, uid: <node>}`
-(the kubelet puts the node name in the uid; `kubectl describe node` looks events up both ways).
+account) serves every user. Requests go through the client's ApiClient untyped (JSON in, JSON out;
+`request`), not the typed APIs, whose models cost about 22 MB more RSS; API failures are one-line
+KubeErrors. Every response body is read to its end before its connection goes back to the client's
+pool (`request`); a watch stream left early closes its connection instead (`_watch_stream`): a
+connection handed back with unread bytes makes the next request on it read them as its status line
+(`BadStatusLine`).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
 import time
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent
@@ -36,8 +28,6 @@ from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-NODE_EVENTS_NAMESPACE = "default"
-EVENT_SOURCE = "nvidia-device-plugin"
 
 
 def in_cluster(environ: Mapping[str, str], token_file: str = SERVICE_ACCOUNT_TOKEN) -> bool:
@@ -76,174 +66,15 @@ def new_api_client(
     return client.ApiClient(configuration)
 
 
-class KubeNodeEvents:
-    """Creates core/v1 Events on one Node, through a raw request (JSON): the typed CoreV1Api costs
-    about 22 MB more RSS (pydantic and its models). `api_client` injects one from `new_api_client`;
-    else `host` (+ `token`) points at a server (tests), else the in-cluster configuration is loaded.
-    Failures raise KubeError."""
-
-    def __init__(
-        self,
-        node_name: str,
-        *,
-        api_client: Any = None,
-        host: str | None = None,
-        token: str | None = None,
-        namespace: str = NODE_EVENTS_NAMESPACE,
-        component: str = EVENT_SOURCE,
-        request_timeout: float = 5.0,
-    ) -> None:
-        self._api_client = api_client if api_client is not None else new_api_client(host=host, token=token)
-        self._node = node_name
-        self._namespace = namespace
-        self._component = component
-        self._timeout = request_timeout
-
-    def event_body(self, event_type: str, reason: str, message: str) -> dict[str, Any]:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{self._node}.{time.time_ns():x}", "namespace": self._namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node},
-            "type": event_type,
-            "reason": reason,
-            "message": message,
-            "source": {"component": self._component, "host": self._node},
-            "reportingComponent": self._component,
-            "reportingInstance": self._node,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
-        body = self.event_body(event_type, reason, message)
-        path = f"/api/v1/namespaces/{self._namespace}/events"
-        try:
-            _request(self._api_client, "POST", path, {}, self._timeout, body=body)
-        except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
-            raise KubeError(f"cannot create event on node {self._node}: {_one_line(error)}") from error
-
-
-# ---- NodeFeature objects (nvdp gfd --use-node-feature-api) -------------------------------------
-
-NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
-NODE_FEATURE_VERSION = "v1alpha1"
-NODE_FEATURE_PLURAL = "nodefeatures"
-NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
-
-
-def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    """A NodeFeature carrying `labels` for `node` (NFD merges it by the node-name label)."""
-    return {
-        "apiVersion": f"{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}",
-        "kind": "NodeFeature",
-        "metadata": {"name": name, "namespace": namespace, "labels": {NODE_FEATURE_NODE_LABEL: node}},
-        "spec": {"features": {}, "labels": dict(labels)},
-    }
-
-
-def apply_node_feature(
-    api_client: Any,
-    namespace: str,
-    name: str,
-    node: str,
-    labels: Mapping[str, str],
-    timeout: float = 10.0,
-    ignore: tuple[str, ...] = (),
-) -> str:
-    """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
-    or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
-    failures raise KubeError naming the object and the status."""
-    collection = (
-        f"/apis/{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}/namespaces/{namespace}/{NODE_FEATURE_PLURAL}"
-    )
-    body = node_feature_body(name, namespace, node, labels)
-    where = f"NodeFeature {namespace}/{name}"
-
-    def kept(found: Mapping[str, str]) -> dict[str, str]:
-        return {k: v for k, v in found.items() if k not in ignore}
-
-    try:
-        try:
-            current = get_json(api_client, f"{collection}/{name}", {}, timeout)
-        except KubeStatusError as error:
-            if error.status != 404:
-                raise
-            _request(api_client, "POST", collection, {}, timeout, body=body)
-            return "created"
-        metadata = current.get("metadata") or {}
-        spec = current.get("spec") or {}
-        if (
-            kept(spec.get("labels") or {}) == kept(labels)
-            and spec.get("features") == body["spec"]["features"]
-            and metadata.get("labels") == body["metadata"]["labels"]
-        ):
-            return "unchanged"
-        body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
-        _request(api_client, "PUT", f"{collection}/{name}", {}, timeout, body=body)
-        return "updated"
-    except KubeStatusError as error:
-        raise KubeError(f"{where}: API error {error.status} {error.reason}".rstrip()) from error
-    except Exception as error:  # urllib3 / socket errors: one line, not a traceback
-        raise KubeError(f"{where}: cannot reach the API server: {_one_line(error)}") from error
-
-
-# ---- Nodes: metadata, annotations, list and watch (nvdp config-manager) --------------------------
-
-
-@dataclass(frozen=True)
-class NodeMeta:
-    """What the config-manager reads of a Node: its labels and annotations."""
-
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> NodeMeta:
-        metadata = obj.get("metadata") or {}
-        return cls(_strings(metadata.get("labels")), _strings(metadata.get("annotations")))
-
-
-def node_metadata(api_client: Any, node_name: str, *, timeout: float = 10.0) -> NodeMeta | None:
-    """The labels and annotations of one Node (one GET); None when the Node does not exist. Raises
-    KubeError."""
-    try:
-        node = get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
-    except KubeStatusError as error:
-        if error.status == 404:
-            return None
-        raise KubeError(f"cannot read node {node_name}: {error}") from error
-    except KubeError as error:
-        raise KubeError(f"cannot read node {node_name}: {error}") from error
-    return NodeMeta.of(node)
-
-
-def patch_node_annotations(
-    api_client: Any, node_name: str, annotations: Mapping[str, str | None], *, timeout: float = 10.0
-) -> None:
-    """Set annotations on a Node (None removes one) with a JSON merge patch: RBAC `nodes: patch`.
-    Raises KubeError."""
-    body = {"metadata": {"annotations": dict(annotations)}}
-    path = f"/api/v1/nodes/{node_name}"
-    try:
-        _request(
-            api_client, "PATCH", path, {}, timeout, body=body, content_type="application/merge-patch+json"
-        )
-    except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
-        raise KubeError(f"cannot annotate node {node_name}: {_one_line(error)}") from error
-
-
 def get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
     """One GET and its JSON object (a list: `items` and `metadata.resourceVersion`). Raises
     KubeStatusError (KubeGone for 410) on an error status, else KubeError (one line)."""
     try:
-        data = json.loads(_request(api_client, "GET", path, query, timeout))
+        data = json.loads(request(api_client, "GET", path, query, timeout))
     except KubeError:
         raise
     except Exception as error:  # urllib3 / socket errors, a body that is no JSON
-        raise KubeError(_one_line(error)) from error
+        raise KubeError(one_line(error)) from error
     if not isinstance(data, dict):
         raise KubeError(f"unexpected answer from {path}")
     return data
@@ -278,10 +109,7 @@ def watch(
     except Exception as error:
         if _is_read_timeout(error):
             raise KubeWatchSilent(silence, heard) from error
-        raise KubeError(_one_line(error)) from error
-
-
-# ---- requests: every body read (or the connection closed) before the connection is reused -------
+        raise KubeError(one_line(error)) from error
 
 
 def _send(
@@ -337,7 +165,7 @@ def _send(
         raise _status_error(int(error.status or 0), error.body, error.reason) from error
 
 
-def _request(
+def request(
     api_client: Any,
     method: str,
     path: str,
@@ -399,10 +227,10 @@ def _is_read_timeout(error: BaseException) -> bool:
     return False
 
 
-def _strings(mapping: object) -> dict[str, str]:
+def strings(mapping: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, Mapping) else {}
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
