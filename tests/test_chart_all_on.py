@@ -68,6 +68,8 @@ def test_everything_renders_valid_objects(all_on: Rendered) -> None:
         "ConfigMap",
         "DaemonSet",
         "PodMonitor",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",

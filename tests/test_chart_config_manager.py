@@ -1,7 +1,8 @@
 """The config-manager in the chart and the static manifest: init container + sidecar, shared process
 namespace, the ConfigMap as the source dir and an emptyDir as the destination, NODE_NAME from the
-downward API, RBAC to list, watch and patch (annotate) nodes: exactly when a ConfigMap of entries is
-used."""
+downward API, RBAC to list, watch and patch (annotate) nodes, and a Role to get, list and watch the
+one ConfigMap it also reads through the API (CONFIGMAP_NAME, NAMESPACE from the downward API):
+exactly when a ConfigMap of entries is used."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     assert container_env(plugin)["CONFIG_FILE"] == "/config/config.yaml"
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     assert mounts["config"] == "/config" and mounts["available-configs"] == "/available-configs"
+    namespace = daemonset["metadata"]["namespace"]
     for ctr, oneshot in ((init, "true"), (sidecar, "false")):
         assert ctr["command"] == ["nvdp", "config-manager"]
         e = container_env(ctr)
@@ -76,6 +78,8 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
             e["CONFIG_FILE_SRCDIR"] == "/available-configs" and e["CONFIG_FILE_DST"] == "/config/config.yaml"
         )
         assert e["PROCESS_TO_SIGNAL"] == "nvidia-device-plugin" and e["SIGNAL"] == "1"
+        assert e["CONFIGMAP_NAME"] == configmap
+        assert e["NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         assert {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]} == mounts_of_manager()
         assert ctr["securityContext"] == {
             "allowPrivilegeEscalation": False,
@@ -84,13 +88,37 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
         # The env the manifests set is what the command accepts.
         parser = argparse.ArgumentParser()
         add_flags(parser)
-        resolve(
-            parser.parse_args([]), {k: v for k, v in e.items() if isinstance(v, str)} | {"NODE_NAME": "n"}
-        )
+        given = {k: v for k, v in e.items() if isinstance(v, str)} | {
+            "NODE_NAME": "n",
+            "NAMESPACE": namespace,
+        }
+        settings = resolve(parser.parse_args([]), given)
+        assert (settings.configmap_name, settings.namespace) == (configmap, namespace)
     role = only(docs, "ClusterRole")
     nodes = [r for r in role["rules"] if "nodes" in r["resources"]]
     # patch: the applied entry is recorded in a Node annotation (a restarted pod falls back to it)
     assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "patch", "watch"]]
+    # the one ConfigMap, watched by name (list and watch with the field selector metadata.name)
+    configmaps = only(docs, "Role")
+    assert configmaps["metadata"]["namespace"] == namespace
+    assert configmaps["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [configmap],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = only(docs, "RoleBinding")
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": configmaps["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": namespace}
+    ]
     return container_env(sidecar)
 
 
@@ -142,6 +170,15 @@ def test_chart_without_a_configmap_has_no_config_manager(render: Callable[..., R
     assert [r["verbs"] for r in nodes] == [["get"]]
 
 
+def test_chart_without_rbac_reads_the_mounted_configmap_only(render: Callable[..., Rendered]) -> None:
+    """Without the chart's RBAC there is no permission to watch the ConfigMap: the mount only."""
+    out = render({"config": {"map": {"default": ENTRY_A}}, "rbac": {"create": False}})
+    spec = pod(out.daemonset)
+    for ctr in (spec["initContainers"][0], spec["containers"][1]):
+        assert not {"CONFIGMAP_NAME", "NAMESPACE"} & set(container_env(ctr))
+    assert "Role" not in out.kinds() and "RoleBinding" not in out.kinds()
+
+
 def test_chart_config_manager_resources(render: Callable[..., Rendered]) -> None:
     limits = {"limits": {"memory": "80Mi"}}
     out = render({"config": {"map": {"default": ENTRY_A}, "managerResources": limits}})
@@ -156,6 +193,8 @@ def test_static_manifest_with_config_manager() -> None:
         "ClusterRoleBinding",
         "ConfigMap",
         "DaemonSet",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
     sidecar_env = check_config_manager(docs, "nvidia-device-plugin-configs")

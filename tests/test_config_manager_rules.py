@@ -402,7 +402,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
     import urllib.request
 
     from nvdp import kube
-    from nvdp.configmanager import node_watch
+    from nvdp.configmanager import object_watch
     from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
     from tests.kube_api_standin import KubeApiStandin
 
@@ -413,7 +413,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         api.fail(500, 1000, path_prefix="/api/v1/nodes")
         seen: list[dict[str, str] | None] = []
         failures: list[str] = []
-        watch = node_watch.NodeWatch(
+        watch = object_watch.NodeWatch(
             kube.new_api_client(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig"))),
             "n",
             lambda node: seen.append(None if node is None else node.labels),
@@ -429,7 +429,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         ).start()
         stop = threading.Event()
         thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="nvdp.configmanager.node_watch"):
+        with caplog.at_level(logging.WARNING, logger="nvdp.configmanager.object_watch"):
             thread.start()
             api.wait_for(lambda: any(r.levelno == logging.ERROR for r in caplog.records), 10, "alarm line")
             with pytest.raises(urllib.error.HTTPError) as caught:

@@ -618,6 +618,8 @@ def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> N
         "ConfigMap",
         "DaemonSet",
         "PodMonitor",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from nvdp import kube
-from nvdp.configmanager import node_watch
+from nvdp.configmanager import object_watch
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from tests import test_config_manager
@@ -102,7 +102,7 @@ class Seen:
         return None if last is None else last.labels
 
 
-def run_watch(watch: node_watch.NodeWatch) -> tuple[threading.Event, threading.Thread]:
+def run_watch(watch: object_watch.NodeWatch) -> tuple[threading.Event, threading.Thread]:
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), name="node-watch", daemon=True)
     thread.start()
@@ -119,7 +119,7 @@ def test_a_watch_answered_by_410_every_time_backs_off_its_relists(
     api.late_bodies = 0.05
     api.gone_every_watch = True
     seen = Seen()
-    watch = node_watch.NodeWatch(
+    watch = object_watch.NodeWatch(
         client(api, tmp_path), NODE, seen.nodes.append, on_failure=lambda m, f: seen.failures.append((m, f))
     )
     stop, thread = run_watch(watch)
@@ -139,22 +139,24 @@ def test_a_watch_answered_by_410_every_time_backs_off_its_relists(
 
 def test_relist_waits_grow_cap_and_start_over_after_two_quiet_minutes() -> None:
     now = [0.0]
-    backoff = node_watch.relist_backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # stretched by 1.5
+    backoff = object_watch.relist_backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # stretched by 1.5
     waits = []
     for _ in range(8):
         waits.append(backoff.next())
         now[0] += waits[-1]
     assert waits == pytest.approx([1.2, 2.4, 4.8, 9.6, 19.2, 38.4, 45.0, 45.0])
-    now[0] += node_watch.RELIST_RESET_S + 1
+    now[0] += object_watch.RELIST_RESET_S + 1
     assert backoff.next() == pytest.approx(1.2)
-    assert node_watch.relist_backoff(uniform=lambda: 0.0).next() == pytest.approx(node_watch.RELIST_INITIAL_S)
+    assert object_watch.relist_backoff(uniform=lambda: 0.0).next() == pytest.approx(
+        object_watch.RELIST_INITIAL_S
+    )
 
 
 def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(
     api: KubeApiStandin, tmp_path: Path
 ) -> None:
-    assert node_watch.WATCH_TIMEOUT_S == 45 and node_watch.WATCH_SILENCE_S == 60.0
-    watch = node_watch.NodeWatch(client(api, tmp_path), NODE, lambda node: None)
+    assert object_watch.WATCH_TIMEOUT_S == 45 and object_watch.WATCH_SILENCE_S == 60.0
+    watch = object_watch.NodeWatch(client(api, tmp_path), NODE, lambda node: None)
     stop, thread = run_watch(watch)
     api.wait_for(lambda: api.count("GET", "/api/v1/nodes", watch=True) >= 1, 10, "a watch")
     stop.set()
@@ -163,7 +165,7 @@ def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(
     (query,) = [q for m, p, q in api.requests if p == "/api/v1/nodes" and q.get("watch") == "true"]
     assert query["timeoutSeconds"] == "45" and query["allowWatchBookmarks"] == "true"
     with pytest.raises(ValueError):
-        node_watch.NodeWatch(None, NODE, lambda node: None, timeout_seconds=60, silence_timeout=60)
+        object_watch.NodeWatch(None, NODE, lambda node: None, timeout_seconds=60, silence_timeout=60)
 
 
 def test_a_watch_stalled_after_its_headers_is_dropped_and_readyz_fails(
@@ -175,7 +177,7 @@ def test_a_watch_stalled_after_its_headers_is_dropped_and_readyz_fails(
     /readyz fails until a watch delivers again."""
     silence = 2.0
     seen = Seen()
-    watch = node_watch.NodeWatch(
+    watch = object_watch.NodeWatch(
         client(api, tmp_path),
         NODE,
         seen.nodes.append,

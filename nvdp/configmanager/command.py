@@ -1,5 +1,6 @@
-"""Running `nvdp config-manager`: the Kubernetes client, the Node watch thread, the record of the
-applied entry on the Node, and the loop.
+"""Running `nvdp config-manager`: the Kubernetes client, the Node watch thread (and with
+--configmap-name the ConfigMap watch thread), the record of the applied entry on the Node, and the
+loop.
 
 The CLI (nvdp/cli.py) parses, prints and installs signal handlers; this module does the work.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from nvdp import kube
 from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.node_watch import NodeWatch
+from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch, ObjectWatch
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
+from nvdp.kube.configmaps import read_configmap
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,17 @@ def oneshot(settings: Settings) -> int:
     a guess that could shrink the node."""
     client, manager = connect(settings)
     _set_node(manager, kube.node_metadata(client, settings.node_name))
+    if settings.configmap_name:  # the ConfigMap now, where the API serves it; else the mount
+        try:
+            manager.set_configmap(read_configmap(client, settings.namespace, settings.configmap_name), True)
+        except KubeError as error:
+            log_event(
+                log,
+                logging.WARNING,
+                "cannot read the ConfigMap from the API; using its mounted copy",
+                error=str(error),
+            )
+            manager.configmap_failed(str(error), 0.0)
     outcome = manager.reconcile()
     return 0 if outcome.entry is not None else 1
 
@@ -66,6 +80,16 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
     watch = NodeWatch(
         watch_client, settings.node_name, lambda node: _set_node(manager, node), alarm_after=ALARM_AFTER
     )
+    configmap_watch = None
+    if settings.configmap_name:
+        configmap_watch = ConfigMapWatch(
+            watch_client,
+            settings.namespace,
+            settings.configmap_name,
+            manager.set_configmap,
+            on_failure=manager.configmap_failed,
+            alarm_after=ALARM_AFTER,
+        )
     status = None
     if settings.metrics_address:
 
@@ -77,10 +101,17 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
                 signals_total=manager.signals_sent,
                 watch_failing_for=failing_for(watch.failing_since),
                 retrying=manager.retrying,
+                configmap_watch_failing_for=failing_for(
+                    configmap_watch.failing_since if configmap_watch else None
+                ),
             )
 
         status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()
-    thread = threading.Thread(target=_watch, args=(watch, stop), name="node-watch", daemon=True)
+    threads = [threading.Thread(target=_watch, args=(watch, stop), name="node-watch", daemon=True)]
+    if configmap_watch is not None:
+        threads.append(
+            threading.Thread(target=_watch, args=(configmap_watch, stop), name="configmap-watch", daemon=True)
+        )
     log_event(
         log,
         logging.INFO,
@@ -89,8 +120,10 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
         label=settings.node_label,
         srcdir=settings.config_file_srcdir,
         dst=settings.config_file_dst,
+        configmap=manager.sources.configmap or None,
     )
-    thread.start()
+    for thread in threads:
+        thread.start()
     try:
         manager.run(stop)
     finally:
@@ -99,11 +132,11 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
     return 0
 
 
-def _watch(watch: NodeWatch, stop: threading.Event) -> None:
+def _watch(watch: ObjectWatch[Any], stop: threading.Event) -> None:
     try:
         watch.run(stop)
-    except BaseException as error:  # NodeWatch.run never returns early; if it did, say so loudly
-        log_event(log, logging.ERROR, "node watch ended", error=str(error))
+    except BaseException as error:  # ObjectWatch.run never returns early; if it did, say so loudly
+        log_event(log, logging.ERROR, f"{watch.kind} watch ended", error=str(error))
         raise
 
 

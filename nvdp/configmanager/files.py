@@ -1,10 +1,13 @@
 """The candidate file, checked with the plugin's own loader, and the atomic symlink swap.
 
 The destination is a symlink to `<srcdir>/<entry>` (through the ConfigMap's `..data` link, so an edit
-of the ConfigMap shows through it) or to /dev/null for the empty config. It is replaced with
-rename(2) of a fresh link: the plugin never sees a missing or half-written file. Entries and the
-destination are read as the plugin reads its config file (`nvdp.files.read_bounded`): a regular file
-of at most 1 MiB, or /dev/null.
+of the ConfigMap shows through it) or to /dev/null for the empty config. With the ConfigMap watched
+through the API (whose entries have no file yet) it links instead to a copy of the entry that this
+process writes next to the destination, `.<dst name>.entries/<entry>@<digest>` (relative: the
+plugin may mount the directory elsewhere); a copy is never changed once written, so nothing but a
+swap changes what the plugin reads. It is replaced with rename(2) of a fresh link: the plugin never
+sees a missing or half-written file. Entries and the destination are read as the plugin reads its
+config file (`nvdp.files.read_bounded`): a regular file of at most 1 MiB, or /dev/null.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from nvdp.config.rules import file_problems
 from nvdp.dirs import make_dirs
 from nvdp.errors import CandidateError as CandidateError  # defined in nvdp.errors
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.files import read_bounded, write_atomic
 
 DEV_NULL = "/dev/null"
 
@@ -35,13 +38,13 @@ class Effective:
 def read_candidate(srcdir: str, entry: str) -> tuple[Effective, bytes]:
     """The link target and content of an entry ("" = the empty config). Raises CandidateError."""
     if not entry:
-        return Effective(DEV_NULL, _digest(b"")), b""
+        return Effective(DEV_NULL, digest(b"")), b""
     target = os.path.join(srcdir, entry)
     try:
         content = read_bounded(target)
     except UnreadableFile as error:
         raise CandidateError(f"cannot read entry {entry!r}: {error.reason}") from error
-    return Effective(target, _digest(content)), content
+    return Effective(target, digest(content)), content
 
 
 def validate(entry: str, content: bytes, *, strict: bool = False) -> None:
@@ -65,7 +68,7 @@ def current(dst: str) -> Effective | None:
     something that is no config file, say, which the next apply replaces)."""
     try:
         target = os.readlink(dst) if os.path.islink(dst) else os.path.abspath(dst)
-        return Effective(target, _digest(read_bounded(dst)))
+        return Effective(target, digest(read_bounded(dst)))
     except (OSError, UnreadableFile):
         return None
 
@@ -83,5 +86,35 @@ def link(dst: str, target: str) -> None:
     os.replace(temporary, dst)
 
 
-def _digest(content: bytes) -> str:
+def copy_target(dst: str, entry: str, content: bytes) -> str:
+    """Where the copy of an entry with `content` goes, relative to the destination's directory."""
+    return f".{os.path.basename(dst)}.entries/{entry}@{digest(content)[:16]}"
+
+
+def write_copy(dst: str, target: str, content: bytes) -> None:
+    """Write the copy `target` (from `copy_target`) atomically. Raises OSError."""
+    path = Path(os.path.dirname(os.path.abspath(dst))) / target
+    make_dirs(path.parent)
+    write_atomic(path, content)
+
+
+def prune_copies(dst: str, keep: set[str]) -> None:
+    """Remove the copies next to `dst` but those in `keep` (targets from `copy_target`: the one in
+    place, and the one before it, which a reader may have resolved just before the swap).
+    Best effort: a copy left behind is only a few bytes."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst)}.entries")
+    kept = {os.path.basename(target) for target in keep}
+    try:
+        with os.scandir(folder) as found:
+            stale = [e.path for e in found if e.name not in kept and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()

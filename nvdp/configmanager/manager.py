@@ -4,9 +4,11 @@ Inputs: the node's label value and annotations (from the Node watch thread, or o
 --oneshot) and the mounted ConfigMap directory (watched with inotify: the kubelet's update of a
 ConfigMap swaps the `..data` link in it, so an edit of the ConfigMap is applied without a restart and
 nothing wakes while nothing changes; re-read every `--poll-interval` only where inotify is
-unavailable). Each pass selects an entry, reads it, and when the effective file (link target or
-content) differs from what the destination serves: validates it with the plugin's loader and support
-rules, swaps the symlink and signals the plugin once.
+unavailable), and with --configmap-name the same ConfigMap as the API serves it (from its watch
+thread; `sources` says which copy a pass reads). Each pass selects an entry, reads it, and when the
+effective file (link target or content) differs from what the destination serves: validates it with
+the plugin's loader and support rules, swaps the symlink (to a copy of the entry, with the API's
+copy: `files`) and signals the plugin once.
 
 A refusal (unknown label value, invalid entry) is one log line naming the node, label value and
 reason, plus a Warning Event on the Node; the current config stays and watching goes on until the
@@ -30,10 +32,12 @@ from typing import Protocol
 
 from nvdp.backoff import Backoff
 from nvdp.configmanager import files, process
-from nvdp.configmanager.selection import EMPTY, list_entries, select
+from nvdp.configmanager.selection import EMPTY, select
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
+from nvdp.configmanager.sources import ConfigMapSources, Entries
 from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
+from nvdp.kube.configmaps import ConfigMapData
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ class ConfigManager:
         retry_max: float = RETRY_MAX_S,
     ) -> None:
         self.settings = settings
+        configmap = f"{settings.namespace}/{settings.configmap_name}" if settings.configmap_name else ""
+        self.sources = ConfigMapSources(settings.config_file_srcdir, configmap)
         self._events = events
         self._record = record
         self._retry_initial, self._retry_max = retry_initial, retry_max
@@ -104,6 +110,7 @@ class ConfigManager:
         # destination is a link through the ConfigMap's ..data, so its content follows an edit: the
         # digest remembered here is what tells that the plugin has not seen the edit yet.
         self._applied: files.Effective | None = None
+        self._previous_target: str | None = None  # the link's target before the last swap
         self._baseline_taken = False
 
     # ---- inputs ----------------------------------------------------------------------------------
@@ -119,6 +126,17 @@ class ConfigManager:
             self._recorded = (annotations or {}).get(APPLIED_ANNOTATION)
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
+            self.wake()
+
+    def set_configmap(self, data: ConfigMapData | None, listed: bool) -> None:
+        """The ConfigMap as the API serves it (None: there is none); `listed`: from a list (the state
+        now). Thread-safe; wakes the loop when a pass is due."""
+        if self.sources.set_api(data, listed):
+            self.wake()
+
+    def configmap_failed(self, message: str, failing_for: float) -> None:
+        """The ConfigMap watch failed (it retries); the mount serves meanwhile. Thread-safe."""
+        if self.sources.api_failed():
             self.wake()
 
     @property
@@ -152,7 +170,7 @@ class ConfigManager:
         try:
             while not stop.is_set():
                 self._wake.clear()
-                if self._label_known:
+                if self._label_known and self.sources.ready:
                     self.reconcile()
                 if stop.is_set() or self._wake.is_set():
                     continue
@@ -185,13 +203,14 @@ class ConfigManager:
         if not self._baseline_taken:  # what the plugin read when it started (the init container's link)
             self._applied, self._baseline_taken = files.current(s.config_file_dst), True
         now = self._applied
+        source = self.sources.entries()
         try:
             try:
-                entries = list_entries(s.config_file_srcdir)
+                entries = source.names()
             except SelectionError as error:
                 raise _Failed(str(error)) from error
             try:
-                entry, wanted, content, note = self._choose(label, entries, first=now is None)
+                entry, wanted, content, note = self._choose(label, entries, source, first=now is None)
             except SelectionError as refused:
                 self._report(label, str(refused))
                 return Outcome(False, self.entry, str(refused))
@@ -201,9 +220,14 @@ class ConfigManager:
                 self._record_entry()
                 return Outcome(False, entry)
             try:
+                if self.sources.copies and entry:
+                    files.write_copy(s.config_file_dst, wanted.target, content)
                 files.link(s.config_file_dst, wanted.target)
             except OSError as error:
                 raise _Failed(f"cannot link {s.config_file_dst}: {error.strerror or error}") from error
+            if self.sources.copies:
+                files.prune_copies(s.config_file_dst, {wanted.target, self._previous_target or ""})
+            self._previous_target = wanted.target
             self._applied = wanted
         except _Failed as failed:
             self._report(label, str(failed), retrying=True)
@@ -224,6 +248,7 @@ class ConfigManager:
             entry=entry or "(empty)",
             file=s.config_file_dst,
             target=wanted.target,
+            source=source.source if self.sources.copies else None,
         )
         if previous is not None or now is not None:
             self._emit("Normal", EVENT_REASON_APPLIED, f"device plugin config {entry or '(empty)'} applied")
@@ -233,7 +258,7 @@ class ConfigManager:
         return Outcome(True, entry)
 
     def _choose(
-        self, label: str | None, entries: list[str], *, first: bool
+        self, label: str | None, entries: list[str], source: Entries, *, first: bool
     ) -> tuple[str, files.Effective, bytes, str | None]:
         """The entry to serve, its file and content, and (when the label's own pick was refused and
         another entry is served instead) the refusal to report. Raises SelectionError (a refusal:
@@ -245,7 +270,7 @@ class ConfigManager:
         s = self.settings
         try:
             entry = select(label, entries, s.default_config, s.fallback_strategies)
-            return (entry, *self._candidate(entry), None)
+            return (entry, *self._candidate(entry, source), None)
         except SelectionError as error:
             if not first:
                 raise
@@ -264,7 +289,7 @@ class ConfigManager:
                 problem += f"; without the label: {without}"
         for entry, how in fallbacks:
             try:
-                effective, content = self._candidate(entry)
+                effective, content = self._candidate(entry, source)
             except SelectionError as refused:
                 problem += f"; {refused}"
                 continue
@@ -272,12 +297,18 @@ class ConfigManager:
             return entry, effective, content, f"{problem}; using {using}" + (f" ({how})" if how else "")
         raise SelectionError(problem)
 
-    def _candidate(self, entry: str) -> tuple[files.Effective, bytes]:
+    def _candidate(self, entry: str, source: Entries) -> tuple[files.Effective, bytes]:
         """The entry's file and content, validated unless the destination serves it already.
         Raises SelectionError (refused: not a file the plugin would take) or _Failed (a read that
         failed: retry)."""
+        s = self.settings
         try:
-            wanted, content = files.read_candidate(self.settings.config_file_srcdir, entry)
+            if not entry or not self.sources.copies:
+                wanted, content = files.read_candidate(s.config_file_srcdir, entry)
+            else:
+                content = source.read(entry)
+                target = files.copy_target(s.config_file_dst, entry, content)
+                wanted = files.Effective(target, files.digest(content))
         except CandidateError as error:
             if _caused_by_os_error(error):  # a read that failed, not a file of the wrong kind or size
                 raise _Failed(str(error)) from error

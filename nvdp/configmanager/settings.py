@@ -1,6 +1,7 @@
 """Flags and env vars of `nvdp config-manager`: NVIDIA's names, env vars and defaults (urfave/cli in
 cmd/config-manager), with the shared Kubernetes client, node name and logging groups, plus nvdp's
-`--poll-interval` (how often the mounted ConfigMap is re-read where inotify is unavailable).
+`--poll-interval` (how often the mounted ConfigMap is re-read where inotify is unavailable) and
+`--configmap-name` / `--namespace` (the mounted ConfigMap, watched through the API as well).
 Precedence: a flag on the command line, else its env var, else the default. Every problem is one
 line of a `ConfigError`, naming the flag or the env var that was given.
 """
@@ -8,8 +9,9 @@ line of a `ConfigError`, naming the flag or the env var that was given.
 from __future__ import annotations
 
 import argparse
+import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +19,8 @@ from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME
 from nvdp.config.options import add_options, flag, read_options
 from nvdp.config.runtime import listen_address
-from nvdp.errors import ConfigError
+from nvdp.errors import ConfigError, UnreadableFile
+from nvdp.files import read_bounded
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
@@ -28,6 +31,10 @@ NAMED_FALLBACK = "default"  # the entry the `named` strategy looks for
 # (the `nvdp.` subdomain), not NVIDIA's `nvidia.com/` prefix that the label uses: NVIDIA's
 # config-manager writes no such record, and a key of theirs could one day mean something else.
 APPLIED_ANNOTATION = "nvdp.nvidia.com/device-plugin.config.applied"
+# The pod's namespace, where --namespace is not given (the ConfigMap a pod mounts is in its namespace).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a ConfigMap's name
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,23 @@ class Settings:
     poll_interval: float = 2.0
     metrics_address: str = ""
     strict_config: bool = False
+    configmap_name: str = ""  # "": the mounted ConfigMap only, as NVIDIA's config-manager
+    namespace: str = ""  # the ConfigMap's; "": the pod's (its service account's)
     log_format: str = "text"
     log_level: str = "info"
 
 
 def _signal_number(text: str) -> int:
     return v.integer(1, 64)(int(text) if text.strip().lstrip("-").isdigit() else text)
+
+
+def _named(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text and not pattern.fullmatch(text):
+            raise v.InvalidValue(f"not a valid {what}, got {v.show(text)}")
+        return text
+
+    return parse
 
 
 def _nonnegative_seconds(text: str) -> float:
@@ -112,6 +130,18 @@ _DECLARED = (
         v.parse_bool,
         "nvdp: refuse entries with unknown keys, as the plugin does with the same setting",
     ),
+    flag(
+        "--configmap-name $CONFIGMAP_NAME",
+        _named(_DNS_SUBDOMAIN, "ConfigMap name"),
+        "nvdp: the ConfigMap mounted at --config-file-srcdir, also watched through the API (RBAC: get,"
+        " list, watch on it) so that an edit applies in seconds, not when the kubelet refreshes the"
+        ' mount; the mount stays the fallback ("": the mount only)',
+    ),
+    flag(
+        "--namespace $NAMESPACE",
+        _named(_DNS_LABEL, "namespace"),
+        "nvdp: the namespace of --configmap-name (when unset: the pod's, from its service account)",
+    ),
     *LOGGING,
 )
 # A bad value is named by the flag or the env var that was given, as NVIDIA's config-manager does.
@@ -123,7 +153,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add_options(parser, OPTIONS, Settings)
 
 
-def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+def resolve(
+    args: argparse.Namespace, environ: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+) -> Settings:
     """Settings from flags > env > defaults. Raises ConfigError listing every problem."""
     given, problems = read_options(OPTIONS, args, environ)
     for option in OPTIONS:
@@ -133,4 +165,20 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     if problems:
         raise ConfigError(problems)
     kwargs: dict[str, Any] = {**given, "kubeconfig": given.get("kubeconfig") or None}
-    return Settings(**kwargs)
+    settings = Settings(**kwargs)
+    if settings.configmap_name and not settings.namespace:
+        settings = replace(settings, namespace=_pod_namespace(namespace_file))
+        if not settings.namespace:
+            raise ConfigError(
+                "--configmap-name: the namespace is required (--namespace / NAMESPACE; in a pod, the"
+                f" service account's {namespace_file} is read)"
+            )
+    return settings
+
+
+def _pod_namespace(path: str) -> str:
+    """The service account's namespace ("" without one: not in a pod)."""
+    try:
+        return read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
+    except UnreadableFile:
+        return ""

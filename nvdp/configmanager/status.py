@@ -1,9 +1,10 @@
 """`/metrics`, `/healthz` and `/readyz` of `nvdp config-manager` (`--metrics-address`, off by default).
 
 /readyz answers 503 while no config has been applied yet, while the config the node should have
-could not be put in place (it is retried with backoff), or while the Node watch has been failing or
-silent for longer than the alarm time (the config is then not following the label): the readiness
-signal beside the ERROR log line. The metrics are a handful of gauges and counters read from a snapshot
+could not be put in place (it is retried with backoff), or while the Node watch (or the ConfigMap
+watch, with --configmap-name) has been failing or silent for longer than the alarm time (the config
+is then not following the label, or ConfigMap edits wait for the mount): the readiness signal beside
+the ERROR log line. The metrics are a handful of gauges and counters read from a snapshot
 at scrape time, written out by the plugin's exposition writer (`nvdp.promtext`).
 """
 
@@ -26,6 +27,7 @@ class Snapshot:
     signals_total: int
     watch_failing_for: float  # seconds; 0 when the watch is fine
     retrying: str | None = None  # why the selected config is not in place (being retried)
+    configmap_watch_failing_for: float = 0.0  # seconds; 0 when fine or not watched
 
 
 _FAMILIES: tuple[tuple[str, MetricType, str], ...] = (  # name (after nvdp_config_manager_), type, help
@@ -36,6 +38,7 @@ _FAMILIES: tuple[tuple[str, MetricType, str], ...] = (  # name (after nvdp_confi
     ("watch_failing_seconds", "gauge", "Seconds the Node watch has been failing (0: fine)."),
     ("watch_healthy", "gauge", "0 once the watch has failed for over the alarm time."),
     ("apply_failing", "gauge", "1 while the selected config is not in place (retried)."),
+    ("configmap_watch_failing_seconds", "gauge", "Seconds the ConfigMap watch has been failing (0: fine)."),
 )
 
 
@@ -43,7 +46,7 @@ def render(s: Snapshot, alarm_after: float) -> bytes:
     """The exposition of a snapshot: one sample per family of _FAMILIES, in its order."""
     failing = s.watch_failing_for
     values: list[float] = [s.applied, s.applied_total, s.refused_total, s.signals_total, round(failing, 3)]
-    values += [failing < alarm_after, s.retrying is not None]
+    values += [failing < alarm_after, s.retrying is not None, round(s.configmap_watch_failing_for, 3)]
     families = [MetricFamily(f"nvdp_config_manager_{name}", help, kind) for name, kind, help in _FAMILIES]
     for family, value in zip(families, values, strict=True):
         family.add((), value)
@@ -57,6 +60,8 @@ def not_ready(s: Snapshot, alarm_after: float) -> str | None:
         return f"config not in place, retrying: {s.retrying}"
     if s.watch_failing_for >= alarm_after:
         return f"node watch failing for {s.watch_failing_for:.0f}s"
+    if s.configmap_watch_failing_for >= alarm_after:
+        return f"configmap watch failing for {s.configmap_watch_failing_for:.0f}s"
     return None
 
 

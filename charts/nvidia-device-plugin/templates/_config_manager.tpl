@@ -4,6 +4,9 @@ config entries (config.name or config.map), an init container links /config/conf
 entry the node label nvidia.com/device-plugin.config selects (else config.default, else
 config.fallbackStrategies), and a sidecar keeps following the label and the ConfigMap's content,
 signalling the plugin (SIGHUP; the pod shares one process namespace) when the file changed.
+With rbac.create the config-managers also watch that ConfigMap through the API (CONFIGMAP_NAME,
+NAMESPACE; config-manager-rbac.yml grants get, list and watch on it alone), so an edit applies in
+seconds instead of when the kubelet refreshes the mounted copy, which stays the fallback.
 The GFD pod (gfd.enabled) gets the same pair, signalling gpu-feature-discovery, so its labels
 follow the same node label; so does the MPS control daemon pod, signalling mps-control-daemon.
 "configManager" is "true" when it is used.
@@ -51,6 +54,14 @@ pod mps-control-daemon); the container is named
       value: "1"
     - name: PROCESS_TO_SIGNAL
       value: {{ $process }}
+    {{- if $root.Values.rbac.create }}
+    - name: CONFIGMAP_NAME
+      value: {{ include "nvidia-device-plugin.configMapName" $root | quote }}
+    - name: NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    {{- end }}
   securityContext:
     allowPrivilegeEscalation: false
     capabilities:

@@ -1,5 +1,6 @@
-"""The config-manager's list+watch of its own Node: resumed, re-listed with client-go's backoff,
-dropped when silent, retried on every failure, never stopped (the requests: `nvdp.kube`).
+"""The config-manager's list+watch of one named object (its own Node; the ConfigMap it reads):
+resumed, re-listed with client-go's backoff, dropped when silent, retried on every failure, never
+stopped (the requests: `nvdp.kube`).
 
 Each watch asks the server to end it after WATCH_TIMEOUT_S (it is then resumed from the last
 resourceVersion, no list), so a healthy server always says something within WATCH_SILENCE_S; a
@@ -18,12 +19,13 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from nvdp import kube
 from nvdp.backoff import Backoff
 from nvdp.errors import KubeError, KubeGone, KubeWatchSilent
+from nvdp.kube.configmaps import ConfigMapData, configmaps_path
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,8 @@ WATCH_SILENCE_S = 60.0
 RELIST_INITIAL_S = 0.8
 RELIST_MAX_S = 30.0
 RELIST_RESET_S = 120.0
+
+T = TypeVar("T")
 
 
 def relist_backoff(
@@ -43,24 +47,32 @@ def relist_backoff(
     )
 
 
-class NodeWatch:
-    """List+watch one Node (field selector metadata.name=<node>) and hand it to `on_node` (None when
-    the Node is gone). Resumes from the last resourceVersion after the server ends a watch; re-lists
-    on 410 Gone after a wait from `relist_backoff()` (a server that answers every watch with 410 gets
-    a list every 30-60 s, not dozens a second); drops a stream silent for `silence_timeout` s;
-    retries every other failure with capped exponential backoff and never stops until `stop` is
-    set. `on_failure(message, failing_for_seconds)` hears each failure; a line is logged at WARNING,
-    and at ERROR once the watch has been failing (or silent) for `alarm_after` s. The client should
-    make no retries of its own (`kube.new_api_client(retries=0)`): each would add a whole
-    `silence_timeout` before a failure is seen.
+class ObjectWatch(Generic[T]):
+    """List+watch the object `name` of the collection at `path` (field selector metadata.name=<name>)
+    and hand it, decoded, to `on_object(obj, listed)` (obj None when there is no such object; `listed`:
+    it comes from a list, so it is the object's state now, not an event a resumed watch replays).
+    Resumes from the last resourceVersion after the server ends a watch; re-lists on 410 Gone after a
+    wait from `relist_backoff()` (a server that answers every watch with 410 gets a list every 30-60 s,
+    not dozens a second); drops a stream silent for `silence_timeout` s; retries every other failure
+    with capped exponential backoff and never stops until `stop` is set. `on_failure(message,
+    failing_for_seconds)` hears each failure; a line is logged at WARNING, and at ERROR once the watch
+    has been failing (or silent) for `alarm_after` s. The client should make no retries of its own
+    (`kube.new_api_client(retries=0)`): each would add a whole `silence_timeout` before a failure is
+    seen. `kind` names the object in log lines (`<kind> watch failed <kind>=<subject> ...`), and
+    `consequence` says in the alarm line what does not work meanwhile.
     """
 
     def __init__(
         self,
         api_client: Any,
-        node_name: str,
-        on_node: Callable[[kube.NodeMeta | None], None],
+        path: str,
+        name: str,
+        decode: Callable[[Mapping[str, Any]], T],
+        on_object: Callable[[T | None, bool], None],
         *,
+        kind: str,
+        subject: str,
+        consequence: str,
         on_failure: Callable[[str, float], None] | None = None,
         timeout_seconds: int = WATCH_TIMEOUT_S,
         silence_timeout: float = WATCH_SILENCE_S,
@@ -71,8 +83,8 @@ class NodeWatch:
         if not silence_timeout > timeout_seconds:
             raise ValueError("silence_timeout must exceed timeout_seconds (a healthy watch ends before it)")
         self._api_client = api_client
-        self._node = node_name
-        self._on_node = on_node
+        self._path, self._name, self._decode, self._on_object = path, name, decode, on_object
+        self.kind, self._subject, self._consequence = kind, subject, consequence
         self._on_failure = on_failure
         self._timeout_seconds = timeout_seconds
         self._silence = silence_timeout
@@ -84,7 +96,7 @@ class NodeWatch:
 
     @property
     def selector(self) -> str:
-        return f"metadata.name={self._node}"
+        return f"metadata.name={self._name}"
 
     def run(self, stop: threading.Event) -> None:
         """Watch until `stop` is set (checked between requests and events)."""
@@ -94,12 +106,11 @@ class NodeWatch:
             since: float | None = None  # when the failure began, where known before now
             try:
                 if version is None:
-                    query = {"fieldSelector": self.selector}
-                    nodes = kube.get_json(self._api_client, "/api/v1/nodes", query, 30)
+                    found = kube.get_json(self._api_client, self._path, {"fieldSelector": self.selector}, 30)
                     self.lists += 1
-                    items = nodes.get("items") or []
-                    self._on_node(kube.NodeMeta.of(items[0]) if items else None)
-                    version = str(nodes["metadata"]["resourceVersion"])
+                    items = found.get("items") or []
+                    self._on_object(self._decode(items[0]) if items else None, True)
+                    version = str(found["metadata"]["resourceVersion"])
                     self._recovered()
                     alarmed = False
                     self._retries.reset()
@@ -110,7 +121,13 @@ class NodeWatch:
                 continue
             except KubeGone:
                 wait = self._relists.next()
-                log.info("node watch expired (410 Gone); listing again node=%s in=%.1fs", self._node, wait)
+                log.info(
+                    "%s watch expired (410 Gone); listing again %s=%s in=%.1fs",
+                    self.kind,
+                    self.kind,
+                    self._subject,
+                    wait,
+                )
                 version = None
                 stop.wait(wait)
                 continue
@@ -127,14 +144,23 @@ class NodeWatch:
             if failing_for >= self._alarm_after and not alarmed:
                 alarmed = True
                 log.error(
-                    "node watch has been failing node=%s for=%.0fs error=%r; the config is not following"
-                    " the node label until it recovers",
-                    self._node,
+                    "%s watch has been failing %s=%s for=%.0fs error=%r; %s",
+                    self.kind,
+                    self.kind,
+                    self._subject,
                     failing_for,
                     message,
+                    self._consequence,
                 )
             else:
-                log.warning("node watch failed node=%s error=%r retry_in=%.1fs", self._node, message, delay)
+                log.warning(
+                    "%s watch failed %s=%s error=%r retry_in=%.1fs",
+                    self.kind,
+                    self.kind,
+                    self._subject,
+                    message,
+                    delay,
+                )
             if self._on_failure is not None:
                 self._on_failure(message, failing_for)
             stop.wait(delay)
@@ -148,16 +174,16 @@ class NodeWatch:
             "timeoutSeconds": str(self._timeout_seconds),
             "watch": "true",
         }
-        events = kube.watch(self._api_client, "/api/v1/nodes", query, silence=self._silence)
+        events = kube.watch(self._api_client, self._path, query, silence=self._silence)
         try:
             for event in events:
                 kind, obj = event.get("type"), event.get("object") or {}
                 self._recovered()
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind == "DELETED":
-                    self._on_node(None)
+                    self._on_object(None, False)
                 elif kind in ("ADDED", "MODIFIED"):
-                    self._on_node(kube.NodeMeta.of(obj))
+                    self._on_object(self._decode(obj), False)
                 if stop.is_set():
                     break
         finally:
@@ -167,6 +193,54 @@ class NodeWatch:
     def _recovered(self) -> None:
         if self.failing_since is not None:
             log.info(
-                "node watch recovered node=%s after=%.1fs", self._node, time.monotonic() - self.failing_since
+                "%s watch recovered %s=%s after=%.1fs",
+                self.kind,
+                self.kind,
+                self._subject,
+                time.monotonic() - self.failing_since,
             )
             self.failing_since = None
+
+
+class NodeWatch(ObjectWatch[kube.NodeMeta]):
+    """The own Node's labels and annotations, to `on_node` (None: the Node is gone)."""
+
+    def __init__(
+        self, api_client: Any, node_name: str, on_node: Callable[[kube.NodeMeta | None], None], **options: Any
+    ) -> None:
+        super().__init__(
+            api_client,
+            "/api/v1/nodes",
+            node_name,
+            kube.NodeMeta.of,
+            lambda node, _listed: on_node(node),
+            kind="node",
+            subject=node_name,
+            consequence="the config is not following the node label until it recovers",
+            **options,
+        )
+
+
+class ConfigMapWatch(ObjectWatch[ConfigMapData]):
+    """The ConfigMap `namespace/name`'s entries, to `on_configmap(data, listed)` (None: there is no
+    such ConfigMap)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        name: str,
+        on_configmap: Callable[[ConfigMapData | None, bool], None],
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            api_client,
+            configmaps_path(namespace),
+            name,
+            ConfigMapData.of,
+            on_configmap,
+            kind="configmap",
+            subject=f"{namespace}/{name}",
+            consequence="ConfigMap edits reach this node only through its mounted copy until it recovers",
+            **options,
+        )
