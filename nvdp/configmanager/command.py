@@ -52,7 +52,7 @@ def oneshot(settings: Settings) -> int:
     _set_node(manager, kube.node_metadata(client, settings.node_name))
     if settings.configmap_name:  # the ConfigMap now, where the API serves it; else the mount
         try:
-            manager.set_configmap(read_configmap(client, settings.namespace, settings.configmap_name), True)
+            manager.sources.set_api(read_configmap(client, settings.namespace, settings.configmap_name), True)
         except KubeError as error:
             log_event(
                 log,
@@ -60,7 +60,7 @@ def oneshot(settings: Settings) -> int:
                 "cannot read the ConfigMap from the API; using its mounted copy",
                 error=str(error),
             )
-            manager.configmap_failed(str(error), 0.0)
+            manager.sources.api_failed()
     outcome = manager.reconcile()
     return 0 if outcome.entry is not None else 1
 
@@ -86,8 +86,9 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
             watch_client,
             settings.namespace,
             settings.configmap_name,
-            manager.set_configmap,
-            on_failure=manager.configmap_failed,
+            manager.sources.set_api,
+            on_failure=manager.sources.api_failed,
+            on_recovered=manager.sources.api_recovered,
             alarm_after=ALARM_AFTER,
         )
     status = None

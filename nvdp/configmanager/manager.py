@@ -37,7 +37,6 @@ from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.sources import ConfigMapSources, Entries
 from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
-from nvdp.kube.configmaps import ConfigMapData
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -87,7 +86,7 @@ class ConfigManager:
     ) -> None:
         self.settings = settings
         configmap = f"{settings.namespace}/{settings.configmap_name}" if settings.configmap_name else ""
-        self.sources = ConfigMapSources(settings.config_file_srcdir, configmap)
+        self.sources = ConfigMapSources(settings.config_file_srcdir, configmap, wake=self.wake)
         self._events = events
         self._record = record
         self._retry_initial, self._retry_max = retry_initial, retry_max
@@ -110,7 +109,6 @@ class ConfigManager:
         # destination is a link through the ConfigMap's ..data, so its content follows an edit: the
         # digest remembered here is what tells that the plugin has not seen the edit yet.
         self._applied: files.Effective | None = None
-        self._previous_target: str | None = None  # the link's target before the last swap
         self._baseline_taken = False
 
     # ---- inputs ----------------------------------------------------------------------------------
@@ -126,17 +124,6 @@ class ConfigManager:
             self._recorded = (annotations or {}).get(APPLIED_ANNOTATION)
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
-            self.wake()
-
-    def set_configmap(self, data: ConfigMapData | None, listed: bool) -> None:
-        """The ConfigMap as the API serves it (None: there is none); `listed`: from a list (the state
-        now). Thread-safe; wakes the loop when a pass is due."""
-        if self.sources.set_api(data, listed):
-            self.wake()
-
-    def configmap_failed(self, message: str, failing_for: float) -> None:
-        """The ConfigMap watch failed (it retries); the mount serves meanwhile. Thread-safe."""
-        if self.sources.api_failed():
             self.wake()
 
     @property
@@ -225,9 +212,8 @@ class ConfigManager:
                 files.link(s.config_file_dst, wanted.target)
             except OSError as error:
                 raise _Failed(f"cannot link {s.config_file_dst}: {error.strerror or error}") from error
-            if self.sources.copies:
-                files.prune_copies(s.config_file_dst, {wanted.target, self._previous_target or ""})
-            self._previous_target = wanted.target
+            if self.sources.copies:  # the one replaced may have been resolved by a reader just now
+                files.prune_copies(s.config_file_dst, {wanted.target, now.target if now else ""})
             self._applied = wanted
         except _Failed as failed:
             self._report(label, str(failed), retrying=True)

@@ -55,11 +55,12 @@ class ObjectWatch(Generic[T]):
     wait from `relist_backoff()` (a server that answers every watch with 410 gets a list every 30-60 s,
     not dozens a second); drops a stream silent for `silence_timeout` s; retries every other failure
     with capped exponential backoff and never stops until `stop` is set. `on_failure(message,
-    failing_for_seconds)` hears each failure; a line is logged at WARNING, and at ERROR once the watch
-    has been failing (or silent) for `alarm_after` s. The client should make no retries of its own
-    (`kube.new_api_client(retries=0)`): each would add a whole `silence_timeout` before a failure is
-    seen. `kind` names the object in log lines (`<kind> watch failed <kind>=<subject> ...`), and
-    `consequence` says in the alarm line what does not work meanwhile.
+    failing_for_seconds)` hears each failure, and `on_recovered()` the first success after; a line
+    is logged at WARNING, and at ERROR once the watch has been failing (or silent) for `alarm_after`
+    s. The client should make no retries of its own (`kube.new_api_client(retries=0)`): each would
+    add a whole `silence_timeout` before a failure is seen. `kind` names the object in log lines
+    (`<kind> watch failed <kind>=<subject> ...`), and `consequence` says in the alarm line what does
+    not work meanwhile.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class ObjectWatch(Generic[T]):
         subject: str,
         consequence: str,
         on_failure: Callable[[str, float], None] | None = None,
+        on_recovered: Callable[[], None] | None = None,
         timeout_seconds: int = WATCH_TIMEOUT_S,
         silence_timeout: float = WATCH_SILENCE_S,
         backoff_initial: float = 0.5,
@@ -85,7 +87,7 @@ class ObjectWatch(Generic[T]):
         self._api_client = api_client
         self._path, self._name, self._decode, self._on_object = path, name, decode, on_object
         self.kind, self._subject, self._consequence = kind, subject, consequence
-        self._on_failure = on_failure
+        self._on_failure, self._on_recovered = on_failure, on_recovered
         self._timeout_seconds = timeout_seconds
         self._silence = silence_timeout
         self._retries = Backoff(backoff_initial, backoff_max)  # after a failure; reset by a success
@@ -200,6 +202,8 @@ class ObjectWatch(Generic[T]):
                 time.monotonic() - self.failing_since,
             )
             self.failing_since = None
+            if self._on_recovered is not None:
+                self._on_recovered()
 
 
 class NodeWatch(ObjectWatch[kube.NodeMeta]):

@@ -4,12 +4,13 @@ name: an edit is seen within a second), and which of the two is current.
 
 The API's copy is used once the watch delivered it. The mount is the fallback: before the API has
 served the ConfigMap (unreachable, forbidden, no such ConfigMap), and while the mount is ahead of
-the API, that is, it changed, after the first look, to entries the API never showed (the kubelet
-heard an edit the watch did not: the watch is failing). It stays ahead until the API shows the
-same entries or a fresh list answers (the state now; replayed watch events are older). A mount
-that lags (entries the API showed before, or those of the first look) never replaces newer entries
-from the API, so the two never take turns. A deleted ConfigMap keeps the entries last served, as
-the kubelet keeps the mounted files.
+the API, that is, it changed, while the watch was failing, to entries the API never showed (the
+kubelet heard an edit the watch did not). It stays ahead until the API shows the same entries or a
+fresh list answers (the state now; a resumed watch replays older events first). A mount that lags
+(entries the API showed before, those of the first look, or any it shows while the watch is heard:
+a version the first list skipped, or one the watch is about to deliver) never replaces newer
+entries from the API, so the two never take turns. A deleted ConfigMap keeps the entries last
+served, as the kubelet keeps the mounted files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from nvdp.configmanager import files
@@ -76,15 +78,20 @@ class ApiEntries:
         self.data = data
 
     def names(self) -> list[str]:
-        return sorted(k for k in self.data.entries if _KEY.fullmatch(k) and not k.startswith(".."))
+        return sorted(k for k in self.data.entries if _is_entry(k))
 
     def read(self, entry: str) -> bytes:
         content = self.data.entries.get(entry)
-        if content is None or entry not in self.names():
+        if content is None or not _is_entry(entry):
             raise CandidateError(f"cannot read entry {entry!r}: not in the ConfigMap")
         if len(content) > MAX_FILE_BYTES:
             raise CandidateError(f"cannot read entry {entry!r}: larger than {describe_size(MAX_FILE_BYTES)}")
         return content
+
+
+def _is_entry(key: str) -> bool:
+    """A key the kubelet writes as a file of the volume (the API server allows no other)."""
+    return bool(_KEY.fullmatch(key)) and not key.startswith("..") and key != "."
 
 
 def fingerprint(entries: Entries) -> str:
@@ -102,15 +109,18 @@ def fingerprint(entries: Entries) -> str:
 
 class ConfigMapSources:
     """The copy a pass reads (`entries()`, from the reconcile loop) and the API's copy (`set_api`,
-    `api_failed`, from the watch thread). `configmap` ("namespace/name") names the ConfigMap watched;
-    "" reads the mount only, as NVIDIA's config-manager does."""
+    `api_failed`, `api_recovered`: the watch's callbacks, from its thread; they call `wake` when a
+    pass is due). `configmap` ("namespace/name") names the ConfigMap watched; "" reads the mount
+    only, as NVIDIA's config-manager does."""
 
-    def __init__(self, srcdir: str, configmap: str = "") -> None:
+    def __init__(self, srcdir: str, configmap: str = "", *, wake: Callable[[], object] = bool) -> None:
         self.configmap = configmap
+        self._wake = wake
         self._mount = MountedEntries(srcdir)
         self._lock = threading.Lock()
         self._api: ConfigMapData | None = None
         self._heard = not configmap  # the API answered (or failed) once: a first pass may run
+        self._failing = False  # the watch failed and has not been heard since
         self._absent_reported = False
         self._history: OrderedDict[str, str] = OrderedDict()  # the API's entries seen: fingerprint -> version
         self._mount_print: str | None = None  # the mount's entries at the last pass
@@ -129,11 +139,11 @@ class ConfigMapSources:
         with self._lock:
             return self._heard
 
-    def set_api(self, data: ConfigMapData | None, listed: bool) -> bool:
+    def set_api(self, data: ConfigMapData | None, listed: bool) -> None:
         """The ConfigMap as the API serves it (None: there is none); `listed`: from a list, so the
-        state now. True when a pass is due."""
+        state now."""
         with self._lock:
-            first, self._heard = not self._heard, True
+            due, self._heard, self._failing = not self._heard, True, False
             if data is None:
                 if not self._absent_reported:
                     self._absent_reported = True
@@ -141,24 +151,31 @@ class ConfigMapSources:
                     log_event(
                         log, logging.WARNING, f"ConfigMap not in the API; {kept}", configmap=self.configmap
                     )
-                return first
-            self._absent_reported = False
-            changed = self._api is None or data.entries != self._api.entries
-            self._api = data
-            printed = fingerprint(ApiEntries(data))
-            self._history[printed] = data.version
-            self._history.move_to_end(printed)
-            while len(self._history) > HISTORY:
-                self._history.popitem(last=False)
-            if self._mount_ahead and (listed or printed == self._mount_print):
-                self._mount_ahead, changed = False, True
-            return changed or first
+            else:
+                self._absent_reported = False
+                due = due or self._api is None or data.entries != self._api.entries
+                self._api = data
+                printed = fingerprint(ApiEntries(data))
+                self._history[printed] = data.version
+                self._history.move_to_end(printed)
+                while len(self._history) > HISTORY:
+                    self._history.popitem(last=False)
+                if self._mount_ahead and (listed or printed == self._mount_print):
+                    self._mount_ahead, due = False, True
+        if due:
+            self._wake()
 
-    def api_failed(self) -> bool:
-        """The watch failed; True when that lets the first pass run (on the mount)."""
+    def api_failed(self, message: str = "", failing_for: float = 0.0) -> None:
+        """The watch failed (it retries; meanwhile the mount may get ahead)."""
         with self._lock:
-            first, self._heard = not self._heard, True
-            return first
+            first, self._heard, self._failing = not self._heard, True, True
+        if first:  # the first pass runs on the mount
+            self._wake()
+
+    def api_recovered(self) -> None:
+        """The watch is heard again (what it missed follows as events)."""
+        with self._lock:
+            self._failing = False
 
     def entries(self) -> Entries:
         """The copy this pass reads (see the module)."""
@@ -172,19 +189,19 @@ class ConfigMapSources:
             if mount_print is not None and mount_print != self._mount_print:
                 if mount_print in self._history:
                     self._mount_ahead = False
-                elif self._mount_print is not None:
+                elif self._mount_print is not None and self._failing:
                     self._mount_ahead = True
                 self._mount_print = mount_print
             api, ahead = self._api, self._mount_ahead
         chosen: Entries = self._mount if api is None or ahead else ApiEntries(api)
         if chosen.source != self._using:
             self._using = chosen.source
-            if chosen is not self._mount:
-                where, why = "the API", f"resourceVersion {api.version if api else ''}"
+            if api is not None and not ahead:
+                where, why = "the API", f"resourceVersion {api.version}"
             elif api is None:
                 where, why = "the mounted volume", "the API has not served the ConfigMap"
             else:
-                where, why = "the mounted volume", "it shows entries the API has not (the watch is behind)"
+                where, why = "the mounted volume", "it shows entries the API has not (the watch is failing)"
             log_event(
                 log, logging.INFO, f"reading config entries from {where}", configmap=self.configmap, why=why
             )
