@@ -86,7 +86,7 @@ class ConfigManager:
     ) -> None:
         self.settings = settings
         configmap = f"{settings.namespace}/{settings.configmap_name}" if settings.configmap_name else ""
-        self.sources = ConfigMapSources(settings.config_file_srcdir, configmap, wake=self.wake)
+        self.sources = ConfigMapSources(settings.config_file_srcdir, configmap, self.wake)
         self._events = events
         self._record = record
         self._retry_initial, self._retry_max = retry_initial, retry_max

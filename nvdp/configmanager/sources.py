@@ -113,7 +113,7 @@ class ConfigMapSources:
     pass is due). `configmap` ("namespace/name") names the ConfigMap watched; "" reads the mount
     only, as NVIDIA's config-manager does."""
 
-    def __init__(self, srcdir: str, configmap: str = "", *, wake: Callable[[], object] = bool) -> None:
+    def __init__(self, srcdir: str, configmap: str, wake: Callable[[], object]) -> None:
         self.configmap = configmap
         self._wake = wake
         self._mount = MountedEntries(srcdir)
