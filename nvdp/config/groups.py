@@ -20,6 +20,8 @@ from nvdp.config.model import (
 )
 from nvdp.config.options import Option, flag, under
 from nvdp.config.runtime import CDI_HOOKS, CDI_KINDS, listen_address, nvml_spec, rescan_interval
+from nvdp.errors import UnreadableFile
+from nvdp.files import read_bounded
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
 
@@ -74,6 +76,17 @@ KUBE_API_LIMITS = (
     flag("--kube-api-burst $KUBE_API_BURST", _burst, "API request burst (not applied)"),
 )
 NODE_NAME = flag("--node-name $NODE_NAME", v.string, "this node's name (its Node object)")
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def pod_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The pod's namespace as its service account says ("" when there is none: not in a pod)."""
+    try:
+        return read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
+    except UnreadableFile:
+        return ""
+
+
 PLUGIN_OPTIONS: tuple[Option, ...] = (
     flag(
         "--mig-strategy $MIG_STRATEGY",

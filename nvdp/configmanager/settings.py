@@ -16,11 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nvdp.config import values as v
-from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME
+from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME, SERVICE_ACCOUNT_NAMESPACE, pod_namespace
 from nvdp.config.options import add_options, flag, read_options
 from nvdp.config.runtime import listen_address
-from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.errors import ConfigError
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
@@ -32,7 +31,6 @@ NAMED_FALLBACK = "default"  # the entry the `named` strategy looks for
 # config-manager writes no such record, and a key of theirs could one day mean something else.
 APPLIED_ANNOTATION = "nvdp.nvidia.com/device-plugin.config.applied"
 # The pod's namespace, where --namespace is not given (the ConfigMap a pod mounts is in its namespace).
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a ConfigMap's name
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace
 
@@ -167,18 +165,10 @@ def resolve(
     kwargs: dict[str, Any] = {**given, "kubeconfig": given.get("kubeconfig") or None}
     settings = Settings(**kwargs)
     if settings.configmap_name and not settings.namespace:
-        settings = replace(settings, namespace=_pod_namespace(namespace_file))
+        settings = replace(settings, namespace=pod_namespace(namespace_file))
         if not settings.namespace:
             raise ConfigError(
                 "--configmap-name: the namespace is required (--namespace / NAMESPACE; in a pod, the"
                 f" service account's {namespace_file} is read)"
             )
     return settings
-
-
-def _pod_namespace(path: str) -> str:
-    """The service account's namespace ("" without one: not in a pod)."""
-    try:
-        return read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
-    except UnreadableFile:
-        return ""

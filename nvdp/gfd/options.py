@@ -15,16 +15,20 @@ from dataclasses import dataclass, fields, replace
 
 from nvdp.config import PLUGIN_OPTIONS, Config, GfdFlags, PluginOptions, resolve_command
 from nvdp.config import values as v
-from nvdp.config.groups import KUBE_API_LIMITS, KUBECONFIG, NODE_NAME
+from nvdp.config.groups import (
+    KUBE_API_LIMITS,
+    KUBECONFIG,
+    NODE_NAME,
+    SERVICE_ACCOUNT_NAMESPACE,
+    pod_namespace,
+)
 from nvdp.config.options import Option, add_options, flag, flags_only_for
 from nvdp.config.rules import gfd_problems
-from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.errors import ConfigError
 
 DEFAULT_OUTPUT_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
 DEFAULT_SLEEP_INTERVAL_S = 60.0
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 # The plugin flags GFD shares (NVIDIA's gpu-feature-discovery accepts these), by canonical name.
 SHARED_FLAGS = (
@@ -116,7 +120,7 @@ def resolve_gfd(
         GfdSettings, GFD_OPTIONS, args, environ, rules=gfd_problems, from_file=_from_file
     )
     if not settings.namespace:
-        namespace = environ.get("POD_NAMESPACE") or _read(token_dir or SERVICE_ACCOUNT_NAMESPACE)
+        namespace = environ.get("POD_NAMESPACE") or pod_namespace(token_dir or SERVICE_ACCOUNT_NAMESPACE)
         settings = replace(settings, namespace=namespace)
     if settings.use_node_feature_api and not settings.node_name:
         raise ConfigError("--use-node-feature-api: the node name is required (--node-name / NODE_NAME)")
@@ -125,11 +129,3 @@ def resolve_gfd(
             "--use-node-feature-api: the namespace is required (--namespace / KUBERNETES_NAMESPACE)"
         )
     return settings
-
-
-def _read(path: str) -> str:
-    """The service account's namespace ("" when there is none: a namespace is at most 63 bytes)."""
-    try:
-        return read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
-    except UnreadableFile:
-        return ""
