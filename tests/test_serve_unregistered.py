@@ -55,7 +55,7 @@ def refuse_registration(
     raise RegistrationError(f"{resource_name}: no registration expected")
 
 
-class Running:
+class UnregisteredPlugin:
     """A supervisor with real gRPC servers on sock_dir, on a thread, and the probes reading it."""
 
     def __init__(self, sock_dir: Path) -> None:
@@ -92,13 +92,13 @@ class Running:
 
 
 @pytest.fixture
-def running(sock_dir: Path) -> Iterator[Running]:
-    running = Running(sock_dir)
+def running(sock_dir: Path) -> Iterator[UnregisteredPlugin]:
+    running = UnregisteredPlugin(sock_dir)
     yield running
     running.stop()
 
 
-def test_serves_without_a_kubelet_and_is_ready(running: Running, sock_dir: Path) -> None:
+def test_serves_without_a_kubelet_and_is_ready(running: UnregisteredPlugin, sock_dir: Path) -> None:
     assert running.supervisor.ready.wait(10)
     assert not (sock_dir / "kubelet.sock").exists()  # no kubelet at all
     socket = sock_dir / "nvidia-gpu.sock"
@@ -111,7 +111,7 @@ def test_serves_without_a_kubelet_and_is_ready(running: Running, sock_dir: Path)
     assert len(first.devices) == 4
 
 
-def test_a_wiped_socket_is_served_again(running: Running, sock_dir: Path) -> None:
+def test_a_wiped_socket_is_served_again(running: UnregisteredPlugin, sock_dir: Path) -> None:
     """As after a kubelet restart: the server is started again on its socket (nothing to register)."""
     assert running.supervisor.ready.wait(10)
     socket = sock_dir / "nvidia-gpu.sock"

@@ -341,21 +341,12 @@ class Supervisor(Generic[S]):
             if self._observer is not None:
                 self._observer.reloaded(False)
             return
-        if (settings.kubelet_socket, settings.register_with_kubelet) != (
-            self.settings.kubelet_socket,
-            self.settings.register_with_kubelet,
-        ):
+        socket, registering = self.settings.kubelet_socket, self.settings.register_with_kubelet
+        if (settings.kubelet_socket, settings.register_with_kubelet) != (socket, registering):
             log_event(
-                log,
-                logging.WARNING,
-                "kubelet-socket changes take effect on restart",
-                current=str(self.settings.kubelet_socket),
+                log, logging.WARNING, "kubelet-socket changes take effect on restart", current=str(socket)
             )
-            settings = replace(
-                settings,
-                kubelet_socket=self.settings.kubelet_socket,
-                register_with_kubelet=self.settings.register_with_kubelet,
-            )
+            settings = replace(settings, kubelet_socket=socket, register_with_kubelet=registering)
         self.settings = settings
         log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.servers)) or "none")
         if self._observer is not None:
