@@ -9,6 +9,7 @@ and the render must differ or fail with a message naming the key.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -267,8 +268,10 @@ def test_plugin_container_env_list(render: Callable[..., Rendered], render_error
         }
     )
     assert "devicePlugin.containers.main.env: MIG_STRATEGY is set twice, or also by this chart" in said
-    said = render_error({"devicePlugin": {"containers": {"main": {"env": [{"value": "x"}]}}}})
-    assert "devicePlugin.containers.main.env: an entry without a name" in said
+    for entry in ({"value": "x"}, "HTTPS_PROXY=p"):
+        said = render_error({"devicePlugin": {"containers": {"main": {"env": [entry]}}}})
+        shown = json.dumps(entry, separators=(",", ":"))
+        assert f"devicePlugin.containers.main.env: an entry without a name: {shown}" in said
 
 
 def container_env_list(doc: Doc) -> list[Doc]:
