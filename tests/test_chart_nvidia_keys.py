@@ -202,7 +202,7 @@ def test_nvidia_default_values_render(render: Callable[..., Rendered]) -> None:
         out = render(merged(values, {"gfd": {"enabled": gfd}}))
         for doc in out.docs:
             check_schema(doc)
-        plugin = next(d for d in out.docs if d["kind"] == "DaemonSet" and "gpu-feature" not in str(d))
+        plugin = daemonset(out, CONTAINER)
         check_plugin_daemonset(plugin)
         names = [e["name"] for e in plugin["spec"]["template"]["spec"]["containers"][0]["env"]]
         assert len(names) == len(set(names)), f"an env var set twice: {names}"
