@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import PluginOptions
+from nvdp.config.notices import migration_notices
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import node_events_from_env
-from nvdp.logs import log_event
+from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -89,9 +90,16 @@ def settings_source(load_options: Callable[[], PluginOptions]) -> Callable[[], D
     def reload() -> DaemonSettings:
         options = load_options()
         log_event(log, logging.INFO, "configuration", config=json.loads(options.to_json()))
+        log_notices(options)
         return node_settings(options)
 
     return reload
+
+
+def log_notices(options: PluginOptions) -> None:
+    """One NOTICE line per config key that NVIDIA's plugin ignores and nvdp applies."""
+    for line in migration_notices(options.config):
+        log_event(log, NOTICE, line, config_file=options.runtime.config_file)
 
 
 def node_settings(options: PluginOptions) -> DaemonSettings:
@@ -183,6 +191,7 @@ class Daemon:
 
     def run(self) -> None:
         log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.options.to_json()))
+        log_notices(self.options)
         if self.metrics is not None:
             try:
                 self.metrics.start()

@@ -14,6 +14,7 @@ from pathlib import Path
 from nvdp.cdi.names import MODE_CLASSES, CdiSettings, cdi_enabled, imex_channel_path
 from nvdp.cdi.scan import visible_roots
 from nvdp.config import Config, RuntimeOptions
+from nvdp.config.model import DEFAULT_KUBELET_SOCKET
 from nvdp.errors import ConfigError
 from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
 from nvdp.inventory import ResourceRules
@@ -32,7 +33,9 @@ def daemon_settings(
     plugin = flags.plugin
     return DaemonSettings(
         cdi=cdi_settings(config, runtime, imex_channels),
-        kubelet_socket=Path(plugin.kubelet_socket),
+        # Empty: serve without registering, the sockets where the kubelet's default socket is (NVIDIA).
+        kubelet_socket=Path(plugin.kubelet_socket or DEFAULT_KUBELET_SOCKET),
+        register_with_kubelet=bool(plugin.kubelet_socket),
         fail_on_init_error=flags.fail_on_init_error,
         container_driver_root=plugin.container_driver_root,
         rules=ResourceRules.of(config),

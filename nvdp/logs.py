@@ -18,6 +18,10 @@ from typing import Any
 FIELDS_ATTR = "nvdp_fields"
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Between info and warning (syslog's notice): nothing wrong, but what an operator should see, e.g. a
+# config key that NVIDIA's plugin ignores and nvdp applies (nvdp.config.notices). Shown at info.
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
 
 
 def format_value(value: Any) -> str:

@@ -66,7 +66,6 @@ def test_time_slicing_rule() -> None:
         pytest.param(
             ["--device-discovery-strategy", "tegra"], None, "tegra is not supported by nvdp", id="tegra"
         ),
-        pytest.param(["--kubelet-socket", ""], None, "KUBELET_SOCKET: empty", id="empty-kubelet-socket"),
     ],
 )
 def test_refused_settings(argv: list[str], text: str | None, message: str) -> None:
@@ -143,9 +142,8 @@ def test_no_sharing_and_default_health() -> None:
 def test_every_refusal_at_once() -> None:
     text = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
     with pytest.raises(ConfigError) as caught:
-        config_from(["--kubelet-socket", "", "--device-discovery-strategy", "tegra"], text)
+        config_from(["--device-discovery-strategy", "tegra"], text)
     assert [p.split(":")[0] for p in caught.value.problems] == [
-        "--kubelet-socket / KUBELET_SOCKET",
         "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY",
         "sharing.mps",
     ]

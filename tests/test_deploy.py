@@ -322,6 +322,9 @@ def test_values_defaults() -> None:
     labels = {e["key"]: e["values"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert labels == {
         "feature.node.kubernetes.io/pci-10de.present": ["true"],
+        # NFD with "class" among deviceLabelFields (NVIDIA issue #1213): VGA and 3D controllers
+        "feature.node.kubernetes.io/pci-0300_10de.present": ["true"],
+        "feature.node.kubernetes.io/pci-0302_10de.present": ["true"],
         "feature.node.kubernetes.io/cpu-model.vendor_id": ["NVIDIA"],
         "nvidia.com/gpu.present": ["true"],
     }

@@ -246,3 +246,19 @@ def test_a_registration_that_failed_hands_the_next_attempt_a_new_stream_callback
     failed()  # a stream taken for the kubelet's while nothing was registered: ignored
     assert rig.link.registrations() == {"nvidia.com/gpu": True}
     assert rig.register() is None and len(rig.registrar.calls) == 2
+
+
+def test_without_a_kubelet_socket_a_listening_server_is_done() -> None:
+    """An empty --kubelet-socket (NVIDIA's "serve without registering"): nothing is registered; each
+    resource counts once its server listens, and the link is ready once all of them do."""
+    rig = LinkRig("nvidia.com/gpu", "nvidia.com/mig-1g.5gb")
+    listening = {"nvidia.com/gpu": rig.servers["nvidia.com/gpu"]}
+    rig.link.serve_unregistered(listening)
+    assert not rig.ready.is_set()  # the MIG server does not listen yet
+    assert rig.link.registrations() == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": False}
+    rig.link.serve_unregistered(rig.servers)
+    assert rig.ready.is_set()
+    assert rig.link.registrations() == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": True}
+    assert rig.registrar.calls == [] and rig.observer.events == []
+    rig.link.expect("nvidia.com/gpu")  # its server restarted: done again once it listens
+    assert rig.link.registrations()["nvidia.com/gpu"] is False

@@ -31,6 +31,7 @@ PURE = {
     "nvdp.cdi.names",
     "nvdp.cdi.spec",
     "nvdp.config.model",
+    "nvdp.config.notices",
     "nvdp.config.runtime",
     "nvdp.config.values",
     "nvdp.devices",

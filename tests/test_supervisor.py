@@ -180,6 +180,24 @@ def test_serves_and_registers_every_resource_once(rig: Rig, tmp_path: Path) -> N
     assert rig.observer.events == [("servers_changed", [GPU]), ("registered", (GPU, True))]
 
 
+def test_empty_kubelet_socket_serves_without_registering(tmp_path: Path, settings: DaemonSettings) -> None:
+    rig = Rig(tmp_path, replace(settings, register_with_kubelet=False))
+    rig.kubelet.socket_id = None  # no kubelet at all
+    rig.start()
+    try:
+        assert rig.supervisor.ready.wait(5)
+        (server,) = rig.supervisor.servers.values()
+        assert server.started and server.socket_path == tmp_path / "nvidia-gpu.sock"
+        assert rig.supervisor.registrations() == {GPU: True}
+        server.wiped = True  # e.g. a kubelet restart removed our socket: served again
+        rig.poke()
+        wait_until(lambda: rig.supervisor.servers[GPU] is not server, 5, "the server restarted")
+        assert rig.supervisor.servers[GPU].started and rig.supervisor.ready.is_set()
+        assert rig.kubelet.calls == [] and rig.observer.of("registered") == []
+    finally:
+        rig.stop()
+
+
 def test_kubelet_restart_replaces_wiped_servers_and_registers_again(rig: Rig) -> None:
     rig.start()
     assert rig.supervisor.ready.wait(5)

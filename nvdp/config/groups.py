@@ -152,7 +152,8 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
     flag(
         "--kubelet-socket $KUBELET_SOCKET",
         v.string,
-        "the kubelet's registration socket; plugin sockets go in its directory",
+        "the kubelet's registration socket; plugin sockets go in its directory; empty: serve"
+        " without registering (sockets in /var/lib/kubelet/device-plugins)",
         target="config.flags.plugin.kubelet_socket",
     ),
     flag(

@@ -207,11 +207,7 @@ def _build(cls: type[T], value: object, path: str, problems: list[str], unknown:
     by_key = {f.metadata["key"]: f for f in fields(cls) if "key" in f.metadata}
     for key in value:
         if key not in by_key:
-            import difflib  # here, not at the top: 0.24 MiB the plugin process need not carry
-
-            close = difflib.get_close_matches(str(key), list(by_key), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else f" (accepted: {', '.join(by_key)})"
-            unknown.append(f"{_join(path, key)}: unknown field{hint}")
+            unknown.append(f"{_join(path, key)}: unknown field ({_hint(key, list(by_key))})")
     kwargs: dict[str, Any] = {}
     for key, f in by_key.items():
         raw = value.get(key)
@@ -224,6 +220,40 @@ def _build(cls: type[T], value: object, path: str, problems: list[str], unknown:
     built = cls(**kwargs)
     finish = _FINISH.get(cls)
     return finish(built, path, problems) if finish else built
+
+
+def _hint(key: object, accepted: list[str]) -> str:
+    """Where an unknown key belongs when it is a key of another section (e.g. `flags.renameByDefault`,
+    NVIDIA issue #1433), else the closest accepted key, else the accepted keys."""
+    places = _places().get(str(key))
+    if places:
+        where = " or ".join(f"under {p}" if p else "at the top level" for p in places)
+        return f"{key} belongs {where}"
+    import difflib  # here, not at the top: 0.24 MiB the plugin process need not carry
+
+    close = difflib.get_close_matches(str(key), accepted, n=1)
+    return f"did you mean {close[0]}?" if close else f"accepted: {', '.join(accepted)}"
+
+
+@cache
+def _places() -> dict[str, list[str]]:
+    """Every file key -> the sections it is a key of (`[]`: in each item of a list)."""
+    places: dict[str, list[str]] = {}
+
+    def walk(cls: type, path: str) -> None:
+        for f in fields(cls):
+            key = f.metadata.get("key")
+            if key is None:
+                continue
+            places.setdefault(key, []).append(path)
+            inner = _join(path, key)
+            if f.metadata["section"] is not None:
+                walk(f.metadata["section"], inner)
+            elif f.metadata["items"] is not None:
+                walk(f.metadata["items"], inner + "[]")
+
+    walk(Config, "")
+    return places
 
 
 def _convert(

@@ -5,7 +5,7 @@ One list, checked once on the resolved config (`nvdp.config.options.resolve`), e
 naming the setting; the chart's guards (charts/nvidia-device-plugin/templates/validation.yml) refuse
 the same values with the same words. These are rules on the config's form; what a node *is* never
 makes a config wrong here (`nvdp.misfits`). Commands that only read part of the config check only
-that part's settings: `gfd_problems` asks for no MPS root and no kubelet socket, which gfd never uses.
+that part's settings: `gfd_problems` asks for no MPS root, which gfd never uses.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from nvdp.config.model import Config
 MAX_REPLICAS_PER_DEVICE = 1024
 MAX_MPS_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
 
-KUBELET_SOCKET_EMPTY = "--kubelet-socket / KUBELET_SOCKET: empty; nvdp needs the kubelet's socket path"
 TEGRA_UNSUPPORTED = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
     "(accepted here: auto, nvml)"
@@ -27,12 +26,10 @@ TEGRA_UNSUPPORTED = (
 
 def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str]:
     """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits).
-    `runs_the_plugin=False` leaves out the settings only the running plugin needs (the kubelet's socket,
-    an MPS root)."""
+    `runs_the_plugin=False` leaves out the settings only the running plugin needs (an MPS root). An
+    empty kubelet socket is no problem: the plugin then serves without registering, as NVIDIA's."""
     flags = config.flags
     problems = []
-    if runs_the_plugin and not flags.plugin.kubelet_socket:
-        problems.append(KUBELET_SOCKET_EMPTY)
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
     replicated = config.sharing.replicated
@@ -81,7 +78,7 @@ def mps_problems(config: Config) -> list[str]:
 def gfd_problems(config: Config) -> list[str]:
     """Every reason `nvdp gfd` refuses `config`: the plugin's rules on what the labels describe (sharing,
     MIG strategy, discovery). gfd only describes the node, so it needs no MPS root (NVIDIA's gfd labels
-    an MPS config without one; the chart's GFD pod sets none) and no kubelet socket."""
+    an MPS config without one; the chart's GFD pod sets none)."""
     return plugin_problems(config, runs_the_plugin=False)
 
 

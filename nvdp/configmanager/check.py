@@ -8,7 +8,8 @@ plugin only warns about them), with the plugin's support rules on what the file 
 a file, the plugin's --mps-root / MPS_ROOT may supply it); with `--nvml` the resources the file would
 produce on that node (simulated or real) are built and printed, with a warning line for each part
 of the file that does not fit that node (a misfit: the plugin warns about it and serves the rest, so
-it is no error here either). Returns the lines to print and the exit status.
+it is no error here either); and a notice line for each key NVIDIA's plugin ignores and nvdp applies
+(`nvdp.config.notices`). Returns the lines to print and the exit status.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nvdp.config import Config, load_file
 from nvdp.config import values as v
 from nvdp.config.groups import NVML
 from nvdp.config.model import MIG_STRATEGIES
+from nvdp.config.notices import migration_notices
 from nvdp.config.options import flag
 from nvdp.config.rules import file_problems
 from nvdp.configmanager.selection import list_entries
@@ -97,11 +99,13 @@ def check(paths: Sequence[str], nvml: str | None = None, mig_strategy: str | Non
             continue
         if gpus is None:
             lines.append(f"{path}: ok")
-            continue
-        try:
-            lines.extend(_resources(path, config, gpus))
-        except NvdpError as error:
-            errors.extend(f"{path}: {line}" for line in str(error).split("; "))
+        else:
+            try:
+                lines.extend(_resources(path, config, gpus))
+            except NvdpError as error:
+                errors.extend(f"{path}: {line}" for line in str(error).split("; "))
+                continue
+        lines.extend(f"  notice: {line}" for line in migration_notices(config))
     return Report(lines, errors)
 
 

@@ -3,7 +3,9 @@
 Registering the servers not registered with this kubelet socket yet (retried with backoff),
 forgetting every registration when the kubelet's socket goes (a kubelet restart), and forgetting one
 when the kubelet's ListAndWatch stream of it ends while the kubelet stays (the kubelet then drops the
-resource until it registers again) is this module's one job; the supervisor's loop decides when
+resource until it registers again) is this module's one job; without a kubelet socket (an empty
+--kubelet-socket: NVIDIA's "serve without registering") a server counts as done once it listens.
+The supervisor's loop decides when
 (`nvdp.plugin.supervisor`). The Register call itself is the `Registrar` seam
 (`nvdp.plugin.registration.register` in the daemon), so this is unit-tested with a hand-written fake.
 """
@@ -66,13 +68,15 @@ class _Registration:
     not_before: float = 0.0  # after a lost stream: no Register to the same kubelet before this
     lost_from: FileId | None = None  # the kubelet whose stream ended
     losses: Backoff = field(default_factory=lambda: Backoff(STREAM_LOST_DELAY_S, RETRY_MAX_S))
+    serving_unregistered: bool = False  # no kubelet socket: serving is all there is to do
 
 
 class KubeletLink:
     """Resource -> its registration with the running kubelet.
 
-    `ready` is set once every expected resource is registered (also with none to register), and
-    cleared when a registered kubelet goes away or drops a resource. `wake` wakes the supervisor's
+    `ready` is set once every expected resource is registered (also with none to register; without a
+    kubelet socket, once every one listens), and cleared when a registered kubelet goes away or drops
+    a resource. `wake` wakes the supervisor's
     loop (a stream-end report comes on a gRPC thread); `clock` is time.monotonic but in tests.
     """
 
@@ -121,6 +125,23 @@ class KubeletLink:
         for name in self._registrations:
             self._registrations[name] = _Registration()
         if not self._registrations:
+            self._ready.set()
+
+    def serve_unregistered(self, servers: Mapping[str, Registrable]) -> None:
+        """No kubelet socket: the servers in `servers` (those listening) need no registration; ready
+        once every expected resource is among them."""
+        for name, server in servers.items():
+            r = self._registrations.setdefault(name, _Registration())
+            if not r.serving_unregistered:
+                r.serving_unregistered = True
+                log_event(
+                    log,
+                    logging.INFO,
+                    "serving without registering (--kubelet-socket / KUBELET_SOCKET is empty)",
+                    resource=name,
+                    socket=str(server.socket_path),
+                )
+        if self._registrations.keys() <= servers.keys():
             self._ready.set()
 
     def _stream_ended(self, name: str, attempt: int) -> None:
@@ -213,10 +234,10 @@ class KubeletLink:
     def registrations(self) -> dict[str, bool]:
         """Resource -> registered with the running kubelet, for every resource served. A snapshot
         that any thread may take (the list() is one step under the GIL); a resource whose kubelet
-        stream just ended reads False at once."""
+        stream just ended reads False at once. Without a kubelet socket: True once it listens."""
         with self._lock:
             lost = dict(self._lost)
         return {
-            name: r.kubelet is not None and lost.get(name) != r.attempt
+            name: r.serving_unregistered or (r.kubelet is not None and lost.get(name) != r.attempt)
             for name, r in list(self._registrations.items())
         }

@@ -158,9 +158,17 @@ class Supervisor(Generic[S]):
                     self._do_rescan()
                 if self._nvml_ok and self._gates.changed(self._watcher):
                     self._apply_node_facts()
-                kubelet_id = self._socket_id(self.settings.kubelet_socket)
+                registering = self.settings.register_with_kubelet
+                kubelet_id = self._socket_id(self.settings.kubelet_socket) if registering else None
                 wait = dir_retry
-                if kubelet_id is None:
+                if not registering:  # serve without registering (an empty --kubelet-socket)
+                    if dir_retry is None:
+                        self._restart_wiped_servers()
+                        self._kubelet.serve_unregistered(
+                            {n: s for n, s in self.servers.items() if s.socket_is_ours()}
+                        )
+                        wait = self._listening.retry_in()
+                elif kubelet_id is None:
                     self._kubelet.kubelet_gone()
                     retry_in = None
                 elif dir_retry is None:  # the directory is ours: (re)start servers, register
@@ -333,14 +341,12 @@ class Supervisor(Generic[S]):
             if self._observer is not None:
                 self._observer.reloaded(False)
             return
-        if settings.kubelet_socket != self.settings.kubelet_socket:
+        socket, registering = self.settings.kubelet_socket, self.settings.register_with_kubelet
+        if (settings.kubelet_socket, settings.register_with_kubelet) != (socket, registering):
             log_event(
-                log,
-                logging.WARNING,
-                "kubelet-socket changes take effect on restart",
-                current=str(self.settings.kubelet_socket),
+                log, logging.WARNING, "kubelet-socket changes take effect on restart", current=str(socket)
             )
-            settings = replace(settings, kubelet_socket=self.settings.kubelet_socket)
+            settings = replace(settings, kubelet_socket=socket, register_with_kubelet=registering)
         self.settings = settings
         log_event(log, logging.INFO, "reloaded", resources=",".join(sorted(self.servers)) or "none")
         if self._observer is not None:

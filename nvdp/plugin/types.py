@@ -28,9 +28,12 @@ from nvdp.resources import Resource
 class DaemonSettings:
     """What the supervisor needs from the resolved configuration (`nvdp.daemon_settings` maps it).
     `response` holds what the config says of Allocate answers; the node facts in them (control
-    devices, CDI names) are added once per apply."""
+    devices, CDI names) are added once per apply. The plugin sockets go in `kubelet_socket`'s
+    directory; `register_with_kubelet` False (an empty --kubelet-socket) serves them without
+    registering, as NVIDIA's plugin does."""
 
     kubelet_socket: Path
+    register_with_kubelet: bool = True
     fail_on_init_error: bool = True
     container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT  # where the chart mounts it in our container
     rules: ResourceRules = field(default_factory=ResourceRules)

@@ -1,6 +1,6 @@
 {{/* GPU feature discovery: names and whether labels go through the Node Feature API. */}}
 {{- define "nvidia-device-plugin.gfdName" -}}
-{{- printf "%s-gpu-feature-discovery" (include "nvidia-device-plugin.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" (include "nvidia-device-plugin.fullname" .) ((.Values.gfd | default dict).nameOverride | default "gpu-feature-discovery") | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "nvidia-device-plugin.gfdSelectorLabels" -}}
