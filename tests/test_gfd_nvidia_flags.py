@@ -106,7 +106,9 @@ def _id(flag: NvidiaFlag) -> str:
     return flag.names[0].lstrip("-")
 
 
-def _check(flag: NvidiaFlag, source: str, *argv: str, environ: dict[str, str] | None = None) -> None:
+def _parse_and_check(
+    flag: NvidiaFlag, source: str, *argv: str, environ: dict[str, str] | None = None
+) -> None:
     expected = flag.expected
     if isinstance(expected, str) and expected.startswith("refused: "):
         with pytest.raises(ConfigError) as raised:
@@ -131,7 +133,7 @@ def test_every_nvidia_gfd_flag_is_an_option_with_nvidias_env_vars_in_order(flag:
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_each_flag_name_sets_the_setting(flag: NvidiaFlag, name: str) -> None:
-    _check(flag, name, name, flag.given)
+    _parse_and_check(flag, name, name, flag.given)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +142,7 @@ def test_each_flag_name_sets_the_setting(flag: NvidiaFlag, name: str) -> None:
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_each_env_var_sets_the_setting(flag: NvidiaFlag, env: str) -> None:
-    _check(flag, env, environ={env: flag.given})
+    _parse_and_check(flag, env, environ={env: flag.given})
 
 
 @pytest.mark.parametrize("flag", NVIDIA_GFD_FLAGS, ids=_id)

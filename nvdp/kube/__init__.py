@@ -1,9 +1,9 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
 (lazily: importing this package costs nothing); `events` (Node events), `nodes` (the Node's labels and
 annotations), `nodefeature` (NFD's NodeFeature objects) and `pods` (this process's pod: owner
-references) are requests built on it. The package is a
-leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
-their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
+references) are requests built on it. The package is a leaf: it imports nothing of nvdp but
+`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
+`nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
