@@ -37,7 +37,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", action="version", version=VERSION)
+    parser.add_argument("--version", "-v", action="version", version=VERSION)  # urfave/cli's names
 
 
 def _parse(

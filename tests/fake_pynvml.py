@@ -7,6 +7,7 @@ Set `FakeGpu.errors[function name] = NVML_ERROR_*` to make one call on one GPU f
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0x0
 NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 = 0x7
 NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1 = 0x8
 NO_INSTANCE = 0xFFFFFFFF
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
 
 _TEXT = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -59,6 +61,26 @@ class NVMLError(Exception):
 
     def __str__(self) -> str:
         return _TEXT.get(self.value, f"NVML Error with code {self.value}")
+
+
+class FabricInfoV1(ctypes.Structure):
+    """pynvml's c_nvmlGpuFabricInfo_t (`state` a c_uint, as pynvml declares it)."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+    ]
+
+
+class FabricInfoV2(ctypes.Structure):
+    """pynvml's c_nvmlGpuFabricInfo_v2_t (c_nvmlGpuFabricInfoV_t), its version set at construction."""
+
+    _fields_ = [("version", ctypes.c_uint), *FabricInfoV1._fields_, ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self) -> None:
+        super().__init__(version=0x02000024)
 
 
 @dataclass
@@ -90,6 +112,8 @@ class FakeGpu:
     retired_pending: int | None = 0  # None: NOT_SUPPORTED
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # (corr, unc, pending, failure)
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error value
+    # (cluster UUID bytes, clique id, state, status); None: the fabric functions answer NOT_SUPPORTED
+    fabric: tuple[bytes, int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +134,13 @@ class FakeEventSet:
 
 
 class FakePynvml:
-    """The fake module. Module-level constants and NVMLError are reachable as attributes."""
+    """The fake module. Module-level constants and NVMLError are reachable as attributes.
+    `has_fabric_info_v1 = False`: the library lacks nvmlDeviceGetGpuFabricInfo (pynvml raises
+    FUNCTION_NOT_FOUND for a symbol the library does not have)."""
+
+    c_nvmlGpuFabricInfo_t = FabricInfoV1
+    c_nvmlGpuFabricInfoV_t = FabricInfoV2
+    has_fabric_info_v1 = True
 
     def __init__(self, gpus: list[FakeGpu], *, library_found: bool = True) -> None:
         self.gpus = gpus
@@ -231,6 +261,26 @@ class FakePynvml:
         if handle.gpu.numa_node is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return handle.gpu.numa_node
+
+    def _fabric(self, name: str, handle: Handle, ref: Any) -> int:
+        self._check(name, handle)
+        info = ref._obj  # what ctypes.byref(struct) points at
+        if handle.gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        cluster, info.cliqueId, info.state, info.status = handle.gpu.fabric
+        info.clusterUuid[:] = list(cluster)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Handle, ref: Any) -> int:
+        if not self.has_fabric_info_v1:
+            self.calls.append("nvmlDeviceGetGpuFabricInfo")
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._fabric("nvmlDeviceGetGpuFabricInfo", handle, ref)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Handle, ref: Any) -> int:
+        if ref._obj.version != 0x02000024:
+            raise NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        return self._fabric("nvmlDeviceGetGpuFabricInfoV", handle, ref)
 
     # MIG
 

@@ -7,7 +7,8 @@ less its last segment) lists them, `fieldSelector=metadata.name=X` filters, and 
 ADDED / MODIFIED / DELETED events as chunked JSON lines from `resourceVersion` on, ending after
 `timeoutSeconds`. One resourceVersion counter for everything, as etcd has.
 
-Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, labels)`, `delete(path)`;
+Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, labels)`, `delete(path)`,
+`collect_garbage()` (Kubernetes' garbage collector: objects none of whose owners exist are deleted);
 `fail(status, count, method=None, path_prefix=None)` answers the next requests with an error Status
 (500, 410, ...); `expire()` forgets the event history, so a watch resuming from an older version
 gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
@@ -158,6 +159,21 @@ class KubeApiStandin:
             obj["metadata"]["resourceVersion"] = str(self._version)
             self._events.append(_Event(self._version, "DELETED", path, obj))
             self._lock.notify_all()
+
+    def collect_garbage(self) -> list[str]:
+        """One pass of Kubernetes' garbage collector: delete each object that has ownerReferences and
+        none of whose owners (by uid) exists any more. The paths deleted."""
+        with self._lock:
+            uids = {(obj.get("metadata") or {}).get("uid") for obj in self.objects.values()} - {None}
+            orphans = [
+                path
+                for path, obj in self.objects.items()
+                if (owners := (obj.get("metadata") or {}).get("ownerReferences"))
+                and not any(owner.get("uid") in uids for owner in owners)
+            ]
+        for path in orphans:
+            self.delete(path)
+        return orphans
 
     def _store(self, kind: str, path: str, obj: Obj) -> Obj:
         self._version += 1

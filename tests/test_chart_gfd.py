@@ -99,6 +99,7 @@ def check_gfd_daemonset(daemonset: Doc, plugin_pod: Doc) -> None:
     assert not set(env) - GFD_ENV, f"env vars nvdp gfd does not read: {sorted(set(env) - GFD_ENV)}"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["KUBERNETES_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the NodeFeature's owners
     for key in ("affinity", "tolerations", "priorityClassName"):
         assert pod.get(key) == plugin_pod.get(key), key
     assert ctr["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -119,7 +120,7 @@ def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -
     mounts = {m["name"]: m["mountPath"] for m in gfd_container(daemonset)["volumeMounts"]}
     assert mounts["output-dir"] == FEATURES_DIR
     env = gfd_env_of(daemonset)
-    assert env["GFD_SLEEP_INTERVAL"] == "30s" and "GFD_USE_NODE_FEATURE_API" not in env
+    assert env["GFD_SLEEP_INTERVAL"] == "30s" and env["GFD_USE_NODE_FEATURE_API"] == "false"
     assert "Role" not in out.kinds() and "RoleBinding" not in out.kinds()
     for doc in out.docs:
         check_schema(doc)
@@ -137,8 +138,9 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
         {
             "apiGroups": ["nfd.k8s-sigs.io"],
             "resources": ["nodefeatures"],
-            "verbs": ["get", "create", "update"],
-        }
+            "verbs": ["get", "create", "update", "delete"],  # delete: to set ownerReferences
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},  # the owners: its pod, DaemonSet
     ]
     binding = only(out.docs, "RoleBinding")
     account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
@@ -265,7 +267,7 @@ def test_the_gfd_container_labels_an_mps_entry(render: Callable[..., Rendered], 
     config = tmp_path / "config.yaml"  # what the config-manager's init container links /config/config.yaml to
     config.write_text(entry["data"]["default"])
     env = {k: v for k, v in clean_env().items() if not k.startswith("GFD_") and k not in GFD_ENV}
-    from_pod = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE}
+    from_pod = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE, "metadata.name": "gfd-abc"}
     for var in ctr["env"]:
         value = var["value"] if "value" in var else from_pod[var["valueFrom"]["fieldRef"]["fieldPath"]]
         env[var["name"]] = str(config) if value == "/config/config.yaml" else value

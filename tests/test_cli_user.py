@@ -135,7 +135,7 @@ def test_config_check_names_a_bad_nvml_once(tmp_path: Path, capsys: pytest.Captu
     assert main(["config", "check", "--nvml", "sim:nope", str(path)]) == 1
     assert capsys.readouterr().err == (
         "error: --nvml sim:nope: unknown simulated node profile 'nope'; accepted: dgx-a100, dgx-a100-mig,"
-        " dgx-h100, pcie-4, or sim:/path/to/node.yaml\n"
+        " dgx-h100, gb200-nvl, pcie-4, or sim:/path/to/node.yaml\n"
     )
 
 

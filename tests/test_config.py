@@ -282,8 +282,8 @@ MESSAGES = {
         "flags.nvidiaDriverRoot: must be a string, got a value of type date",
     ),
     "discovery": (
-        "flags: {deviceDiscoveryStrategy: vfio}",
-        'flags.deviceDiscoveryStrategy: invalid value "vfio" (accepted: auto, nvml, tegra)',
+        "flags: {deviceDiscoveryStrategy: cdi}",
+        'flags.deviceDiscoveryStrategy: invalid value "cdi" (accepted: auto, nvml, tegra, vfio)',
     ),
     "section-type": ("flags: [1]", "flags: must be a mapping, got a list"),
     "id-strategy": (

@@ -376,9 +376,9 @@ FLAG_ERRORS: dict[str, tuple[list[str], dict[str, str], str]] = {
     ),
     "discovery": (
         [],
-        {"DEVICE_DISCOVERY_STRATEGY": "vfio"},
-        '--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: invalid value "vfio" '
-        "(accepted: auto, nvml, tegra)",
+        {"DEVICE_DISCOVERY_STRATEGY": "cdi"},
+        '--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: invalid value "cdi" '
+        "(accepted: auto, nvml, tegra, vfio)",
     ),
     "imex": (
         [],

@@ -71,6 +71,10 @@ CASES += [
     ("dgx-a100", "none", "ts-unmatched"),  # an entry for a MIG profile on a node without MIG
     ("dgx-a100-mig", "mixed", "ts-unmatched"),  # the same entry where both apply
     ("dgx-a100-mig", "single", "ts"),  # invalid single layout: NVIDIA's whole-GPU sharing label stays
+    ("dgx-a100", "none", "ts-rename-all"),  # every GPU renamed: NVIDIA's gpu.* values, -SHARED kept
+    ("a100-mig-single", "none", None),  # MIG-enabled GPUs under none: NVIDIA's gpu.replicas=0
+    # The NVLink fabric: one clique, GPUs left out (no fabric, registration not done), GPUs that disagree
+    *[(n, "none", None) for n in ("gb200-nvl", "nvl-partial", "nvl-split")],
 ]
 
 
@@ -154,6 +158,9 @@ LABELLED_APART = [
     ("a100-mig-empty", "single", None),
     ("a100-mig-empty", "mixed", None),
     ("dgx-a100-repartition", "single", None),
+    # MIG-enabled GPUs under the none strategy: NVIDIA's gpu.replicas=0 although the plugin serves them
+    ("a100-mig-empty", "none", None),
+    ("a100-mig-single", "none", None),
 ]
 VALID_CASES = [c for c in CASES if c not in LABELLED_APART]
 
@@ -179,11 +186,54 @@ def test_labels_agree_with_advertised_resources(case: tuple[str, str, str | None
     # mps.capable (which schedules the MPS control daemon) exactly when an MPS resource is served
     mps_served = any(labels[f"{name}.sharing-strategy"] == "mps" for name in advertised)
     assert labels["nvidia.com/mps.capable"] == str(mps_served).lower()
-    # Every resource the labels count is one the kubelet sees (nvidia.com/gpu may say 0).
+    # Every resource the labels count is one the kubelet sees; nvidia.com/gpu when it is not advertised
+    # says 0, or what NVIDIA's gfd says of GPUs all shared under a new name (test below).
     counted = {k[: -len(".count")] for k, v in labels.items() if k.endswith(".count") and v != "0"}
+    if GPU_RESOURCE not in advertised and counted - set(advertised):
+        assert case[2] is not None and "rename" in case[2]
+        counted.discard(GPU_RESOURCE)
     assert counted == set(advertised)
-    if GPU_RESOURCE not in advertised:
-        assert labels[f"{GPU_RESOURCE}.count"] == "0" and labels[f"{GPU_RESOURCE}.replicas"] == "0"
+
+
+# Sharing entries that move every GPU of nvidia.com/gpu to a new name: NVIDIA's gfd ignores the rename
+# (DisableResourceNamingInConfig) and labels nvidia.com/gpu with the GPUs, replicas and strategy, the
+# product without -SHARED only under renameByDefault (its rename then stays <name>.shared).
+@pytest.mark.parametrize(
+    ("sharing", "renamed_to", "expected"),
+    [
+        pytest.param(
+            "ts-renamed", "gpu.shared", ("8", "4", "time-slicing", "NVIDIA-A100-SXM4-40GB"), id="ts"
+        ),
+        pytest.param("mps-renamed", "gpu.shared", ("8", "4", "mps", "NVIDIA-A100-SXM4-40GB"), id="mps"),
+        pytest.param(
+            "ts-rename-all",
+            "gpu-shared",
+            ("8", "3", "time-slicing", "NVIDIA-A100-SXM4-40GB-SHARED"),
+            id="rename",
+        ),
+    ],
+)
+def test_gpus_shared_under_a_new_name_keep_nvidias_gpu_labels(
+    sharing: str, renamed_to: str, expected: tuple[str, str, str, str]
+) -> None:
+    labels = _labels(_config("dgx-a100", "none", sharing))
+    keys = ("count", "replicas", "sharing-strategy", "product")
+    assert tuple(labels[f"nvidia.com/gpu.{k}"] for k in keys) == expected
+    # nvdp's labels of the resource the plugin advertises stay beside them
+    shared = tuple(labels[f"nvidia.com/{renamed_to}.{k}"] for k in keys)
+    assert shared == (expected[0], expected[1], expected[2], "NVIDIA-A100-SXM4-40GB")
+
+
+@pytest.mark.parametrize("node", ["a100-mig-empty", "a100-mig-single"])
+def test_mig_enabled_gpus_under_the_none_strategy_have_nvidias_zero_replicas(node: str) -> None:
+    """NVIDIA's gfd labels MIG-enabled GPUs without sharing (replicas 0) unless a MIG-disabled GPU of
+    the same model labels over them; the plugin still serves them whole under `none`."""
+    labels = _labels(_config(node, "none", None))
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("0", "none")
+    assert labels["nvidia.com/gpu.count"] == ("1" if node == "a100-mig-empty" else "2")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    beside = _labels(_config("dgx-a100-mig", "none", "ts"))  # GPUs 4-7 are MIG-disabled
+    assert (beside["nvidia.com/gpu.replicas"], beside["nvidia.com/gpu.count"]) == ("4", "8")
 
 
 # What NVIDIA's gfd writes for a node whose only GPU is MIG-enabled without MIG devices, with the
@@ -313,7 +363,8 @@ def test_mps_on_mig_devices_is_labelled_invalid_and_not_mps_capable() -> None:
         pytest.param(
             "mps-renamed",
             {
-                "gpu.count": "0",
+                "gpu.count": "8",
+                "gpu.product": "NVIDIA-A100-SXM4-40GB",
                 "gpu.shared.product": "NVIDIA-A100-SXM4-40GB",
                 "gpu.shared.replicas": "4",
                 "gpu.shared.sharing-strategy": "mps",
@@ -331,8 +382,7 @@ def test_mps_labels(sharing: str, expected: dict[str, str]) -> None:
     labels = _labels(_config("dgx-a100", "none", sharing))
     assert {k: labels["nvidia.com/" + k] for k in expected} == expected
     assert labels["nvidia.com/mps.capable"] == "true"
-    strategy = labels["nvidia.com/gpu.sharing-strategy"]
-    assert strategy == ("none" if sharing == "mps-renamed" else "mps")
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
 
 
 # ---- pure rules --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def gfd_argv(*extra: str, nvml: str = "sim:pcie-4") -> list[str]:
     ]  # fmt: skip
 
 
-_INHERITED = ("NODE_NAME", "POD_NAMESPACE", "MPS_ROOT", "NVDP_SIM_EVENTS")
+_INHERITED = ("NODE_NAME", "POD_NAME", "POD_NAMESPACE", "NAMESPACE", "MPS_ROOT", "NVDP_SIM_EVENTS")
 
 
 def gfd_env(**extra: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ def test_defaults_are_nvidias() -> None:
         settings.output_file == DEFAULT_OUTPUT_FILE == "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     )
     assert settings.machine_type_file == "/sys/class/dmi/id/product_name"
-    assert settings.use_node_feature_api is False
+    assert settings.use_node_feature_api is None  # NVIDIA's true where the API serves NodeFeatures
     assert settings.config.flags.mig_strategy == "none" and settings.config.flags.fail_on_init_error is True
 
 

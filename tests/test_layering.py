@@ -35,6 +35,7 @@ PURE = {
     "nvdp.config.runtime",
     "nvdp.config.values",
     "nvdp.devices",
+    "nvdp.gfd.clique",
     "nvdp.gfd.labels",
     "nvdp.health.state",
     "nvdp.health.types",

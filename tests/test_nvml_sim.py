@@ -52,7 +52,7 @@ def start(nodes: list[SimNvml], target: str, events: Path | None = None) -> SimN
 
 
 def test_builtin_profiles() -> None:
-    assert profile_names() == ["dgx-a100", "dgx-a100-mig", "dgx-h100", "pcie-4"]
+    assert profile_names() == ["dgx-a100", "dgx-a100-mig", "dgx-h100", "gb200-nvl", "pcie-4"]
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,7 @@ def test_builtin_profiles() -> None:
         ("dgx-a100", 8, "NVIDIA A100-SXM4-40GB", 40960, (8, 0), [0] * 4 + [1] * 4, 12),
         ("dgx-a100-mig", 8, "NVIDIA A100-SXM4-40GB", 40960, (8, 0), [0] * 4 + [1] * 4, 12),
         ("dgx-h100", 8, "NVIDIA H100 80GB HBM3", 81559, (9, 0), [0] * 4 + [1] * 4, 18),
+        ("gb200-nvl", 4, "NVIDIA GB200", 189471, (10, 0), [0, 0, 1, 1], 18),
         ("pcie-4", 4, "NVIDIA L40S", 46068, (8, 9), [0, 0, 1, 1], None),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -84,7 +85,8 @@ def test_profile_facts(
     assert all(GPU_UUID.match(g.uuid) for g in gpus)
     assert len({g.uuid for g in gpus}) == len({g.pci_bus_id for g in gpus}) == count
     assert all(re.match(r"^[0-9A-F]{8}:[0-9A-F]{2}:00\.0$", g.pci_bus_id) for g in gpus)
-    assert node.driver_version() == "550.54.15" and node.cuda_driver_version() == "12.4"
+    versions = ("570.133.20", "12.8") if profile == "gb200-nvl" else ("550.54.15", "12.4")  # Blackwell
+    assert (node.driver_version(), node.cuda_driver_version()) == versions
     if nvlinks is not None:  # NVSwitch: every pair
         assert {node.link(a.uuid, b.uuid).nvlinks for a, b in combinations(gpus, 2)} == {nvlinks}
 
@@ -145,7 +147,8 @@ def test_uuids_are_deterministic(nodes: list[SimNvml]) -> None:
     [
         (
             "sim:dgx-z9",
-            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-h100, pcie-4",
+            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-h100, gb200-nvl, "
+            "pcie-4",
         ),
         (
             "simulated",

@@ -1,19 +1,21 @@
 """`nvdp plugin --nvml real` end to end on the C NVML stand-in (tests/nvml_standin): pynvml's ctypes
 layer, versioned symbols and struct layouts are exercised for discovery, health by event and by probe,
-a GPU lost at start, and the library lookup order. The library is built with the system C compiler."""
+a GPU lost at start, and the library lookup order; and `nvdp gfd --nvml real` for the NVLink fabric
+structs. The library is built with the system C compiler."""
 
 from __future__ import annotations
 
 import ctypes
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.testing import REPO, Process, start_plugin, wait_until
 
 SOURCE = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"
 LIBRARY = "libnvidia-ml.so.1"
@@ -294,3 +296,27 @@ def test_a_gpu_plugged_back_is_a_new_device_and_starts_healthy(
         wait_unhealthy(kubelet, {UUIDS[0]} if still_broken else set())
     assert f"forgot the health of devices gone from the node devices={UUIDS[0]}" in plugin.log()
     assert plugin.alive() and "Traceback" not in plugin.log()
+
+
+FABRIC = "fabric cluster=5ad4a1c2-3f0e-4b8d-9c61-7e2f40b1d9a3 clique=32766"
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["GetGpuFabricInfo", "GetGpuFabricInfoV"])
+def test_gfd_labels_the_clique_through_nvmls_fabric_structs(standin: Path, tmp_path: Path, v1: bool) -> None:
+    """nvmlGpuFabricInfo_t (unsigned char state) through pynvml's struct (c_uint state), or the v2
+    struct with its version when the library has no unversioned function; GPU 2 without a fabric and
+    GPU 3 still registering are left out, as NVIDIA's gfd leaves them."""
+    lines = gpu_line(0) + gpu_line(1) + gpu_line(2) + gpu_line(3)
+    lines += f"{FABRIC} gpu=0\n{FABRIC} gpu=1\n{FABRIC} gpu=3 state=2\n" + ("" if v1 else "fabric_v1 0\n")
+    node = StandinNode(tmp_path, lines)
+    out = tmp_path / "labels"
+    result = subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", "real", "--oneshot", "-o", str(out),
+         "--machine-type-file", ""],
+        env={"PATH": "/usr/bin:/bin", **node.env(standin)},
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.clique"] == "5ad4a1c2-3f0e-4b8d-9c61-7e2f40b1d9a3.32766"
+    assert labels["nvidia.com/gpu.count"] == "4" and "WARNING" not in result.stderr

@@ -66,7 +66,8 @@ LOGGING = (
 NVML = flag(
     "--nvml $NVDP_NVML",
     nvml_spec,
-    "NVML backend: real, sim:NAME (dgx-a100, dgx-a100-mig, pcie-4, dgx-h100) or sim:/path/node.yaml",
+    "NVML backend: real, sim:NAME (dgx-a100, dgx-a100-mig, pcie-4, dgx-h100, gb200-nvl) or "
+    "sim:/path/node.yaml",
 )
 KUBECONFIG = flag("--kubeconfig $KUBECONFIG", v.string, "kubeconfig file (in-cluster credentials when empty)")
 # NVIDIA's client rate limits. Validated, not applied: nvdp's API clients make a few requests a pass

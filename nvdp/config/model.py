@@ -11,6 +11,7 @@ The settings that only flags and env vars set (`nvml`, logging, metrics, CDI, ..
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
@@ -27,7 +28,7 @@ TIME_SLICING: Literal["time-slicing"] = "time-slicing"  # the sharing strategies
 MPS: Literal["mps"] = "mps"
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
-DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")  # the plugin refuses vfio (rules.py)
 SHARED_DEVICES_ALLOCATION_POLICIES = ("distributed", "packed")
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
@@ -138,6 +139,20 @@ def _go(value: object) -> object:
     return format_go_duration(value) if isinstance(value, float) else value
 
 
+INFINITE = "infinite"  # gfd's sleep interval: label once, then sleep until a signal
+_nanoseconds = v.duration(10**9)
+
+
+def sleep_interval(value: object) -> float:
+    """`flags.gfd.sleepInterval`: a Go duration, a plain number of nanoseconds (NVIDIA's Go type), or
+    `infinite` (math.inf)."""
+    return math.inf if value == INFINITE else _nanoseconds(value)
+
+
+def _sleep(value: object) -> object:
+    return INFINITE if value == math.inf else _go(value)
+
+
 # ---- the file model ----------------------------------------------------------------------------
 
 
@@ -168,8 +183,7 @@ class GfdFlags:
 
     oneshot: bool | None = _key("oneshot", v.boolean, default=None)
     no_timestamp: bool | None = _key("noTimestamp", v.boolean, default=None)
-    # A plain number counts nanoseconds here, as in NVIDIA's Go type.
-    sleep_interval: float | None = _key("sleepInterval", v.duration(10**9), dump=_go, default=None)
+    sleep_interval: float | None = _key("sleepInterval", sleep_interval, dump=_sleep, default=None)
     output_file: str | None = _key("outputFile", v.string, default=None)
     machine_type_file: str | None = _key("machineTypeFile", v.string, default=None)
 

@@ -22,16 +22,24 @@ TEGRA_UNSUPPORTED = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
     "(accepted here: auto, nvml)"
 )
+# NVIDIA's plugin refuses vfio too (only its gfd takes it); nvdp's gfd takes it (nvdp.gfd.options).
+VFIO_PLUGIN = (
+    "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: vfio is for gpu-feature-discovery only; "
+    "the device plugin accepts auto, nvml"
+)
 
 
 def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str]:
     """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits).
-    `runs_the_plugin=False` leaves out the settings only the running plugin needs (an MPS root). An
-    empty kubelet socket is no problem: the plugin then serves without registering, as NVIDIA's."""
+    `runs_the_plugin=False` leaves out the settings only the running plugin needs (an MPS root) and
+    those only it refuses (vfio discovery, which gfd takes). An empty kubelet socket is no problem:
+    the plugin then serves without registering, as NVIDIA's."""
     flags = config.flags
     problems = []
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
+    if runs_the_plugin and flags.device_discovery_strategy == "vfio":
+        problems.append(VFIO_PLUGIN)
     replicated = config.sharing.replicated
     if replicated is not None:
         section = "timeSlicing" if config.sharing.strategy == "time-slicing" else "mps"

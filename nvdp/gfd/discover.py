@@ -6,7 +6,9 @@ the node's facts: a part of the config this node does not fit (a sharing entry f
 lacks, a MIG-enabled GPU without MIG devices) is left out of the labels as it is of the plugin's
 resources, and comes back as a misfit for the caller to report; the rest of the node is labelled.
 Under the single MIG strategy a layout NVIDIA's gfd calls invalid gets NVIDIA's labels for it
-(`nvdp.gfd.labels.invalid_mig_labels`).
+(`nvdp.gfd.labels.invalid_mig_labels`). `nvidia.com/gpu.clique` comes from the GPUs' NVLink fabric
+registration (`nvdp.gfd.clique`); a GPU whose fabric cannot be read costs the node that label alone
+(one warning), where NVIDIA's gfd fails the whole pass.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from nvdp.config import Config
-from nvdp.errors import NvdpError, UnreadableFile
+from nvdp.errors import NvdpError, NvmlError, UnreadableFile
 from nvdp.files import read_bounded
+from nvdp.gfd.clique import CLIQUE_LABEL, clique_labels
 from nvdp.gfd.labels import (
     GPU_RESOURCE,
     MACHINE_UNKNOWN,
+    GpuRenames,
     LabelResult,
     NodeFacts,
     invalid_mig_labels,
@@ -32,7 +36,7 @@ from nvdp.gfd.labels import (
 )
 from nvdp.inventory import ResourceRules
 from nvdp.logs import log_event
-from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.nvml.types import GpuFabric, GpuInfo, Nvml
 from nvdp.resources import NodeResources
 
 log = logging.getLogger(__name__)
@@ -131,10 +135,42 @@ def discover(
                 mig_strategy=strategy,
                 sharing_strategy=config.sharing.strategy,
                 renamed=renamed,
+                gpu_renames=gpu_renames(config),
             )
     except ValueError as error:
         raise NvdpError(f"cannot label the node: {error}") from error
-    return replace(result, misfits=built.misfits)
+    fabric, fabric_warnings = _clique(nvml, gpus)
+    return replace(
+        result,
+        labels={**result.labels, **fabric},
+        warnings=(*result.warnings, *fabric_warnings),
+        misfits=built.misfits,
+    )
+
+
+def _clique(nvml: Nvml, gpus: Sequence[GpuInfo]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The clique label from every GPU's fabric registration (a GPU already failing, `fault`, has
+    none); a GPU whose registration cannot be read leaves the node without the label."""
+    fabrics: list[tuple[int, GpuFabric | None]] = []
+    for gpu in gpus:
+        if gpu.fault is not None:
+            continue
+        try:
+            fabrics.append((gpu.index, nvml.gpu_fabric(gpu.uuid)))
+        except NvmlError as error:
+            return {}, (
+                f"cannot read the NVLink fabric of GPU {gpu.index}: {error}; no {CLIQUE_LABEL} label",
+            )
+    return clique_labels(fabrics)
+
+
+def gpu_renames(config: Config) -> GpuRenames:
+    """Where the active sharing section advertises `nvidia.com/gpu`'s GPUs under other names."""
+    replicated = config.sharing.replicated
+    if replicated is None:
+        return GpuRenames()
+    targets = frozenset(r.rename for r in replicated.resources if r.name == GPU_RESOURCE and r.rename)
+    return GpuRenames(targets, replicated.rename_by_default)
 
 
 def whole_gpu_sharing(gpus: Sequence[GpuInfo], config: Config) -> str:

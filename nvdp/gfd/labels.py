@@ -10,9 +10,18 @@ The per-resource labels (`<resource>.count`, `.replicas`, `.sharing-strategy`, `
   devices the kubelet sees for one GPU, so a replica is never less than 1/replicas of a GPU;
 - `<resource>.sharing-strategy` is `time-slicing` / `mps` when shared, else `none`.
 
-`nvidia.com/gpu.*` is always written: when the node advertises no `nvidia.com/gpu` (every GPU is
-MIG-enabled under the mixed strategy, or every GPU is shared under a new name), it still names the
-node's GPU model, with count 0 and replicas 0, as NVIDIA does for resources that are not allocatable.
+`nvidia.com/gpu.*` is always written: when the node advertises no `nvidia.com/gpu` because every GPU
+is MIG-enabled under the mixed strategy, it still names the node's GPU model, with count 0 and
+replicas 0, as NVIDIA does for resources that are not allocatable. Where NVIDIA's gfd writes other
+values than the plugin's resources give, nvdp writes NVIDIA's:
+
+- every GPU of `nvidia.com/gpu` shared under a new name (`renameByDefault`, or a `rename`): NVIDIA's
+  gfd labels them as `nvidia.com/gpu` all the same, with their count, replicas and sharing strategy,
+  and the product without `-SHARED` under `renameByDefault` (the renamed resource gets its own
+  labels beside them);
+- the MIG strategy `none` with every GPU of the labelled model MIG-enabled: `gpu.replicas=0` and
+  sharing strategy `none` (NVIDIA labels MIG-enabled GPUs without their sharing).
+
 A node with several GPU models is labelled with its majority model (a warning names them all).
 
 Under the single MIG strategy a layout NVIDIA's gfd calls invalid (`single_strategy_problem`: a
@@ -53,6 +62,15 @@ class NodeFacts:
     machine: str = MACHINE_UNKNOWN  # DMI product name, as read
     modes: Mapping[str, str] | None = None  # gpu uuid -> "compute" | "graphics" | "unknown"
     vgpu_present: bool = False
+
+
+@dataclass(frozen=True)
+class GpuRenames:
+    """The names sharing entries for `nvidia.com/gpu` advertise its GPUs as (their `rename`s), and
+    whether their section renames by default."""
+
+    targets: frozenset[str] = frozenset()
+    by_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,10 +180,11 @@ def node_labels(
     mig_strategy: str,
     sharing_strategy: str,
     renamed: Collection[str] = (),
+    gpu_renames: GpuRenames = GpuRenames(),
 ) -> LabelResult:
     """Every label but the timestamp. `sharing_strategy` is the config's (`none`, `time-slicing`,
-    `mps`); `renamed` the resource names that sharing rules rename to (no `-SHARED` product suffix).
-    Raises ValueError for an unparseable driver / CUDA version."""
+    `mps`); `renamed` the resource names that sharing rules rename to (no `-SHARED` product suffix);
+    `gpu_renames` those of `nvidia.com/gpu`. Raises ValueError for an unparseable driver / CUDA version."""
     warnings: list[str] = []
     if not facts.gpus:
         return LabelResult({}, ("no GPUs found on the node; no labels generated",))
@@ -185,14 +204,35 @@ def node_labels(
             f"the nvidia.com/gpu.* labels describe the majority model {majority}"
         )
 
+    model = majority_model(facts.gpus)
     if not any(r.name == GPU_RESOURCE for r in resources):
         # No allocatable nvidia.com/gpu: still say which GPUs the node has.
-        gpu = next(g for g in facts.gpus if g.name == majority_model(facts.gpus))
+        gpu = next(g for g in facts.gpus if g.name == model)
         labels.update(_gpu_identity(GPU_RESOURCE, gpu, facts))
         labels.update(_counts(GPU_RESOURCE, 0, 0, "none", _product(gpu.name)))
+        labels.update(_renamed_gpu_labels(resources, gpu_renames, gpu.name))
     for resource in resources:
         labels.update(_resource_labels(resource, by_uuid, facts, resource.name in renamed))
+    if mig_strategy == "none" and all(g.mig_enabled for g in facts.gpus if g.name == model):
+        # NVIDIA's gfd labels MIG-enabled GPUs without their sharing, and MIG-disabled GPUs of the
+        # model (here: none) over them.
+        labels.update(_counts(GPU_RESOURCE, int(labels[f"{GPU_RESOURCE}.count"]), 0, "none", _product(model)))
     return LabelResult(labels, tuple(warnings))
+
+
+def _renamed_gpu_labels(resources: Sequence[Resource], renames: GpuRenames, model: str) -> Labels:
+    """NVIDIA's `nvidia.com/gpu` count, replicas, sharing strategy and product for whole GPUs shared
+    under new names only (its gfd ignores the rename); nothing when there are none."""
+    shared = [
+        r for r in resources if r.name in renames.targets and not any(d.mig for d in r.devices.values())
+    ]
+    if not shared:
+        return {}
+    units = {d.uuid for r in shared for d in r.devices.values()}
+    replicas = max(max(r.replica_counts.values(), default=r.replicas) for r in shared)
+    strategy = next((r.sharing for r in shared if r.sharing), None) if replicas > 1 else None
+    product = _product(model, shared=replicas > 1 and not renames.by_default)
+    return _counts(GPU_RESOURCE, len(units), replicas, strategy or "none", product)
 
 
 def single_strategy_problem(gpus: Sequence[GpuInfo], sharing_strategy: str) -> str | None:

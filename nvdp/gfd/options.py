@@ -5,11 +5,16 @@ The plugin options gfd shares are flags here (GFD's env names first where it has
 client and node name groups and GFD's own settings, all go through the plugin family's resolver with
 gfd's rules (`nvdp.config.rules.gfd_problems`): a flag, else its env var, else the config file
 (`flags.gfd`, `flags.useNodeFeatureAPI`), else NVIDIA's default.
+
+`--sleep-interval infinite` labels once and sleeps until a signal. `--use-node-feature-api` left
+unset is None: NVIDIA's default, true, where the Node Feature API can be used (decided at start,
+`nvdp.gfd.run.default_output`), else the feature file.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -22,6 +27,7 @@ from nvdp.config.groups import (
     SERVICE_ACCOUNT_NAMESPACE,
     pod_namespace,
 )
+from nvdp.config.model import INFINITE
 from nvdp.config.options import Option, add_options, flag, flags_only_for
 from nvdp.config.rules import gfd_problems
 from nvdp.errors import ConfigError
@@ -41,10 +47,13 @@ _GFD_ENVS = {
     "--mig-strategy": "GFD_MIG_STRATEGY",
     "--fail-on-init-error": "GFD_FAIL_ON_INIT_ERROR",
     "--config-file": "GFD_CONFIG_FILE",
+    "--resource-name-prefix": "GFD_RESOURCE_NAME_PREFIX",
 }
 
 
 def _seconds(text: str) -> float:
+    if text == INFINITE:
+        return math.inf
     if text.isdigit():  # urfave/cli reads a bare number as a Go duration, which needs a unit
         raise v.InvalidValue(f'invalid duration "{text}" (use a unit, e.g. 60s)')
     value = v.parse_go_duration(text)
@@ -62,7 +71,12 @@ GFD_OPTIONS: tuple[Option, ...] = (
     ),
     flag("--oneshot $GFD_ONESHOT", v.parse_bool, "label once and exit"),
     flag("--no-timestamp $GFD_NO_TIMESTAMP", v.parse_bool, "do not add the timestamp label"),
-    flag("--sleep-interval $GFD_SLEEP_INTERVAL", _seconds, "time to sleep between labelings", "seconds"),
+    flag(
+        "--sleep-interval $GFD_SLEEP_INTERVAL",
+        _seconds,
+        "time to sleep between labelings; infinite: label once, then sleep until a signal",
+        "seconds",
+    ),
     flag("--output-file --output -o $GFD_OUTPUT_FILE", v.string, "the NFD feature file"),
     flag(
         "--machine-type-file $GFD_MACHINE_TYPE_FILE", v.string, "a file holding the node's DMI product name"
@@ -70,9 +84,15 @@ GFD_OPTIONS: tuple[Option, ...] = (
     flag(
         "--use-node-feature-api $GFD_USE_NODE_FEATURE_API $USE_NODE_FEATURE_API",
         v.parse_bool,
-        "publish labels as an NFD NodeFeature object instead of the feature file",
+        "publish labels as an NFD NodeFeature object instead of the feature file (unset: where the API "
+        "server serves NodeFeature objects)",
     ),
     NODE_NAME,
+    flag(
+        "--pod-name $POD_NAME",
+        v.string,
+        "this pod's name: its DaemonSet and it own the NodeFeature object (garbage-collected with them)",
+    ),
     flag(
         "--namespace $KUBERNETES_NAMESPACE $NAMESPACE",
         v.string,
@@ -92,8 +112,9 @@ class GfdSettings(PluginOptions):
     sleep_interval: float = DEFAULT_SLEEP_INTERVAL_S
     output_file: str = DEFAULT_OUTPUT_FILE
     machine_type_file: str = DEFAULT_MACHINE_TYPE_FILE
-    use_node_feature_api: bool = False
+    use_node_feature_api: bool | None = None  # None: where the Node Feature API is served
     node_name: str = ""
+    pod_name: str = ""
     namespace: str = ""
     kubeconfig: str = ""  # empty: in-cluster credentials
     kube_api_qps: float = 5.0  # NVIDIA's defaults; see nvdp.config.groups.KUBE_API_LIMITS

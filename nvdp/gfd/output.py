@@ -5,7 +5,11 @@ never reads half of it, and only when the labels changed: the timestamp label al
 not rewrite it. The file itself is never opened for writing: a write that fails anywhere (no room for
 the temp file, a failed write or fsync, a rename refused) removes the temp file and raises, and the
 last labels stay as they were. The NodeFeature is created or replaced through `nvdp.kube`, retried
-with backoff.
+with backoff, owned (as NVIDIA's gfd owns it) by this pod's DaemonSet and the pod (`--pod-name` /
+POD_NAME, read from the API server), so that Kubernetes deletes it with the DaemonSet: `helm
+uninstall` takes the node's GPU labels with it. Without a pod name, or a pod that no DaemonSet owns,
+it has no owner (NVIDIA's too); a pod that cannot be read is one WARNING, the object is written
+without owners and the pod is read again at the next write.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 class NodeFeatureOutput:
-    """A NodeFeature object `nvidia-features-for-<node>` in `namespace`, through `nvdp.kube`.
+    """A NodeFeature object `nvidia-features-for-<node>` in `namespace`, through `nvdp.kube`, owned by
+    the DaemonSet of pod `pod_name` (in `namespace`) and that pod.
 
     Each write retries API errors with exponential backoff (`backoff` doubling up to `max_backoff`)
     for at most `attempts` tries; `sleep(delay)` waits and says whether to stop instead.
@@ -95,6 +100,7 @@ class NodeFeatureOutput:
         namespace: str,
         *,
         api_factory: Callable[[], Any],
+        pod_name: str = "",
         attempts: int = 5,
         backoff: float = 1.0,
         max_backoff: float = 30.0,
@@ -109,12 +115,44 @@ class NodeFeatureOutput:
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._sleep = sleep or threading.Event().wait
-        self._last: dict[str, str] | None = None
+        self._last: tuple[dict[str, str], list[dict[str, Any]]] | None = None
+        self.pod_name = pod_name
+        self.owners: list[dict[str, Any]] | None = None if pod_name else []  # None: not read yet
+        self._owner_error: str | None = None
+
+    def _owner_references(self) -> list[dict[str, Any]]:
+        """The pod's owner references, read once; [] (and the pod read again next time) when the
+        API server does not answer with the pod."""
+        if self.owners is not None:
+            return self.owners
+        from nvdp.kube import pod_owner_references
+
+        try:
+            if self._api is None:
+                self._api = self._api_factory()
+            owners = pod_owner_references(self._api, self.namespace, self.pod_name)
+        except NvdpError as error:
+            if str(error) != self._owner_error:
+                log_event(
+                    log, logging.WARNING, "cannot read this pod; the NodeFeature is written without "
+                    "owner references (it outlives the DaemonSet) until it can be read",
+                    pod=f"{self.namespace}/{self.pod_name}", error=str(error),
+                )  # fmt: skip
+            self._owner_error = str(error)
+            return []
+        if not owners:
+            log_event(
+                log, logging.INFO, "no DaemonSet owns this pod; the NodeFeature has no owner references",
+                pod=f"{self.namespace}/{self.pod_name}",
+            )  # fmt: skip
+        self.owners = owners
+        return owners
 
     def write(self, labels: Mapping[str, str]) -> bool:
         from nvdp.kube import apply_node_feature
 
-        compare = {k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}
+        owners = self._owner_references()
+        compare = ({k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}, owners)
         if compare == self._last:
             return False
         retries = Backoff(self._backoff, self._max_backoff)
@@ -123,8 +161,9 @@ class NodeFeatureOutput:
                 if self._api is None:
                     self._api = self._api_factory()
                 outcome = apply_node_feature(
-                    self._api, self.namespace, self.name, self.node, labels, ignore=(TIMESTAMP_LABEL,)
-                )
+                    self._api, self.namespace, self.name, self.node, labels,
+                    ignore=(TIMESTAMP_LABEL,), owners=owners,
+                )  # fmt: skip
             except NvdpError as error:
                 if attempt == self._attempts:
                     raise

@@ -2,23 +2,30 @@
 
 SIGHUP (`request_reload`) re-reads the configuration and labels at once; SIGTERM / SIGINT
 (`request_stop`) end the loop, and the feature file is removed so stale labels do not outlive the
-DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns.
+DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns; `--sleep-interval infinite`
+labels once and sleeps until a signal.
 
 A node fact never ends the loop. What of the config does not fit the node (a misfit) is reported
 through `nvdp.misfit_report.MisfitReport`: one WARNING line and one Node event (where the API server
 is reachable) when it first appears, not one per pass. Labels that cannot be published (a full or
 read-only disk, an unreachable API server) leave the last published ones in place: one ERROR line
-when publishing starts failing, a retry each pass, one INFO line when it works again; only
-`--oneshot`, which has no next pass, exits 1.
+when publishing starts failing, a retry each pass (at least every minute, whatever the interval),
+one INFO line when it works again; only `--oneshot`, which has no next pass, exits 1.
+
+`--device-discovery-strategy vfio` (GPUs passed through to virtual machines, bound to vfio-pci) is
+accepted as NVIDIA's gfd accepts it; nvdp reads no GPU outside NVML, so it says so in one line and
+labels the GPUs NVML shows, if any (an NVML that fails to start is then never fatal).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import discover, pci_mode
@@ -37,6 +44,11 @@ Sleep = Callable[[float], bool]  # sleep up to N seconds; True when a stop was r
 MISFIT_SOURCE = "labels"
 EVENT_COMPONENT = "gpu-feature-discovery"  # the Node events' source, NVIDIA's binary name
 EVENTS_CLOSE_TIMEOUT_S = 5.0  # on exit, time to send the Node events still queued
+PUBLISH_RETRY_S = 60.0  # labels that failed to publish are tried again after at most this
+VFIO_NOTICE = (
+    "--device-discovery-strategy vfio: nvdp cannot discover GPUs passed through to virtual machines "
+    "(vfio-pci); labelling the GPUs NVML shows"
+)
 
 
 class Waker:
@@ -57,8 +69,9 @@ class Waker:
             pass  # a full pipe already wakes the sleeper; a closed one has nobody to wake
 
     def sleep(self, timeout: float) -> bool:
+        """Sleep `timeout` s (math.inf: until woken); True when a stop was requested."""
         if not self.stopping:
-            select.select([self._read], [], [], timeout)
+            select.select([self._read], [], [], None if timeout == math.inf else timeout)
             try:
                 while os.read(self._read, 512):
                     pass
@@ -122,13 +135,19 @@ class Gfd:
     def run(self) -> None:
         settings = self.settings
         waker = self._waker
+        if settings.config.flags.device_discovery_strategy == "vfio":
+            log_event(log, logging.WARNING, VFIO_NOTICE)
         output = self._output = self._output_factory(settings, waker.sleep)
         try:
             while True:
                 self.label_once(settings, output)
                 if settings.oneshot:
                     return
-                if waker.sleep(settings.sleep_interval):
+                if settings.sleep_interval == math.inf and self.publish_error is None:
+                    log_event(
+                        log, logging.INFO, "labelled; sleeping until a signal (--sleep-interval infinite)"
+                    )
+                if waker.sleep(self._until_next_pass(settings)):
                     log_event(log, logging.INFO, "stopping")
                     return
                 if waker.reload_requested:
@@ -140,6 +159,11 @@ class Gfd:
             waker.close()
             if self._events is not None:
                 self._events.close(timeout=EVENTS_CLOSE_TIMEOUT_S)
+
+    def _until_next_pass(self, settings: GfdSettings) -> float:
+        """The interval; at most PUBLISH_RETRY_S while the labels are not published."""
+        interval = settings.sleep_interval
+        return min(interval, PUBLISH_RETRY_S) if self.publish_error is not None else interval
 
     def _apply_reload(self, settings: GfdSettings, output: Output) -> tuple[GfdSettings, Output]:
         try:
@@ -177,9 +201,10 @@ class Gfd:
             if settings.oneshot:
                 raise
             if str(error) != self.publish_error:
+                retry = min(settings.sleep_interval, PUBLISH_RETRY_S)
                 log_event(
                     log, logging.ERROR, "labels not published; the last published labels stay, retrying "
-                    "each pass", error=str(error), retry_in=f"{settings.sleep_interval:g}s",
+                    "each pass", error=str(error), retry_in=f"{retry:g}s",
                 )  # fmt: skip
             self.publish_error = str(error)
             return
@@ -195,7 +220,7 @@ class Gfd:
         try:
             nvml.init()
         except NvdpError as error:
-            if config.flags.fail_on_init_error:
+            if config.flags.fail_on_init_error and config.flags.device_discovery_strategy != "vfio":
                 raise NvdpError(f"NVML init failed: {error}") from error
             log_event(log, logging.WARNING, "NVML init failed; no GPU labels", error=str(error))
             return {}
@@ -232,15 +257,54 @@ def default_events(
     )
 
 
-def default_output(settings: GfdSettings, sleep: Sleep) -> Output:
-    if not settings.use_node_feature_api:
+def default_output(settings: GfdSettings, sleep: Sleep, environ: Mapping[str, str] = os.environ) -> Output:
+    """The NodeFeature object where --use-node-feature-api says so (unset: where `node_feature_api`
+    finds it served), else the feature file."""
+    use_api = settings.use_node_feature_api
+    if use_api is None:
+        use_api = node_feature_api(settings, environ)
+    if not use_api:
         return FileOutput(settings.output_file)
-    from nvdp.kube import new_api_client
-
-    kubeconfig = settings.kubeconfig or None
     return NodeFeatureOutput(
         settings.node_name,
         settings.namespace,
-        api_factory=lambda: new_api_client(kubeconfig=kubeconfig, retries=0),  # the output retries
+        api_factory=_api_factory(settings),
+        pod_name=settings.pod_name,
         sleep=sleep,
     )
+
+
+def _api_factory(settings: GfdSettings) -> Callable[[], Any]:
+    from nvdp.kube import new_api_client
+
+    kubeconfig = settings.kubeconfig or None
+    return lambda: new_api_client(kubeconfig=kubeconfig, retries=0)  # the output retries
+
+
+def node_feature_api(settings: GfdSettings, environ: Mapping[str, str]) -> bool:
+    """NVIDIA's default (--use-node-feature-api true) where it can work: a node name, a namespace,
+    credentials (a kubeconfig, or in the cluster) and an API server that serves NodeFeature objects;
+    else the feature file, which NFD reads without any of them. One INFO line says which and why."""
+    from nvdp.kube import in_cluster, node_feature_api_served
+
+    reason = ""
+    if not settings.node_name or not settings.namespace:
+        reason = "no node name (--node-name / NODE_NAME) or namespace"
+    elif not settings.kubeconfig and not in_cluster(environ):
+        reason = "no API server: no kubeconfig and not in a cluster"
+    else:
+        try:
+            if not node_feature_api_served(_api_factory(settings)()):
+                reason = "the API server serves no nfd.k8s-sigs.io/v1alpha1 NodeFeature objects"
+        except NvdpError as error:
+            reason = f"the API server cannot be asked: {error}"
+    if reason:
+        log_event(
+            log, logging.INFO, "labels go to the feature file (--use-node-feature-api unset)",
+            reason=reason, file=settings.output_file or "stdout",
+        )  # fmt: skip
+        return False
+    log_event(
+        log, logging.INFO, "labels go to a NodeFeature object (--use-node-feature-api unset: NVIDIA's true)"
+    )
+    return True

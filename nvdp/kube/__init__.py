@@ -1,8 +1,9 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
 (lazily: importing this package costs nothing); `events` (Node events), `nodes` (the Node's labels and
-annotations) and `nodefeature` (NFD's NodeFeature objects) are requests built on it. The package is a
-leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
-their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
+annotations), `nodefeature` (NFD's NodeFeature objects) and `pods` (this process's pod: owner
+references) are requests built on it. The package is a leaf: it imports nothing of nvdp but
+`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
+`nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
@@ -12,9 +13,11 @@ from nvdp.kube.nodefeature import (
     NODE_FEATURE_PLURAL,
     NODE_FEATURE_VERSION,
     apply_node_feature,
+    node_feature_api_served,
     node_feature_body,
 )
 from nvdp.kube.nodes import NodeMeta, node_metadata, patch_node_annotations
+from nvdp.kube.pods import OwnerReference, pod_owner_references
 
 __all__ = [
     "EVENT_SOURCE",
@@ -26,12 +29,15 @@ __all__ = [
     "SERVICE_ACCOUNT_TOKEN",
     "KubeNodeEvents",
     "NodeMeta",
+    "OwnerReference",
     "apply_node_feature",
     "get_json",
     "in_cluster",
     "new_api_client",
+    "node_feature_api_served",
     "node_feature_body",
     "node_metadata",
     "patch_node_annotations",
+    "pod_owner_references",
     "watch",
 ]

@@ -1,8 +1,9 @@
-"""NodeFeature objects (`nvdp gfd --use-node-feature-api`): Node Feature Discovery's API for labels."""
+"""NodeFeature objects (`nvdp gfd --use-node-feature-api`): Node Feature Discovery's API for labels,
+written with the owner references the caller gives (`nvdp.kube.pods`), and whether a server serves it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nvdp.errors import KubeError, KubeStatusError
@@ -17,14 +18,41 @@ NODE_FEATURE_PLURAL = "nodefeatures"
 NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
 
 
-def node_feature_body(name: str, namespace: str, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    """A NodeFeature carrying `labels` for `node` (NFD merges it by the node-name label)."""
+def node_feature_body(
+    name: str,
+    namespace: str,
+    node: str,
+    labels: Mapping[str, str],
+    owners: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A NodeFeature carrying `labels` for `node` (NFD merges it by the node-name label), owned by
+    `owners` (none: no ownerReferences, as NVIDIA writes it then)."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {NODE_FEATURE_NODE_LABEL: node},
+    }
+    if owners:
+        metadata["ownerReferences"] = [dict(owner) for owner in owners]
     return {
         "apiVersion": f"{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}",
         "kind": "NodeFeature",
-        "metadata": {"name": name, "namespace": namespace, "labels": {NODE_FEATURE_NODE_LABEL: node}},
+        "metadata": metadata,
         "spec": {"features": {}, "labels": dict(labels)},
     }
+
+
+def node_feature_api_served(api_client: Any, timeout: float = 10.0) -> bool:
+    """The API server serves NodeFeature objects (NFD's CRD is installed): one discovery GET of
+    /apis/nfd.k8s-sigs.io/v1alpha1. Raises KubeError when the server cannot be asked."""
+    try:
+        found = get_json(api_client, f"/apis/{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}", {}, timeout)
+    except KubeStatusError as error:
+        if error.status == 404:
+            return False
+        raise KubeError(f"API discovery: API error {error.status} {error.reason}".rstrip()) from error
+    resources = found.get("resources") or []
+    return any(isinstance(r, dict) and r.get("name") == NODE_FEATURE_PLURAL for r in resources)
 
 
 def apply_node_feature(
@@ -35,14 +63,16 @@ def apply_node_feature(
     labels: Mapping[str, str],
     timeout: float = 10.0,
     ignore: tuple[str, ...] = (),
+    owners: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """Create the NodeFeature, or replace it when its labels differ. Returns "created", "updated"
-    or "unchanged" (label keys in `ignore`, such as a timestamp, do not count as a change). API
-    failures raise KubeError naming the object and the status."""
+    """Create the NodeFeature, or replace it when its labels or owner references differ (its owners
+    become `owners`, as NVIDIA's gfd sets them). Returns "created", "updated" or "unchanged" (label
+    keys in `ignore`, such as a timestamp, do not count as a change). API failures raise KubeError
+    naming the object and the status."""
     collection = (
         f"/apis/{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}/namespaces/{namespace}/{NODE_FEATURE_PLURAL}"
     )
-    body = node_feature_body(name, namespace, node, labels)
+    body = node_feature_body(name, namespace, node, labels, owners)
     where = f"NodeFeature {namespace}/{name}"
 
     def kept(found: Mapping[str, str]) -> dict[str, str]:
@@ -62,6 +92,7 @@ def apply_node_feature(
             kept(spec.get("labels") or {}) == kept(labels)
             and spec.get("features") == body["spec"]["features"]
             and metadata.get("labels") == body["metadata"]["labels"]
+            and (metadata.get("ownerReferences") or []) == body["metadata"].get("ownerReferences", [])
         ):
             return "unchanged"
         body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")

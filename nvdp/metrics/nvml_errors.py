@@ -7,7 +7,17 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from nvdp.errors import NvmlError, NvmlNotSupported
-from nvdp.nvml.types import EventSet, EventType, GpuInfo, GpuLayout, GpuLink, Nvml, NvmlEvent, ProbeResult
+from nvdp.nvml.types import (
+    EventSet,
+    EventType,
+    GpuFabric,
+    GpuInfo,
+    GpuLayout,
+    GpuLink,
+    Nvml,
+    NvmlEvent,
+    ProbeResult,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -57,6 +67,9 @@ class CountingNvml:
 
     def probe(self, gpu_uuid: str) -> ProbeResult:
         return self.call(self._nvml.probe, gpu_uuid)
+
+    def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
+        return self.call(self._nvml.gpu_fabric, gpu_uuid)
 
 
 class _CountingEventSet:

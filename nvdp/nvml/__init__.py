@@ -12,6 +12,8 @@ from nvdp.errors import nvml_error as nvml_error  # defined in nvdp.errors (back
 from nvdp.nvml.types import (
     EventSet,
     EventType,
+    FabricState,
+    GpuFabric,
     GpuInfo,
     GpuLink,
     MigDeviceInfo,
@@ -24,6 +26,8 @@ from nvdp.nvml.types import (
 __all__ = [
     "EventSet",
     "EventType",
+    "FabricState",
+    "GpuFabric",
     "GpuInfo",
     "GpuLink",
     "MigDeviceInfo",

@@ -26,7 +26,7 @@ from nvdp.nvml.naming import normalize_bus_id, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
 from nvdp.nvml.real_mig import RealMig
 from nvdp.nvml.real_topology import RealTopology
-from nvdp.nvml.types import ComputeMode, GpuInfo, GpuLayout, GpuLink, ProbeResult
+from nvdp.nvml.types import ComputeMode, GpuFabric, GpuInfo, GpuLayout, GpuLink, ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,13 @@ _NODE_ERRORS = frozenset(
         "NVML_ERROR_FUNCTION_NOT_FOUND",
         "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
     }
+)
+
+# nvmlDeviceGetGpuFabricInfo (deprecated, still in every driver that has the V form) first, as go-nvlib
+# asks for it; the versioned form where the library lacks it.
+_FABRIC_CALLS = (
+    ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+    ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
 )
 
 
@@ -308,6 +315,33 @@ class RealNvml:
             row_remap_failure=bool(rows and rows[3]),
             row_remap_pending=bool(rows and rows[2]),
         )
+
+    def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
+        """go-nvlib's order: nvmlDeviceGetGpuFabricInfo where the library has it, else the versioned
+        nvmlDeviceGetGpuFabricInfoV (its v2 struct); NOT_SUPPORTED from the one called means no fabric.
+        pynvml takes the struct by reference and declares `state`, a C unsigned char, as a c_uint:
+        its low byte is the state."""
+        handle = self._handle(gpu_uuid)
+        for function, struct in _FABRIC_CALLS:
+            make = getattr(self._nv, struct, None)
+            if make is None:  # a pynvml without this struct has no such function either
+                continue
+            info = make()
+            try:
+                self._call(function, handle, ctypes.byref(info), device=gpu_uuid)
+            except NvmlError as e:
+                if e.code == "NVML_ERROR_FUNCTION_NOT_FOUND":
+                    continue
+                if e.code == "NVML_ERROR_NOT_SUPPORTED":
+                    return None
+                raise
+            return GpuFabric(
+                cluster_uuid=bytes(info.clusterUuid),
+                clique_id=int(info.cliqueId),
+                state=int(info.state) & 0xFF,
+                status=int(info.status),
+            )
+        return None
 
     def create_event_set(self) -> RealEventSet:
         return RealEventSet(self)

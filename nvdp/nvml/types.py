@@ -130,6 +130,34 @@ class NvmlEvent:
     ci_id: int | None = None
 
 
+class FabricState(enum.IntEnum):
+    """nvmlGpuFabricState_t: how far the GPU's registration with the NVLink fabric got."""
+
+    NOT_SUPPORTED = 0
+    NOT_STARTED = 1
+    IN_PROGRESS = 2
+    COMPLETED = 3
+
+
+@dataclass(frozen=True)
+class GpuFabric:
+    """A GPU's place in a multi-node NVLink fabric (nvmlGpuFabricInfo_t / _v2_t, e.g. a GB200 NVL
+    rack): the NVLink domain (`cluster_uuid`, 16 bytes) and the clique (a partition of that domain)
+    it was registered into, how far registration got, and its outcome (`status`, an nvmlReturn_t:
+    0 is success)."""
+
+    cluster_uuid: bytes
+    clique_id: int
+    state: int  # a FabricState, as NVML answered it
+    status: int = 0
+
+    @property
+    def attached(self) -> bool:
+        """Registered with the fabric: state completed, a cluster UUID set and a status of success
+        (go-nvlib's IsFabricAttached, which NVIDIA's gfd uses)."""
+        return self.state == FabricState.COMPLETED and any(self.cluster_uuid) and self.status == 0
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What one cheap health query of a GPU found (no exception means the GPU answered)."""
@@ -193,6 +221,12 @@ class Nvml(Protocol):
 
     def probe(self, gpu_uuid: str) -> ProbeResult:
         """One cheap query (memory info, pending retirements, row remapping); raises GpuLostError."""
+        ...
+
+    def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
+        """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfo, else ...InfoV); None
+        when the GPU or the driver has no fabric (NVML_ERROR_NOT_SUPPORTED, or neither function in
+        the library). Other failures raise NvmlError."""
         ...
 
 

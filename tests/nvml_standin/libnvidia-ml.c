@@ -8,6 +8,8 @@
  *       gpu uuid=GPU-... minor=0 memory_mib=40960 cc=8.0 bus=00000000:07:00.0 numa=0 mig=0 lost=0 name=NAME
  *       mig gpu=0 uuid=MIG-... gi=1 ci=0 gi_slices=1 ci_slices=1 memory_mb=4864 profile=0
  *       topo 0 1 10                (nvmlGpuTopologyLevel_t of a pair; default: 40 same NUMA, else 50)
+ *       fabric gpu=0 cluster=UUID clique=N state=3 status=0   (default: NOT_SUPPORTED)
+ *       fabric_v1 0                (nvmlDeviceGetGpuFabricInfo answers FUNCTION_NOT_FOUND)
  *   NVML_STANDIN_COMMANDS=FILE  followed from its start, checked at every call; lines:
  *       xid GPU_INDEX XID [GI CI]  deliver an XID event (GI/CI default: none, 0xFFFFFFFF)
  *       lost GPU_INDEX             the GPU's queries fail with NVML_ERROR_GPU_IS_LOST
@@ -25,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +37,8 @@
 typedef int nvmlReturn_t;
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6,
-    INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, ARGUMENT_VERSION_MISMATCH = 25,
+    INSUFFICIENT_SIZE = 7, TIMEOUT = 10, FUNCTION_NOT_FOUND = 13, GPU_IS_LOST = 15,
+    ARGUMENT_VERSION_MISMATCH = 25,
     UNKNOWN = 999,
 };
 #define NO_INSTANCE 0xFFFFFFFFu
@@ -79,6 +83,26 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
 
+/* nvml.h's fabric structs: the state is an unsigned char (pynvml declares a c_uint). */
+typedef unsigned char nvmlGpuFabricState_t;
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+#define FABRIC_INFO_V2 ((unsigned int)(offsetof(nvmlGpuFabricInfoV_t, healthSummary) | (2u << 24)))
+#define FABRIC_INFO_V3 ((unsigned int)(sizeof(nvmlGpuFabricInfoV_t) | (3u << 24)))
+
 struct gpu_instance { struct device *parent; unsigned int id, profile; };
 
 struct device {
@@ -89,6 +113,8 @@ struct device {
     unsigned int gi, ci, gi_slices, ci_slices;
     struct gpu_instance instance;
     struct device *migs[MAX_MIGS];
+    int has_fabric;
+    nvmlGpuFabricInfo_t fabric;
 };
 
 struct event_set {
@@ -106,6 +132,7 @@ static int cuda = 12040;
 static struct device gpus[MAX_GPUS], migs[MAX_GPUS * MAX_MIGS];
 static int ngpus, nmigs;
 static int topo[MAX_GPUS][MAX_GPUS];
+static int fabric_v1 = 1; /* 0: nvmlDeviceGetGpuFabricInfo answers FUNCTION_NOT_FOUND */
 static struct event_set sets[MAX_SETS];
 static long commands_offset;
 
@@ -169,17 +196,38 @@ static void parse_mig(const char *line) {
     m->instance.profile = (unsigned)number(line, "profile", 0);
 }
 
+static void parse_fabric(const char *line) {
+    long g = number(line, "gpu", -1);
+    char cluster[64] = "";
+    unsigned int b[16];
+    if (g < 0 || g >= ngpus) return;
+    struct device *d = &gpus[g];
+    word(line, "cluster", cluster, sizeof cluster);
+    if (sscanf(cluster, "%2x%2x%2x%2x-%2x%2x-%2x%2x-%2x%2x-%2x%2x%2x%2x%2x%2x", &b[0], &b[1], &b[2], &b[3],
+               &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14], &b[15])
+        != 16)
+        return;
+    for (int i = 0; i < 16; i++) d->fabric.clusterUuid[i] = (unsigned char)b[i];
+    d->fabric.cliqueId = (unsigned int)number(line, "clique", 0);
+    d->fabric.state = (nvmlGpuFabricState_t)number(line, "state", 3);
+    d->fabric.status = (nvmlReturn_t)number(line, "status", OK);
+    d->has_fabric = 1;
+}
+
 static nvmlReturn_t load_node(void) {
     const char *path = getenv("NVML_STANDIN_NODE");
     FILE *f = path ? fopen(path, "r") : NULL;
     char line[512];
     if (f == NULL) return UNKNOWN;
     ngpus = nmigs = 0;
+    fabric_v1 = 1;
     memset(topo, 0, sizeof topo);
     while (fgets(line, sizeof line, f)) {
         int a, b, level;
         if (strncmp(line, "gpu ", 4) == 0) parse_gpu(line + 4);
         else if (strncmp(line, "mig ", 4) == 0) parse_mig(line + 4);
+        else if (strncmp(line, "fabric ", 7) == 0) parse_fabric(line + 7);
+        else if (strncmp(line, "fabric_v1 ", 10) == 0) fabric_v1 = atoi(line + 10);
         else if (strncmp(line, "driver ", 7) == 0) sscanf(line + 7, "%79s", driver);
         else if (strncmp(line, "cuda ", 5) == 0) cuda = atoi(line + 5);
         else if (sscanf(line, "topo %d %d %d", &a, &b, &level) == 3 && a >= 0 && b >= 0 && a < MAX_GPUS
@@ -300,6 +348,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NOT_FOUND: return "Not Found";
     case INSUFFICIENT_SIZE: return "Insufficient Size";
     case TIMEOUT: return "Timeout";
+    case FUNCTION_NOT_FOUND: return "Function Not Found";
     case GPU_IS_LOST: return "GPU is lost";
     case ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
@@ -453,6 +502,31 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *
     out->computeInstanceSliceCount = d->ci_slices;
     out->multiprocessorCount = 14 * d->ci_slices;
     out->memorySizeMB = d->memory_mib;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo_t *out) {
+    ENTER();
+    if (!fabric_v1) LEAVE(FUNCTION_NOT_FOUND);
+    CHECK(d);
+    if (!is_gpu(d) || !d->has_fabric) LEAVE(NOT_SUPPORTED);
+    *out = d->fabric;
+    LEAVE(OK);
+}
+
+/* The versioned form: v2, or v3 (which adds healthSummary). */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfoV_t *out) {
+    ENTER();
+    CHECK(d);
+    unsigned int version = out->version;
+    if (version != FABRIC_INFO_V2 && version != FABRIC_INFO_V3) LEAVE(ARGUMENT_VERSION_MISMATCH);
+    if (!is_gpu(d) || !d->has_fabric) LEAVE(NOT_SUPPORTED);
+    memcpy(out->clusterUuid, d->fabric.clusterUuid, sizeof out->clusterUuid);
+    out->status = d->fabric.status;
+    out->cliqueId = d->fabric.cliqueId;
+    out->state = d->fabric.state;
+    out->healthMask = 0;
+    if (version == FABRIC_INFO_V3) out->healthSummary = 0;
     LEAVE(OK);
 }
 

@@ -31,6 +31,7 @@ from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import (
     ComputeMode,
     EventType,
+    GpuFabric,
     GpuInfo,
     GpuLayout,
     GpuLink,
@@ -206,6 +207,11 @@ class SimNvml:
             parent = self._parent_of_mig(gpu_uuid)
         index = self._gpu(parent.uuid if parent else gpu_uuid, call)
         return self._state[index].probe
+
+    def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
+        call = "nvmlDeviceGetGpuFabricInfo"
+        self._require_init(call)
+        return self.node.fabric.get(self._gpu(gpu_uuid, call))
 
     # -- fault injection ---------------------------------------------------------------------
 

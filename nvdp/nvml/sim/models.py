@@ -21,6 +21,7 @@ MODELS: Mapping[str, GpuModel] = {
     "NVIDIA A30": GpuModel(24576, (8, 0), 4),
     "NVIDIA H100 80GB HBM3": GpuModel(81559, (9, 0), 7, 18),
     "NVIDIA H200": GpuModel(143771, (9, 0), 7, 18),
+    "NVIDIA GB200": GpuModel(189471, (10, 0), 7, 18),
     "NVIDIA L40S": GpuModel(46068, (8, 9)),
     "Tesla T4": GpuModel(15360, (7, 5)),
 }

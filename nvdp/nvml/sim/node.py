@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nvdp.nvml.sim.mig import MigGeometry
-from nvdp.nvml.types import PcieLevel
+from nvdp.nvml.types import GpuFabric, PcieLevel
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class SimGpu:
 
 @dataclass(frozen=True)
 class SimNode:
-    """A simulated node: its GPUs and how they are connected."""
+    """A simulated node: its GPUs and how they are connected (PCIe, NVLink, an NVLink fabric)."""
 
     name: str
     driver_version: str
@@ -43,6 +43,7 @@ class SimNode:
     nvswitch_links: int = 0  # NVLinks between every pair of GPUs through NVSwitches
     nvlink_bridges: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j
     pcie_levels: Mapping[tuple[int, int], PcieLevel] = field(default_factory=dict)  # explicit, i < j
+    fabric: Mapping[int, GpuFabric] = field(default_factory=dict)  # GPU index -> NVLink fabric info
 
     def nvlinks(self, i: int, j: int) -> int:
         return self.nvswitch_links + self.nvlink_bridges.get((min(i, j), max(i, j)), 0)

@@ -19,6 +19,7 @@ import yaml
 from nvdp.config.values import describe_keys
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
+from nvdp.nvml.sim.fabric import parse_fabric
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
@@ -45,7 +46,9 @@ def _clip(text: str) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
-_NODE_FIELDS = ("driver_version", "cuda_driver_version", "uuid_seed", "gpus", "nvswitch", "nvlinks", "pcie")
+_NODE_FIELDS = (
+    "driver_version", "cuda_driver_version", "uuid_seed", "gpus", "nvswitch", "nvlinks", "pcie", "fabric",
+)  # fmt: skip
 _GPU_FIELDS = (
     "name", "count", "memory_mib", "compute_capability", "numa", "numa_nodes", "pci_bus_ids", "uuids",
     "minors", "ecc", "mig_capable", "mig_slices", "mig", "lost",
@@ -150,6 +153,7 @@ class _NodeParser:
             nvswitch_links=self.nvswitch(data.get("nvswitch"), gpus),
             nvlink_bridges=self.nvlinks(data.get("nvlinks"), len(gpus)),
             pcie_levels=self.pcie(data.get("pcie"), len(gpus)),
+            fabric=parse_fabric(data.get("fabric"), len(gpus), self.fail),
         )
 
     def unknown(self, data: dict[Any, Any], accepted: tuple[str, ...], prefix: str) -> None:
