@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = "nvdp.api.v1beta1"
+GENERATED = ("nvdp.api.v1beta1", "nvdp.api.podresources_v1")  # packages of generated code
 MAX_LINES = 420  # "about 400"; generated code excepted
 
 # The pure core: plain data in, plain data out. Its imports must stay inside this set (plus the
@@ -60,8 +60,8 @@ FOUNDATIONS = {
     "nvdp.logs",
     "nvdp.units",
     "nvdp.api",
-    f"{GENERATED}.api_pb2",
-    GENERATED,
+    *(f"{package}.api_pb2" for package in GENERATED),
+    *GENERATED,
 }
 
 
@@ -197,7 +197,7 @@ def test_the_pure_core_reaches_no_io_shell() -> None:
     [
         ("kubernetes", {"nvdp.kube.client"}),
         ("pynvml", {"nvdp.nvml.real"}),
-        ("google", {f"{GENERATED}.api_pb2"}),
+        ("google", {f"{package}.api_pb2" for package in GENERATED}),
     ],
     ids=["kubernetes", "pynvml", "protobuf"],
 )
