@@ -95,7 +95,10 @@ def test_pod_resources_service_has_the_kubelets_names() -> None:
             },
         ),
         ("ContainerMemory", {"memory_type": (1, "string"), "size": (2, "uint64"), "topology": (3, "M")}),
-        ("ContainerDevices", {"resource_name": (1, "string"), "device_ids": (2, "string"), "topology": (3, "M")}),
+        (
+            "ContainerDevices",
+            {"resource_name": (1, "string"), "device_ids": (2, "string"), "topology": (3, "M")},
+        ),
         ("TopologyInfo", {"nodes": (1, "M")}),
         ("NUMANode", {"ID": (1, "int64")}),
         (
