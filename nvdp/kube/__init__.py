@@ -1,6 +1,7 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
-(lazily: importing this package costs nothing); `events` (Node events), `nodes` (the Node's labels and
-annotations) and `nodefeature` (NFD's NodeFeature objects) are requests built on it. The package is a
+(lazily: importing this package costs nothing); `events` (Node events), `pod_events` (events on the
+pods a GPU fault hits), `nodes` (the Node's labels and annotations) and `nodefeature` (NFD's NodeFeature
+objects) are requests built on it. The package is a
 leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
 their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
 
@@ -15,6 +16,7 @@ from nvdp.kube.nodefeature import (
     node_feature_body,
 )
 from nvdp.kube.nodes import NodeMeta, node_metadata, patch_node_annotations
+from nvdp.kube.pod_events import KubePodEvents
 
 __all__ = [
     "EVENT_SOURCE",
@@ -25,6 +27,7 @@ __all__ = [
     "NODE_FEATURE_VERSION",
     "SERVICE_ACCOUNT_TOKEN",
     "KubeNodeEvents",
+    "KubePodEvents",
     "NodeMeta",
     "apply_node_feature",
     "get_json",
