@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from nvdp.api import pb, podresources_pb
+from nvdp.api import pb
+from nvdp.api.podresources import podresources_pb
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -212,10 +212,12 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
         if any(t.startswith(GENERATED) for t in m.imports) and not m.name.startswith("nvdp.api")
     }
     assert generated_users == set()
-    # the wire types belong to the plugin, the kubelet stand-in, the Allocate pieces they use and the
-    # allocation ledger's PodResources client
+    # the wire types belong to the plugin, the kubelet stand-in and the Allocate pieces they use
     api_users = {m.name for m in modules().values() if "nvdp.api" in m.imports}
-    wire = ("nvdp.plugin.", "nvdp.kubelet_standin.", "nvdp.mps.allocate", "nvdp.simulate", "nvdp.ledger.")
+    wire = ("nvdp.plugin.", "nvdp.kubelet_standin.", "nvdp.mps.allocate", "nvdp.simulate")
+    # the PodResources API belongs to the allocation ledger's client and the kubelet stand-in
+    podresources_users = {m.name for m in modules().values() if "nvdp.api.podresources" in m.imports}
+    assert podresources_users == {"nvdp.ledger.podresources", "nvdp.kubelet_standin.pod_resources"}
     assert sorted(u for u in api_users if not u.startswith(wire)) == []
 
 

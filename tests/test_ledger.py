@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvdp.api import podresources_grpc, podresources_pb
+from nvdp.api.podresources import podresources_grpc, podresources_pb
 from nvdp.errors import KubeletError, PodResourcesUnavailable
 from nvdp.kubelet_standin import Kubelet
 from nvdp.ledger.checkpoint import parse_pod_uids, read_pod_uids, with_uids

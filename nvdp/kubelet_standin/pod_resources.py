@@ -20,7 +20,8 @@ from typing import Any
 
 import grpc
 
-from nvdp.api import pb, podresources_grpc, podresources_pb
+from nvdp.api import pb
+from nvdp.api.podresources import podresources_grpc, podresources_pb
 from nvdp.dirs import make_dirs
 from nvdp.errors import KubeletError
 from nvdp.files import write_atomic

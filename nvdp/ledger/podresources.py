@@ -1,5 +1,5 @@
 """A client of the kubelet's PodResources API (v1) on its unix socket: which container holds which
-device, as plain `Holding`s.
+device, as plain `Holding`s. The generated code is loaded at the first read of a socket that exists.
 
 The socket is `<kubelet root>/pod-resources/kubelet.sock`; the kubelet's root is the parent of the
 device-plugin directory (`--kubelet-socket`'s). One channel, opened on the first read and kept (gRPC
@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from nvdp.api import podresources_grpc, podresources_pb
 from nvdp.errors import PodResourcesUnavailable
 from nvdp.ledger.types import Holding
 
@@ -63,6 +62,8 @@ class PodResourcesClient:
         PodResourcesUnavailable (one line) when there is no socket or the kubelet does not answer."""
         if not os.path.exists(self.socket_path):
             raise PodResourcesUnavailable(f"no PodResources socket at {self.socket_path}")
+        from nvdp.api.podresources import podresources_pb  # loaded once a socket is there
+
         try:
             answer = self._lister().List(podresources_pb.ListPodResourcesRequest(), timeout=self._timeout)
         except grpc.RpcError as error:
@@ -72,6 +73,8 @@ class PodResourcesClient:
         return holdings_of(answer, prefix)
 
     def _lister(self) -> Any:
+        from nvdp.api.podresources import podresources_grpc
+
         with self._lock:
             if self._stub is None:
                 self._channel = grpc.insecure_channel(
