@@ -16,9 +16,10 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
-from nvdp.errors import KubeletError, PodResourcesUnavailable
+from nvdp.errors import KubeletError, NvdpError, PodResourcesUnavailable
+from nvdp.files import write_atomic
 from nvdp.kubelet_standin import Kubelet
-from nvdp.ledger.checkpoint import parse_pod_uids, read_pod_uids, with_uids
+from nvdp.ledger.checkpoint import CheckpointUids, parse_pod_uids, read_pod_uids, with_uids
 from nvdp.ledger.document import Served, allocations_document
 from nvdp.ledger.ledger import AFTER_ALLOCATE_S, AllocationLedger
 from nvdp.ledger.locate import Located, locate
@@ -102,6 +103,25 @@ def test_an_unreadable_checkpoint_is_one_line(tmp_path: Path, content: bytes | N
         read_pod_uids(path)
     assert str(raised.value).startswith(f"{path}: ") and error in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def checkpoint_text(uid: str) -> bytes:
+    entry = {"PodUID": uid, "ContainerName": "main", "ResourceName": GPU, "DeviceIDs": {"0": ["GPU-0"]}}
+    return json.dumps({"Data": {"PodDeviceEntries": [entry]}, "Checksum": 0}).encode()
+
+
+def test_the_checkpoint_is_parsed_again_only_when_the_kubelet_replaced_it(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    write_atomic(path, checkpoint_text("uid-1"))
+    uids = CheckpointUids(path)
+    first = uids.read()
+    assert first == {(GPU, "GPU-0", "main"): "uid-1"}
+    assert uids.read() is first  # unchanged: not read again
+    write_atomic(path, checkpoint_text("uid-2"))  # the kubelet writes a new file and renames it
+    assert uids.read() == {(GPU, "GPU-0", "main"): "uid-2"}
+    path.unlink()
+    with pytest.raises(NvdpError, match="No such file or directory"):
+        uids.read()
 
 
 def test_device_ids_are_located_on_their_gpu() -> None:

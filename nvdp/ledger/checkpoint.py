@@ -13,6 +13,7 @@ cannot be read or parsed leaves the UIDs unknown.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -60,6 +61,27 @@ def read_pod_uids(path: Path) -> dict[UidKey, str]:
         raise
     except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise NvdpError(f"{path}: not a kubelet device checkpoint: {error}") from error
+
+
+class CheckpointUids:
+    """The UIDs of the checkpoint at `path`, parsed again only when the file changed (another inode,
+    size or modification time: the kubelet replaces it whole on every change)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._uids: dict[UidKey, str] = {}
+
+    def read(self) -> dict[UidKey, str]:
+        """Raises NvdpError (one line) when the file cannot be read or parsed."""
+        try:
+            st = os.stat(self.path)
+        except OSError as error:
+            raise NvdpError(f"{self.path}: {error.strerror or error}") from error
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if identity != self._seen:
+            self._uids, self._seen = read_pod_uids(self.path), identity
+        return self._uids
 
 
 def with_uids(holdings: Iterable[Holding], uids: Mapping[UidKey, str]) -> list[Holding]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from nvdp.errors import NvdpError, PodResourcesUnavailable
-from nvdp.ledger.checkpoint import CHECKPOINT_FILE, read_pod_uids, with_uids
+from nvdp.ledger.checkpoint import CHECKPOINT_FILE, CheckpointUids, with_uids
 from nvdp.ledger.podresources import PodResourcesClient, pod_resources_socket
 from nvdp.ledger.types import Holding, LedgerSnapshot
 from nvdp.logs import log_event
@@ -53,7 +53,7 @@ class AllocationLedger:
         self.socket_path = socket_path
         self._client = PodResourcesClient(socket_path)
         self._reader = reader or self._client.list
-        self._checkpoint = checkpoint
+        self._checkpoint = CheckpointUids(checkpoint) if checkpoint is not None else None
         self._resync = resync
         self._lock = threading.Lock()  # guards the snapshot and the reads asked for
         self._reading = threading.Lock()  # one read at a time
@@ -142,7 +142,10 @@ class AllocationLedger:
                 due = now >= self._next_resync or any(t <= now for t in self._due)
                 self._due = [t for t in self._due if t > now]
             if due:
-                self.fresh(0.0)
+                try:
+                    self.fresh(0.0)
+                except Exception:  # a bug: said with its traceback; the ledger goes on
+                    log.exception("allocation ledger read failed")
             now = time.monotonic()
             with self._lock:
                 wait = min([self._next_resync - now, *(t - now for t in self._due)])
@@ -187,10 +190,10 @@ class AllocationLedger:
             )
         self._answering = False
 
-    def _uids(self, checkpoint: Path) -> dict[tuple[str, str, str], str]:
+    def _uids(self, checkpoint: CheckpointUids) -> dict[tuple[str, str, str], str]:
         """The pod UIDs of the kubelet's checkpoint; {} (said once per problem) when unreadable."""
         try:
-            uids = read_pod_uids(checkpoint)
+            uids = checkpoint.read()
         except NvdpError as error:
             if str(error) != self._uid_problem:
                 log_event(

@@ -70,6 +70,10 @@ class PodResourcesClient:
             raise PodResourcesUnavailable(
                 f"PodResources List on {self.socket_path} failed: {error.code().name}: {error.details()}"
             ) from error
+        except ValueError as error:  # grpc: the channel was closed under the call (stop)
+            raise PodResourcesUnavailable(
+                f"PodResources List on {self.socket_path} failed: {error}"
+            ) from error
         return holdings_of(answer, prefix)
 
     def _lister(self) -> Any:
