@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "mps-control-daemon":
         return run_mps_control_daemon(args, os.environ)
     try:  # the commands that print: `nvdp simulate | head` is no traceback
+        if args.command == "status":
+            return run_status(args, os.environ)
         return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
@@ -95,6 +97,11 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
             "run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
             _add_mps_arguments,
         ),
+        (
+            "status",
+            "print which pods hold this node's devices (the plugin's /allocations)",
+            _add_status_arguments,
+        ),
     ):
         if only in (None, name):
             command = sub.add_parser(name, help=help_text, allow_abbrev=False)
@@ -105,7 +112,7 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
     return parser, sub.choices
 
 
-COMMANDS = ("plugin", "simulate", "gfd", "mps-control-daemon", "config-manager", "config")
+COMMANDS = ("plugin", "simulate", "gfd", "mps-control-daemon", "status", "config-manager", "config")
 
 
 def _add_mps_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,21 +247,21 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         args.nvml = f"sim:{args.profile}"
     elif getattr(args, "nvml", None) is None and "NVDP_NVML" not in env:
         args.nvml = "sim:dgx-a100"
-    plugin_dir = Path(tempfile.mkdtemp(prefix="nvdp-sim-", dir="/tmp"))
-    args.kubelet_socket = str(plugin_dir / "kubelet.sock")
+    root = Path(tempfile.mkdtemp(prefix="nvdp-sim-", dir="/tmp"))  # a kubelet root of its own
+    args.kubelet_socket = str(root / "device-plugins" / "kubelet.sock")
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
     if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
-        args.mps_root = str(plugin_dir / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
+        args.mps_root = str(root / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
     if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
-        args.cdi_spec_dir = str(plugin_dir / "cdi")  # a demo leaves the host's /var/run/cdi alone
+        args.cdi_spec_dir = str(root / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         options = resolve(args, env)
         from nvdp.mps.simulated import skip_daemon
 
         mps_note = skip_daemon(options.config)
     except NvdpError as error:
-        _remove_dir(plugin_dir)
+        shutil.rmtree(root, ignore_errors=True)
         return _exit_on_error(error)
     if mps_note:
         print(mps_note)
@@ -274,22 +281,35 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except NvdpError as error:
         return _exit_on_error(error)
     finally:
-        _remove_dir(plugin_dir)
+        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
-def _remove_dir(path: Path) -> None:
-    shutil.rmtree(path / "mps", ignore_errors=True)
-    shutil.rmtree(path / "cdi", ignore_errors=True)
-    for child in path.iterdir() if path.exists() else ():
-        try:
-            child.unlink()
-        except OSError:
-            pass
+def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.config.options import add_options
+    from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
+
+    add_options(parser, STATUS_OPTIONS, StatusFlags)
+
+
+def run_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`nvdp status`: the node's allocations, from the plugin's /allocations (see nvdp/ledger/status.py)."""
+    from nvdp.config.options import read_options, with_values
+    from nvdp.ledger.report import describe_allocations
+    from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags, allocations_url, read_allocations
+
+    given, problems = read_options(STATUS_OPTIONS, args, environ)
+    if problems:
+        return _exit_on_error(ConfigError(problems))
+    flags = with_values(StatusFlags(), given)
     try:
-        path.rmdir()
-    except OSError:
-        pass
+        url = allocations_url(flags.metrics_address)
+        document = read_allocations(url)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    print(f"nvdp status: {url}")
+    print(describe_allocations(document), end="")
+    return 0
 
 
 def _add_gfd_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 `Daemon` is what `nvdp plugin` runs on the main thread and what `nvdp simulate` runs on a thread. It
 only builds and connects the parts: the config mapping is `nvdp.daemon_settings`, the node's health
-`nvdp.health.node`, the main loop `nvdp.plugin.supervisor`.
+`nvdp.health.node`, the main loop `nvdp.plugin.supervisor`, the allocation ledger `nvdp.ledger`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import node_events_from_env
+from nvdp.health.pod_events import pod_events_from_env
+from nvdp.ledger.ledger import AllocationLedger
 from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
@@ -32,7 +34,7 @@ from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
-from nvdp.plugin.status import RpcObserver
+from nvdp.plugin.status import AllocateNotice, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
@@ -129,9 +131,20 @@ class Daemon:
             config.flags.plugin.container_driver_root,
             environ=environ,
         )
-        # One Node event recorder (when in a cluster) for health transitions and misfits.
-        self.node_events = node_events_from_env(environ)
+        # With the API server reachable (KUBECONFIG, else in-cluster) and the node named: one Node event
+        # recorder for health transitions and misfits, one pod event recorder for the pods they hit.
+        node, kubeconfig = environ.get("NODE_NAME", ""), environ.get("KUBECONFIG", "")
+        self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
+        self.pod_events = pod_events_from_env(
+            environ,
+            node=node,
+            kubeconfig=kubeconfig,
+            recovery_quiet_period=lambda: self.health.recovery_quiet_period,
+        )
         self.misfits = MisfitReport(self.node_events)
+        # The kubelet's record of which container holds which device (its PodResources API).
+        settings = node_settings(options)
+        self.ledger = AllocationLedger.of_kubelet(settings.kubelet_socket)
         # Metrics only when --metrics-address is set, built in dependency order: the families count
         # from the start (failed NVML calls, the supervisor's StatusObserver); the endpoint reads the
         # supervisor and the node's health built next. An explicit observer replaces the families as
@@ -144,9 +157,15 @@ class Daemon:
             families = MetricFamilies()
             counted = families.count_nvml_errors(self.nvml)
             observer = observer or families
-        self.health = NodeHealth(counted, health_settings(config), environ, node_events=self.node_events)
-        self._servers = GrpcServers(observer)
-        settings = node_settings(options)
+        self.health = NodeHealth(
+            counted,
+            health_settings(config),
+            environ,
+            node_events=self.node_events,
+            allocations=self.ledger,
+            pod_events=self.pod_events,
+        )
+        self._servers = GrpcServers(AllocateNotice(self.ledger.allocated, observer))
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
             settings,
@@ -161,7 +180,7 @@ class Daemon:
         )
         self.metrics: Metrics | None = None
         if families is not None:
-            from nvdp.metrics import Metrics, Probes
+            from nvdp.metrics import AllocationPages, Metrics, Probes
 
             probes = Probes(
                 self.supervisor,
@@ -171,7 +190,10 @@ class Daemon:
                 registration_problems=self.supervisor.registration_problems,
                 restart_needed=self.supervisor.restart_needed,
             )
-            self.metrics = Metrics(runtime.metrics_address, families, probes)
+            allocations = AllocationPages(
+                self.ledger, self.supervisor, self.health, self.supervisor.served_gpus
+            )
+            self.metrics = Metrics(runtime.metrics_address, families, probes, allocations=allocations)
         registry = families.registry if families is not None else None
         self.rescanner = rescanner_for(runtime.device_rescan_interval, counted, self.supervisor, registry)
 
@@ -207,6 +229,7 @@ class Daemon:
                 self.metrics = None
         if self.rescanner is not None:
             self.rescanner.start()
+        self.ledger.start()
         try:
             self.supervisor.run()
         finally:
@@ -215,5 +238,8 @@ class Daemon:
             self._servers.shutdown()
             if self.metrics is not None:
                 self.metrics.stop()
+            self.ledger.stop()
             if self.node_events is not None:
                 self.node_events.close()
+            if self.pod_events is not None:
+                self.pod_events.close()

@@ -107,6 +107,11 @@ class PluginNotConnected(KubeletError):
     """No plugin is connected for the resource (never registered, stream ended, kubelet restarted)."""
 
 
+class PodResourcesUnavailable(NvdpError):
+    """The kubelet's PodResources API cannot be read (no socket, not answering): the allocation
+    ledger keeps what it read last."""
+
+
 class DirLockHeld(NvdpError):
     """Another process holds the kubelet directory's lock (fail-on-init-error: exit 1)."""
 

@@ -10,7 +10,8 @@ that closes the oldest connection still sending its request, so a flood of slow 
 the kubelet's probes out (a probe sends its request at once).
 
 It imports neither http.server nor http.client, ssl or email, which would cost the plugin process
-megabytes of RSS. What it serves comes from `Pages`; `ServedPages` is the one shape of a command's
+megabytes of RSS. What it serves comes from `Pages` (a command may add pages of its own: the plugin's
+/allocations); `ServedPages` is the one shape of a command's
 status pages with their endpoint (the plugin's `nvdp.metrics.Metrics`, the config-manager's
 `nvdp.configmanager.status.StatusServer`).
 """
@@ -65,6 +66,11 @@ class Pages(Protocol):
 
     def readiness_problem(self) -> str | None:
         """None when ready (/readyz 200), else why not (503)."""
+        ...
+
+    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+        """Another page at `path` (the plugin's /allocations): its content type and body; None: not
+        found (404)."""
         ...
 
 
@@ -246,6 +252,8 @@ class _Connection:
             pages = self.pages
             problem = pages.liveness_problem() if path == "/healthz" else pages.readiness_problem()
             self._reply(200 if problem is None else 503, f"{problem or 'ok'}\n".encode(), head=head_only)
+        elif (page := self.pages.extra_page(path)) is not None:
+            self._reply(200, page[1], page[0], head=head_only)
         else:
             self._reply(404, b"not found: try /metrics, /healthz or /readyz\n", head=head_only)
 

@@ -1,7 +1,9 @@
 """`nvdp simulate`: the plugin on a simulated (or real) node against the in-process kubelet.
 
-Prints what a kubelet would see: the advertised resources and devices, one preferred allocation
-and the Allocate answer for it. With --serve it keeps running and prints every health change.
+Prints what a kubelet would see: the advertised resources and devices, one pod admitted as the
+kubelet admits it (a preferred allocation and the Allocate answer for it), and the allocation ledger
+after it (what `nvdp status` prints on a node). With --serve it keeps running and prints every health
+change.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from typing import TextIO
 
 import grpc
 
-from nvdp.api import pb
+from nvdp.api import HEALTHY, pb
 from nvdp.config import PluginOptions
 from nvdp.daemon import Daemon
-from nvdp.errors import NvdpError
+from nvdp.errors import KubeletError, NvdpError
 from nvdp.gfd.discover import describe_labels
 from nvdp.kubelet_standin import Kubelet
+from nvdp.ledger.report import describe_allocations
+from nvdp.metrics.allocations import AllocationPages
 from nvdp.nvml.types import GpuInfo
 
 START_TIMEOUT_S = 20.0
+DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER = "default", "simulate-demo", "main"
 
 
 class Simulation:
@@ -31,7 +36,7 @@ class Simulation:
     ) -> None:
         self.config, self.runtime = options.config, options.runtime
         self.plugin_dir = Path(self.config.flags.plugin.kubelet_socket).parent
-        self.kubelet = Kubelet(self.plugin_dir)
+        self.kubelet = Kubelet(self.plugin_dir, pod_resources=True)
         self.daemon = Daemon(options, reload_config=reload_config, environ=environ)
         self._thread = threading.Thread(target=self._run, name="nvdp-daemon", daemon=True)
         self._error: BaseException | None = None
@@ -98,21 +103,37 @@ class Simulation:
             f"\nNode labels (what `nvdp gfd` writes for this node)\n{describe_labels(nvml, self.config)}"
         )
         name = "nvidia.com/gpu" if "nvidia.com/gpu" in servers else sorted(servers)[0]
-        available = list(servers[name].devices)
+        available = [i for i, s in self.kubelet.devices(name).items() if s.health == HEALTHY]
         shared_one = servers[name].resource.fail_requests_greater_than_one
         size = 1 if shared_one else max(1, min(4, len(available) // 2))
         out.write(f"\nGetPreferredAllocation {name}: {size} of {len(available)} available\n")
         try:
-            chosen = self.kubelet.preferred_allocation(name, available, [], size)
-            out.write(f"  -> {', '.join(chosen)}\n")
-            out.write(f"     {self._explain(name, chosen, gpus)}\n")
-            response = self.kubelet.allocate(name, [chosen])
+            pod = self.kubelet.admit_pod(DEMO_NAMESPACE, DEMO_POD, {DEMO_CONTAINER: {name: size}})
         except grpc.RpcError as error:  # what the kubelet would get back: show it, not a traceback
             out.write(f"  refused: {error.code().name}: {error.details()}\n")
             return
+        except KubeletError as error:
+            out.write(f"  refused: {error}\n")
+            return
+        (assignment,) = pod.assignments
+        chosen = list(assignment.device_ids)
+        out.write(f"  -> {', '.join(chosen)}\n")
+        out.write(f"     {self._explain(name, chosen, gpus)}\n")
         out.write(f"\nAllocate {name} ({_devices(len(chosen), 'those')}) -> container answer\n")
-        _write_container(out, response.container_responses[0])
+        _write_container(out, assignment.response)
+        out.write(
+            f"\nPod {DEMO_NAMESPACE}/{DEMO_POD} admitted; the allocation ledger after it (`nvdp status`):\n"
+        )
+        out.write(describe_allocations(self.allocations()))
         out.write(f"\nThat is what a kubelet sees from this node. {self._next_steps()}\n")
+
+    def allocations(self) -> dict[str, object]:
+        """The /allocations document of the simulated node, read from the kubelet stand-in now."""
+        daemon = self.daemon
+        pages = AllocationPages(
+            daemon.ledger, daemon.supervisor, daemon.health, daemon.supervisor.served_gpus
+        )
+        return pages.document(max_age=0.0)
 
     def _why_nothing(self) -> str:
         found = len(self.daemon.supervisor.gpus)

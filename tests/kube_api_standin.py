@@ -13,8 +13,9 @@ Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, label
 (500, 410, ...); `expire()` forgets the event history, so a watch resuming from an older version
 gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
 open watch streams (a dropped connection). POST creates an object in the collection (Events) and
-records it in `created`; PUT replaces an object; PATCH merges a JSON merge patch into one (a watched
-MODIFIED). `requests` logs (method, path, query) of every request.
+records it in `created` (`events(kind, name)`: the Events recorded about one Node or Pod); PUT replaces
+an object; PATCH merges a JSON merge patch into one (a watched MODIFIED). `requests` logs (method,
+path, query) of every request.
 
 Faults of the connection, as real servers and networks produce them: `late_bodies = seconds` sends
 every answer's headers first and its body (a stream: its final chunk) that much later, on a
@@ -223,6 +224,22 @@ class KubeApiStandin:
                 for m, p, q in self.requests
                 if m == method and p == path and (watch is None or (q.get("watch") in ("true", "1")) == watch)
             )
+
+    def events(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[Obj]:
+        """The Events created about objects of `kind` (e.g. Pod, Node), of that name and namespace when
+        given, in the order they were created."""
+        with self._lock:
+            found = []
+            for obj in self.created:
+                involved = obj.get("involvedObject") or {}
+                if obj.get("kind") != "Event" or involved.get("kind") != kind:
+                    continue
+                if name is not None and involved.get("name") != name:
+                    continue
+                if namespace is not None and involved.get("namespace") != namespace:
+                    continue
+                found.append(copy.deepcopy(obj))
+            return found
 
     def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -1,4 +1,5 @@
-"""The committed protobuf code is current, and the wire contract matches the kubelet's."""
+"""The committed protobuf code is current, and the wire contracts (the device-plugin API, the
+PodResources API) match the kubelet's."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
 
 from nvdp.api import pb
+from nvdp.api.podresources import podresources_pb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +66,74 @@ def test_field_numbers(message: str, fields: dict[str, int]) -> None:
     descriptor = pb.DESCRIPTOR.message_types_by_name[message]
     assert {f.name: f.number for f in descriptor.fields} == fields
     assert descriptor.full_name == f"v1beta1.{message}"
+
+
+def test_pod_resources_service_has_the_kubelets_names() -> None:
+    (service,) = podresources_pb.DESCRIPTOR.services_by_name.values()
+    assert service.full_name == "v1.PodResourcesLister"
+    methods = {m.name: (m.input_type.name, m.output_type.name) for m in service.methods}
+    assert methods == {
+        "List": ("ListPodResourcesRequest", "ListPodResourcesResponse"),
+        "GetAllocatableResources": ("AllocatableResourcesRequest", "AllocatableResourcesResponse"),
+        "Get": ("GetPodResourcesRequest", "GetPodResourcesResponse"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("message", "fields"),
+    [
+        ("AllocatableResourcesResponse", {"devices": (1, "M"), "cpu_ids": (2, "int64"), "memory": (3, "M")}),
+        ("ListPodResourcesResponse", {"pod_resources": (1, "M")}),
+        ("PodResources", {"name": (1, "string"), "namespace": (2, "string"), "containers": (3, "M")}),
+        (
+            "ContainerResources",
+            {
+                "name": (1, "string"),
+                "devices": (2, "M"),
+                "cpu_ids": (3, "int64"),
+                "memory": (4, "M"),
+                "dynamic_resources": (5, "M"),
+            },
+        ),
+        ("ContainerMemory", {"memory_type": (1, "string"), "size": (2, "uint64"), "topology": (3, "M")}),
+        (
+            "ContainerDevices",
+            {"resource_name": (1, "string"), "device_ids": (2, "string"), "topology": (3, "M")},
+        ),
+        ("TopologyInfo", {"nodes": (1, "M")}),
+        ("NUMANode", {"ID": (1, "int64")}),
+        (
+            "DynamicResource",
+            {"claim_name": (2, "string"), "claim_namespace": (3, "string"), "claim_resources": (4, "M")},
+        ),
+        (
+            "ClaimResource",
+            {
+                "cdi_devices": (1, "M"),
+                "driver_name": (2, "string"),
+                "pool_name": (3, "string"),
+                "device_name": (4, "string"),
+            },
+        ),
+        ("CDIDevice", {"name": (1, "string")}),
+        ("GetPodResourcesRequest", {"pod_name": (1, "string"), "pod_namespace": (2, "string")}),
+        ("GetPodResourcesResponse", {"pod_resources": (1, "M")}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_pod_resources_field_numbers_and_types(message: str, fields: dict[str, tuple[int, str]]) -> None:
+    """Numbers and wire types as the kubelet's api.proto has them ("M": a message)."""
+    descriptor = podresources_pb.DESCRIPTOR.message_types_by_name[message]
+    types = {
+        FieldDescriptor.TYPE_STRING: "string",
+        FieldDescriptor.TYPE_INT64: "int64",
+        FieldDescriptor.TYPE_UINT64: "uint64",
+        FieldDescriptor.TYPE_MESSAGE: "M",
+    }
+    assert {f.name: (f.number, types[f.type]) for f in descriptor.fields} == fields
+    assert descriptor.full_name == f"v1.{message}"
+    repeated = {f.name for f in descriptor.fields if f.is_repeated}
+    singular = {"name", "namespace", "resource_name", "memory_type", "size", "topology", "ID"}
+    singular |= {"claim_name", "claim_namespace", "driver_name", "pool_name", "device_name"}
+    singular |= {"pod_name", "pod_namespace", "pod_resources"} if message.startswith("Get") else set()
+    assert repeated == {f.name for f in descriptor.fields} - singular

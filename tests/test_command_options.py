@@ -18,6 +18,7 @@ from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
 from nvdp.configmanager.settings import Settings as ManagerSettings
 from nvdp.errors import ConfigError
 from nvdp.gfd.options import GFD_OPTIONS, GfdSettings, add_gfd_flags, resolve_gfd
+from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
 from nvdp.mps.command import MPS_OPTIONS, MpsOptions
 from nvdp.mps.command import add_arguments as add_mps_arguments
 from nvdp.mps.command import resolve as resolve_mps
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
     "simulate": (PLUGIN_OPTIONS, PluginOptions),
     "gfd": (GFD_OPTIONS, GfdSettings),
     "mps-control-daemon": (MPS_OPTIONS, MpsOptions),
+    "status": (STATUS_OPTIONS, StatusFlags),
     "config-manager": (MANAGER_OPTIONS, ManagerSettings),
     "config check": (CHECK_OPTIONS, CheckFlags),
 }

@@ -22,6 +22,7 @@ import yaml
 
 from nvdp.config import PLUGIN_OPTIONS
 from nvdp.configmanager.selection import select
+from nvdp.ledger.podresources import pod_resources_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "nvidia-device-plugin"
@@ -30,6 +31,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 CONTAINER = "nvidia-device-plugin-ctr"
 
 # Env vars the program reads as settings (flags' env vars), from the package itself.
@@ -129,6 +131,15 @@ def check_plugin_daemonset(daemonset: Doc) -> None:
     kubelet_dir = volume(daemonset, "kubelet-device-plugins-dir")
     assert kubelet_dir["hostPath"]["path"] == KUBELET_DIR
     assert mounts_of(daemonset)["kubelet-device-plugins-dir"]["mountPath"] == KUBELET_DIR
+    # Its PodResources API beside it (nvdp.ledger), read only; no pod fails to start without it.
+    pod_resources = volume(daemonset, "kubelet-pod-resources-dir")["hostPath"]
+    assert pod_resources == {"path": POD_RESOURCES_DIR, "type": "DirectoryOrCreate"}
+    assert mounts_of(daemonset)["kubelet-pod-resources-dir"] == {
+        "name": "kubelet-pod-resources-dir",
+        "mountPath": POD_RESOURCES_DIR,
+        "readOnly": True,
+    }
+    assert pod_resources_socket(Path(KUBELET_DIR) / "kubelet.sock").parent == Path(POD_RESOURCES_DIR)
 
     env = env_of(daemonset)
     unknown = set(env) - PROGRAM_ENV - OTHER_ENV
@@ -203,6 +214,8 @@ def check_event_rules(role: Doc) -> None:
 
     assert allowed("", "events", "create") and allowed("", "events", "patch")
     assert allowed("", "nodes", "get")
+    # pod events need no access to pods: holders and UIDs come from the kubelet (nvdp.ledger)
+    assert not any("pods" in r["resources"] for r in role["rules"])
 
 
 def test_static_manifest_schedules_like_the_chart_defaults(static_docs: list[Doc]) -> None:
@@ -586,7 +599,7 @@ def test_chart_defaults(render: Callable[..., Rendered]) -> None:
         "capabilities": {"drop": ["ALL"]},
     }
     assert container(daemonset)["image"] == f"nvdp:{chart_meta()['appVersion']}"
-    assert set(mounts_of(daemonset)) == {"kubelet-device-plugins-dir"}
+    assert set(mounts_of(daemonset)) == {"kubelet-device-plugins-dir", "kubelet-pod-resources-dir"}
     for doc in out.docs:
         check_schema(doc)
 

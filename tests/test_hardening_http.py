@@ -38,6 +38,9 @@ class Pages:
         self.hold.wait(10)
         return None
 
+    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+        return None
+
 
 Serve = Callable[[], tuple[int, Callable[[], None]]]  # -> (port, stop)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = "nvdp.api.v1beta1"
+GENERATED = ("nvdp.api.v1beta1", "nvdp.api.podresources_v1")  # packages of generated code
 MAX_LINES = 420  # "about 400"; generated code excepted
 
 # The pure core: plain data in, plain data out. Its imports must stay inside this set (plus the
@@ -62,8 +62,8 @@ FOUNDATIONS = {
     "nvdp.logs",
     "nvdp.units",
     "nvdp.api",
-    f"{GENERATED}.api_pb2",
-    GENERATED,
+    *(f"{package}.api_pb2" for package in GENERATED),
+    *GENERATED,
 }
 
 
@@ -199,7 +199,7 @@ def test_the_pure_core_reaches_no_io_shell() -> None:
     [
         ("kubernetes", {"nvdp.kube.client"}),
         ("pynvml", {"nvdp.nvml.real"}),
-        ("google", {f"{GENERATED}.api_pb2"}),
+        ("google", {f"{package}.api_pb2" for package in GENERATED}),
     ],
     ids=["kubernetes", "pynvml", "protobuf"],
 )
@@ -217,6 +217,9 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
     # the wire types belong to the plugin, the kubelet stand-in and the Allocate pieces they use
     api_users = {m.name for m in modules().values() if "nvdp.api" in m.imports}
     wire = ("nvdp.plugin.", "nvdp.kubelet_standin.", "nvdp.mps.allocate", "nvdp.simulate")
+    # the PodResources API belongs to the allocation ledger's client and the kubelet stand-in
+    podresources_users = {m.name for m in modules().values() if "nvdp.api.podresources" in m.imports}
+    assert podresources_users == {"nvdp.ledger.podresources", "nvdp.kubelet_standin.pod_resources"}
     assert sorted(u for u in api_users if not u.startswith(wire)) == []
 
 

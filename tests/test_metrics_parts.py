@@ -99,22 +99,29 @@ class FixedPages:
     def readiness_problem(self) -> str | None:
         return "waiting"
 
+    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+        return {"/page": ("application/json", b"{}\n")}.get(path)
+
 
 def test_http_endpoint_serves_its_pages() -> None:
     endpoint = HttpEndpoint("127.0.0.1:0", FixedPages())
     endpoint.start()
     try:
         replies = {}
-        for path in ("/metrics", "/healthz", "/readyz"):
+        for path in ("/metrics", "/healthz", "/readyz", "/page", "/other"):
             with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as connection:
                 connection.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
                 reply = b"".join(iter(lambda: connection.recv(65536), b""))
             head, _, body = reply.partition(b"\r\n\r\n")
             replies[path] = (head.split(b"\r\n")[0], body)
+            if path == "/page":
+                assert b"\r\nContent-Type: application/json\r\n" in head
     finally:
         endpoint.stop()
     assert replies == {
         "/metrics": (b"HTTP/1.1 200 OK", b"x 1\n"),
         "/healthz": (b"HTTP/1.1 200 OK", b"ok\n"),
         "/readyz": (b"HTTP/1.1 503 Service Unavailable", b"waiting\n"),
+        "/page": (b"HTTP/1.1 200 OK", b"{}\n"),  # a page of the command's own (the plugin's /allocations)
+        "/other": (b"HTTP/1.1 404 Not Found", b"not found: try /metrics, /healthz or /readyz\n"),
     }

@@ -31,10 +31,18 @@ def test_default_prints_eight_gpus_and_an_allocation() -> None:
     out = result.stdout
     assert "node sim:dgx-a100" in out
     assert "nvidia.com/gpu                  8 devices  socket nvidia-gpu.sock" in out
-    assert out.count("NVIDIA A100-SXM4-40GB") == 8 and out.count("Healthy") == 8
-    assert "GetPreferredAllocation nvidia.com/gpu: 4 of 8 available" in out
-    assert "GPU index 0, 1, 2, 3; NUMA node 0; 12 NVLinks between every pair" in out
-    assert "env        NVIDIA_VISIBLE_DEVICES=GPU-" in out
+    devices, _, ledger = out.partition("\nPod default/simulate-demo admitted; the allocation ledger after it")
+    assert devices.count("NVIDIA A100-SXM4-40GB") == 8 and devices.count("Healthy") == 8
+    assert "GetPreferredAllocation nvidia.com/gpu: 4 of 8 available" in devices
+    assert "GPU index 0, 1, 2, 3; NUMA node 0; 12 NVLinks between every pair" in devices
+    assert "env        NVIDIA_VISIBLE_DEVICES=GPU-" in devices
+    # the ledger after that Allocate, read from the kubelet stand-in's PodResources API
+    chosen = devices.split("  -> ")[1].split("\n")[0].split(", ")
+    assert "nvidia.com/gpu  8 devices: 4 held, 0 not healthy, 4 free" in ledger
+    held = [line.split() for line in ledger.splitlines() if line.endswith("default/simulate-demo (main)")]
+    assert [(row[0], row[1], row[2]) for row in held] == [
+        (i, str(n), "Healthy") for n, i in enumerate(chosen)
+    ]
     assert "Traceback" not in result.stderr
 
 

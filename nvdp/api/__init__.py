@@ -1,6 +1,7 @@
-"""The kubelet device-plugin API (v1beta1): the one importer of the generated protobuf code.
+"""The kubelet device-plugin API (v1beta1): the one importer of its generated protobuf code.
 
-Everything else imports `pb` (messages) and `pb_grpc` (stubs and servicers) from here.
+Everything else imports `pb` (messages) and `pb_grpc` (stubs and servicers) from here. The kubelet's
+PodResources API has an importer of its own, loaded only where it is spoken (`nvdp.api.podresources`).
 """
 
 from typing import Any

@@ -84,6 +84,9 @@ class StatusServer(ServedPages):
     def readiness_problem(self) -> str | None:
         return not_ready(self._read(), self._alarm_after)
 
+    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+        return None
+
 
 def failing_for(since: float | None) -> float:
     return 0.0 if since is None else time.monotonic() - since

@@ -1,7 +1,8 @@
 """The node's health: one NVML health monitor per node feeding one router to the plugin servers.
 
 This is what the supervisor starts, re-targets on reloads and stops (its `HealthHooks`), and what
-metrics and /readyz read. Kubernetes Node events are an optional sink handed in by the wiring.
+metrics and /readyz read. Kubernetes Node events, the allocation ledger (to name the pods a transition
+hits) and the pods' events are optional parts handed in by the wiring.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from nvdp.health.monitor import HealthMonitor
-from nvdp.health.router import HealthRouter, NodeEventSink
+from nvdp.health.router import AllocationLookup, HealthRouter, NodeEventSink, PodEventSink
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.health.xid import XidPolicy
 from nvdp.nvml.types import GpuInfo, Nvml
@@ -19,7 +20,8 @@ class NodeHealth:
     """One health monitor per node feeding one router.
 
     `node_events` is where health transitions go as Node events when health checks are on (None: no
-    Node events); its owner closes it.
+    Node events); `allocations` names the pods holding a device that changed (None: none named) and
+    `pod_events` gives those pods an event each (None: no pod events). Their owner closes them.
     """
 
     def __init__(
@@ -28,13 +30,21 @@ class NodeHealth:
         settings: HealthSettings,
         environ: Mapping[str, str],
         node_events: NodeEventSink | None = None,
+        *,
+        allocations: AllocationLookup | None = None,
+        pod_events: PodEventSink | None = None,
     ) -> None:
         self._nvml = nvml
         self._settings = settings
         self._environ = environ
         self._gpus: list[GpuInfo] = []
         self.policy = XidPolicy.from_env(environ, settings)
-        self.router = HealthRouter(node_events=node_events if self.policy.enabled else None)
+        enabled = self.policy.enabled
+        self.router = HealthRouter(
+            node_events=node_events if enabled else None,
+            allocations=allocations,
+            pod_events=pod_events if enabled else None,
+        )
         self.monitor: HealthMonitor | None = None
 
     def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
@@ -58,6 +68,11 @@ class NodeHealth:
 
     def set_targets(self, targets: Sequence[HealthTarget]) -> None:
         self.router.set_targets(targets)
+
+    @property
+    def recovery_quiet_period(self) -> float:
+        """Seconds without a new error after which a non-fatal fault recovers (0: never)."""
+        return self._settings.recovery_quiet_period
 
     # ---- read by metrics and /readyz (nvdp.metrics.HealthView) ----
     @property

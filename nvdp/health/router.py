@@ -10,18 +10,28 @@ Every transition is reported (log line, Node event) exactly once: a change whose
 yet (the monitor reports a GPU lost at start before the supervisor hands over its servers) waits, in
 order, for the next `set_targets`, and is reported then by the targets that hold its uuid (a uuid
 no target holds then is a device nobody serves: such changes are dropped).
+
+With the allocation ledger (`allocations`), the log line and the Node event name the pods holding the
+devices (`pods=ns/name,...`, as last read: the health path never waits for a read), each such pod gets
+an event of its own (`pod_events`), and the ledger is asked to read again. Node events are bounded per
+device (`nvdp.health.event_budget`): a flapping GPU does not write to the API server at every flap.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from nvdp.devices import Device
+from nvdp.health.event_budget import EventBudget
 from nvdp.health.types import HealthChange, HealthTarget
 from nvdp.logs import format_fields, log_event
 from nvdp.units import format_go_duration
+
+if TYPE_CHECKING:
+    from nvdp.ledger.types import Holding
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +46,52 @@ class NodeEventSink(Protocol):
     def record(self, event_type: str, reason: str, message: str) -> None: ...
 
 
+class AllocationLookup(Protocol):
+    """Who holds which devices (`nvdp.ledger.ledger.AllocationLedger`)."""
+
+    def held(self, resource: str, device_ids: Collection[str]) -> list[Holding]:
+        """The holdings of these devices, from memory (never waits)."""
+        ...
+
+    def changed(self) -> None:
+        """A device changed health: read the record again soon (never waits)."""
+        ...
+
+
+class PodEventSink(Protocol):
+    """Where the events of the pods a transition hits go (`nvdp.health.pod_events.PodEventRecorder`);
+    must never block."""
+
+    def record(
+        self,
+        resource: str,
+        devices: Sequence[Device],
+        change: HealthChange,
+        before: HealthChange | None,
+        holders: Sequence[Holding],
+    ) -> None: ...
+
+
 class HealthRouter:
     """The monitor's listener. Thread-safe: `set_targets` runs on reloads, `handle` on the monitor."""
 
     def __init__(
-        self, targets: Iterable[HealthTarget] = (), *, node_events: NodeEventSink | None = None
+        self,
+        targets: Iterable[HealthTarget] = (),
+        *,
+        node_events: NodeEventSink | None = None,
+        allocations: AllocationLookup | None = None,
+        pod_events: PodEventSink | None = None,
+        event_budget: EventBudget | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._targets: list[HealthTarget] = list(targets)
         self._unhealthy: dict[str, HealthChange] = {}
         self._unreported: list[tuple[HealthChange, HealthChange | None]] = []  # (change, before)
         self._node_events = node_events
+        self._allocations = allocations
+        self._pod_events = pod_events
+        self._budget = event_budget or EventBudget()
 
     def __call__(self, changes: Sequence[HealthChange]) -> None:
         self.handle(changes)
@@ -110,7 +155,7 @@ class HealthRouter:
                 continue  # a device no plugin serves (e.g. MIG devices under strategy none)
             reported.add(change.uuid)
             for target, devices in matched:
-                self._report(target.resource_name, devices[0].index, change, before)
+                self._report(target.resource_name, devices, change, before)
         for target in self._targets:  # the devices follow the state the changes left
             for healthy in (False, True):
                 ids = [
@@ -141,7 +186,7 @@ class HealthRouter:
                     if devices and not held:
                         matched = True
                         updates.setdefault(n, {}).update((d.id, change.healthy) for d in devices)
-                        self._report(target.resource_name, devices[0].index, change, before)
+                        self._report(target.resource_name, devices, change, before)
                 if not matched:
                     self._hold(change, before)
             for n, health in updates.items():
@@ -166,8 +211,10 @@ class HealthRouter:
                 healthy=dropped.healthy,
             )
 
-    def _report(self, resource: str, index: str, change: HealthChange, before: HealthChange | None) -> None:
-        fields: dict[str, Any] = {"resource": resource, "device": change.uuid, "index": index}
+    def _report(
+        self, resource: str, devices: Sequence[Device], change: HealthChange, before: HealthChange | None
+    ) -> None:
+        fields: dict[str, Any] = {"resource": resource, "device": change.uuid, "index": devices[0].index}
         if change.healthy:
             message, level, kind, reason = "device healthy", logging.INFO, "Normal", HEALTHY_EVENT_REASON
             fields["after"] = format_go_duration(round(change.since - before.since, 3)) if before else None
@@ -179,6 +226,15 @@ class HealthRouter:
                 UNHEALTHY_EVENT_REASON,
             )
             fields.update(xid=change.xid, reason=change.reason, fatal=change.fatal)
+        holders = self._allocations.held(resource, [d.id for d in devices]) if self._allocations else []
+        if holders:
+            fields["pods"] = ",".join(dict.fromkeys(h.pod_key for h in holders))
         log_event(log, level, message, **fields)
-        if self._node_events is not None:
+        if self._node_events is not None and self._budget.allow(
+            ("node", resource, change.uuid), f"node events of {resource} device {change.uuid}"
+        ):
             self._node_events.record(kind, reason, f"{message} {format_fields(fields)}")
+        if self._pod_events is not None and holders:
+            self._pod_events.record(resource, devices, change, before, holders)
+        if self._allocations is not None:
+            self._allocations.changed()

@@ -1,9 +1,9 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
-(lazily: importing this package costs nothing); `events` (Node events), `nodes` (the Node's labels and
-annotations), `nodefeature` (NFD's NodeFeature objects) and `pods` (this process's pod: owner
-references) are requests built on it. The package is a leaf: it imports nothing of nvdp but
-`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
-`nvdp.health.node_events.NodeEventClient`)."""
+(lazily: importing this package costs nothing); `events` (Node events), `pod_events` (events on the
+pods a GPU fault hits), `nodes` (the Node's labels and annotations), `nodefeature` (NFD's NodeFeature
+objects) and `pods` (this process's pod: owner references) are requests built on it. The package is a
+leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
+their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
@@ -17,6 +17,7 @@ from nvdp.kube.nodefeature import (
     node_feature_body,
 )
 from nvdp.kube.nodes import NodeMeta, node_metadata, patch_node_annotations
+from nvdp.kube.pod_events import KubePodEvents
 from nvdp.kube.pods import OwnerReference, pod_owner_references
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "NODE_FEATURE_VERSION",
     "SERVICE_ACCOUNT_TOKEN",
     "KubeNodeEvents",
+    "KubePodEvents",
     "NodeMeta",
     "OwnerReference",
     "apply_node_feature",

@@ -2,12 +2,14 @@
 
 Used by the test suite, `nvdp simulate` and the benchmarks. `Kubelet` (manager) puts together the
 Registration server (registration), one endpoint per plugin (endpoint) and the device state (state),
-which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiver`.
+which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiver`; it admits pods
+(admission) and serves their devices on the PodResources API (pod_resources).
 """
 
 from nvdp.errors import KubeletError, PluginNotConnected
 from nvdp.kubelet_standin.endpoint import ListAndWatchReceiver, PluginEndpoint, StreamEnd
 from nvdp.kubelet_standin.manager import Kubelet
+from nvdp.kubelet_standin.pod_resources import AdmittedPod, Assignment
 from nvdp.kubelet_standin.registration import (
     CHECKPOINT_FILE,
     KUBELET_SOCKET,
@@ -23,6 +25,8 @@ from nvdp.kubelet_standin.validation import is_extended_resource_name
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "AdmittedPod",
+    "Assignment",
     "KUBELET_SOCKET",
     "DeviceManagerState",
     "DeviceState",

@@ -10,21 +10,39 @@ them to wait on.
 A restart is what a real kubelet restart looks like to a plugin: every connection drops, every socket in
 the plugin directory but the checkpoint goes, and `kubelet.sock` comes back (optionally refusing
 connections for a while first).
+
+Pods are admitted as the kubelet admits them (`admit_pod`: GetPreferredAllocation, Allocate, the
+assignment recorded; `nvdp.kubelet_standin.admission`); with `pod_resources` the record is served on the
+PodResources API beside the plugin directory (`nvdp.kubelet_standin.pod_resources`), as a kubelet's is.
+Admitted pods outlive restarts, as the kubelet's checkpoint keeps them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from nvdp.api import pb
 from nvdp.errors import KubeletError, PluginNotConnected
+from nvdp.kubelet_standin.admission import ContainerRequests, admit
 from nvdp.kubelet_standin.endpoint import StreamEnd
-from nvdp.kubelet_standin.registration import Registration, RegistrationServer, Rejection, SocketState
+from nvdp.kubelet_standin.pod_resources import (
+    POD_RESOURCES_DIR,
+    AdmittedPod,
+    AdmittedPods,
+    PodResourcesServer,
+)
+from nvdp.kubelet_standin.registration import (
+    KUBELET_SOCKET,
+    Registration,
+    RegistrationServer,
+    Rejection,
+    SocketState,
+)
 from nvdp.kubelet_standin.state import DeviceManagerState, DeviceState, Update
 
 log = logging.getLogger(__name__)
@@ -47,6 +65,7 @@ class Kubelet:
         dial_timeout: float = 10.0,
         rpc_timeout: float = 10.0,
         workers: int = 4,
+        pod_resources: bool = False,
     ) -> None:
         self.plugin_dir = Path(plugin_dir).absolute()
         self.rpc_timeout = rpc_timeout
@@ -55,6 +74,13 @@ class Kubelet:
             self.plugin_dir, self.device_state, dial_timeout=dial_timeout, workers=workers
         )
         self.socket_path = self.registration.socket_path
+        self.pods = AdmittedPods(self.plugin_dir, self._device_lists)
+        self.pod_resources_socket = self.plugin_dir.parent / POD_RESOURCES_DIR / KUBELET_SOCKET
+        self._pod_resources = (
+            PodResourcesServer(self.pod_resources_socket, self.pods, self._device_lists)
+            if pod_resources
+            else None
+        )
         self._lifecycle = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -103,11 +129,15 @@ class Kubelet:
     def _serve(self, accept_delay: float) -> None:
         self.device_state.forget_devices()
         self.registration.serve(accept_delay)
+        if self._pod_resources is not None:
+            self._pod_resources.serve()
 
     def _shutdown(self) -> None:
         if self.state == "stopped":
             return
         self.registration.stop()  # no plugin connects after this
+        if self._pod_resources is not None:
+            self._pod_resources.stop()
         endpoints = self.device_state.disconnect_all()
         for endpoint in endpoints:
             endpoint.close()
@@ -169,6 +199,24 @@ class Kubelet:
 
     def wait_for_stream_closed(self, resource: str, timeout: float = 10.0) -> None:
         self.device_state.wait_for_stream_closed(resource, timeout)
+
+    def _device_lists(self) -> Mapping[str, dict[str, DeviceState]]:
+        return {resource: self.devices(resource) for resource in self.resources()}
+
+    # -- pods (the kubelet's admission; its record served by PodResources) ------------------------
+
+    def admit_pod(
+        self, namespace: str, name: str, containers: ContainerRequests, uid: str | None = None
+    ) -> AdmittedPod:
+        """Admit a pod whose containers ask for devices ({container: {resource: count}}) as the
+        kubelet does (GetPreferredAllocation when offered, then Allocate per container and resource)
+        and record what each container got. Raises KubeletError when too few devices are free,
+        grpc.RpcError when a plugin refuses."""
+        return admit(self, self.pods, namespace, name, containers, uid)
+
+    def remove_pod(self, namespace: str, name: str) -> AdmittedPod:
+        """The pod ended: its devices are free again (and leave the PodResources answers)."""
+        return self.pods.remove(namespace, name)
 
     # -- calls into plugins (gRPC errors propagate as grpc.RpcError) ------------------------------
 

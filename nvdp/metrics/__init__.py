@@ -1,9 +1,10 @@
-"""Prometheus metrics and the daemon's HTTP endpoint: /metrics, /healthz, /readyz.
+"""Prometheus metrics and the daemon's HTTP endpoint: /metrics, /healthz, /readyz, /allocations.
 
 One module per job: `families` (the counted metric families and the StatusObserver counting into
 them; the state read at scrape time), `readiness` (/healthz and /readyz, read from the supervisor's
-registration state), `nvml_errors` (counting failed NVML calls), `sources` (the protocols through which
-all of them read the daemon), `service` (`Metrics`: the parts put together). The exposition is
+registration state), `allocations` (/allocations and nvdp_device_allocated, from the allocation
+ledger), `nvml_errors` (counting failed NVML calls), `sources` (the protocols through which all of them
+read the daemon), `service` (`Metrics`: the parts put together). The exposition is
 `nvdp.promtext`; the HTTP server is `nvdp.http_endpoint` (shared with the config-manager, which must not
 import grpc through this package).
 
@@ -13,6 +14,7 @@ are on (--metrics-address not empty), so a daemon without metrics does not pay e
 """
 
 from nvdp.http_endpoint import Endpoint, HttpEndpoint, Pages, parse_address
+from nvdp.metrics.allocations import AllocationPages
 from nvdp.metrics.families import MetricFamilies
 from nvdp.metrics.readiness import SOCKET_GRACE_S, Probes
 from nvdp.metrics.service import Metrics
@@ -20,6 +22,7 @@ from nvdp.metrics.sources import HealthView, MisfitView, PluginServerView, Regis
 
 __all__ = [
     "SOCKET_GRACE_S",
+    "AllocationPages",
     "Endpoint",
     "HealthView",
     "HttpEndpoint",

@@ -1,18 +1,20 @@
-"""The daemon's metrics, put together: the metric families, the state read at scrape time and the
-probes, served by the HTTP endpoint. `nvdp.daemon` builds the families first (they count NVML calls
-and are the supervisor's StatusObserver), then one `Metrics` once the supervisor and health exist."""
+"""The daemon's metrics, put together: the metric families, the state read at scrape time, the
+probes and the allocation ledger's page, served by the HTTP endpoint. `nvdp.daemon` builds the
+families first (they count NVML calls and are the supervisor's StatusObserver), then one `Metrics`
+once the supervisor, health and the ledger exist."""
 
 from __future__ import annotations
 
 from nvdp.http_endpoint import EndpointFactory, ServedPages
+from nvdp.metrics.allocations import JSON_CONTENT_TYPE, AllocationPages
 from nvdp.metrics.families import MetricFamilies, StateCollector
 from nvdp.metrics.readiness import Probes
 
 
 class Metrics(ServedPages):
     """/metrics, /healthz and /readyz on `address`: the counted `families`, the state read from the
-    probes' sources (the supervisor, the node's health and misfits) and the `probes`. Thread-safe;
-    one per daemon."""
+    probes' sources (the supervisor, the node's health and misfits) and the `probes`; with
+    `allocations`, /allocations and nvdp_device_allocated. Thread-safe; one per daemon."""
 
     def __init__(
         self,
@@ -20,6 +22,7 @@ class Metrics(ServedPages):
         families: MetricFamilies | None = None,
         probes: Probes | None = None,
         *,
+        allocations: AllocationPages | None = None,
         endpoint: EndpointFactory | None = None,
     ) -> None:
         self.families = families or MetricFamilies()
@@ -27,6 +30,9 @@ class Metrics(ServedPages):
         self.registry = self.families.registry
         p = self.probes
         self.registry.register(StateCollector(p.registrations, p.health, p.misfits))
+        self.allocations = allocations
+        if allocations is not None:
+            self.registry.register(allocations)
         super().__init__(address, self, endpoint)
 
     # ---- Pages: what the endpoint serves -------------------------------------------------------
@@ -38,3 +44,8 @@ class Metrics(ServedPages):
 
     def readiness_problem(self) -> str | None:
         return self.probes.readiness_problem()
+
+    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+        if path == "/allocations" and self.allocations is not None:
+            return JSON_CONTENT_TYPE, self.allocations.render()
+        return None

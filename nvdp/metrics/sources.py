@@ -3,7 +3,8 @@
 The supervisor keeps the registration state and the plugin servers; the node's health keeps device
 health and the monitor's status. Metrics read them at scrape or probe time through these protocols and
 keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer`,
-`nvdp.health.node.NodeHealth` and `nvdp.misfit_report.MisfitReport` provide them).
+`nvdp.health.node.NodeHealth`, `nvdp.misfit_report.MisfitReport` and the allocation ledger,
+`nvdp.ledger.ledger.AllocationLedger`, provide them).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nvdp.health.types import HealthChange, MonitorStatus
+from nvdp.ledger.types import LedgerSnapshot
 from nvdp.misfits import Misfit
 from nvdp.resources import Resource
 
@@ -80,4 +82,13 @@ class MisfitView(Protocol):
 
     def seen(self) -> Mapping[str, int]:
         """Reason -> misfits of that reason reported since start."""
+        ...
+
+
+class LedgerView(Protocol):
+    """The allocation ledger as /allocations and the metrics read it
+    (`nvdp.ledger.ledger.AllocationLedger`)."""
+
+    def fresh(self, max_age: float) -> LedgerSnapshot:
+        """The kubelet's record, read at most `max_age` seconds ago."""
         ...

@@ -3,7 +3,8 @@
 `status_for` maps an error to its status: a bad request is INVALID_ARGUMENT, any other expected
 (`NvdpError`) is FAILED_PRECONDITION, a bug is INTERNAL. `rpc` wraps a servicer method with that
 mapping, one warning line per refused request (a traceback only for a bug), and one `rpc_done`
-report per call to the servicer's `RpcObserver` (metrics).
+report per call to the servicer's `RpcObserver` (metrics; `AllocateNotice` also tells the allocation
+ledger of each Allocate answered).
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ class RpcObserver(Protocol):
     """Receives one call per finished RPC (metrics hook)."""
 
     def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None: ...
+
+
+class AllocateNotice:
+    """An RpcObserver that calls `allocated()` after each Allocate answered OK (the allocation ledger
+    reads the kubelet's record then) and passes every call on to `inner` (the metrics), if any."""
+
+    def __init__(self, allocated: Callable[[], None], inner: RpcObserver | None) -> None:
+        self._allocated = allocated
+        self._inner = inner
+
+    def rpc_done(self, resource: str, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        if self._inner is not None:
+            self._inner.rpc_done(resource, method, code, seconds)
+        if method == "Allocate" and code is grpc.StatusCode.OK:
+            self._allocated()
 
 
 class Servicer(Protocol):

@@ -1,0 +1,96 @@
+"""The ledger as a JSON document (pure): the /allocations page of the metrics endpoint, what
+`nvdp status` reads and `nvdp simulate` prints.
+
+Per resource, every device the plugin advertises (and any device a container still holds that it
+no longer advertises): its GPU, its health as advertised (with why, when Unhealthy) and the containers
+holding it. A device ID is located among the served devices first, else among the node's GPUs
+(`nvdp.ledger.locate`).
+
+    {"source": ".../pod-resources/kubelet.sock", "readAt": "2025-01-31T12:00:00Z", "ageSeconds": 1.5,
+     "problem": null,
+     "resources": {"nvidia.com/gpu": [
+        {"device": "GPU-...::1", "gpu": "GPU-...", "uuid": "GPU-...", "index": "3",
+         "advertised": true, "health": "Unhealthy", "reason": "GPU has fallen off the bus",
+         "pods": [{"namespace": "ml", "name": "train-0", "uid": "...", "container": "main"}]}]}}
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nvdp.devices import Device
+from nvdp.ledger.locate import locate
+from nvdp.ledger.types import Holding, LedgerSnapshot
+from nvdp.nvml.types import GpuInfo
+
+HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+
+
+@dataclass(frozen=True)
+class Served:
+    """One resource as the plugin serves it: its devices and their advertised health (ID ->
+    Healthy)."""
+
+    devices: Mapping[str, Device]
+    health: Mapping[str, bool]
+
+
+def allocations_document(
+    snapshot: LedgerSnapshot,
+    served: Mapping[str, Served],
+    reasons: Mapping[str, str],
+    gpus: Sequence[GpuInfo],
+    now: float,
+) -> dict[str, Any]:
+    """The document of `snapshot` over the `served` resources; `reasons`: GPU/MIG uuid -> why it is
+    Unhealthy; `now`: time.time()."""
+    held: dict[str, dict[str, list[Holding]]] = {}
+    for holding in snapshot.holdings:
+        held.setdefault(holding.resource, {}).setdefault(holding.device_id, []).append(holding)
+    resources: dict[str, list[dict[str, Any]]] = {}
+    for name in sorted(served.keys() | held.keys()):
+        resource = served.get(name, Served({}, {}))
+        holders = held.get(name, {})
+        ids = [*resource.devices, *(i for i in holders if i not in resource.devices)]
+        resources[name] = [_device(i, resource, holders.get(i, []), reasons, gpus) for i in ids]
+    read_at = snapshot.read_at
+    return {
+        "source": snapshot.source,
+        "readAt": _timestamp(read_at) if read_at is not None else None,
+        "ageSeconds": round(max(now - read_at, 0.0), 3) if read_at is not None else None,
+        "problem": snapshot.problem,
+        "resources": resources,
+    }
+
+
+def _device(
+    device_id: str,
+    resource: Served,
+    holders: list[Holding],
+    reasons: Mapping[str, str],
+    gpus: Sequence[GpuInfo],
+) -> dict[str, Any]:
+    where = locate(device_id, resource.devices, gpus)
+    advertised = device_id in resource.health
+    health = UNKNOWN if not advertised else HEALTHY if resource.health[device_id] else UNHEALTHY
+    entry: dict[str, Any] = {
+        "device": device_id,
+        "gpu": where.gpu_uuid if where else None,
+        "uuid": where.uuid if where else None,
+        "index": where.index if where else None,
+        "advertised": advertised,
+        "health": health,
+    }
+    if health == UNHEALTHY:
+        entry["reason"] = reasons.get(where.uuid, "unknown") if where else "unknown"
+    entry["pods"] = [
+        {"namespace": h.namespace, "name": h.pod, "uid": h.uid, "container": h.container} for h in holders
+    ]
+    return entry
+
+
+def _timestamp(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,208 @@
+"""The allocation ledger: which container holds which device, read from the kubelet's PodResources
+API when something may have changed, kept in memory for whoever asks.
+
+A read is one `List` on the local socket (and the kubelet's device checkpoint for the pods' UIDs). It
+happens when asked, never on a timer while nothing happens but a slow resync (RESYNC_S):
+- after each Allocate the plugin answered (the kubelet records the assignment as it gets the answer:
+  reads follow at AFTER_ALLOCATE_S; a burst of Allocates shares them),
+- after each health change (`changed`), so the next questions get a fresh answer,
+- on demand, for a page that wants an answer at most so old (`fresh`: /allocations, /metrics).
+Questions on the health path (`held`) are answered from memory and never wait for a read. When the
+socket is missing (an old kubelet, the feature gate off, a plugin run by hand) that is said once at
+start and every question gets an empty answer; the ledger starts reading when the socket appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from nvdp.errors import NvdpError, PodResourcesUnavailable
+from nvdp.ledger.checkpoint import CHECKPOINT_FILE, CheckpointUids, with_uids
+from nvdp.ledger.podresources import PodResourcesClient, pod_resources_socket
+from nvdp.ledger.types import Holding, LedgerSnapshot
+from nvdp.logs import log_event
+from nvdp.units import format_go_duration
+
+log = logging.getLogger(__name__)
+
+RESYNC_S = 60.0  # a read at least this often, to let go of pods that ended
+AFTER_ALLOCATE_S = (0.2, 1.0, 3.0)  # reads after an Allocate, from its answer
+RESOURCE_PREFIX = "nvidia.com/"
+STOP_WAIT_S = 5.0
+
+Reader = Callable[[str], list[Holding]]  # resource prefix -> holdings (PodResourcesClient.list)
+
+
+class AllocationLedger:
+    """The kubelet's record of the node's device holdings. Thread-safe; `start` reads in a thread of
+    its own until the idempotent `stop`. `reader` replaces the PodResources client (tests)."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        checkpoint: Path | None = None,
+        *,
+        resync: float = RESYNC_S,
+        reader: Reader | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self._client = PodResourcesClient(socket_path)
+        self._reader = reader or self._client.list
+        self._checkpoint = CheckpointUids(checkpoint) if checkpoint is not None else None
+        self._resync = resync
+        self._lock = threading.Lock()  # guards the snapshot and the reads asked for
+        self._reading = threading.Lock()  # one read at a time
+        self._snapshot = LedgerSnapshot(str(socket_path))
+        self._due: list[float] = []  # time.monotonic() of the reads asked for
+        self._attempted: float | None = None  # time.monotonic() of the last read
+        self._next_resync = 0.0  # time.monotonic() of the next read on the slow timer
+        self._answering: bool | None = None  # the last read worked (None: none yet)
+        self._uid_problem: str | None = None  # the checkpoint's problem, as last said
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def of_kubelet(cls, kubelet_socket: Path) -> AllocationLedger:
+        """The ledger of the kubelet whose registration socket is `kubelet_socket`: its PodResources
+        socket, its device checkpoint beside the registration socket."""
+        return cls(pod_resources_socket(kubelet_socket), kubelet_socket.parent / CHECKPOINT_FILE)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._next_resync = time.monotonic() + self._resync
+        if os.path.exists(self.socket_path):
+            self._ask(0.0)
+        else:
+            log_event(
+                log,
+                logging.INFO,
+                "no PodResources socket: pods holding devices are unknown until the kubelet serves it",
+                socket=str(self.socket_path),
+            )
+        self._thread = threading.Thread(target=self._run, name="nvdp-ledger", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(STOP_WAIT_S)
+        self._client.close()
+
+    # ---- what may have changed the record (any thread; never blocks) ---------------------------
+    def allocated(self) -> None:
+        """The plugin answered an Allocate: read once the kubelet has recorded it."""
+        now = time.monotonic()
+        with self._lock:
+            first = now + AFTER_ALLOCATE_S[0]
+            self._due = [t for t in self._due if t <= first] + [now + d for d in AFTER_ALLOCATE_S]
+        self._wake.set()
+
+    def changed(self) -> None:
+        """A device changed health: read now, so what follows names today's holders."""
+        self._ask(0.0)
+
+    def _ask(self, delay: float) -> None:
+        with self._lock:
+            self._due.append(time.monotonic() + delay)
+        self._wake.set()
+
+    # ---- questions ----------------------------------------------------------------------------
+    def snapshot(self) -> LedgerSnapshot:
+        """The record as last read (from memory)."""
+        with self._lock:
+            return self._snapshot
+
+    def held(self, resource: str, device_ids: Collection[str]) -> list[Holding]:
+        """Who holds these devices of `resource`, from memory (for the health path)."""
+        return self.snapshot().held(resource, device_ids)
+
+    def fresh(self, max_age: float) -> LedgerSnapshot:
+        """The record read at most `max_age` seconds ago: read now when the last read is older."""
+        with self._reading:
+            last = self._attempted
+            if last is None or time.monotonic() - last > max_age:
+                self._read_locked()
+        return self.snapshot()
+
+    # ---- reading ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = now >= self._next_resync or any(t <= now for t in self._due)
+                self._due = [t for t in self._due if t > now]
+            if due:
+                try:
+                    self.fresh(0.0)
+                except Exception:  # a bug: said with its traceback; the ledger goes on
+                    log.exception("allocation ledger read failed")
+            now = time.monotonic()
+            with self._lock:
+                wait = min([self._next_resync - now, *(t - now for t in self._due)])
+            self._wake.wait(max(wait, 0.0))
+            self._wake.clear()
+
+    def _read_locked(self) -> None:
+        self._attempted = time.monotonic()
+        with self._lock:
+            self._next_resync = self._attempted + self._resync
+        try:
+            holdings = self._reader(RESOURCE_PREFIX)
+        except PodResourcesUnavailable as error:
+            self._unanswered(str(error))
+            return
+        if self._checkpoint is not None and holdings:
+            holdings = with_uids(holdings, self._uids(self._checkpoint))
+        snapshot = LedgerSnapshot(str(self.socket_path), tuple(holdings), time.time())
+        with self._lock:
+            self._snapshot = snapshot
+        if self._answering is not True:
+            log_event(
+                log,
+                logging.INFO,
+                "reading pod allocations from the kubelet",
+                socket=str(self.socket_path),
+                held=len(holdings),
+                resync=format_go_duration(self._resync),
+            )
+        self._answering = True
+
+    def _unanswered(self, problem: str) -> None:
+        with self._lock:
+            old = self._snapshot
+            self._snapshot = LedgerSnapshot(old.source, old.holdings, old.read_at, problem)
+        if self._answering:
+            log_event(
+                log,
+                logging.WARNING,
+                "PodResources API not answering; keeping the allocations read last",
+                error=problem,
+            )
+        self._answering = False
+
+    def _uids(self, checkpoint: CheckpointUids) -> dict[tuple[str, str, str], str]:
+        """The pod UIDs of the kubelet's checkpoint; {} (said once per problem) when unreadable."""
+        try:
+            uids = checkpoint.read()
+        except NvdpError as error:
+            if str(error) != self._uid_problem:
+                log_event(
+                    log,
+                    logging.INFO,
+                    "pod UIDs unknown: cannot read the kubelet's device checkpoint",
+                    error=str(error),
+                )
+            self._uid_problem = str(error)
+            return {}
+        self._uid_problem = None
+        return uids

@@ -1,0 +1,69 @@
+"""The /allocations document as one screen of text (pure): what `nvdp status` prints and `nvdp
+simulate` shows after its Allocate.
+
+Each resource gets a line of counts; every device that a container holds or that is not Healthy gets
+a line of its own (who holds it, why it is Unhealthy); the free, Healthy rest are counted, so a node
+with hundreds of shared replicas still fits a screen. The document may come from another nvdp
+version: what it lacks is shown as unknown, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nvdp.units import format_go_duration
+
+_HEADER = f"  {'DEVICE':<47} {'INDEX':<6} {'HEALTH':<10} HELD BY\n"
+
+
+def describe_allocations(document: Mapping[str, Any]) -> str:
+    """The text of one /allocations document."""
+    out = [_source_line(document)]
+    resources = document.get("resources")
+    if not isinstance(resources, Mapping) or not resources:
+        out.append("  no resources served\n")
+        return "".join(out)
+    for name, devices in sorted(resources.items()):
+        entries = [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
+        out.append(_resource(str(name), entries))
+    return "".join(out)
+
+
+def _source_line(document: Mapping[str, Any]) -> str:
+    source, problem, age = document.get("source"), document.get("problem"), document.get("ageSeconds")
+    where = f"kubelet PodResources at {source}" if source else "kubelet PodResources"
+    if document.get("readAt") is None:
+        read = "not read yet"
+    else:
+        read = f"read {format_go_duration(round(float(age)))} ago" if isinstance(age, int | float) else "read"
+    line = f"Allocations ({where}, {read})\n"
+    if problem:
+        line += f"  last read failed: {problem}\n"
+    return line
+
+
+def _resource(name: str, devices: list[Mapping[str, Any]]) -> str:
+    held = [d for d in devices if d.get("pods")]
+    unhealthy = [d for d in devices if d.get("health") != "Healthy"]
+    free = len(devices) - len([d for d in devices if d.get("pods") or d.get("health") != "Healthy"])
+    noun = "device" if len(devices) == 1 else "devices"
+    counts = f"{len(devices)} {noun}: {len(held)} held, {len(unhealthy)} not healthy, {free} free"
+    lines = [f"\n{name}  {counts}\n"]
+    shown = [d for d in devices if d.get("pods") or d.get("health") != "Healthy"]
+    if shown:
+        lines.append(_HEADER)
+    for device in shown:
+        pods = device.get("pods") or []
+        holders = ", ".join(_pod(p) for p in pods if isinstance(p, Mapping)) or "-"
+        index = device.get("index") or "?"
+        lines.append(
+            f"  {device.get('device', '?'):<47} {index:<6} {device.get('health', '?'):<10} {holders}\n"
+        )
+        if device.get("reason"):
+            lines.append(f"  {'':<47} {'':<6} why: {device['reason']}\n")
+    return "".join(lines)
+
+
+def _pod(pod: Mapping[str, Any]) -> str:
+    return f"{pod.get('namespace', '?')}/{pod.get('name', '?')} ({pod.get('container', '?')})"
