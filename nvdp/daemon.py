@@ -20,6 +20,7 @@ from nvdp.config import PluginOptions
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
+from nvdp.health.node_condition import node_condition_from_env
 from nvdp.health.node_events import node_events_from_env
 from nvdp.logs import log_event
 from nvdp.misfit_report import MisfitReport
@@ -121,8 +122,11 @@ class Daemon:
             config.flags.plugin.container_driver_root,
             environ=environ,
         )
-        # One Node event recorder (when in a cluster) for health transitions and misfits.
-        self.node_events = node_events_from_env(environ)
+        # With the API server reachable (--kubeconfig, else in-cluster) and the node named: one Node
+        # event recorder for health transitions and misfits, and the GPU health condition's reporter.
+        node, kubeconfig = runtime.node_name, runtime.kubeconfig
+        self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
+        self.node_condition = node_condition_from_env(environ, node=node, kubeconfig=kubeconfig)
         self.misfits = MisfitReport(self.node_events)
         # Metrics only when --metrics-address is set, built in dependency order: the families count
         # from the start (failed NVML calls, the supervisor's StatusObserver); the endpoint reads the
@@ -136,7 +140,15 @@ class Daemon:
             families = MetricFamilies()
             counted = families.count_nvml_errors(self.nvml)
             observer = observer or families
-        self.health = NodeHealth(counted, health_settings(config), environ, node_events=self.node_events)
+        self.health = NodeHealth(
+            counted,
+            health_settings(config),
+            environ,
+            node_events=self.node_events,
+            on_change=self.node_condition.changed if self.node_condition is not None else None,
+        )
+        if not self.health.checks_enabled:
+            self.node_condition = None  # health checks off: nothing to say about the GPUs
         self._servers = GrpcServers(observer)
         settings = node_settings(options)
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
@@ -198,9 +210,13 @@ class Daemon:
                 self.metrics = None
         if self.rescanner is not None:
             self.rescanner.start()
+        if self.node_condition is not None:
+            self.node_condition.start(self.health)
         try:
             self.supervisor.run()
         finally:
+            if self.node_condition is not None:
+                self.node_condition.close()
             if self.rescanner is not None:
                 self.rescanner.stop()
             self._servers.shutdown()

@@ -35,6 +35,7 @@ PURE = {
     "nvdp.config.values",
     "nvdp.devices",
     "nvdp.gfd.labels",
+    "nvdp.health.condition",
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",

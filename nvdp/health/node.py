@@ -1,12 +1,13 @@
 """The node's health: one NVML health monitor per node feeding one router to the plugin servers.
 
 This is what the supervisor starts, re-targets on reloads and stops (its `HealthHooks`), and what
-metrics and /readyz read. Kubernetes Node events are an optional sink handed in by the wiring.
+metrics and /readyz read. Kubernetes Node events are an optional sink handed in by the wiring, and so
+is an observer told of every change (the Node condition's reporter, which reads the faults here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nvdp.health.monitor import HealthMonitor
 from nvdp.health.router import HealthRouter, NodeEventSink
@@ -19,7 +20,8 @@ class NodeHealth:
     """One health monitor per node feeding one router.
 
     `node_events` is where health transitions go as Node events when health checks are on (None: no
-    Node events); its owner closes it.
+    Node events); its owner closes it. `on_change` is called, on the monitor's thread, after each batch
+    of changes and after each start (it must not block).
     """
 
     def __init__(
@@ -28,6 +30,7 @@ class NodeHealth:
         settings: HealthSettings,
         environ: Mapping[str, str],
         node_events: NodeEventSink | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self._nvml = nvml
         self._settings = settings
@@ -36,6 +39,7 @@ class NodeHealth:
         self.policy = XidPolicy.from_env(environ, settings)
         self.router = HealthRouter(node_events=node_events if self.policy.enabled else None)
         self.monitor: HealthMonitor | None = None
+        self._on_change = on_change
 
     def start(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None) -> None:
         if settings is not None and settings != self._settings:
@@ -48,13 +52,21 @@ class NodeHealth:
             self.router.forget(gone)
         if self.monitor is None:
             self.monitor = HealthMonitor(
-                self._nvml, gpus, self.router, settings=self._settings, policy=self.policy
+                self._nvml, gpus, self._changed, settings=self._settings, policy=self.policy
             )
             self.monitor.start()
         elif list(gpus) != self._gpus:
             # Only a changed enumeration re-arms the event set: freeing it drops queued events.
             self.monitor.update_gpus(gpus, gone)
         self._gpus = list(gpus)
+        if self._on_change is not None:
+            self._on_change()
+
+    def _changed(self, changes: Sequence[HealthChange]) -> None:
+        """The monitor's listener: the router, then the observer."""
+        self.router(changes)
+        if self._on_change is not None:
+            self._on_change()
 
     def set_targets(self, targets: Sequence[HealthTarget]) -> None:
         self.router.set_targets(targets)
@@ -69,6 +81,23 @@ class NodeHealth:
 
     def unhealthy(self) -> dict[str, HealthChange]:
         return self.router.unhealthy()
+
+    # ---- read by the Node condition's reporter (nvdp.health.node_condition.NodeHealthView) ----
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        return list(self._gpus)
+
+    @property
+    def settings(self) -> HealthSettings:
+        return self._settings
+
+    @property
+    def started(self) -> bool:
+        return self.monitor is not None
+
+    def faults(self) -> dict[str, HealthChange]:
+        """What the monitor holds against each Unhealthy unit (a fatal cause after a marking included)."""
+        return self.monitor.faults() if self.monitor is not None else {}
 
     def stop(self) -> None:
         if self.monitor is not None:

@@ -1,11 +1,13 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
 (lazily: importing this package costs nothing); `events` (Node events), `nodes` (the Node's labels and
-annotations) and `nodefeature` (NFD's NodeFeature objects) are requests built on it. The package is a
-leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
-their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
+annotations), `node_status` (the Node's conditions and taints) and `nodefeature` (NFD's NodeFeature
+objects) are requests built on it. The package is a leaf: it imports nothing of nvdp but
+`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
+`nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
+from nvdp.kube.node_status import KubeNodeStatus, NodeConditionsAndTaints
 from nvdp.kube.nodefeature import (
     NODE_FEATURE_GROUP,
     NODE_FEATURE_NODE_LABEL,
@@ -25,6 +27,8 @@ __all__ = [
     "NODE_FEATURE_VERSION",
     "SERVICE_ACCOUNT_TOKEN",
     "KubeNodeEvents",
+    "KubeNodeStatus",
+    "NodeConditionsAndTaints",
     "NodeMeta",
     "apply_node_feature",
     "get_json",
