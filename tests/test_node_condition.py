@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from nvdp.backoff import Backoff
+from nvdp.config import parse
+from nvdp.daemon_settings import health_settings
 from nvdp.health.condition import (
     CONDITION_TYPE,
     MAX_NAMED,
@@ -155,6 +157,13 @@ def test_taints_keep_the_other_clients_ones() -> None:
     assert taints_with([ours], "FatalXid", "NoExecute", "NOW") == [
         {"key": TAINT_KEY, "value": "FatalXid", "effect": "NoExecute", "timeAdded": "NOW"}
     ]
+
+
+def test_the_taint_setting_reaches_the_health_settings() -> None:
+    config = parse({"health": {"taintOnFatal": "PreferNoSchedule"}})
+    assert health_settings(config).taint_on_fatal == "PreferNoSchedule"
+    assert parse(config.to_dict()) == config
+    assert health_settings(parse({})).taint_on_fatal is None
 
 
 # ---- the reporter against the API stand-in -------------------------------------------------------
