@@ -124,12 +124,18 @@ class NodeConditionReporter:
 
     def _run(self, view: NodeHealthView) -> None:
         settled: float | None = None  # `settle` after the health monitor started
+        crashed = False
         while not self._stop.is_set():
             self._wake.clear()  # before the step: a change during it wakes the wait at once
             wait = self._tick
-            if view.started:
-                settled = self._clock() + self._settle if settled is None else settled
-                wait = self._step(view, settled)
+            try:
+                if view.started:
+                    settled = self._clock() + self._settle if settled is None else settled
+                    wait = self._step(view, settled)
+            except Exception:  # a bug: said loudly once; the health path is not concerned
+                if not crashed:
+                    log.exception("node condition reporter failed")
+                crashed = True
             self._wake.wait(max(wait, 0.0))
 
     def _step(self, view: NodeHealthView, settled: float) -> float:
