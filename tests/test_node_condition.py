@@ -28,9 +28,11 @@ from nvdp.health.condition import (
     taints_with,
 )
 from nvdp.health.node_condition import NodeConditionReporter, node_condition_from_env
-from nvdp.health.state import GPU_LOST_REASON
+from nvdp.health.state import GPU_LOST_REASON, HealthState
 from nvdp.health.types import HealthChange, HealthSettings
+from nvdp.health.xid import XidPolicy
 from nvdp.kube import KubeNodeStatus, new_api_client
+from nvdp.nvml.types import EventType, NvmlEvent, ProbeResult
 from nvdp.testing import REPO, wait_until
 from tests.builders import full_gpu, mig_enabled_gpu
 from tests.fakes import FakeNodeHealthView
@@ -157,6 +159,25 @@ def test_taints_keep_the_other_clients_ones() -> None:
     assert taints_with([ours], "FatalXid", "NoExecute", "NOW") == [
         {"key": TAINT_KEY, "value": "FatalXid", "effect": "NoExecute", "timeAdded": "NOW"}
     ]
+
+
+def test_a_fault_turned_fatal_is_what_the_condition_sees() -> None:
+    """A fatal XID on a GPU already marked by a non-fatal one is no transition, yet it is sticky."""
+    state = HealthState([full_gpu(0)], XidPolicy(), 300.0)
+    state.event(NvmlEvent("GPU-0", EventType.XID_CRITICAL, 94), 1.0)
+    assert not state.faults()["GPU-0"].fatal
+    assert state.event(NvmlEvent("GPU-0", EventType.XID_CRITICAL, 79), 2.0) == []
+    fault = state.faults()["GPU-0"]
+    assert (fault.fatal, fault.xid) == (True, 79)
+    said = gpu_health_condition([full_gpu(0)], state.faults())
+    assert (said.status, said.reason) == ("False", "FatalXid")
+
+
+def test_a_recovered_unit_holds_no_fault() -> None:
+    state = HealthState([full_gpu(0)], XidPolicy(), 300.0)
+    state.event(NvmlEvent("GPU-0", EventType.XID_CRITICAL, 94), 1.0)
+    assert [c.healthy for c in state.probed("GPU-0", ProbeResult(), 301.0)] == [True]
+    assert state.faults() == {}
 
 
 def test_the_taint_setting_reaches_the_health_settings() -> None:
