@@ -159,6 +159,24 @@ def test_a_fault_that_recovers_leaves_the_condition_true(
     assert api.count("PATCH", f"{NODE_PATH}/status") == 1
 
 
+def test_an_unreachable_api_is_one_line_and_health_goes_on(
+    sock_dir: Path, tmp_path: Path, api: KubeApiStandin, reporting_node: list[ReportingNode]
+) -> None:
+    made = ReportingNode(sock_dir, tmp_path, api, "version: v1\n")
+    reporting_node.append(made)
+    made.kubeconfig = tmp_path / "missing-kubeconfig"
+    plugin = made.start(through_env=False)
+    made.inject(1, 79)
+    made.wait_unhealthy({1})
+    made.inject(2, 48)
+    made.wait_unhealthy({1, 2})
+    error = f"cannot load kubeconfig {made.kubeconfig}: no such file"
+    line = f'node condition not written; retrying error="{error}"'
+    wait_until(lambda: line in plugin.log(), 20, "the warning")
+    assert plugin.log().count("node condition not written") == 1
+    assert plugin.alive() and api.requests == []  # the stand-in never heard of it
+
+
 @pytest.mark.soak
 def test_a_gpu_flapping_a_hundred_times_costs_a_few_api_writes(
     sock_dir: Path, tmp_path: Path, api: KubeApiStandin, reporting_node: list[ReportingNode]
