@@ -20,8 +20,8 @@ class NodeHealth:
     """One health monitor per node feeding one router.
 
     `node_events` is where health transitions go as Node events when health checks are on (None: no
-    Node events); its owner closes it. `on_change` is called, on the monitor's thread, after each batch
-    of changes and after each start (it must not block).
+    Node events); its owner closes it. `on_change` is called after each batch of changes (on the
+    monitor's thread) and after each start; it must not block.
     """
 
     def __init__(
