@@ -21,6 +21,7 @@ from nvdp.config.notices import migration_notices
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.errors import NvdpError
 from nvdp.health.node import NodeHealth
+from nvdp.health.node_condition import node_condition_from_env
 from nvdp.health.node_events import node_events_from_env
 from nvdp.health.pod_events import pod_events_from_env
 from nvdp.ledger.ledger import AllocationLedger
@@ -131,9 +132,10 @@ class Daemon:
             config.flags.plugin.container_driver_root,
             environ=environ,
         )
-        # With the API server reachable (KUBECONFIG, else in-cluster) and the node named: one Node event
-        # recorder for health transitions and misfits, one pod event recorder for the pods they hit.
-        node, kubeconfig = environ.get("NODE_NAME", ""), environ.get("KUBECONFIG", "")
+        # With the API server reachable (--kubeconfig / KUBECONFIG, else in-cluster) and the node named:
+        # one Node event recorder for health transitions and misfits, one pod event recorder for the
+        # pods they hit, and the GPU health condition's reporter.
+        node, kubeconfig = runtime.node_name, runtime.kubeconfig
         self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
         self.pod_events = pod_events_from_env(
             environ,
@@ -141,6 +143,7 @@ class Daemon:
             kubeconfig=kubeconfig,
             recovery_quiet_period=lambda: self.health.recovery_quiet_period,
         )
+        self.node_condition = node_condition_from_env(environ, node=node, kubeconfig=kubeconfig)
         self.misfits = MisfitReport(self.node_events)
         # The kubelet's record of which container holds which device (its PodResources API).
         settings = node_settings(options)
@@ -164,7 +167,10 @@ class Daemon:
             node_events=self.node_events,
             allocations=self.ledger,
             pod_events=self.pod_events,
+            on_change=self.node_condition.changed if self.node_condition is not None else None,
         )
+        if not self.health.checks_enabled:
+            self.node_condition = None  # health checks off: nothing to say about the GPUs
         self._servers = GrpcServers(AllocateNotice(self.ledger.allocated, observer))
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
@@ -230,9 +236,13 @@ class Daemon:
         if self.rescanner is not None:
             self.rescanner.start()
         self.ledger.start()
+        if self.node_condition is not None:
+            self.node_condition.start(self.health)
         try:
             self.supervisor.run()
         finally:
+            if self.node_condition is not None:
+                self.node_condition.close()
             if self.rescanner is not None:
                 self.rescanner.stop()
             self._servers.shutdown()

@@ -84,6 +84,7 @@ def health_settings(config: Config) -> HealthSettings:
         degraded_grace_period=(
             DEFAULT_DEGRADED_GRACE_PERIOD if h.degraded_grace_period is None else h.degraded_grace_period
         ),
+        taint_on_fatal=h.taint_on_fatal,
     )
 
 

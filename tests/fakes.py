@@ -1,7 +1,8 @@
 """Hand-written fakes of nvdp's seams, defined once and imported where used: plugin servers and the
-supervisor's registration state, the kubelet's Register, node facts, node health, health targets,
-Node event sinks and clients, endpoints, an NVML that cannot start. (A fake of a seam only one test
-module drives stays in that module.) Waiting on a condition is `nvdp.testing.wait_until`."""
+supervisor's registration state, the kubelet's Register, node facts, node health (as the supervisor
+and as the Node condition's reporter see it), health targets, Node event sinks and clients,
+endpoints, an NVML that cannot start. (A fake of a seam only one test module drives stays in that
+module.) Waiting on a condition is `nvdp.testing.wait_until`."""
 
 from __future__ import annotations
 
@@ -176,6 +177,24 @@ class FakeHealth:
 
     def unhealthy(self) -> dict[str, HealthChange]:
         return {}
+
+
+class FakeNodeHealthView:
+    """The node's health as the Node condition's reporter reads it (`NodeHealthView`): set `faults`,
+    `failing` (the monitor's), `settings` and `gpus` from the test thread."""
+
+    def __init__(self, gpus: Sequence[GpuInfo], settings: HealthSettings | None = None) -> None:
+        self.gpus = list(gpus)
+        self.settings = settings or HealthSettings()
+        self.started = True
+        self.failing: str | None = None
+        self.current: dict[str, HealthChange] = {}
+
+    def faults(self) -> dict[str, HealthChange]:
+        return dict(self.current)
+
+    def monitor_status(self) -> MonitorStatus | None:
+        return MonitorStatus(True, self.failing is not None, None, None, 0, failing=self.failing)
 
 
 class FakeTarget:

@@ -14,7 +14,10 @@ Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, label
 gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
 open watch streams (a dropped connection). POST creates an object in the collection (Events) and
 records it in `created` (`events(kind, name)`: the Events recorded about one Node or Pod); PUT replaces
-an object; PATCH merges a JSON merge patch into one (a watched MODIFIED). `requests` logs (method,
+an object; PATCH merges a JSON merge patch into one (a watched MODIFIED), refused with 409 Conflict
+when it names a `metadata.resourceVersion` the object is no longer at, or a strategic merge patch
+(`status.conditions` merged by `type`, as the API server does for Nodes); a PATCH of
+`<object>/status` changes only the object's `status`. `requests` logs (method,
 path, query) of every request.
 
 Faults of the connection, as real servers and networks produce them: `late_bodies = seconds` sends
@@ -151,6 +154,21 @@ class KubeApiStandin:
             if path not in self.objects:
                 return None
             return self._store("MODIFIED", path, merge_patch(self.objects[path], patch))
+
+    def _patch(self, path: str, patch: Obj, strategic: bool) -> tuple[int, Obj]:
+        """A PATCH request's answer: `path` may end in /status (only `status` is patched)."""
+        target = path.removesuffix("/status")
+        if target != path:
+            patch = {"status": patch.get("status")} if "status" in patch else {}
+        with self._lock:
+            current = self.objects.get(target)
+            if current is None:
+                return 404, _status(404, f"{path} not found")
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != current["metadata"].get("resourceVersion"):
+                return 409, _status(409, f"the object has been modified (resourceVersion {wanted})")
+            merged = strategic_merge_patch(current, patch) if strategic else merge_patch(current, patch)
+            return 200, self._store("MODIFIED", target, merged)
 
     def delete(self, path: str) -> None:
         with self._lock:
@@ -345,6 +363,32 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
+MERGE_KEYS = {"conditions": "type"}  # lists a strategic merge patch merges by key (Node status)
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """`target` with a strategic merge patch applied: a merge patch, but for the lists of MERGE_KEYS,
+    whose items are merged by their key (an item of a new key is appended)."""
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif key in MERGE_KEYS and isinstance(value, list) and isinstance(merged.get(key), list):
+            items: list[Any] = merged[key]
+            by_key = {item.get(MERGE_KEYS[key]): n for n, item in enumerate(items) if isinstance(item, dict)}
+            for item in value:
+                n = by_key.get(item.get(MERGE_KEYS[key])) if isinstance(item, dict) else None
+                if n is None:
+                    items.append(copy.deepcopy(item))
+                else:
+                    items[n] = strategic_merge_patch(items[n], item)
+        else:
+            merged[key] = strategic_merge_patch(merged.get(key), value)
+    return merged
+
+
 def _status(code: int, message: str) -> Obj:
     reasons = {404: "NotFound", 410: "Expired", 500: "InternalError", 409: "AlreadyExists"}
     return {
@@ -441,14 +485,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if self._failed(path, False):
             return
-        if self.headers.get("Content-Type") != "application/merge-patch+json":
-            self._send_json(415, _status(415, f"unsupported patch type {self.headers.get('Content-Type')}"))
+        kind = self.headers.get("Content-Type")
+        if kind not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            self._send_json(415, _status(415, f"unsupported patch type {kind}"))
             return
-        patched = self.api.merge_patch(path, body)
-        if patched is None:
-            self._send_json(404, _status(404, f"{path} not found"))
-        else:
-            self._send_json(200, patched)
+        self._send_json(*self.api._patch(path, body, strategic=kind.startswith("application/strategic")))
 
     def _stream(self, path: str, query: Mapping[str, str]) -> None:
         self.send_response(200)

@@ -408,6 +408,10 @@ MESSAGES = {
         'health.recoveryQuietPeriod: must be >= 0, got "-5m"',
     ),
     "probe-zero": ("health: {probeInterval: 0}", "health.probeInterval: must be > 0, got 0"),
+    "taint-effect": (
+        "health: {taintOnFatal: NoEvict}",
+        'health.taintOnFatal: invalid value "NoEvict" (accepted: NoSchedule, PreferNoSchedule, NoExecute)',
+    ),
     "duration-type": (
         "health: {probeInterval: true}",
         'health.probeInterval: must be a duration such as "30s" or "5m", or a number of seconds, got true',

@@ -207,6 +207,21 @@ def test_config_file_path_from_flag_or_env(tmp_path: Path) -> None:
     assert resolve(parser().parse_args([]), {"CONFIG_FILE": ""}).runtime.config_file is None
 
 
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        pytest.param(
+            ["--kubeconfig=/k", "--node-name=n1"], {"KUBECONFIG": "/e", "NODE_NAME": "e1"}, id="flags"
+        ),
+        pytest.param([], {"KUBECONFIG": "/k", "NODE_NAME": "n1"}, id="env"),
+    ],
+)
+def test_the_plugin_takes_the_api_settings_of_the_side_commands(argv: list[str], env: dict[str, str]) -> None:
+    runtime = run(argv, env).runtime
+    assert (runtime.kubeconfig, runtime.node_name) == ("/k", "n1")
+    assert (run().runtime.kubeconfig, run().runtime.node_name) == ("", "")
+
+
 def test_file_settings_not_named_by_flags_are_kept() -> None:
     config = run(["--mig-strategy=mixed"], WITH_FILE, (DATA / "time-slicing.yaml").read_text()).config
     assert config.flags.mig_strategy == "mixed"

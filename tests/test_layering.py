@@ -37,6 +37,7 @@ PURE = {
     "nvdp.devices",
     "nvdp.gfd.clique",
     "nvdp.gfd.labels",
+    "nvdp.health.condition",
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",

@@ -247,6 +247,8 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
         target="runtime.cdi_kind",
     ),
     *under("runtime", (NVML, *LOGGING)),
+    # The Node this plugin reports on (events, the GPU health condition) and how it reaches the API.
+    *under("runtime", (KUBECONFIG, NODE_NAME)),
     flag(
         "--metrics-address $METRICS_ADDRESS",
         listen_address,

@@ -30,6 +30,7 @@ DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")  # the plugin refuses vfio (rules.py)
 SHARED_DEVICES_ALLOCATION_POLICIES = ("distributed", "packed")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")  # Kubernetes' taint effects
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
@@ -303,7 +304,8 @@ class Imex:
 class Health:
     """`health` (nvdp's extension). `ignored_xids` add to the default application XIDs; `fatal_xids`
     replace the health module's default fatal set (None: the defaults). Times are seconds;
-    `recovery_quiet_period` 0 disables recovery."""
+    `recovery_quiet_period` 0 disables recovery. `taint_on_fatal` is the effect of the Node taint put
+    on while no GPU of the node is left healthy and one has a fatal fault (None: no taint)."""
 
     ignored_xids: tuple[int, ...] = _key("ignoredXids", _xids, default=())
     fatal_xids: tuple[int, ...] | None = _key("fatalXids", _xids, default=None)
@@ -312,6 +314,7 @@ class Health:
     single_bit_ecc: bool = _key("singleBitEcc", v.boolean, default=False)
     # How long the monitor may stay degraded (NVML event wait failing) before /readyz fails; None: 5m.
     degraded_grace_period: float | None = _key("degradedGracePeriod", _seconds, dump=_go, default=None)
+    taint_on_fatal: str | None = _key("taintOnFatal", v.choice(*TAINT_EFFECTS), default=None)
 
 
 @dataclass(frozen=True)

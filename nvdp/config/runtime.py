@@ -60,6 +60,8 @@ class RuntimeOptions:
     cdi_disable_hooks: tuple[str, ...] = ()
     strict_config: bool = False  # unknown file keys are errors, not warnings
     resource_name_prefix: str = RESOURCE_NAME_PREFIX  # NVIDIA's flag; only the default is supported
+    kubeconfig: str = ""  # empty: in-cluster credentials (when present)
+    node_name: str = ""  # empty: no Node events, no Node condition
 
 
 @dataclass(frozen=True)

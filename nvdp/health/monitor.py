@@ -135,6 +135,10 @@ class HealthMonitor:
         """uuid -> fatal, for every unit the monitor holds Unhealthy."""
         return self._state.unhealthy()
 
+    def faults(self) -> dict[str, HealthChange]:
+        """uuid -> what holds it Unhealthy, for every unit the monitor holds Unhealthy."""
+        return self._state.faults()
+
     def start(self) -> None:
         if self._thread is not None:
             return

@@ -26,6 +26,7 @@ from nvdp.nvml.types import EventType, GpuInfo, MigDeviceInfo, NvmlEvent, ProbeR
 log = logging.getLogger(__name__)
 
 GPU_LOST_REASON = "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+ENUMERATION_FAILED_REASON = "GPU enumeration failed"
 ROW_REMAP_FAILURE_REASON = "row remapping failed (the GPU needs service)"
 RECOVERED_REASON = "no critical event in the quiet period and the probe passed"
 
@@ -53,6 +54,7 @@ class Unit:
     healthy: bool = True
     fatal: bool = False
     last_event: float = 0.0
+    fault: HealthChange | None = None  # what holds it Unhealthy: the marking, or a fatal cause after it
 
 
 class HealthState:
@@ -96,6 +98,12 @@ class HealthState:
         """uuid -> fatal, for every unit held Unhealthy. Safe to call from any thread."""
         return {u.uuid: u.fatal for u in list(self._units.values()) if not u.healthy}
 
+    def faults(self) -> dict[str, HealthChange]:
+        """uuid -> what holds the unit Unhealthy (a fatal cause that came after a non-fatal marking
+        replaces it), for every unit held Unhealthy. Safe to call from any thread."""
+        units = list(self._units.values())
+        return {u.uuid: u.fault for u in units if not u.healthy and u.fault is not None}
+
     # ---- inputs ----------------------------------------------------------------------------
 
     def event(self, event: NvmlEvent, now: float) -> list[HealthChange]:
@@ -125,7 +133,7 @@ class HealthState:
         changes: list[HealthChange] = []
         for gpu in self._gpus:
             if gpu.fault is not None:
-                reason = f"GPU enumeration failed: {gpu.fault}"
+                reason = f"{ENUMERATION_FAILED_REASON}: {gpu.fault}"
                 changes += self._mark(self._gpu_units(gpu.uuid), reason, None, True, now)
         return changes
 
@@ -145,7 +153,7 @@ class HealthState:
         changes = []
         for unit in self._gpu_units(gpu_uuid):
             if not unit.healthy and not unit.fatal and now - unit.last_event >= quiet:
-                unit.healthy = True
+                unit.healthy, unit.fault = True, None
                 changes.append(HealthChange(unit.uuid, True, RECOVERED_REASON, None, False, now))
         return changes
 
@@ -189,9 +197,11 @@ class HealthState:
         for unit in units:
             unit.last_event = now
             if unit.healthy:
-                unit.healthy, unit.fatal = False, fatal
-                changes.append(HealthChange(unit.uuid, False, reason, xid, fatal, now))
-            elif fatal:
+                change = HealthChange(unit.uuid, False, reason, xid, fatal, now)
+                unit.fault, unit.healthy, unit.fatal = change, False, fatal
+                changes.append(change)
+            elif fatal and not unit.fatal:
+                unit.fault = HealthChange(unit.uuid, False, reason, xid, True, now)
                 unit.fatal = True
         return changes
 

@@ -17,7 +17,8 @@ class HealthSettings:
     """The config file's `health` section, as plain values (the supervisor maps config onto it).
 
     `fatal_xids` None means nvdp's default fatal set; a set replaces it. Times are seconds;
-    `recovery_quiet_period` 0 disables recovery.
+    `recovery_quiet_period` 0 disables recovery. `taint_on_fatal`: the effect of the Node taint of a
+    node left without a healthy GPU (None: no taint; `nvdp.health.node_condition`).
     """
 
     ignored_xids: frozenset[int] = frozenset()
@@ -26,6 +27,7 @@ class HealthSettings:
     probe_interval: float = 5.0
     single_bit_ecc: bool = False
     degraded_grace_period: float = DEFAULT_DEGRADED_GRACE_PERIOD
+    taint_on_fatal: str | None = None
 
     def __post_init__(self) -> None:
         if self.recovery_quiet_period < 0:

@@ -1,12 +1,14 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
 (lazily: importing this package costs nothing); `events` (Node events), `pod_events` (events on the
-pods a GPU fault hits), `nodes` (the Node's labels and annotations), `nodefeature` (NFD's NodeFeature
-objects) and `pods` (this process's pod: owner references) are requests built on it. The package is a
-leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through small protocols of
-their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
+pods a GPU fault hits), `nodes` (the Node's labels and annotations), `node_status` (the Node's
+conditions and taints), `nodefeature` (NFD's NodeFeature objects) and `pods` (this process's pod:
+owner references) are requests built on it. The package is a leaf: it imports nothing of nvdp but
+`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
+`nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
+from nvdp.kube.node_status import KubeNodeStatus, NodeConditionsAndTaints
 from nvdp.kube.nodefeature import (
     NODE_FEATURE_GROUP,
     NODE_FEATURE_NODE_LABEL,
@@ -29,7 +31,9 @@ __all__ = [
     "NODE_FEATURE_VERSION",
     "SERVICE_ACCOUNT_TOKEN",
     "KubeNodeEvents",
+    "KubeNodeStatus",
     "KubePodEvents",
+    "NodeConditionsAndTaints",
     "NodeMeta",
     "OwnerReference",
     "apply_node_feature",
