@@ -68,6 +68,7 @@ GFD_OPTIONS: tuple[Option, ...] = (
         if o.names[0] in _GFD_ENVS
         else o
         for o in flags_only_for(SHARED_FLAGS, PLUGIN_OPTIONS)
+        if o.names[0] not in (NODE_NAME.names[0], KUBECONFIG.names[0])  # gfd's own, below
     ),
     flag("--oneshot $GFD_ONESHOT", v.parse_bool, "label once and exit"),
     flag("--no-timestamp $GFD_NO_TIMESTAMP", v.parse_bool, "do not add the timestamp label"),
