@@ -104,6 +104,7 @@ def cdi_settings(
         dev_root=flags.dev_root,
         hook_path=plugin.nvidia_ctk_path,
         disabled_hooks=runtime.cdi_disable_hooks,
+        feature_flags=plugin.cdi_feature_flags,
         modes=tuple(m for m, on in modes.items() if on),
         imex_channels=imex_channels,
     )
