@@ -46,14 +46,15 @@ def daemon_settings(
             extra_envs=feature_envs(config),
             mps_root=flags.mps_root,
             cdi_kind=runtime.cdi_kind,
-            imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
+            imex_channels=imex_channels,
         ),
     )
 
 
 def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
-    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
-    the NVIDIA container toolkit acts on them."""
+    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED and GDRCopy; the NVIDIA
+    container toolkit acts on them. (The IMEX channels' one goes with the device list env var:
+    `nvdp.plugin.responses`.)"""
     flags = config.flags
     envs = [
         (name, "enabled")
@@ -64,8 +65,6 @@ def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
         )
         if on
     ]
-    if config.imex.channel_ids:
-        envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
     return tuple(envs)
 
 

@@ -579,9 +579,9 @@ def test_imex_required_channel_missing_is_refused(tmp_path: Path) -> None:
 
 def test_imex_channel_nodes_passed_with_device_specs() -> None:
     gpu = build_resources(sim_gpus("pcie-4")).resources[0].devices
-    options = ResponseOptions(pass_device_specs=True, imex_channel_paths=(IMEX_NODE,))
+    options = ResponseOptions(pass_device_specs=True, imex_channels=(0,))
     response = container_response([next(iter(gpu.values()))], options, "")
-    assert [d.container_path for d in response.devices] == [IMEX_NODE, "/dev/nvidia0"]
+    assert [d.container_path for d in response.devices] == ["/dev/nvidia0", IMEX_NODE]  # NVIDIA's order
 
 
 def test_answer_names_use_the_compat_kind_when_asked() -> None:
