@@ -49,14 +49,15 @@ def daemon_settings(
             extra_envs=feature_envs(config),
             mps_root=flags.mps_root,
             cdi_kind=runtime.cdi_kind,
-            imex_channel_paths=tuple(imex_channel_path(c) for c in imex_channels),
+            imex_channels=imex_channels,
         ),
     )
 
 
 def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
-    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED, GDRCopy and IMEX channels;
-    the NVIDIA container toolkit acts on them."""
+    """Env vars NVIDIA's plugin adds to every container for GDS, MOFED and GDRCopy; the NVIDIA
+    container toolkit acts on them. (The IMEX channels' one goes with the device list env var:
+    `nvdp.plugin.responses`.)"""
     flags = config.flags
     envs = [
         (name, "enabled")
@@ -67,8 +68,6 @@ def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
         )
         if on
     ]
-    if config.imex.channel_ids:
-        envs.append(("NVIDIA_IMEX_CHANNELS", ",".join(str(c) for c in config.imex.channel_ids)))
     return tuple(envs)
 
 
@@ -108,6 +107,7 @@ def cdi_settings(
         dev_root=flags.dev_root,
         hook_path=plugin.nvidia_ctk_path,
         disabled_hooks=runtime.cdi_disable_hooks,
+        feature_flags=plugin.cdi_feature_flags,
         modes=tuple(m for m, on in modes.items() if on),
         imex_channels=imex_channels,
     )

@@ -69,7 +69,7 @@ def root(sock_dir: Path) -> Path:
     root = sock_dir / "root"
     make_node(root, sim_gpus("dgx-a100-mig"))
     for minor in range(3 + 8 * 135):  # every MIG access node a new layout on these GPUs may need
-        make_char_device(root / f"dev/nvidia-caps/nvidia-cap{minor}", minor)
+        make_char_device(root / f"dev/nvidia-caps/nvidia-cap{minor}")
     return root
 
 

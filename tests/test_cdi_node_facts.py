@@ -96,7 +96,7 @@ def test_a_missing_device_node_leaves_out_its_gpu_and_its_return_brings_it_back(
     assert warnings(plugin.log()) == [line]
     assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 1' in http_get(port, "/metrics")[1]
     # the node appears: the GPU is served again, no SIGHUP (the dev directory is watched)
-    make_char_device(root / "dev/nvidia3", 3)
+    make_char_device(root / "dev/nvidia3")
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=10)
     assert GPUS[3].uuid in spec_names(spec)
     assert 'nvdp_node_misfits{reason="DeviceNodeMissing"} 0' in http_get(port, "/metrics")[1]

@@ -119,7 +119,7 @@ def test_health_section_and_imex_channels() -> None:
         "version: v1\nimex:\n  channelIDs: [0]\nhealth:\n  ignoredXids: [13]\n  fatalXids: [79]\n"
         "  recoveryQuietPeriod: 1m\n  probeInterval: 2s\n  singleBitEcc: true\n"
     )
-    settings = daemon_settings(config_from(["--gdrcopy-enabled"], text))
+    settings = daemon_settings(config_from(["--gdrcopy-enabled"], text), imex_channels=(0,))
     assert settings.health == HealthSettings(
         ignored_xids=frozenset({13}),
         fatal_xids=frozenset({79}),
@@ -127,7 +127,8 @@ def test_health_section_and_imex_channels() -> None:
         probe_interval=2.0,
         single_bit_ecc=True,
     )
-    assert settings.response.extra_envs == (("NVIDIA_GDRCOPY", "enabled"), ("NVIDIA_IMEX_CHANNELS", "0"))
+    assert settings.response.extra_envs == (("NVIDIA_GDRCOPY", "enabled"),)
+    assert settings.response.imex_channels == (0,)  # present on the node (the caller looked)
 
 
 def test_no_sharing_and_default_health() -> None:

@@ -19,11 +19,13 @@ from nvdp.config.model import (
 )
 from nvdp.config.runtime import CDI_KINDS, DEFAULT_CDI_SPEC_DIR
 
-# The CDI specification version written into every spec. 0.5.0 is the lowest version that can
-# express what nvdp writes (device nodes with a `hostPath`, device names that start with a digit
-# for the index strategy) and the one the CDI library's MinimumRequiredVersion picks for such a
-# spec; runtimes whose CDI library predates a newer version would refuse a higher number.
+# The CDI specification version written into a spec: the lowest that can express it, as the CDI
+# library's MinimumRequiredVersion picks (runtimes whose CDI library predates a higher number refuse
+# it). 0.5.0 for what every spec has (device nodes with a `hostPath`, device names that start with
+# a digit for the index strategy); 0.7.0 only for a spec with `additionalGids` (a device node whose
+# group others cannot use), as NVIDIA's spec does.
 CDI_VERSION = "0.5.0"
+CDI_VERSION_ADDITIONAL_GIDS = "0.7.0"
 GPU_CLASS = "gpu"
 IMEX_CLASS = "imex-channel"
 MODE_CLASSES = ("gds", "mofed", "gdrcopy")
@@ -45,7 +47,8 @@ class CdiSettings:
     container_driver_root: str = DEFAULT_CONTAINER_DRIVER_ROOT  # where that root is mounted in this container
     dev_root: str = "/"  # the host's root for /dev/nvidia*
     hook_path: str = DEFAULT_NVIDIA_CTK_PATH  # --nvidia-cdi-hook-path
-    disabled_hooks: tuple[str, ...] = ()  # of config.model.CDI_HOOKS
+    disabled_hooks: tuple[str, ...] = ()  # of config.runtime.CDI_HOOKS
+    feature_flags: tuple[str, ...] = ()  # of config.model.CDI_FEATURE_FLAGS (--cdi-feature-flags)
     modes: tuple[str, ...] = ()  # of MODE_CLASSES, from --gds-enabled and friends
     imex_channels: tuple[int, ...] = ()
 
@@ -55,6 +58,9 @@ class CdiSettings:
 
     def hook_enabled(self, name: str) -> bool:
         return "all" not in self.disabled_hooks and name not in self.disabled_hooks
+
+    def feature(self, flag: str) -> bool:
+        return flag in self.feature_flags
 
 
 def cdi_enabled(device_list_strategy: Sequence[str]) -> bool:

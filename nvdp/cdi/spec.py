@@ -1,21 +1,23 @@
 """CDI specs from the node's devices and the files found under its roots (pure).
 
 One spec per class: `gpu` (a device per GPU and MIG device, plus `all`; the driver's control
-nodes, libraries, binaries and hooks as edits common to all of them), `gds` / `mofed` / `gdrcopy`
-(one device `all`) and `imex-channel` (a device per channel). Paths found under the root as this
-process sees it are written as host paths: the host's driver root (dev root) in front.
+nodes, libraries, binaries and hooks as edits common to all of them: `nvdp.cdi.edits`), `gds` /
+`mofed` / `gdrcopy` (one device `all`) and `imex-channel` (a device per channel). Paths found under
+the root as this process sees it are written as host paths: the host's driver root (dev root) in
+front. `build_specs` is a function of its arguments alone (devices, what the node holds, settings),
+so a caller with its own device set (a DRA claim) builds its spec the same way.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from nvdp.cdi.edits import Spec, common_edits, device_edits, device_node, host_mapper
 from nvdp.cdi.names import (
     CDI_VERSION,
+    CDI_VERSION_ADDITIONAL_GIDS,
     IMEX_CLASS,
     CdiSettings,
     imex_channel_name,
@@ -24,33 +26,16 @@ from nvdp.cdi.names import (
     spec_file_name,
     valid_device_name,
 )
-from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
+from nvdp.cdi.node_files import NodeFiles
+from nvdp.devices import gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
 
-MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # Device nodes of the additional classes, as prefixes under /dev.
 MODE_NODES = {
     "gds": ("/dev/nvidia-fs",),
     "mofed": ("/dev/infiniband/",),
     "gdrcopy": ("/dev/gdrdrv",),
 }
-
-Spec = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class DriverFiles:
-    """The driver's files found under a root, as paths inside it."""
-
-    # (path in the container, the file it is inside the root): the same unless a symlink led there
-    libraries: tuple[tuple[str, str], ...] = ()
-    links: tuple[tuple[str, str], ...] = ()  # (link path, target name): libcuda.so.1 -> libcuda.so.550...
-    binaries: tuple[str, ...] = ()
-    firmware: tuple[str, ...] = ()
-
-    @property
-    def library_dirs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(os.path.dirname(p) for p, _ in self.libraries))
 
 
 @dataclass(frozen=True)
@@ -59,14 +44,6 @@ class CdiDevice:
 
     name: str
     paths: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class NodeFiles:
-    """What spec generation found on the node (see nvdp.cdi.scan)."""
-
-    driver: DriverFiles = field(default_factory=DriverFiles)
-    dev_nodes: frozenset[str] = frozenset()  # /dev/... paths present under the dev root
 
 
 @dataclass(frozen=True)
@@ -94,16 +71,20 @@ def node_devices(
 
 def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSettings) -> BuiltSpecs:
     """Every spec the settings ask for. A device whose nodes are missing, or whose name CDI does
-    not accept, is left out (`left_out`); so is a class with nothing to put in it (a problem)."""
+    not accept, is left out (`left_out`); so is a class with nothing to put in it (a problem).
+    Devices are listed by name, as NVIDIA's spec lists them."""
     specs: dict[str, Spec] = {}
     names: set[str] = set()
     extra: list[str] = []
     problems: list[str] = []
     left_out: dict[str, str] = {}
-    dev_host = _mapper(settings.dev_root)
+    dev_host = host_mapper(settings.dev_root)
 
-    def node(path: str) -> dict[str, str]:
-        return {"path": path, "hostPath": dev_host(path)}
+    def node(path: str) -> Spec:
+        return device_node(path, dev_host(path), files.dev_nodes.get(path))
+
+    def edits(paths: Sequence[str]) -> Spec:
+        return device_edits(paths, files, settings, node)
 
     gpu_devices: list[Spec] = []
     all_nodes: dict[str, None] = {}
@@ -116,35 +97,24 @@ def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSet
         elif any(d["name"] == device.name for d in gpu_devices):
             left_out[device.name] = "named twice"
         else:
-            gpu_devices.append(
-                {"name": device.name, "containerEdits": {"deviceNodes": [node(p) for p in device.paths]}}
-            )
+            gpu_devices.append({"name": device.name, "containerEdits": edits(device.paths)})
             all_nodes.update(dict.fromkeys(device.paths))
     if gpu_devices:
-        gpu_devices.append({"name": "all", "containerEdits": {"deviceNodes": [node(p) for p in all_nodes]}})
+        gpu_devices.append({"name": "all", "containerEdits": edits(list(all_nodes))})
         kind = settings.gpu_kind
-        specs[spec_file_name(kind)] = {
-            "cdiVersion": CDI_VERSION,
-            "kind": kind,
-            "devices": gpu_devices,
-            "containerEdits": _common_edits(files, settings, node),
-        }
+        specs[spec_file_name(kind)] = _spec(kind, gpu_devices, common_edits(files, settings, node))
         names.update(qualified_name(kind, d["name"]) for d in gpu_devices)
 
     for mode in settings.modes:
         prefixes = MODE_NODES[mode]
-        nodes = sorted(p for p in files.dev_nodes if p.startswith(prefixes))
+        nodes = [p for p in files.dev_nodes if p.startswith(prefixes)]
         kind = f"{settings.vendor}/{mode}"
         if not nodes:
             problems.append(
                 f"{kind}: no device nodes ({', '.join(prefixes)}*) under the dev root; not offered"
             )
             continue
-        specs[spec_file_name(kind)] = {
-            "cdiVersion": CDI_VERSION,
-            "kind": kind,
-            "devices": [{"name": "all", "containerEdits": {"deviceNodes": [node(p) for p in nodes]}}],
-        }
+        specs[spec_file_name(kind)] = _spec(kind, [{"name": "all", "containerEdits": edits(nodes)}])
         names.add(qualified_name(kind, "all"))
         extra.append(qualified_name(kind, "all"))
 
@@ -155,58 +125,26 @@ def build_specs(devices: Sequence[CdiDevice], files: NodeFiles, settings: CdiSet
         if path not in files.dev_nodes:
             problems.append(f"{imex_kind}: {path} not found under the dev root; channel not offered")
             continue
-        channels.append({"name": imex_channel_name(channel), "containerEdits": {"deviceNodes": [node(path)]}})
+        channels.append({"name": imex_channel_name(channel), "containerEdits": edits([path])})
         extra.append(qualified_name(imex_kind, imex_channel_name(channel)))
     if channels:
-        specs[spec_file_name(imex_kind)] = {"cdiVersion": CDI_VERSION, "kind": imex_kind, "devices": channels}
+        specs[spec_file_name(imex_kind)] = _spec(imex_kind, channels)
         names.update(qualified_name(imex_kind, c["name"]) for c in channels)
     return BuiltSpecs(specs, frozenset(names), tuple(extra), tuple(problems), left_out)
+
+
+def _spec(kind: str, devices: list[Spec], common: Spec | None = None) -> Spec:
+    """A spec at the lowest CDI version that can express it (what the CDI library's
+    MinimumRequiredVersion picks): 0.5.0 for `hostPath` and names such as `0`, 0.7.0 once a device
+    node needs `additionalGids`."""
+    every = [d["containerEdits"] for d in devices] + ([common] if common else [])
+    version = CDI_VERSION_ADDITIONAL_GIDS if any("additionalGids" in e for e in every) else CDI_VERSION
+    spec: Spec = {"cdiVersion": version, "kind": kind, "devices": sorted(devices, key=lambda d: d["name"])}
+    if common:
+        spec["containerEdits"] = common
+    return spec
 
 
 def render(spec: Spec) -> bytes:
     """The bytes written for a spec: stable, so unchanged content compares equal."""
     return (json.dumps(spec, indent=2) + "\n").encode()
-
-
-def _common_edits(files: NodeFiles, settings: CdiSettings, node: Callable[[str], dict[str, str]]) -> Spec:
-    driver = files.driver
-    host = _mapper(settings.driver_root)
-    edits: Spec = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
-    controls = [p for p in CONTROL_DEVICES if p in files.dev_nodes]
-    if controls:
-        edits["deviceNodes"] = [node(p) for p in controls]
-    mounted = [*driver.libraries, *((p, p) for p in (*driver.binaries, *driver.firmware))]
-    mounts = [
-        {"hostPath": host(source), "containerPath": path, "options": list(MOUNT_OPTIONS)}
-        for path, source in mounted
-    ]
-    if mounts:
-        edits["mounts"] = mounts
-    hooks: list[Spec] = []
-    if driver.links and settings.hook_enabled("create-symlinks"):
-        args: list[str] = []
-        for link, target in driver.links:
-            args += ["--link", f"{target}::{link}"]
-        hooks.append(_hook(settings.hook_path, "create-symlinks", args))
-    if driver.libraries and settings.hook_enabled("update-ldcache"):
-        args = []
-        for directory in driver.library_dirs:
-            args += ["--folder", directory]
-        hooks.append(_hook(settings.hook_path, "update-ldcache", args))
-    if hooks:
-        edits["hooks"] = hooks
-    return edits
-
-
-def _hook(path: str, name: str, args: list[str]) -> Spec:
-    """A createContainer hook; `nvidia-ctk` takes its hooks as `nvidia-ctk hook <name>`."""
-    program = os.path.basename(path)
-    argv = [program, "hook", name] if program == "nvidia-ctk" else [program, name]
-    return {"hookName": "createContainer", "path": path, "args": argv + args}
-
-
-def _mapper(root: str) -> Callable[[str], str]:
-    def host(path: str) -> str:
-        return path if root in ("", "/") else os.path.join(root, path.lstrip("/"))
-
-    return host

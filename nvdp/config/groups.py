@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from nvdp.config import values as v
 from nvdp.config.model import (
+    CDI_FEATURE_FLAGS,
     DEVICE_DISCOVERY_STRATEGIES,
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
@@ -208,8 +209,8 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
     ),
     flag(
         "--cdi-feature-flags $CDI_FEATURE_FLAGS",
-        _listed(v.list_of(v.string)),
-        "feature flags passed to CDI spec generation",
+        _listed(v.list_of(v.choice(*CDI_FEATURE_FLAGS))),
+        f"NVIDIA's CDI spec generation feature flags: {_alts(CDI_FEATURE_FLAGS)}",
         "list",
         target="config.flags.plugin.cdi_feature_flags",
     ),

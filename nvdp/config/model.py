@@ -31,6 +31,20 @@ DEVICE_ID_STRATEGIES = ("uuid", "index")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")  # the plugin refuses vfio (rules.py)
 SHARED_DEVICES_ALLOCATION_POLICIES = ("distributed", "packed")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")  # Kubernetes' taint effects
+# NVIDIA's CDI spec generation feature flags (nvcdi, container toolkit v1.19/v1.20), which its
+# plugin passes on from --cdi-feature-flags; what each does in nvdp: docs/cdi.md.
+IPC_DISCOVERER_OFF_FLAG = "disable-ipc-discoverer"
+EXPLICIT_DRIVER_LIBRARIES_FLAG = "enable-explicit-driver-libraries"
+NO_ADDITIONAL_GIDS_FLAG = "no-additional-gids-for-device-nodes"
+COHERENT_ANNOTATIONS_FLAG = "enable-coherent-annotations"
+CDI_FEATURE_FLAGS = (
+    IPC_DISCOVERER_OFF_FLAG,
+    "disable-multiple-csv-devices",
+    "disable-nvsandbox-utils",
+    COHERENT_ANNOTATIONS_FLAG,
+    EXPLICIT_DRIVER_LIBRARIES_FLAG,
+    NO_ADDITIONAL_GIDS_FLAG,
+)
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_NVIDIA_CTK_PATH = "/usr/bin/nvidia-ctk"
@@ -132,7 +146,6 @@ def imex_channel_ids(value: object) -> tuple[int, ...]:
 
 
 _xids = v.list_of(v.integer(0, 2**32 - 1))
-_strings = v.list_of(v.string, single=True)
 _seconds = v.duration()
 
 
@@ -172,7 +185,9 @@ class PluginFlags:
     nvidia_ctk_path: str = _key("nvidiaCTKPath", v.string, default=DEFAULT_NVIDIA_CTK_PATH)
     container_driver_root: str = _key("containerDriverRoot", v.string, default=DEFAULT_CONTAINER_DRIVER_ROOT)
     kubelet_socket: str = _key("kubeletSocket", v.string, default=DEFAULT_KUBELET_SOCKET)
-    cdi_feature_flags: tuple[str, ...] = _key("cdiFeatureFlags", _strings, default=())
+    cdi_feature_flags: tuple[str, ...] = _key(
+        "cdiFeatureFlags", v.list_of(v.choice(*CDI_FEATURE_FLAGS), single=True), default=()
+    )
     shared_devices_allocation_policy: str = _key(
         "sharedDevicesAllocationPolicy", v.choice(*SHARED_DEVICES_ALLOCATION_POLICIES), default="distributed"
     )

@@ -10,7 +10,7 @@ that part's settings: `gfd_problems` asks for no MPS root, which gfd never uses.
 
 from __future__ import annotations
 
-from nvdp.config.model import Config
+from nvdp.config.model import CDI_FEATURE_FLAGS, COHERENT_ANNOTATIONS_FLAG, Config
 
 # Replicas per shared device: far above any real time-slicing use, and low enough that a node's
 # ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
@@ -27,19 +27,26 @@ VFIO_PLUGIN = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: vfio is for gpu-feature-discovery only; "
     "the device plugin accepts auto, nvml"
 )
+COHERENT_ANNOTATIONS_UNSUPPORTED = (
+    f"--cdi-feature-flags / CDI_FEATURE_FLAGS / flags.plugin.cdiFeatureFlags: {COHERENT_ANNOTATIONS_FLAG} "
+    "is not supported by nvdp (nvdp does not read a GPU's memory coherence; accepted here: "
+    f"{', '.join(f for f in CDI_FEATURE_FLAGS if f != COHERENT_ANNOTATIONS_FLAG)})"
+)
 
 
 def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str]:
     """Every reason the plugin refuses `config` (NVIDIA's validateFlags plus nvdp's support limits).
-    `runs_the_plugin=False` leaves out the settings only the running plugin needs (an MPS root) and
-    those only it refuses (vfio discovery, which gfd takes). An empty kubelet socket is no problem:
-    the plugin then serves without registering, as NVIDIA's."""
+    `runs_the_plugin=False` leaves out the settings only the running plugin needs (an MPS root, CDI
+    feature flags) and those only it refuses (vfio discovery, which gfd takes). An empty kubelet
+    socket is no problem: the plugin then serves without registering, as NVIDIA's."""
     flags = config.flags
     problems = []
     if flags.device_discovery_strategy == "tegra":
         problems.append(TEGRA_UNSUPPORTED)
     if runs_the_plugin and flags.device_discovery_strategy == "vfio":
         problems.append(VFIO_PLUGIN)
+    if runs_the_plugin and COHERENT_ANNOTATIONS_FLAG in flags.plugin.cdi_feature_flags:
+        problems.append(COHERENT_ANNOTATIONS_UNSUPPORTED)
     replicated = config.sharing.replicated
     if replicated is not None:
         section = "timeSlicing" if config.sharing.strategy == "time-slicing" else "mps"

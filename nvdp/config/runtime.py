@@ -17,7 +17,17 @@ DEFAULT_METRICS_ADDRESS = ":2112"
 DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
-CDI_HOOKS = ("update-ldcache", "create-symlinks", "enable-cuda-compat", "chmod", "all")
+# NVIDIA's CDI hook names (--cdi-disable-hooks): those nvdp's specs run (nvdp.cdi.edits.HOOKS),
+# NVIDIA's deprecated `chmod` (which neither NVIDIA's spec nor nvdp's writes), and `all`.
+CDI_HOOKS = (
+    "create-symlinks",
+    "enable-cuda-compat",
+    "update-ldcache",
+    "disable-device-node-modification",
+    "update-application-profile",
+    "chmod",
+    "all",
+)
 
 
 def nvml_spec(value: object) -> str:
