@@ -1,11 +1,11 @@
-"""Generate (or check) the Python code for the kubelet device-plugin API.
+"""Generate (or check) the Python code for the kubelet's gRPC APIs nvdp speaks.
 
-    python api/generate.py           # write nvdp/api/v1beta1/api_pb2{,_grpc}.py
+    python api/generate.py           # write nvdp/api/<package>/api_pb2{,_grpc}.py{,i}
     python api/generate.py --check   # exit 1 when the committed code is stale
 
-Needs the `dev` extra (grpcio-tools). The proto is mapped to the import path
-`nvdp/api/v1beta1/api.proto` so the generated stubs import each other as
-`nvdp.api.v1beta1.*`; the wire names (package v1beta1) are unchanged.
+Needs the `dev` extra (grpcio-tools). Each proto is mapped to the import path of its output package
+(`nvdp/api/v1beta1/api.proto`, ...) so the generated stubs import each other as `nvdp.api.<package>.*`;
+the wire names (the protos' packages) are unchanged.
 """
 
 from __future__ import annotations
@@ -18,25 +18,32 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_DIR = ROOT / "api" / "deviceplugin" / "v1beta1"
-OUT_PACKAGE = Path("nvdp") / "api" / "v1beta1"
+# (directory of the api.proto, the package its code goes to)
+APIS = (
+    ("deviceplugin/v1beta1", "nvdp/api/v1beta1"),
+    ("dra/v1", "nvdp/api/dra/v1"),
+    ("dra/v1beta1", "nvdp/api/dra/v1beta1"),
+    ("dra-health/v1alpha1", "nvdp/api/dra/health_v1alpha1"),
+    ("dra-health/v1", "nvdp/api/dra/health_v1"),
+    ("pluginregistration/v1", "nvdp/api/dra/registration_v1"),
+)
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
 
 def generate(out_root: Path) -> None:
     from grpc_tools import protoc  # dev dependency, imported only here
 
-    virtual = OUT_PACKAGE.as_posix()
-    args = [
-        "protoc",
-        f"-I{virtual}={PROTO_DIR}",
-        f"--python_out={out_root}",
-        f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        f"{virtual}/api.proto",
-    ]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    for proto_dir, virtual in APIS:
+        args = [
+            "protoc",
+            f"-I{virtual}={ROOT / 'api' / proto_dir}",
+            f"--python_out={out_root}",
+            f"--pyi_out={out_root}",
+            f"--grpc_python_out={out_root}",
+            f"{virtual}/api.proto",
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on api/{proto_dir}/api.proto")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,14 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         stale = []
-        for name in GENERATED:
-            fresh = Path(tmp) / OUT_PACKAGE / name
-            committed = ROOT / OUT_PACKAGE / name
-            if opts.check:
-                if not committed.exists() or not filecmp.cmp(fresh, committed, shallow=False):
-                    stale.append(str(committed.relative_to(ROOT)))
-            else:
-                shutil.copyfile(fresh, committed)
+        for _, package in APIS:
+            for name in GENERATED:
+                fresh = Path(tmp) / package / name
+                committed = ROOT / package / name
+                if opts.check:
+                    if not committed.exists() or not filecmp.cmp(fresh, committed, shallow=False):
+                        stale.append(str(committed.relative_to(ROOT)))
+                else:
+                    committed.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(fresh, committed)
         if stale:
             print("stale generated code (run python api/generate.py): " + ", ".join(stale))
             return 1
