@@ -19,9 +19,8 @@ from nvdp.dra.devices import DriverFacts, architecture, brand, node_devices, pci
 from nvdp.dra.names import claim_spec_file, mig_device_name
 from nvdp.dra.slices import MAX_DEVICES_PER_SLICE, Taint, pool_slices, same_content
 from nvdp.inventory import dra_devices
-from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo, MigPlacement
-from tests.builders import full_gpu
+from tests.builders import full_gpu, sim_gpus
 
 GOLDEN = Path(__file__).parent / "data" / "dra"
 UPDATE = os.environ.get("NVDP_UPDATE_GOLDEN") == "1"
@@ -37,15 +36,6 @@ NVIDIA_MIG_ATTRIBUTES = {
 NVIDIA_MIG_CAPACITIES = {
     "memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines",
 }  # fmt: skip
-
-
-def sim_gpus(profile: str) -> list[GpuInfo]:
-    nvml = open_sim(profile)
-    nvml.init()
-    try:
-        return nvml.gpus()
-    finally:
-        nvml.shutdown()
 
 
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "pcie-4"])
