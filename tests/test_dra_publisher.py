@@ -19,9 +19,9 @@ from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.slices import Taint
 from nvdp.kube import new_api_client
 from nvdp.testing import wait_until
+from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import log_lines
-from tests.builders import sim_gpus
 from tests.test_dra_slices import FACTS
 from tests.test_kube_dra import GROUP, discovery
 

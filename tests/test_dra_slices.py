@@ -19,7 +19,7 @@ from nvdp.dra.devices import DriverFacts, architecture, brand, node_devices, pci
 from nvdp.dra.names import claim_spec_file, mig_device_name
 from nvdp.dra.slices import MAX_DEVICES_PER_SLICE, Taint, pool_slices, same_content
 from nvdp.inventory import dra_devices
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo, MigPlacement
+from nvdp.nvml.types import MigDeviceInfo, MigPlacement
 from tests.builders import full_gpu, sim_gpus
 
 GOLDEN = Path(__file__).parent / "data" / "dra"
