@@ -70,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_config_manager(args, os.environ)
     if args.command == "mps-control-daemon":
         return run_mps_control_daemon(args, os.environ)
+    if args.command == "dra-kubelet-plugin":
+        return run_dra_kubelet_plugin(args, os.environ)
     try:  # the commands that print: `nvdp simulate | head` is no traceback
         return run_config_check(args) if args.command == "config" else run_simulate(args, os.environ)
     except BrokenPipeError:
@@ -95,6 +97,7 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
             "run one MPS control daemon per MPS-shared resource (NVIDIA's mps-control-daemon)",
             _add_mps_arguments,
         ),
+        ("dra-kubelet-plugin", "run the DRA kubelet plugin of the driver gpu.nvidia.com", _add_dra_arguments),
     ):
         if only in (None, name):
             command = sub.add_parser(name, help=help_text, allow_abbrev=False)
@@ -105,7 +108,26 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
     return parser, sub.choices
 
 
-COMMANDS = ("plugin", "simulate", "gfd", "mps-control-daemon", "config-manager", "config")
+COMMANDS = tuple("plugin simulate gfd mps-control-daemon dra-kubelet-plugin config-manager config".split())
+
+
+def _add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.dra.options import add_dra_flags
+
+    add_dra_flags(parser)
+
+
+def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/dra)."""
+    from nvdp.dra.driver import from_command_line
+
+    try:
+        driver = from_command_line(args, environ)
+    except NvdpError as error:
+        return _exit_on_error(error)
+    handle_signals().attach(SignalTarget(driver.request_stop, driver.request_rescan, driver.abandon))
+    driver.run()
+    return 0
 
 
 def _add_mps_arguments(parser: argparse.ArgumentParser) -> None:
