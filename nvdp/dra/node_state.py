@@ -29,7 +29,7 @@ class NodeState:
         self._lock = threading.Lock()
         self._devices: dict[str, DraDevice] = {}
         self._taints: dict[str, Taint] = {}  # device name -> why it is Unhealthy
-        self._reasons: dict[str, str] = {}  # device name -> the router's reason
+        self._reasons: dict[str, str] = {}  # device name -> why it is Unhealthy, in words
         self._since: dict[str, float] = {}  # device name -> unix time of its last health change
 
     def set_devices(self, devices: Sequence[DraDevice]) -> None:
@@ -49,8 +49,9 @@ class NodeState:
                 bad = device.uuid in unhealthy
                 if bad and name not in self._taints:
                     reason = change.reason if change else "unhealthy"
-                    self._taints[name] = Taint.of(reason, change.xid if change else None, rfc3339(now))
-                    self._reasons[name] = reason
+                    xid = change.xid if change else None
+                    self._taints[name] = Taint.of(reason, xid, rfc3339(now))
+                    self._reasons[name] = f"XID {xid}: {reason}" if xid is not None else reason
                     self._since[name] = now
                 elif not bad and name in self._taints:
                     del self._taints[name]
