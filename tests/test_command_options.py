@@ -16,6 +16,7 @@ from nvdp.config.options import Option
 from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
 from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
 from nvdp.configmanager.settings import Settings as ManagerSettings
+from nvdp.dra.options import DRA_OPTIONS, DraSettings
 from nvdp.errors import ConfigError
 from nvdp.gfd.options import GFD_OPTIONS, GfdSettings, add_gfd_flags, resolve_gfd
 from nvdp.mps.command import MPS_OPTIONS, MpsOptions
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
     "simulate": (PLUGIN_OPTIONS, PluginOptions),
     "gfd": (GFD_OPTIONS, GfdSettings),
     "mps-control-daemon": (MPS_OPTIONS, MpsOptions),
+    "dra-kubelet-plugin": (DRA_OPTIONS, DraSettings),
     "config-manager": (MANAGER_OPTIONS, ManagerSettings),
     "config check": (CHECK_OPTIONS, CheckFlags),
 }

@@ -134,14 +134,7 @@ class DraDriver:
 
     def run(self) -> None:
         log_event(
-            log,
-            logging.INFO,
-            "starting nvdp dra-kubelet-plugin",
-            node=self.node,
-            config=json.loads(self.settings.to_json()),
-            cdiRoot=self.settings.cdi_root,
-            registrar=str(self.settings.registration_socket),
-            plugin=str(self.settings.plugin_socket),
+            log, logging.INFO, "starting nvdp dra-kubelet-plugin", config=json.loads(self.settings.to_json())
         )
         try:
             if not self._init_nvml():

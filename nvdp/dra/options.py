@@ -11,6 +11,7 @@ Precedence and errors are the plugin family's (`nvdp.config.precedence.resolve_c
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +19,10 @@ from pathlib import Path
 from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, RuntimeOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, NODE_NAME
-from nvdp.config.options import Option, add_options, flag
+from nvdp.config.options import Option, add_options, flag, read_options, with_values
 from nvdp.dra.names import DRIVER_NAME, PLUGIN_SOCKET, REGISTRATION_SOCKET
 from nvdp.errors import ConfigError
+from nvdp.units import format_go_duration
 
 DEFAULT_CDI_ROOT = "/etc/cdi"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
@@ -65,6 +67,26 @@ class DraSettings(PluginOptions):
     kubelet_plugins_directory_path: str = DEFAULT_PLUGINS_DIR
     kubeconfig: str = ""  # empty: in-cluster credentials
 
+    def to_json(self) -> str:
+        """One line of JSON for the start-up log: what this command uses of its settings."""
+        flags, runtime = self.config.flags, self.runtime
+        logged = {
+            "nodeName": self.node_name,
+            "nvml": runtime.nvml,
+            "configFile": runtime.config_file,
+            "cdiRoot": self.cdi_root,
+            "registrationSocket": str(self.registration_socket),
+            "pluginSocket": str(self.plugin_socket),
+            "nvidiaDriverRoot": flags.nvidia_driver_root,
+            "devRoot": flags.dev_root,
+            "containerDriverRoot": flags.plugin.container_driver_root,
+            "nvidiaCDIHookPath": flags.plugin.nvidia_ctk_path,
+            "cdiDisableHooks": list(runtime.cdi_disable_hooks),
+            "deviceRescanInterval": format_go_duration(runtime.device_rescan_interval),
+            "health": self.config.to_dict().get("health"),
+        }
+        return json.dumps(logged, separators=(",", ":"), ensure_ascii=False)
+
     @property
     def registration_socket(self) -> Path:
         return Path(self.kubelet_registrar_directory_path) / REGISTRATION_SOCKET
@@ -89,8 +111,24 @@ def _no_rules(config: Config) -> list[str]:
 
 
 def resolve_dra(args: argparse.Namespace, environ: Mapping[str, str]) -> DraSettings:
-    """The effective settings. Raises ConfigError listing every problem."""
-    settings = resolve_command(DraSettings, DRA_OPTIONS, args, environ, rules=_no_rules)
+    """The effective settings. Raises ConfigError listing every problem: the plugin family's (bad
+    values, the config file), then the DRA plugin's own (node name, socket paths)."""
+    given, _ = read_options(DRA_OPTIONS, args, environ)
+    own = with_values(DraSettings(), {k: v for k, v in given.items() if k in _OWN_CHECKED})
+    problems = _own_problems(own)
+    try:
+        settings = resolve_command(DraSettings, DRA_OPTIONS, args, environ, rules=_no_rules)
+    except ConfigError as error:
+        raise ConfigError([*error.problems, *problems]) from error
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+_OWN_CHECKED = ("node_name", "kubelet_registrar_directory_path", "kubelet_plugins_directory_path")
+
+
+def _own_problems(settings: DraSettings) -> list[str]:
     problems = []
     if not settings.node_name:
         problems.append("--node-name / NODE_NAME: required (the node whose GPUs are published)")
@@ -101,10 +139,9 @@ def resolve_dra(args: argparse.Namespace, environ: Mapping[str, str]) -> DraSett
         ),
         ("--kubelet-plugins-directory-path / KUBELET_PLUGINS_DIRECTORY_PATH", settings.plugin_socket),
     ):
+        directory = path.parent if path.name == REGISTRATION_SOCKET else path.parent.parent
         if not path.is_absolute():
-            problems.append(f"{what}: must be an absolute path, got {str(path.parent.parent)!r}")
+            problems.append(f"{what}: must be an absolute path, got {str(directory)!r}")
         elif len(str(path).encode()) > MAX_SOCKET_PATH:
             problems.append(f"{what}: the socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
-    if problems:
-        raise ConfigError(problems)
-    return settings
+    return problems
