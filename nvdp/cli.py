@@ -194,6 +194,7 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep serving after the demo until Ctrl-C (health changes are printed)",
     )
+    parser.add_argument("--api", choices=("device-plugin", "dra"), default="device-plugin", help="GPU API")
     add_plugin_flags(parser)
 
 
@@ -256,6 +257,7 @@ def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str])
 def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.config import resolve
     from nvdp.simulate import Simulation
+    from nvdp.simulate_dra import DraSimulation
 
     env = dict(environ)
     if args.profile is not None:
@@ -285,7 +287,8 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     stop = threading.Event()
     signals = handle_signals() if args.serve else None
     try:
-        simulation = Simulation(options, env, reload_config=lambda: resolve(args, env))
+        make = DraSimulation if args.api == "dra" else Simulation
+        simulation = make(options, env, reload_config=lambda: resolve(args, env))
         if signals is not None:
             daemon = simulation.daemon
             signals.attach(SignalTarget(stop.set, daemon.request_reload, daemon.abandon))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvdp.dra_standin.scheduler import allocate, taken_devices
+from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.testing import DraNode, Process, start_dra_plugin
@@ -21,18 +21,7 @@ from tests.kube_api_standin import KubeApiStandin
 GROUP = "/apis/resource.k8s.io"
 V1 = f"{GROUP}/v1"
 DRIVER = "gpu.nvidia.com"
-DEVICE_CLASSES = {  # NVIDIA's, as its chart installs them
-    name: {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && {type_is}"}}]},
-    }
-    for name, type_is in (
-        ("gpu.nvidia.com", f"device.attributes['{DRIVER}'].type == 'gpu'"),
-        ("mig.nvidia.com", f"device.attributes['{DRIVER}'].type == 'mig'"),
-    )
-}
+DEVICE_CLASSES = nvidia_device_classes()
 
 
 def serve_dra(api: KubeApiStandin, *versions: str) -> None:

@@ -110,6 +110,10 @@ class DraDriver:
         self._stop.set()
         self._watcher.wake()
 
+    def request_reload(self) -> bool:
+        """SIGHUP: the GPUs read again (see `request_rescan`)."""
+        return self.request_rescan()
+
     def request_rescan(self) -> bool:
         """SIGHUP: enumerate the GPUs again now. True when that made a rescan pending."""
         with self._lock:

@@ -34,6 +34,21 @@ _DRIVER = re.compile(r"^device\.driver\s*(==|!=)\s*(.+)$")
 _ATTRIBUTE = re.compile(r"^device\.attributes\[\s*'([^']+)'\s*\]\.([A-Za-z][A-Za-z0-9_]*)\s*(==|!=)\s*(.+)$")
 
 
+def nvidia_device_classes(driver: str = "gpu.nvidia.com") -> dict[str, dict[str, Any]]:
+    """NVIDIA's DeviceClasses `gpu.nvidia.com` (whole GPUs) and `mig.nvidia.com` (MIG devices), as its
+    chart installs them (and nvdp's chart, with `dra.enabled`)."""
+    classes = {}
+    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        expression = f"device.driver == '{driver}' && device.attributes['{driver}'].type == '{kind}'"
+        classes[name] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+    return classes
+
+
 class AllocationError(NvdpError):
     """A claim cannot be allocated (one line: which request, why)."""
 
