@@ -34,7 +34,11 @@ COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
     "config check": (CHECK_OPTIONS, CheckFlags),
 }
 NO_ENV = {"config check"}  # nvdp's own command: flags only, an operator's env must not change a check
-DEMO_FLAGS = {"--profile", "--serve", "--api"}  # `nvdp simulate`'s own: argparse choices, no setting behind them
+DEMO_FLAGS = {
+    "--profile",
+    "--serve",
+    "--api",
+}  # `nvdp simulate`'s own: argparse choices, no setting behind them
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
