@@ -47,7 +47,7 @@ def test_nvidias_env_names_and_defaults() -> None:
         "/etc/cdi",
         "/var/lib/kubelet/plugins/gpu.nvidia.com",
     )  # type: ignore[attr-defined]
-    assert defaults.runtime.device_rescan_interval == 1.0  # type: ignore[attr-defined]
+    assert defaults.runtime.device_rescan_interval == 0.5  # type: ignore[attr-defined]
 
 
 def test_every_bad_setting_is_one_line_all_at_once() -> None:

@@ -4,7 +4,7 @@ KUBELET_REGISTRAR_DIRECTORY_PATH, `--kubelet-plugins-directory-path` KUBELET_PLU
 `--kubeconfig` KUBECONFIG, `--nvidia-driver-root` NVIDIA_DRIVER_ROOT, `--container-driver-root`
 CONTAINER_DRIVER_ROOT, `--nvidia-cdi-hook-path` NVIDIA_CDI_HOOK_PATH), plus the plugin's `--nvml`,
 logging, `--config-file` (its `health` section: the same XID policy as the device plugin) and
-`--device-rescan-interval` (1 s here: a MIG re-partition is published within about a second).
+`--device-rescan-interval` (0.5 s here: a MIG re-partition is published within a second).
 Precedence and errors are the plugin family's (`nvdp.config.precedence.resolve_command`).
 """
 
@@ -27,7 +27,7 @@ from nvdp.units import format_go_duration
 DEFAULT_CDI_ROOT = "/etc/cdi"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_RESCAN_INTERVAL_S = 1.0
+DEFAULT_RESCAN_INTERVAL_S = 0.5
 MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
 
 # The plugin options the DRA plugin takes as flags, by canonical name.
