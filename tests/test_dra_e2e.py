@@ -48,6 +48,14 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         assert (cluster.node.registry / REGISTRATION_SOCKET).is_socket()
         assert "socket removed or replaced; serving it again" in cluster.log()
 
+        dra_socket = cluster.node.plugins / "gpu.nvidia.com" / "dra.sock"
+        for remove in (dra_socket.unlink, lambda: shutil.rmtree(dra_socket.parent), dra_socket.unlink):
+            remove()  # the file, its directory, then the file in the directory made again
+            wait_until(lambda: dra_socket.is_socket(), 5, "the DRA socket served again")
+        claim = make_claim(cluster.api, "after")
+        schedule(cluster.api, claim)
+        assert not cluster.kubelet.node_prepare("gpu.nvidia.com", [claim]).claims[claim.uid].error
+
 
 def test_one_gpu_claim_is_prepared_and_unprepared(tmp_path: Path) -> None:
     with dra_cluster(tmp_path) as cluster:

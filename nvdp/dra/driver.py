@@ -201,7 +201,6 @@ class DraDriver:
         self.health.set_targets([self.target])
         self._push_health()
         self.publisher.start()
-        self._watcher.add(self.settings.plugin_dir)
         self._keep_serving()
         if self.rescanner is not None:
             self.rescanner.start()
@@ -255,6 +254,8 @@ class DraDriver:
                 continue
             if not self._listen.start(_Named(server)):
                 return  # the registration waits for the DRA socket
+            if server is self._plugin_server:
+                self._watcher.add(self.settings.plugin_dir)  # a directory made again: watched again
 
     def _shutdown(self) -> None:
         if self.rescanner is not None:
