@@ -63,6 +63,7 @@ class DraSimulation:
         self.api = MemoryResourceApi()
         for device_class in nvidia_device_classes().values():
             self.api.put("DeviceClass", device_class)
+        self.api.put("Node", {"metadata": {"name": NODE, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, NODE))}})
         nvml = open_nvml(
             options.runtime.nvml,
             flags.nvidia_driver_root,

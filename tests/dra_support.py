@@ -21,6 +21,7 @@ from tests.kube_api_standin import KubeApiStandin
 GROUP = "/apis/resource.k8s.io"
 V1 = f"{GROUP}/v1"
 DRIVER = "gpu.nvidia.com"
+NODE_UID = "5c8a9e1e-0000-4000-8000-00000000000a"
 DEVICE_CLASSES = nvidia_device_classes()
 
 
@@ -36,6 +37,7 @@ def serve_dra(api: KubeApiStandin, *versions: str) -> None:
     )
     for name, device_class in DEVICE_CLASSES.items():
         api.put(f"{V1}/deviceclasses/{name}", device_class)
+    api.put("/api/v1/nodes/node-a", {"kind": "Node", "metadata": {"name": "node-a", "uid": NODE_UID}})
 
 
 def claim_path(namespace: str, name: str, version: str = "v1") -> str:

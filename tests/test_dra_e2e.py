@@ -16,7 +16,7 @@ from nvdp.kubelet_standin.dra import Claim
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.testing import wait_until
 from tests.cdi_support import load_schema, validate
-from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
+from tests.dra_support import NODE_UID, claim_path, dra_cluster, make_claim, schedule, slices_of
 from tests.test_cdi import strict_schema
 
 GOLDEN = Path(__file__).parent / "data" / "dra"
@@ -32,6 +32,8 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         wait_until(lambda: slices_of(cluster.api), 5, "the slice")
         golden = json.loads((GOLDEN / "slices-pcie-4.json").read_text())
         assert [s["spec"] for s in slices_of(cluster.api)] == [g["spec"] for g in golden]
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": NODE_UID, "controller": True}
+        assert slices_of(cluster.api)[0]["metadata"]["ownerReferences"] == [owner]
         wait_until(
             lambda: "registered with the kubelet" in cluster.log(), 5, "NotifyRegistrationStatus logged"
         )

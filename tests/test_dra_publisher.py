@@ -173,3 +173,24 @@ def test_a_cluster_without_dra_is_said_and_retried(
     finally:
         pub.stop()
     assert any("is DRA enabled in this cluster?" in line for line in log_lines(caplog))
+
+
+def test_slices_are_owned_by_their_node_once_it_can_be_read(
+    api: KubeApiStandin, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.fail(403, 1, method="GET", path_prefix="/api/v1/nodes/")
+    api.put("/api/v1/nodes/node-a", {"metadata": {"name": "node-a", "uid": "node-uid"}})
+    pub = publisher(api)
+    devices = node_devices(sim_gpus("pcie-4"), FACTS)
+    pub.update(devices, {})
+    pub.start()
+    try:
+        assert pub.published.wait(2.0)
+        assert "ownerReferences" not in stored(api)["metadata"]
+        pub.update(devices, XID)  # the next write reads the Node again
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-uid", "controller": True}
+        wait_until(lambda: stored(api)["metadata"].get("ownerReferences") == [owner], 2, "the owner")
+    finally:
+        pub.stop()
+    (line,) = [x for x in log_lines(caplog) if "without their Node as owner" in x]
+    assert "HTTP 403" in line

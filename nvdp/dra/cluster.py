@@ -13,6 +13,7 @@ from collections.abc import Generator
 from typing import Any, Protocol
 
 from nvdp.errors import KubeError
+from nvdp.kube.nodes import node_uid
 from nvdp.kube.resourceclaims import KubeResourceClaims
 from nvdp.kube.resourceslices import RESOURCE_VERSIONS, KubeResourceSlices, served_resource_version
 from nvdp.logs import log_event
@@ -40,10 +41,12 @@ class ClaimApi(Protocol):
 
 class ResourceApi(Protocol):
     """Both, once the server's version is known; KubeError while it cannot be (unreachable, or no
-    resource.k8s.io version nvdp speaks): the caller retries."""
+    resource.k8s.io version nvdp speaks): the caller retries. `node_owner` is the ownerReference
+    that makes a node's slices go with its Node (None: no such Node)."""
 
     def slices(self) -> SliceApi: ...
     def claims(self) -> ClaimApi: ...
+    def node_owner(self, node: str) -> Obj | None: ...
 
 
 class KubeResourceApi:
@@ -70,3 +73,11 @@ class KubeResourceApi:
 
     def claims(self) -> KubeResourceClaims:
         return KubeResourceClaims(self._api_client, self.version())
+
+    def node_owner(self, node: str) -> Obj | None:
+        uid = node_uid(self._api_client, node)
+        return (
+            None
+            if uid is None
+            else {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+        )

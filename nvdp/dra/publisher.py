@@ -65,6 +65,8 @@ class SlicePublisher:
         self._own: dict[str, str] = {}  # name -> resourceVersion of our last write
         self._since: str | None = None  # where the watcher starts (the publisher's last list)
         self.taints: bool | None = None
+        self._owner: dict[str, object] | None = None  # the Node's ownerReference, once read
+        self._owner_said = False
         self.generation = 0
         self.writes = 0
         self.published = threading.Event()
@@ -124,10 +126,10 @@ class SlicePublisher:
         slices = self._api.slices()
         if self.taints is None and devices:
             self.taints = self._probe(slices, devices[0])
-        taints = bool(self.taints)
+        taints, owner = bool(self.taints), self._node_owner()
         existing, since = slices.list(self.node, DRIVER_NAME)
         found = {s["metadata"]["name"]: s for s in existing}
-        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints)
+        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
         if set(found) == {w["metadata"]["name"] for w in wanted} and all(
             same_content(found[w["metadata"]["name"]], w) for w in wanted
         ):
@@ -135,7 +137,7 @@ class SlicePublisher:
             self._settled(since, {n: found[n] for n in found}, {})
             return
         self.generation = max([self.generation, *map(generation_of, existing)]) + 1
-        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints)
+        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
         written: dict[str, str] = {}
         for want in wanted:
             name = want["metadata"]["name"]
@@ -161,6 +163,26 @@ class SlicePublisher:
             unhealthy=len(unhealthy),
         )
         self._settled(since, {w["metadata"]["name"]: w for w in wanted}, written)
+
+    def _node_owner(self) -> dict[str, object] | None:
+        """The Node's ownerReference (read until found); None, said once, while it cannot be read: the
+        slices are published without it meanwhile (they would outlive a deleted Node)."""
+        if self._owner is None:
+            try:
+                self._owner = self._api.node_owner(self.node)
+                why = "" if self._owner is not None else "no Node of this name"
+            except KubeError as error:
+                why = str(error)
+            if self._owner is None and not self._owner_said:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "ResourceSlices published without their Node as owner",
+                    node=self.node,
+                    why=why,
+                )
+                self._owner_said = True
+        return self._owner
 
     def _settled(self, since: str, wanted: dict[str, Slice], written: dict[str, str]) -> None:
         with self._cond:

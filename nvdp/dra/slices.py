@@ -62,9 +62,11 @@ def pool_slices(
     unhealthy: Mapping[str, Taint],
     *,
     taints: bool,
+    owner: Mapping[str, Any] | None = None,
 ) -> list[Slice]:
     """The pool's slices: `devices` (by name order of the inventory), those named in `unhealthy`
-    tainted (`taints`) or left out (not `taints`). No devices: no slices."""
+    tainted (`taints`) or left out (not `taints`); owned by `owner` (the Node: they go with it). No
+    devices: no slices."""
     entries = []
     for device in devices:
         entry = device.slice_entry()
@@ -79,7 +81,10 @@ def pool_slices(
         {
             "apiVersion": f"{API_GROUP}/v1",
             "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(node, n)},
+            "metadata": {
+                "name": slice_name(node, n),
+                **({"ownerReferences": [dict(owner)]} if owner else {}),
+            },
             "spec": {
                 "driver": DRIVER_NAME,
                 "nodeName": node,
@@ -92,13 +97,15 @@ def pool_slices(
 
 
 def same_content(published: Slice, wanted: Slice) -> bool:
-    """Whether a slice read back from the server says what `wanted` says (its devices and pool but
-    the generation; fields the server adds are not compared)."""
+    """Whether a slice read back from the server says what `wanted` says (its owner, devices and pool
+    but the generation; fields the server adds are not compared)."""
     spec, want = published.get("spec") or {}, wanted["spec"]
     pool = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
     wanted_pool = {k: v for k, v in want["pool"].items() if k != "generation"}
+    owners = (published.get("metadata") or {}).get("ownerReferences") or []
     return (
-        spec.get("driver") == want["driver"]
+        owners == (wanted["metadata"].get("ownerReferences") or [])
+        and spec.get("driver") == want["driver"]
         and spec.get("nodeName") == want["nodeName"]
         and pool == wanted_pool
         and (spec.get("devices") or []) == want["devices"]

@@ -34,6 +34,13 @@ class MemoryResourceApi:
     def claims(self) -> _Claims:
         return _Claims(self)
 
+    def node_owner(self, node: str) -> Obj | None:
+        found = self.get("Node", node)
+        if found is None:
+            return None
+        uid = found["metadata"]["uid"]
+        return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
     # ---- objects ----
     def put(self, kind: str, obj: Obj) -> Obj:
         """Create or replace (no version check)."""
