@@ -125,7 +125,7 @@ def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str])
         driver = from_command_line(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    handle_signals().attach(SignalTarget(driver.request_stop, driver.request_rescan, driver.abandon))
+    handle_signals().attach(SignalTarget(driver.request_stop, driver.request_reload, driver.abandon))
     driver.run()
     return 0
 

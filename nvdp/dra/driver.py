@@ -86,7 +86,6 @@ class DraDriver:
         self.preparer: ClaimPreparer | None = None
         self.gpus: list[GpuInfo] | None = None
         self._facts = DriverFacts("", "")  # read from NVML at start
-        self.ready = threading.Event()  # serving: devices published (or tried) and sockets listening
         self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="dra-grpc")
         self._plugin_server = UnixServer(settings.plugin_socket, self._add_plugin_services, self._executor)
         self._registration_server = UnixServer(
@@ -111,10 +110,6 @@ class DraDriver:
         self._watcher.wake()
 
     def request_reload(self) -> bool:
-        """SIGHUP: the GPUs read again (see `request_rescan`)."""
-        return self.request_rescan()
-
-    def request_rescan(self) -> bool:
         """SIGHUP: enumerate the GPUs again now. True when that made a rescan pending."""
         with self._lock:
             pending = "rescan" not in self._pending
@@ -204,7 +199,6 @@ class DraDriver:
         self._keep_serving()
         if self.rescanner is not None:
             self.rescanner.start()
-        self.ready.set()
 
     def _enumerate(self) -> None:
         """Read the node's GPUs and publish what DRA owns of them (start, and each layout change)."""
@@ -217,7 +211,9 @@ class DraDriver:
             return
         owned = dra_devices(self.settings.config, gpus)
         minors = _mig_minors()
-        self.state.set_devices(node_devices(owned, self._facts, minors))
+        devices = node_devices(owned, self._facts, minors)
+        self.state.set_devices(devices)
+        log_event(log, logging.INFO, "GPUs enumerated", gpus=len(gpus), devices=len(devices))
         records: list[Device] = []
         for gpu in owned:
             records += (
