@@ -139,8 +139,8 @@ def dra_cluster(
         cluster = DraCluster(api, node, nvml, watcher, kubelet, dict(env or {}), extra)
         try:
             yield cluster
-        finally:
+        finally:  # the cluster's kubelet parts: a test may have replaced them
             if cluster.process is not None:
                 cluster.process.stop()
-            kubelet.close()
-            watcher.stop()
+            cluster.kubelet.close()
+            cluster.watcher.stop()
