@@ -9,6 +9,9 @@ and v1) are unchanged:
 
 - api/deviceplugin/v1beta1/api.proto -> nvdp/api/v1beta1/ (the device-plugin API)
 - api/podresources/v1/api.proto -> nvdp/api/podresources_v1/ (the PodResources API)
+- api/dra/v1, api/dra/v1beta1 -> nvdp/api/dra/v1, v1beta1 (the kubelet's DRA plugin API)
+- api/dra-health/v1alpha1, v1 -> nvdp/api/dra/health_v1alpha1, health_v1 (DRA resource health)
+- api/pluginregistration/v1 -> nvdp/api/dra/registration_v1 (the kubelet's plugin registration)
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 APIS = {
     ROOT / "api" / "deviceplugin" / "v1beta1": Path("nvdp") / "api" / "v1beta1",
     ROOT / "api" / "podresources" / "v1": Path("nvdp") / "api" / "podresources_v1",
+    ROOT / "api" / "dra" / "v1": Path("nvdp") / "api" / "dra" / "v1",
+    ROOT / "api" / "dra" / "v1beta1": Path("nvdp") / "api" / "dra" / "v1beta1",
+    ROOT / "api" / "dra-health" / "v1alpha1": Path("nvdp") / "api" / "dra" / "health_v1alpha1",
+    ROOT / "api" / "dra-health" / "v1": Path("nvdp") / "api" / "dra" / "health_v1",
+    ROOT / "api" / "pluginregistration" / "v1": Path("nvdp") / "api" / "dra" / "registration_v1",
 }
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
@@ -60,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not committed.exists() or not filecmp.cmp(fresh, committed, shallow=False):
                         stale.append(str(committed.relative_to(ROOT)))
                 else:
+                    committed.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(fresh, committed)
     if stale:
         print("stale generated code (run python api/generate.py): " + ", ".join(stale))

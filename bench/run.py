@@ -36,6 +36,9 @@ process boundary; the client is the kubelet stand-in's channel in this process:
 - Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
   strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
   config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
+- The DRA kubelet plugin (bench/dra.py, also in --quick): start until its ResourceSlice is published
+  (1 s), a MIG re-partition until it is republished (1 s, max), NodePrepareResources of a one-GPU
+  claim (20 ms, p50), its peak RSS (80 MB) and, in the full run, its idle CPU.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAWAY...) are not results
 
 from bench.budgets import verdict
+from bench.dra import section as dra_section
 from bench.harness import compile_bytecode, machine_lines
 from bench.idle import commands_table, idle
 from bench.in_process import allocation_tables, rescan_table
@@ -73,6 +77,7 @@ def measure(s: Session) -> Table:
         health(s)
         restarts(s)
     start_up(s)
+    dra_section(s)
     if s.o.quick:
         return s.table
     idle(s)

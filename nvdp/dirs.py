@@ -11,7 +11,9 @@ creates goes through `make_dirs`, parents included; a directory that already exi
 - the MPS root and under it the shm mount point, each resource's pipe and log directories
   (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`);
 - the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`);
-- the kubelet stand-in's plugin directory (`nvdp.kubelet_standin.registration`; tests, `nvdp simulate`).
+- the kubelet stand-in's plugin directory (`nvdp.kubelet_standin.registration`; tests, `nvdp simulate`);
+- the DRA kubelet plugin's socket directories (`plugins_registry`, `plugins/gpu.nvidia.com`) and its
+  CDI root (`nvdp.dra.server`, `nvdp.dra.claim_specs`).
 """
 
 from __future__ import annotations

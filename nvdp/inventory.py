@@ -6,6 +6,7 @@ check`), so that the plugin, the labels and the MPS daemons agree on what is ser
 (`nvdp.resources.build_resources`) and then MPS's limits on this node's GPUs: an MPS resource MPS
 cannot serve here (MIG devices, more clients than a GPU before compute capability 7.5 takes) is
 withheld, with a misfit that says why (what MPS refuses of the config alone: `nvdp.config.rules`).
+`dra_devices` is the part of the node the DRA driver publishes.
 """
 
 from __future__ import annotations
@@ -92,3 +93,10 @@ def mps_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list[
                 )
             )
     return misfits
+
+
+def dra_devices(config: Config, gpus: Sequence[GpuInfo]) -> list[GpuInfo]:
+    """The GPUs the DRA driver (`nvdp dra-kubelet-plugin`) publishes, with their MIG devices: the one
+    place that decides which GPUs DRA owns. Every GPU for now; the config will choose (one GPU, one
+    API: a GPU DRA owns is left out of the device plugin's resources)."""
+    return list(gpus)

@@ -92,6 +92,10 @@ class FakeMig:
     compute_slices: int
     memory_mb: int
     gi_profile_id: int = 19  # the driver's id of the 1g.5gb GPU instance profile on an A100
+    start: int = 0  # the GPU instance's first memory slice
+    memory_slices: int = 1
+    multiprocessors: int = 14
+    engines: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)  # copy, decoder, encoder, JPEG, OFA
 
 
 @dataclass
@@ -322,6 +326,12 @@ class FakePynvml:
             gpuInstanceSliceCount=handle.mig.gpu_slices,
             computeInstanceSliceCount=handle.mig.compute_slices,
             memorySizeMB=handle.mig.memory_mb,
+            multiprocessorCount=handle.mig.multiprocessors,
+            sharedCopyEngineCount=handle.mig.engines[0],
+            sharedDecoderCount=handle.mig.engines[1],
+            sharedEncoderCount=handle.mig.engines[2],
+            sharedJpegCount=handle.mig.engines[3],
+            sharedOfaCount=handle.mig.engines[4],
         )
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Handle, profile: int) -> SimpleNamespace:
@@ -339,7 +349,8 @@ class FakePynvml:
 
     def nvmlGpuInstanceGetInfo(self, instance: FakeMig) -> SimpleNamespace:
         self._check("nvmlGpuInstanceGetInfo")
-        return SimpleNamespace(id=instance.gi_id, profileId=instance.gi_profile_id)
+        placement = SimpleNamespace(start=instance.start, size=instance.memory_slices)
+        return SimpleNamespace(id=instance.gi_id, profileId=instance.gi_profile_id, placement=placement)
 
     # topology
 

@@ -3,9 +3,11 @@ client (in a child process or in process) against it.
 
 Generic: objects are kept by their URL path (`/api/v1/nodes/node-a`,
 `/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/ns/nodefeatures/x`); a collection path (the object path
-less its last segment) lists them, `fieldSelector=metadata.name=X` filters, and `watch=true` streams
-ADDED / MODIFIED / DELETED events as chunked JSON lines from `resourceVersion` on, ending after
-`timeoutSeconds`. One resourceVersion counter for everything, as etcd has.
+less its last segment) lists them, `fieldSelector=metadata.name=X,spec.nodeName=Y` filters (any
+dotted field, compared as text), and `watch=true` streams ADDED / MODIFIED / DELETED events as
+chunked JSON lines from `resourceVersion` on, ending after `timeoutSeconds`. One resourceVersion
+counter for everything, as etcd has. A discovery document is an object put at its path
+(`/apis/resource.k8s.io`).
 
 Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, labels)`, `delete(path)`,
 `collect_garbage()` (Kubernetes' garbage collector: objects none of whose owners exist are deleted);
@@ -13,12 +15,14 @@ Tests drive it from the Python side: `put(path, obj)`, `patch_labels(path, label
 (500, 410, ...); `expire()` forgets the event history, so a watch resuming from an older version
 gets an ERROR event with code 410 (the server's "too old resource version"); `end_watches()` closes
 open watch streams (a dropped connection). POST creates an object in the collection (Events) and
-records it in `created` (`events(kind, name)`: the Events recorded about one Node or Pod); PUT replaces
-an object; PATCH merges a JSON merge patch into one (a watched MODIFIED), refused with 409 Conflict
-when it names a `metadata.resourceVersion` the object is no longer at, or a strategic merge patch
-(`status.conditions` merged by `type`, as the API server does for Nodes); a PATCH of
-`<object>/status` changes only the object's `status`. `requests` logs (method,
-path, query) of every request.
+records it in `created` (`events(kind, name)`: the Events recorded about one Node or Pod; 409 when
+its name is taken; `dryRun=All`: answered, not stored); PUT replaces an object (409 when the body's
+metadata.resourceVersion is not the stored one); PATCH merges a JSON merge patch into one (a watched
+MODIFIED), refused with 409 Conflict when it names a `metadata.resourceVersion` the object is no
+longer at, or a strategic merge patch (`status.conditions` merged by `type`, as the API server does
+for Nodes); a PATCH of `<object>/status` changes only the object's `status`; DELETE removes one.
+`requests` logs (method, path, query) of every request. `drop_device_taints = True` drops the
+`taints` of ResourceSlice devices on writes, as a server without the DRADeviceTaints feature does.
 
 Faults of the connection, as real servers and networks produce them: `late_bodies = seconds` sends
 every answer's headers first and its body (a stream: its final chunk) that much later, on a
@@ -72,6 +76,7 @@ class KubeApiStandin:
     late_bodies: float = 0.0
     gone_every_watch: bool = False
     stall_watches: bool = False
+    drop_device_taints: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -292,6 +297,7 @@ class KubeApiStandin:
             if p.startswith(prefix)
             and "/" not in p[len(prefix) :]
             and (name is None or p.endswith("/" + name))
+            and _fields_match(obj, query)
         ]
 
     def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:
@@ -331,14 +337,53 @@ class KubeApiStandin:
                 rest = event.path[len(prefix) :] if event.path.startswith(prefix) else None
                 if rest is None or "/" in rest or (name is not None and rest != name):
                     continue
+                if not _fields_match(event.obj, query):
+                    continue
                 yield {"type": event.kind, "object": event.obj}
 
-    def _create(self, path: str, body: Obj) -> Obj:
+    def _create(self, path: str, body: Obj, dry_run: bool = False) -> Obj | None:
+        """The stored object; None when the name is taken."""
         with self._lock:
             name = body.get("metadata", {}).get("name") or f"obj-{self._version + 1}"
-            stored = self._store("ADDED", f"{path.rstrip('/')}/{name}", copy.deepcopy(body))
+            target = f"{path.rstrip('/')}/{name}"
+            if target in self.objects:
+                return None
+            body = self._admitted(target, copy.deepcopy(body))
+            if dry_run:
+                return body
+            stored = self._store("ADDED", target, body)
             self.created.append(copy.deepcopy(stored))
             return stored
+
+    def _replace(self, path: str, body: Obj) -> Obj | None:
+        """PUT: the stored object; None when the body's resourceVersion is not the stored one."""
+        with self._lock:
+            given = (body.get("metadata") or {}).get("resourceVersion")
+            if given and given != self.objects[path]["metadata"].get("resourceVersion"):
+                return None
+            return self.put(path, self._admitted(path, body))
+
+    def _admitted(self, path: str, obj: Obj) -> Obj:
+        """What a server stores of a written object: without device taints when it drops them."""
+        if self.drop_device_taints and "/resourceslices/" in path:
+            for device in (obj.get("spec") or {}).get("devices") or []:
+                device.pop("taints", None)
+                (device.get("basic") or {}).pop("taints", None)
+        return obj
+
+
+def _fields_match(obj: Obj, query: Mapping[str, str]) -> bool:
+    """Whether `obj` has every `field=value` of the field selector but metadata.name (by path)."""
+    for term in filter(None, query.get("fieldSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        if key == "metadata.name":
+            continue
+        found: Any = obj
+        for part in key.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        if str(found) != value.lstrip("="):
+            return False
+    return True
 
 
 def _field_name(query: Mapping[str, str]) -> str | None:
@@ -405,6 +450,9 @@ def _status(code: int, message: str) -> Obj:
 class _Handler(BaseHTTPRequestHandler):
     api: KubeApiStandin
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits for the client's
+    # delayed ACK of the headers (40 ms), which no API server makes its clients wait.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -464,11 +512,15 @@ class _Handler(BaseHTTPRequestHandler):
         return body if isinstance(body, dict) else {}
 
     def do_POST(self) -> None:
-        path, _ = self._parse()
+        path, query = self._parse()
         body = self._body()  # read first: an answer must not leave the request's body on the connection
         if self._failed(path, False):
             return
-        self._send_json(201, self.api._create(path, body))
+        created = self.api._create(path, body, dry_run=query.get("dryRun") == "All")
+        if created is None:
+            self._send_json(409, _status(409, f"{path}: {body['metadata']['name']} already exists"))
+            return
+        self._send_json(201, created)
 
     def do_PUT(self) -> None:
         path, _ = self._parse()
@@ -478,7 +530,25 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in self.api.objects:
             self._send_json(404, _status(404, f"{path} not found"))
             return
-        self._send_json(200, self.api.put(path, body))
+        replaced = self.api._replace(path, body)
+        if replaced is None:
+            self._send_json(409, _status(409, f"{path}: the object has been modified"))
+            return
+        self._send_json(200, replaced)
+
+    def do_DELETE(self) -> None:
+        path, _ = self._parse()
+        self._body()
+        if self._failed(path, False):
+            return
+        with self.api._lock:
+            found = path in self.api.objects
+            if found:
+                self.api.delete(path)
+        if not found:
+            self._send_json(404, _status(404, f"{path} not found"))
+            return
+        self._send_json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     def do_PATCH(self) -> None:
         path, _ = self._parse()

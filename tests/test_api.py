@@ -137,3 +137,99 @@ def test_pod_resources_field_numbers_and_types(message: str, fields: dict[str, t
     singular |= {"claim_name", "claim_namespace", "driver_name", "pool_name", "device_name"}
     singular |= {"pod_name", "pod_namespace", "pod_resources"} if message.startswith("Get") else set()
     assert repeated == {f.name for f in descriptor.fields} - singular
+
+
+# ---- the DRA plugin, resource health and plugin registration APIs (nvdp.api.dra) ------------------
+
+DRA_MESSAGES = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4},
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
+
+
+@pytest.mark.parametrize(
+    ("service", "package"),
+    [
+        ("v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1"),
+        ("v1beta1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1"),
+    ],
+)
+def test_dra_plugin_wire(service: str, package: str) -> None:
+    from nvdp.api.dra import DRA_PLUGIN
+
+    pb_module = DRA_PLUGIN[service].pb
+    services = {
+        s.full_name: [m.name for m in s.methods] for s in pb_module.DESCRIPTOR.services_by_name.values()
+    }
+    assert services == {f"{package}.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
+    for message, fields in DRA_MESSAGES.items():
+        descriptor = pb_module.DESCRIPTOR.message_types_by_name[message]
+        assert {f.name: f.number for f in descriptor.fields} == fields, message
+        assert descriptor.full_name == f"{package}.{message}"
+    claims = pb_module.DESCRIPTOR.message_types_by_name["NodePrepareResourcesResponse"].fields_by_name[
+        "claims"
+    ]
+    assert claims.message_type.GetOptions().map_entry
+
+
+@pytest.mark.parametrize(
+    ("service", "device_health"),
+    [
+        (
+            "v1.DRAResourceHealth",
+            {
+                "device": 1,
+                "health": 2,
+                "last_updated_time": 3,
+                "health_check_timeout_seconds": 4,
+                "message": 5,
+            },
+        ),
+        ("v1alpha1.DRAResourceHealth", {"device": 1, "health": 2, "last_updated_time": 3}),
+    ],
+)
+def test_resource_health_wire(service: str, device_health: dict[str, int]) -> None:
+    from nvdp.api.dra import RESOURCE_HEALTH
+
+    pb_module = RESOURCE_HEALTH[service].pb
+    package = service.split(".")[0]
+    (found,) = pb_module.DESCRIPTOR.services_by_name.values()
+    assert found.full_name == service  # the name the kubelet matches in the supported versions
+    assert [m.name for m in found.methods] == ["NodeWatchResources"]
+    assert found.methods_by_name["NodeWatchResources"].server_streaming
+    messages = pb_module.DESCRIPTOR.message_types_by_name
+    assert {f.name: f.number for f in messages["DeviceHealth"].fields} == device_health
+    assert {f.name: f.number for f in messages["DeviceIdentifier"].fields} == {
+        "pool_name": 1,
+        "device_name": 2,
+    }
+    assert {f.name: f.number for f in messages["NodeWatchResourcesResponse"].fields} == {"devices": 1}
+    values = pb_module.DESCRIPTOR.enum_types_by_name["HealthStatus"].values_by_name
+    assert {name: v.number for name, v in values.items()} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert messages["DeviceHealth"].full_name == f"{package}.DeviceHealth"
+
+
+def test_plugin_registration_wire() -> None:
+    from nvdp.api.dra import registration
+
+    (found,) = registration.pb.DESCRIPTOR.services_by_name.values()
+    assert found.full_name == "pluginregistration.Registration"
+    assert [m.name for m in found.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    messages = registration.pb.DESCRIPTOR.message_types_by_name
+    assert {f.name: f.number for f in messages["PluginInfo"].fields} == {
+        "type": 1,
+        "name": 2,
+        "endpoint": 3,
+        "supported_versions": 4,
+    }
+    assert {f.name: f.number for f in messages["RegistrationStatus"].fields} == {
+        "plugin_registered": 1,
+        "error": 2,
+    }
+    assert len(messages["InfoRequest"].fields) == len(messages["RegistrationStatusResponse"].fields) == 0

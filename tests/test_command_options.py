@@ -16,6 +16,7 @@ from nvdp.config.options import Option
 from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
 from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
 from nvdp.configmanager.settings import Settings as ManagerSettings
+from nvdp.dra.options import DRA_OPTIONS, DraSettings
 from nvdp.errors import ConfigError
 from nvdp.gfd.options import GFD_OPTIONS, GfdSettings, add_gfd_flags, resolve_gfd
 from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
@@ -30,11 +31,16 @@ COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
     "gfd": (GFD_OPTIONS, GfdSettings),
     "mps-control-daemon": (MPS_OPTIONS, MpsOptions),
     "status": (STATUS_OPTIONS, StatusFlags),
+    "dra-kubelet-plugin": (DRA_OPTIONS, DraSettings),
     "config-manager": (MANAGER_OPTIONS, ManagerSettings),
     "config check": (CHECK_OPTIONS, CheckFlags),
 }
 NO_ENV = {"config check"}  # nvdp's own command: flags only, an operator's env must not change a check
-DEMO_FLAGS = {"--profile", "--serve"}  # `nvdp simulate`'s own: argparse choices, no setting behind them
+DEMO_FLAGS = {
+    "--profile",
+    "--serve",
+    "--api",
+}  # `nvdp simulate`'s own: argparse choices, no setting behind them
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:

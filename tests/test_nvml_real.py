@@ -15,6 +15,7 @@ from nvdp.nvml import EventType, PcieLevel
 from nvdp.nvml.library import LIBRARY_DIRS, library_candidates
 from nvdp.nvml.naming import mig_profile_name, sysfs_bus_id
 from nvdp.nvml.real import RealNvml
+from nvdp.nvml.types import MigEngines, MigPlacement
 
 GIB = 1024**3
 BUS = ["00000000:07:00.0", "00000000:0F:00.0", "00000000:47:00.0", "00000000:87:00.0"]
@@ -219,6 +220,28 @@ def test_mig_devices_skip_empty_slots_and_are_named_like_nvidia() -> None:
     mig = gpus[0].mig_devices[0]
     assert (mig.memory_bytes, mig.parent_uuid, mig.parent_index) == (19968 * 1024 * 1024, "GPU-0", 0)
     assert gpus[1].mig_capable and not gpus[1].mig_enabled and gpus[1].mig_devices == ()
+
+
+def test_mig_devices_carry_their_gpu_instance_placement_and_engines() -> None:
+    slots = {
+        0: FakeMig("MIG-a", 1, 0, 3, 3, 19968, gi_profile_id=9, start=4, memory_slices=4, multiprocessors=42,
+                   engines=(3, 2, 0, 0, 0)),
+        1: FakeMig("MIG-b", 2, 0, 1, 1, 4864, start=0),
+    }  # fmt: skip
+    g = gpu(0, mig_mode=fake.NVML_DEVICE_MIG_ENABLE, mig_slots=slots)
+    g.errors = {}
+    a, b = opened(FakePynvml([g])).gpus()[0].mig_devices
+    assert a.placement == MigPlacement(profile_id=9, start=4, size=4)
+    assert a.engines == MigEngines(42, 3, 2, 0, 0, 0)
+    assert b.placement == MigPlacement(19, 0, 1)
+
+
+def test_mig_placement_unknown_when_nvml_will_not_say() -> None:
+    slots = {0: FakeMig("MIG-a", 1, 0, 1, 1, 4864)}
+    g = gpu(0, mig_mode=fake.NVML_DEVICE_MIG_ENABLE, mig_slots=slots)
+    g.errors = {"nvmlDeviceGetGpuInstanceById": fake.NVML_ERROR_NOT_SUPPORTED}
+    (mig,) = opened(FakePynvml([g])).gpus()[0].mig_devices
+    assert (mig.profile, mig.placement) == ("1g.5gb", None)
 
 
 @pytest.mark.parametrize(

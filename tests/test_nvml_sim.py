@@ -20,7 +20,7 @@ from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, ope
 from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
-from nvdp.nvml.types import GpuLayout
+from nvdp.nvml.types import GpuLayout, MigEngines, MigPlacement
 from nvdp.testing import wait_until
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -129,6 +129,38 @@ def test_dgx_a100_mig_structure(nodes: list[SimNvml]) -> None:
     migs = [m for g in gpus for m in g.mig_devices]
     assert all(MIG_UUID.match(m.uuid) for m in migs) and len({m.uuid for m in migs}) == 14
     assert all((m.parent_uuid, m.parent_index) == (g.uuid, g.index) for g in gpus for m in g.mig_devices)
+
+
+def test_mig_devices_carry_placement_and_engines_as_nvml_reports_them(nodes: list[SimNvml]) -> None:
+    gpus = start(nodes, "dgx-a100-mig").gpus()
+    assert [(m.profile, m.placement) for m in gpus[2].mig_devices] == [
+        ("3g.20gb", MigPlacement(9, 0, 4)),
+        ("2g.10gb", MigPlacement(14, 4, 2)),
+        ("1g.5gb", MigPlacement(19, 6, 1)),
+    ]
+    assert gpus[3].mig_devices[0].placement == MigPlacement(0, 0, 8)
+    assert [m.engines for m in gpus[2].mig_devices] == [
+        MigEngines(42, 3, 2, 0, 0, 0),
+        MigEngines(28, 2, 1, 0, 0, 0),
+        MigEngines(14, 1, 0, 0, 0, 0),
+    ]
+    assert gpus[3].mig_devices[0].engines == MigEngines(98, 7, 5, 0, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("layout", "memory_slices", "ids"),
+    [
+        (["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb"], 8, [19, 20, 15, 14]),
+        (["1g.6gb", "1g.6gb+me", "2g.12gb"], 4, [14, 21, 5]),
+    ],
+    ids=["A100", "A30"],
+)
+def test_gpu_instance_profile_ids_are_the_drivers(
+    layout: list[str], memory_slices: int, ids: list[int]
+) -> None:
+    geometry = MigGeometry(40960 if memory_slices == 8 else 24576, 7 if memory_slices == 8 else 4)
+    placed = sorted(place(layout, geometry), key=lambda d: layout.index(d.profile))
+    assert [d.placement.profile_id for d in placed] == ids
 
 
 def test_uuids_are_deterministic(nodes: list[SimNvml]) -> None:

@@ -1,4 +1,4 @@
-"""The Node object: its labels and annotations, and annotations written by merge patch."""
+"""The Node object: its labels, annotations and UID, and annotations written by merge patch."""
 
 from __future__ import annotations
 
@@ -50,3 +50,18 @@ def patch_node_annotations(
         )
     except Exception as error:  # an HTTP status, urllib3 / socket errors: one line, not a traceback
         raise KubeError(f"cannot annotate node {node_name}: {one_line(error)}") from error
+
+
+def node_uid(api_client: Any, node_name: str, *, timeout: float = 10.0) -> str | None:
+    """The UID of a Node (one GET): what an ownerReference to it names; None when the Node does not
+    exist. Raises KubeError."""
+    try:
+        node = get_json(api_client, f"/api/v1/nodes/{node_name}", {}, timeout)
+    except KubeStatusError as error:
+        if error.status == 404:
+            return None
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
+    except KubeError as error:
+        raise KubeError(f"cannot read node {node_name}: {error}") from error
+    uid = (node.get("metadata") or {}).get("uid")
+    return str(uid) if uid else None

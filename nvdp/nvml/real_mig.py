@@ -1,6 +1,7 @@
-"""The real backend's MIG queries: a MIG-enabled GPU's MIG devices (for `gpus()`) and the same
-devices as (GPU instance, compute instance, profile) and UUID only (for `mig_layout()`, the device
-rescan's cheap query). Both spell profile names through one helper, so the two answers always agree."""
+"""The real backend's MIG queries: a MIG-enabled GPU's MIG devices (for `gpus()`: with their GPU
+instance's placement and their multiprocessors and engines) and the same devices as (GPU instance,
+compute instance, profile) and UUID only (for `mig_layout()`, the device rescan's cheap query). Both
+spell profile names through one helper, so the two answers always agree."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvdp.errors import NvmlError
 from nvdp.nvml.naming import PROFILE_SUFFIXES, mig_profile_name
-from nvdp.nvml.types import MigDeviceInfo
+from nvdp.nvml.types import MigDeviceInfo, MigEngines, MigPlacement
 from nvdp.units import MIB
 
 if TYPE_CHECKING:
@@ -37,10 +38,13 @@ class RealMig:
         """Every MIG device of a MIG-enabled GPU, with its UUID and memory."""
         devices = []
         suffixes: dict[int, str] = {}
+        placements: dict[int, MigPlacement | None] = {}
         for slot, handle in self._handles(parent, uuid):
             mig_uuid = _text(self._nvml._call("nvmlDeviceGetUUID", handle, device=f"{uuid} mig={slot}"))
             self._nvml._handles[mig_uuid] = handle
-            (gi_id, ci_id, profile), memory_mib = self._instance(parent, uuid, handle, mig_uuid, suffixes)
+            (gi_id, ci_id, profile), attributes = self._instance(parent, uuid, handle, mig_uuid, suffixes)
+            if gi_id not in placements:
+                placements[gi_id] = self._placement(parent, uuid, gi_id)
             devices.append(
                 MigDeviceInfo(
                     uuid=mig_uuid,
@@ -48,9 +52,11 @@ class RealMig:
                     gi_id=gi_id,
                     ci_id=ci_id,
                     profile=profile,
-                    memory_bytes=memory_mib * MIB,
+                    memory_bytes=int(attributes.memorySizeMB) * MIB,
                     parent_uuid=uuid,
                     parent_index=index,
+                    placement=placements[gi_id],
+                    engines=_engines(attributes),
                 )
             )
         return tuple(devices)
@@ -85,9 +91,10 @@ class RealMig:
 
     def _instance(
         self, parent: Any, uuid: str, handle: Any, where: str, suffixes: dict[int, str]
-    ) -> tuple[Instance, int]:
-        """One MIG device's (GPU instance, compute instance, profile name) and memory in MiB: the one
-        place profile names come from. `suffixes` holds the suffix per GPU instance for one pass."""
+    ) -> tuple[Instance, Any]:
+        """One MIG device's (GPU instance, compute instance, profile name) and its NVML attributes
+        (memory in MiB, slices, engines): the one place profile names come from. `suffixes` holds the
+        suffix per GPU instance for one pass."""
         call = self._nvml._call
         gi_id = int(call("nvmlDeviceGetGpuInstanceId", handle, device=where))
         ci_id = int(call("nvmlDeviceGetComputeInstanceId", handle, device=where))
@@ -101,7 +108,18 @@ class RealMig:
         )
         if gi_id not in suffixes:
             suffixes[gi_id] = self._profile_suffix(parent, uuid, gi_id)
-        return (gi_id, ci_id, profile + suffixes[gi_id]), memory_mib
+        return (gi_id, ci_id, profile + suffixes[gi_id]), attributes
+
+    def _placement(self, parent: Any, uuid: str, gi_id: int) -> MigPlacement | None:
+        """A GPU instance's profile id and memory slices; None when NVML does not say."""
+        call = self._nvml._call
+        try:
+            instance = call("nvmlDeviceGetGpuInstanceById", parent, gi_id, device=uuid)
+            info = call("nvmlGpuInstanceGetInfo", instance, device=uuid)
+            return MigPlacement(int(info.profileId), int(info.placement.start), int(info.placement.size))
+        except (NvmlError, AttributeError, TypeError, ValueError) as e:
+            logger.debug("MIG placement unknown gpu=%s gi=%d error=%r", uuid, gi_id, str(e))
+            return None
 
     def _parent_memory(self, parent: Any, uuid: str) -> int:
         if uuid not in self.memory:
@@ -134,3 +152,18 @@ class RealMig:
             logger.debug("MIG profile suffix unknown gpu=%s gi=%d error=%r", uuid, gi_id, str(e))
             return ""
         return suffixes.get(profile_id, "")
+
+
+def _engines(attributes: Any) -> MigEngines | None:
+    """A MIG device's multiprocessors and engines from nvmlDeviceGetAttributes; None when absent."""
+    try:
+        return MigEngines(
+            int(attributes.multiprocessorCount),
+            int(attributes.sharedCopyEngineCount),
+            int(attributes.sharedDecoderCount),
+            int(attributes.sharedEncoderCount),
+            int(attributes.sharedJpegCount),
+            int(attributes.sharedOfaCount),
+        )
+    except (AttributeError, TypeError, ValueError):
+        return None

@@ -37,8 +37,32 @@ class EventType(enum.IntFlag):
 
 
 @dataclass(frozen=True)
+class MigPlacement:
+    """Where a MIG device's GPU instance sits (nvmlGpuInstanceGetInfo): the GPU instance profile's
+    id (the driver's, as `nvidia-smi mig -lgip` shows it) and the memory slices [start, start+size)."""
+
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class MigEngines:
+    """A MIG device's share of the GPU (nvmlDeviceGetAttributes): multiprocessors and engines."""
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True)
 class MigDeviceInfo:
-    """One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU."""
+    """One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU.
+
+    `placement` and `engines` are None where NVML would not say (an older driver, a failing query)."""
 
     uuid: str  # MIG-xxxxxxxx-...
     index: int  # MIG device index within the parent (nvmlDeviceGetMigDeviceHandleByIndex)
@@ -48,6 +72,8 @@ class MigDeviceInfo:
     memory_bytes: int
     parent_uuid: str
     parent_index: int
+    placement: MigPlacement | None = None
+    engines: MigEngines | None = None
 
 
 @dataclass(frozen=True)

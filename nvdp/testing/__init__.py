@@ -1,6 +1,8 @@
-"""Helpers for the test suite and the benchmarks: the plugin as a real process, /proc readings, and
-files that make large device sets. Not used by the plugin itself (it never imports this package)."""
+"""Helpers for the test suite and the benchmarks: the plugin (and the DRA kubelet plugin) as a real
+process, /proc readings, and files that make large device sets. Not used by the plugin itself (it
+never imports this package)."""
 
+from nvdp.testing.dra import DraNode, start_dra_plugin
 from nvdp.testing.nodes import write_node_file, write_time_slicing_config
 from nvdp.testing.processes import (
     REPO,
@@ -15,11 +17,13 @@ from nvdp.testing.procfs import ProcStats
 
 __all__ = [
     "REPO",
+    "DraNode",
     "ProcStats",
     "Process",
     "clean_env",
     "free_port",
     "plugin_argv",
+    "start_dra_plugin",
     "start_plugin",
     "wait_until",
     "write_node_file",

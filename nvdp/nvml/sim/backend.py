@@ -26,7 +26,7 @@ from nvdp.nvml.sim.events import (
     decode_event,
 )
 from nvdp.nvml.sim.follower import FileFollower
-from nvdp.nvml.sim.mig import MigLayoutError, place
+from nvdp.nvml.sim.mig import MigLayoutError, place, sim_engines
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import (
     ComputeMode,
@@ -408,6 +408,8 @@ class SimNvml:
                 memory_bytes=d.memory_mib * MIB,
                 parent_uuid=gpu.uuid,
                 parent_index=gpu.index,
+                placement=d.placement,
+                engines=sim_engines(d.profile, gpu.compute_capability[0]),
             )
             for n, d in enumerate(place(layout, gpu.mig_geometry))
         )

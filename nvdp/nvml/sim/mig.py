@@ -7,6 +7,10 @@ memory size, as the driver does. GPU instance ids follow the driver's numbering 
 binary tree over the memory slices): on an A100 7g.40gb is GI 0, 3g.20gb GI 1-2, 2g.10gb GI 3-6,
 1g.5gb GI 7-13. A profile `Cc.Gg.Mgb` is a compute instance of C slices inside a `Gg.Mgb` GPU
 instance; consecutive ones share a GPU instance (compute instance ids 0, 1, ...).
+
+Each MIG device also carries what NVML reports of its GPU instance (`MigPlacement`: the driver's
+profile id, as `nvidia-smi mig -lgip` lists them for A100/H100 and A30, and the memory slices it
+sits on) and its multiprocessors and engines (`sim_engines`: the driver's sizing on Ampere and Hopper).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from nvdp.nvml.types import MigEngines, MigPlacement
 
 _PROFILE = re.compile(
     r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>[1-9]\d*)gb(?P<attr>[+-][a-z][a-z0-9.]*)?$"
@@ -50,6 +56,44 @@ class MigInstance:
     gi_id: int
     ci_id: int
     memory_mib: int
+    placement: MigPlacement
+
+
+# The driver's GPU instance profile ids: (GPU slices, memory slices, suffix) -> id, on GPUs with 8
+# memory slices (A100, H100, H200) and with 4 (A30).
+_PROFILE_IDS = {
+    8: {(1, 1, ""): 19, (1, 1, "+me"): 20, (1, 2, ""): 15, (2, 2, ""): 14, (3, 4, ""): 9, (4, 4, ""): 5,
+        (7, 8, ""): 0},
+    4: {(1, 1, ""): 14, (1, 1, "+me"): 21, (2, 2, ""): 5, (2, 2, "+me"): 6, (4, 4, ""): 0},
+}  # fmt: skip
+_SUFFIX = re.compile(r"[+-].*$")
+
+
+def profile_id(profile: MigProfile, slices: int, geometry: MigGeometry) -> int:
+    """The driver's id of a GPU instance profile (a suffix the table lacks: the plain profile's; a
+    profile it lacks altogether: 100 + 10 x GPU slices + memory slices, an id no driver uses)."""
+    suffix = m.group(0) if (m := _SUFFIX.search(profile.name)) else ""
+    table = _PROFILE_IDS[geometry.memory_slices]
+    key = (profile.gpu_slices, slices)
+    return table.get((*key, suffix), table.get((*key, ""), 100 + 10 * profile.gpu_slices + slices))
+
+
+def sim_engines(profile_name: str, compute_capability_major: int) -> MigEngines:
+    """A MIG device's multiprocessors and engines as the driver sizes them: per compute slice 14
+    multiprocessors on Ampere, 16 on Hopper (a whole H100 gets all 132); a copy engine per GPU slice;
+    decoders, JPEG and OFA engines as Ampere and Hopper share them out (`+me`: at least one each)."""
+    profile = parse_profile(profile_name)
+    gi, ci, major = profile.gpu_slices, profile.compute_slices, compute_capability_major
+    multiprocessors = 132 if major == 9 and ci == 7 else ci * {8: 14, 9: 16, 10: 18}.get(major, 14)
+    if major >= 9:
+        decoders = jpeg = gi
+        ofa = 1 if gi == 7 else 0
+    else:
+        decoders = {1: 0, 2: 1, 3: 2, 4: 2, 7: 5}.get(gi, gi // 2)
+        jpeg = ofa = 1 if gi == 7 else 0
+    if "+me" in profile_name:
+        decoders, jpeg, ofa = max(decoders, 1), max(jpeg, 1), max(ofa, 1)
+    return MigEngines(multiprocessors, gi, decoders, 0, jpeg, ofa)
 
 
 def parse_profile(name: str) -> MigProfile:
@@ -145,7 +189,10 @@ def place(layout: Sequence[str], geometry: MigGeometry) -> tuple[MigInstance, ..
     for gi in instances:
         gi_id = geometry.gi_id(gi.slices, gi.start)
         memory = geometry.memory_mib(gi.slices)
-        placed.extend(MigInstance(ci.name, gi_id, n, memory) for n, ci in enumerate(gi.compute_instances))
+        where = MigPlacement(profile_id(gi.profile, gi.slices, geometry), gi.start, gi.slices)
+        placed.extend(
+            MigInstance(ci.name, gi_id, n, memory, where) for n, ci in enumerate(gi.compute_instances)
+        )
     return tuple(sorted(placed, key=lambda d: (d.gi_id, d.ci_id)))
 
 

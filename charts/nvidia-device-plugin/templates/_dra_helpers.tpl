@@ -1,0 +1,29 @@
+{{/* The DRA kubelet plugin (dra.enabled): its names, labels and the resource.k8s.io version of its DeviceClasses. */}}
+{{- define "nvidia-device-plugin.draName" -}}
+{{- printf "%s-dra-kubelet-plugin" (include "nvidia-device-plugin.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "nvidia-device-plugin.draSelectorLabels" -}}
+app.kubernetes.io/name: nvdp-dra-kubelet-plugin
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "nvidia-device-plugin.draLabels" -}}
+helm.sh/chart: {{ include "nvidia-device-plugin.chart" . }}
+{{ include "nvidia-device-plugin.draSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* resource.k8s.io/v1 unless the cluster is known to serve only an older version (1.32: v1beta1, 1.33: v1beta2). */}}
+{{- define "nvidia-device-plugin.draApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "resource.k8s.io/v1" -}}
+resource.k8s.io/v1
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2" -}}
+resource.k8s.io/v1beta2
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta1" -}}
+resource.k8s.io/v1beta1
+{{- else -}}
+resource.k8s.io/v1
+{{- end }}
+{{- end }}

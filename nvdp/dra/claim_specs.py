@@ -1,0 +1,78 @@
+"""The CDI spec of each prepared claim: `<cdi root>/k8s.gpu.nvidia.com-claim_<uid>.json`, kind
+`k8s.gpu.nvidia.com/claim`, one CDI device `<uid>-<device>` per device of the claim with that
+device's nodes, and the driver's common edits (control nodes, libraries, binaries, hooks,
+NVIDIA_VISIBLE_DEVICES=void) as the spec's edits: what the device plugin's specs hold, built by the
+same pure builder (`nvdp.cdi.spec.build_specs`), written the same way (`nvdp.files.write_atomic`).
+
+The builder's `all` device is left out of a claim's spec: every claim would define it, and a runtime
+refuses a device name two spec files of one kind define. A device whose nodes are missing under the
+dev root keeps its claim from being prepared (the error names it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from nvdp.cdi.names import CdiSettings, qualified_name
+from nvdp.cdi.node_files import DevNode, DriverFiles, NodeFiles
+from nvdp.cdi.spec import CdiDevice, build_specs, render
+from nvdp.dirs import make_dirs
+from nvdp.dra.claims import ClaimError
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device, claim_spec_file
+from nvdp.files import write_atomic
+
+_SPEC_FILE = re.compile(re.escape(claim_spec_file("X")).replace("X", "(?P<uid>[A-Za-z0-9-]+)") + "$")
+
+
+class ClaimSpecs:
+    """Writes and removes claims' specs in `settings.spec_dir`. `dev_nodes()` lists the device nodes
+    present under the dev root now (read for every claim: MIG devices bring theirs when created);
+    `driver` is what was found under the driver root."""
+
+    def __init__(
+        self,
+        settings: CdiSettings,
+        driver: DriverFiles,
+        dev_nodes: Callable[[], Mapping[str, DevNode | None]],
+    ) -> None:
+        self.settings = replace(settings, gpu_kind=CLAIM_CDI_KIND, modes=(), imex_channels=())
+        self.root = Path(settings.spec_dir)
+        self._driver = driver
+        self._dev_nodes = dev_nodes
+
+    def write(self, uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
+        """Write the claim's spec; device name -> its qualified CDI name. No devices: no spec.
+        Raises ClaimError (a device left out of the spec, and why) or OSError (not written)."""
+        if not devices:
+            return {}
+        cdi = [CdiDevice(claim_cdi_device(uid, d.name), d.paths) for d in devices]
+        built = build_specs(cdi, NodeFiles(self._driver, self._dev_nodes()), self.settings)
+        if built.left_out:
+            why = "; ".join(
+                f"{name.removeprefix(uid + '-')}: {reason}" for name, reason in built.left_out.items()
+            )
+            raise ClaimError(f"no CDI spec for {why}")
+        (spec,) = built.specs.values()
+        spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
+        make_dirs(self.root)
+        write_atomic(self.root / claim_spec_file(uid), render(spec))
+        return {d.name: qualified_name(CLAIM_CDI_KIND, claim_cdi_device(uid, d.name)) for d in devices}
+
+    def remove(self, uid: str) -> None:
+        """Remove the claim's spec (gone already: nothing to do). Raises OSError."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root / claim_spec_file(uid))
+
+    def on_disk(self) -> set[str]:
+        """The UIDs of the claims whose specs are in the spec directory."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return set()
+        return {m["uid"] for name in names if (m := _SPEC_FILE.match(name))}

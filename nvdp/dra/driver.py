@@ -1,0 +1,299 @@
+"""`nvdp dra-kubelet-plugin` put together: NVML, the node's health, the slice publisher, the claim
+preparer and the two gRPC servers, and the main loop that keeps them current.
+
+The main loop sleeps in one inotify watch (the kubelet's registration and plugin directories) and is
+woken by what changes: a device rescan that saw a new layout (re-enumerate, republish), a health
+change (taints, the kubelet's health stream), a socket of ours removed or replaced (serve it again:
+the kubelet finds the new registration socket and registers the plugin again), a server that could
+not listen (retried with backoff), a stop. Nothing polls while nothing changes but the device rescan
+(`--device-rescan-interval`, NVML's cheap layout query) and the health monitor's NVML event wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from nvdp.backoff import Backoff
+from nvdp.cdi.names import CdiSettings
+from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.daemon_settings import health_settings
+from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
+from nvdp.dir_watch import DirWatcher
+from nvdp.dra.checkpoint import Checkpoint
+from nvdp.dra.claim_specs import ClaimSpecs
+from nvdp.dra.cluster import KubeResourceApi, ResourceApi
+from nvdp.dra.devices import DriverFacts, node_devices
+from nvdp.dra.health import DraHealthTarget, HealthStreams
+from nvdp.dra.names import CHECKPOINT_FILE
+from nvdp.dra.node_state import NodeState
+from nvdp.dra.options import DraSettings, resolve_dra
+from nvdp.dra.prepare import ClaimPreparer
+from nvdp.dra.publisher import SlicePublisher
+from nvdp.dra.server import RegistrationService, UnixServer, add_plugin_services
+from nvdp.errors import NvmlError, UnreadableFile
+from nvdp.files import read_bounded
+from nvdp.health.node import NodeHealth
+from nvdp.health.node_events import node_events_from_env
+from nvdp.inventory import dra_devices
+from nvdp.logs import log_event, setup_logging
+from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo, Nvml
+from nvdp.plugin.listen_retry import ListenRetry
+from nvdp.plugin.rescan import LayoutRescanner
+
+log = logging.getLogger(__name__)
+
+GRPC_WORKERS = 16
+
+
+class DraDriver:
+    """Built from resolved settings (`nvdp.dra.options.resolve_dra`); `run()` until `request_stop()`.
+    `nvml` and `api` replace the backends the settings name (tests, `nvdp simulate --api dra`)."""
+
+    def __init__(
+        self,
+        settings: DraSettings,
+        environ: Mapping[str, str],
+        *,
+        nvml: Nvml | None = None,
+        api: ResourceApi | None = None,
+    ) -> None:
+        self.settings = settings
+        config, runtime = settings.config, settings.runtime
+        flags = config.flags
+        self.nvml = nvml or open_nvml(
+            runtime.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
+        )
+        if api is None:
+            from nvdp.kube import new_api_client
+
+            api = KubeResourceApi(new_api_client(kubeconfig=settings.kubeconfig or None, retries=0))
+        self.api = api
+        self.node = settings.node_name
+        self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
+        self.health = NodeHealth(self.nvml, health_settings(config), environ, node_events=self.node_events)
+        self.state = NodeState()
+        self.target = DraHealthTarget(lambda: self._wake("health"))
+        self.streams = HealthStreams(self.node)
+        self.publisher = SlicePublisher(api, self.node)
+        self.registration = RegistrationService(settings.plugin_socket)
+        self.preparer: ClaimPreparer | None = None
+        self.gpus: list[GpuInfo] | None = None
+        self._facts = DriverFacts("", "")  # read from NVML at start
+        self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="dra-grpc")
+        self._plugin_server = UnixServer(settings.plugin_socket, self._add_plugin_services, self._executor)
+        self._registration_server = UnixServer(
+            settings.registration_socket, self.registration.add_to, self._executor
+        )
+        self._listen = ListenRetry()
+        self._watcher = DirWatcher(settings.registration_socket.parent)
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._stop = threading.Event()
+        interval = runtime.device_rescan_interval
+        self.rescanner = (
+            LayoutRescanner(self.nvml.mig_layout, lambda: self.gpus, lambda: self._wake("rescan"), interval)
+            if interval > 0
+            else None
+        )
+
+    # ---- control (any thread; signal handlers call request_stop) --------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._watcher.wake()
+
+    def request_reload(self) -> bool:
+        """SIGHUP: enumerate the GPUs again now. True when that made a rescan pending."""
+        with self._lock:
+            pending = "rescan" not in self._pending
+        self._wake("rescan")
+        return pending
+
+    def abandon(self) -> None:
+        """A stop that did not finish: the kubelet must not keep finding the registration socket."""
+        self._registration_server.abandon()
+
+    def _wake(self, what: str) -> None:
+        with self._lock:
+            self._pending.add(what)
+        self._watcher.wake()
+
+    def _add_plugin_services(self, server: Any) -> None:
+        assert self.preparer is not None
+        add_plugin_services(server, self.preparer, self.streams)
+
+    # ---- the main loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log_event(
+            log, logging.INFO, "starting nvdp dra-kubelet-plugin", config=json.loads(self.settings.to_json())
+        )
+        try:
+            if not self._init_nvml():
+                return
+            self._start()
+            while not self._stop.is_set():
+                self._watcher.wait(self._listen.retry_in())
+                with self._lock:
+                    pending, self._pending = self._pending, set()
+                if self._stop.is_set():
+                    break
+                if "rescan" in pending:
+                    self._enumerate()
+                if "rescan" in pending or "health" in pending:
+                    self._push_health()
+                self._keep_serving()
+        finally:
+            self._shutdown()
+
+    def _init_nvml(self) -> bool:
+        """NVML up (retried with backoff while it fails: a node without a driver yet); False on stop."""
+        retries = Backoff(1.0, 60.0)
+        while not self._stop.is_set():
+            try:
+                self.nvml.init()
+                return True
+            except NvmlError as error:
+                delay = retries.next()
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "cannot initialise NVML; retrying",
+                    error=str(error),
+                    retry_in=f"{delay:.0f}s",
+                )
+                self._watcher.wait(delay)
+        return False
+
+    def _start(self) -> None:
+        config, runtime = self.settings.config, self.settings.runtime
+        flags = config.flags
+        facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
+        self._facts = facts
+        driver_here, dev_here = visible_roots(
+            flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root
+        )
+        cdi = CdiSettings(
+            spec_dir=self.settings.cdi_root,
+            driver_root=flags.nvidia_driver_root,
+            container_driver_root=flags.plugin.container_driver_root,
+            dev_root=flags.dev_root,
+            hook_path=flags.plugin.nvidia_ctk_path,
+            disabled_hooks=runtime.cdi_disable_hooks,
+        )
+        specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
+        self.preparer = ClaimPreparer(
+            self.api, self.node, self.state, specs, Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
+        )
+        self._enumerate()
+        self.health.set_targets([self.target])
+        self._push_health()
+        self.publisher.start()
+        self._keep_serving()
+        if self.rescanner is not None:
+            self.rescanner.start()
+
+    def _enumerate(self) -> None:
+        """Read the node's GPUs and publish what DRA owns of them (start, and each layout change)."""
+        try:
+            gpus = self.nvml.gpus()
+        except NvmlError as error:
+            log_event(
+                log, logging.ERROR, "cannot enumerate GPUs; keeping the last enumeration", error=str(error)
+            )
+            return
+        owned = dra_devices(self.settings.config, gpus)
+        minors = _mig_minors()
+        devices = node_devices(owned, self._facts, minors)
+        self.state.set_devices(devices)
+        log_event(log, logging.INFO, "GPUs enumerated", gpus=len(gpus), devices=len(devices))
+        records: list[Device] = []
+        for gpu in owned:
+            records += (
+                [mig_device(gpu, m, minors) for m in gpu.mig_devices]
+                if gpu.mig_enabled
+                else [gpu_device(gpu)]
+            )
+        self.target.set_devices(DeviceSet(records))
+        self.health.start(gpus, None)
+        self.gpus = gpus
+
+    def _push_health(self) -> None:
+        self.state.set_health(self.target.unhealthy(), self.health.unhealthy())
+        self.publisher.update(self.state.devices(), self.state.taints())
+        self.streams.update(self.state.health())
+
+    def _keep_serving(self) -> None:
+        """Serve both sockets (the DRA one first: the kubelet dials it once registered); one whose
+        file was removed or replaced is served again."""
+        due = self._listen.take_due()
+        for server in (self._plugin_server, self._registration_server):
+            if server.is_ours():
+                continue
+            if server.serving:  # its socket file was removed or replaced
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "socket removed or replaced; serving it again",
+                    path=str(server.path),
+                )
+                server.stop()
+            name = str(server.path)
+            if name in self._listen.failing and not due:
+                continue
+            if not self._listen.start(_Named(server)):
+                return  # the registration waits for the DRA socket
+            if server is self._plugin_server:
+                self._watcher.add(self.settings.plugin_dir)  # a directory made again: watched again
+
+    def _shutdown(self) -> None:
+        if self.rescanner is not None:
+            self.rescanner.stop()
+        self._registration_server.stop()  # the kubelet deregisters the plugin first
+        self._plugin_server.stop()
+        self.streams.stop()
+        self.publisher.stop()
+        self.health.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.nvml.shutdown()
+        self._watcher.close()
+        if self.node_events is not None:
+            self.node_events.close()
+        log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)
+
+
+def from_command_line(args: argparse.Namespace, environ: Mapping[str, str]) -> DraDriver:
+    """The driver of `nvdp dra-kubelet-plugin`: its settings resolved, logging set up. Raises
+    NvdpError (one line): a bad setting, no kubeconfig."""
+    settings = resolve_dra(args, environ)
+    setup_logging(settings.runtime.log_format, settings.runtime.log_level)
+    return DraDriver(settings, environ)
+
+
+class _Named:
+    """A UnixServer as ListenRetry names servers (by socket path)."""
+
+    def __init__(self, server: UnixServer) -> None:
+        self._server = server
+
+    @property
+    def resource_name(self) -> str:
+        return str(self._server.path)
+
+    def start(self) -> None:
+        self._server.start()
+
+
+def _mig_minors() -> dict[str, int] | None:
+    """The host's MIG capability minors, where the driver lists them."""
+    try:
+        return parse_mig_minors(read_bounded(MIG_MINORS_FILE).decode("utf-8", "replace"))
+    except UnreadableFile:
+        return None

@@ -1,0 +1,282 @@
+"""Keeps this node's pool published: the ResourceSlices `nvdp.dra.slices` makes of the devices and
+their health, written when they change and written again when someone else changes or deletes them
+(the kubelet deletes a node's slices when it starts; an operator may delete them).
+
+Two threads, both asleep while nothing changes. The publisher waits for `update()` (a new inventory or
+health) or for the watcher, then lists the node's slices of this driver, and creates, replaces and
+deletes until they say what it wants, bumping the pool's generation when their content changes (slices
+that already say it are left alone, generation and all: a restart writes nothing). A failure is
+retried with capped backoff. The watcher follows the same slices from the publisher's list: an event
+that is not one of our own writes and leaves a slice saying something else (or gone) wakes the
+publisher; the server ends each watch after `watch_timeout` s and it is resumed.
+
+Before the first slice with devices is written, a dry-run create of one with a tainted device tells
+whether the API server keeps device taints (resource.k8s.io/v1 with DRADeviceTaints). The answer is
+said in one line and decides how an Unhealthy device is shown: tainted `NoSchedule`, or withdrawn.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+from nvdp.backoff import Backoff
+from nvdp.dra.cluster import ResourceApi, SliceApi
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.names import DRIVER_NAME
+from nvdp.dra.slices import Slice, Taint, generation_of, pool_slices, same_content, slice_name
+from nvdp.errors import KubeError, KubeGone
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 45
+WATCH_SILENCE_S = 60.0
+PROBE_TIME = "1970-01-01T00:00:00Z"
+
+
+class SlicePublisher:
+    """`update()` the wanted devices and health; `start()`, an idempotent `stop()`. `published` is set
+    once the slices first said what was wanted; `taints` is None until the server was asked."""
+
+    def __init__(
+        self,
+        api: ResourceApi,
+        node: str,
+        *,
+        watch_timeout: int = WATCH_TIMEOUT_S,
+        silence: float = WATCH_SILENCE_S,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._api = api
+        self.node = node
+        self._watch_timeout = watch_timeout
+        self._silence = silence
+        self._retries = backoff or Backoff(0.5, 30.0)
+        self._watch_retries = Backoff(0.5, 30.0)
+        self._cond = threading.Condition()
+        self._devices: list[DraDevice] = []
+        self._unhealthy: dict[str, Taint] = {}
+        self._dirty = False
+        self._stopping = False
+        self._wanted: dict[str, Slice] = {}  # name -> the slice as last written or found right
+        self._own: dict[str, str] = {}  # name -> resourceVersion of our last write
+        self._since: str | None = None  # where the watcher starts (the publisher's last list)
+        self.taints: bool | None = None
+        self._owner: dict[str, object] | None = None  # the Node's ownerReference, once read
+        self._owner_said = False
+        self.generation = 0
+        self.writes = 0
+        self.published = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def update(self, devices: Sequence[DraDevice], unhealthy: Mapping[str, Taint]) -> None:
+        with self._cond:
+            self._devices, self._unhealthy = list(devices), dict(unhealthy)
+            self._dirty = True
+            self._cond.notify_all()
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        for target, name in ((self._publish_loop, "dra-publish"), (self._watch_loop, "dra-slice-watch")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop both threads; the watcher is left to end with its request (the process is ending)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._threads and self._threads[0] is not threading.current_thread():
+            self._threads[0].join(timeout=5.0)
+
+    # ---- publishing -----------------------------------------------------------------------------
+
+    def _publish_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._dirty = False
+                devices, unhealthy = list(self._devices), dict(self._unhealthy)
+            try:
+                self._sync(devices, unhealthy)
+                self._retries.reset()
+                self.published.set()
+            except KubeError as error:
+                delay = self._retries.next()
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "cannot publish ResourceSlices; will retry",
+                    error=str(error),
+                    retry_in=f"{delay:.1f}s",
+                )
+                with self._cond:
+                    self._dirty = True
+                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
+
+    def _sync(self, devices: Sequence[DraDevice], unhealthy: Mapping[str, Taint]) -> None:
+        slices = self._api.slices()
+        if self.taints is None and devices:
+            self.taints = self._probe(slices, devices[0])
+        taints, owner = bool(self.taints), self._node_owner()
+        existing, since = slices.list(self.node, DRIVER_NAME)
+        found = {s["metadata"]["name"]: s for s in existing}
+        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
+        if set(found) == {w["metadata"]["name"] for w in wanted} and all(
+            same_content(found[w["metadata"]["name"]], w) for w in wanted
+        ):
+            self.generation = max([self.generation, *map(generation_of, existing)])
+            self._settled(since, {n: found[n] for n in found}, {})
+            return
+        self.generation = max([self.generation, *map(generation_of, existing)]) + 1
+        wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
+        written: dict[str, str] = {}
+        for want in wanted:
+            name = want["metadata"]["name"]
+            if name in found:
+                body = copy.deepcopy(want)
+                body["metadata"]["resourceVersion"] = found[name]["metadata"].get("resourceVersion")
+                answer = slices.replace(body)
+            else:
+                answer = slices.create(want)
+            written[name] = str(answer["metadata"].get("resourceVersion"))
+            self.writes += 1
+        for name in set(found) - set(written):
+            slices.delete(name)
+            self.writes += 1
+        log_event(
+            log,
+            logging.INFO,
+            "ResourceSlices published",
+            node=self.node,
+            generation=self.generation,
+            slices=len(wanted),
+            devices=len(devices),
+            unhealthy=len(unhealthy),
+        )
+        self._settled(since, {w["metadata"]["name"]: w for w in wanted}, written)
+
+    def _node_owner(self) -> dict[str, object] | None:
+        """The Node's ownerReference (read until found); None, said once, while it cannot be read: the
+        slices are published without it meanwhile (they would outlive a deleted Node)."""
+        if self._owner is None:
+            try:
+                self._owner = self._api.node_owner(self.node)
+                why = "" if self._owner is not None else "no Node of this name"
+            except KubeError as error:
+                why = str(error)
+            if self._owner is None and not self._owner_said:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "ResourceSlices published without their Node as owner",
+                    node=self.node,
+                    why=why,
+                )
+                self._owner_said = True
+        return self._owner
+
+    def _settled(self, since: str, wanted: dict[str, Slice], written: dict[str, str]) -> None:
+        with self._cond:
+            self._wanted, self._own = wanted, written
+            if self._since is None:
+                self._since = since
+                self._cond.notify_all()
+
+    def _probe(self, slices: SliceApi, device: DraDevice) -> bool:
+        """Whether the server keeps a device's taints (a dry-run create: nothing is stored)."""
+        probe = pool_slices(self.node, 0, [device], {device.name: Taint("probe", PROBE_TIME)}, taints=True)[0]
+        probe["metadata"]["name"] = slice_name(self.node, 0) + "-taint-probe"
+        kept = any("taints" in d for d in slices.create(probe, dry_run=True)["spec"].get("devices") or [])
+        if kept:
+            log_event(
+                log,
+                logging.INFO,
+                "Unhealthy devices shown as device taints in the ResourceSlice",
+                taint="gpu.nvidia.com/unhealthy:NoSchedule",
+            )
+        else:
+            log_event(
+                log,
+                logging.INFO,
+                "Unhealthy devices withdrawn from the ResourceSlice",
+                why="the API server drops device taints (no DRADeviceTaints)",
+            )
+        return kept
+
+    # ---- watching ---------------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._since is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping or self._since is None:
+                    return
+                since = self._since
+            try:
+                self._since_after(self._watch_once(since))
+                self._watch_retries.reset()
+            except KubeGone:
+                with self._cond:  # too old: the publisher lists again, and the watch starts from there
+                    self._since, self._dirty = None, True
+                    self._cond.notify_all()
+            except KubeError as error:
+                delay = self._watch_retries.next()
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "ResourceSlice watch failed; will retry",
+                    error=str(error),
+                    retry_in=f"{delay:.1f}s",
+                )
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
+
+    def _watch_once(self, since: str) -> str:
+        events = self._api.slices().watch(
+            self.node, DRIVER_NAME, since, timeout_seconds=self._watch_timeout, silence=self._silence
+        )
+        try:
+            for kind, obj in events:
+                metadata = obj.get("metadata") or {}
+                since = str(metadata.get("resourceVersion") or since)
+                self._judge(kind, str(metadata.get("name")), since, obj)
+                if self._stopping:
+                    break
+        finally:
+            events.close()
+        return since
+
+    def _judge(self, kind: str, name: str, version: str, obj: Slice) -> None:
+        """Wake the publisher when someone else left one of our slices saying something else."""
+        with self._cond:
+            if kind == "BOOKMARK" or self._own.get(name) == version:
+                return
+            wanted = self._wanted.get(name)
+            if wanted is None and kind == "DELETED":
+                return
+            if wanted is not None and kind != "DELETED" and same_content(obj, wanted):
+                return
+            log_event(
+                log,
+                logging.INFO,
+                "ResourceSlice changed by someone else; publishing again",
+                slice=name,
+                event=kind,
+            )
+            self._dirty = True
+            self._cond.notify_all()
+
+    def _since_after(self, since: str) -> None:
+        with self._cond:
+            if self._since is not None:
+                self._since = since

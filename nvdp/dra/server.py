@@ -1,0 +1,191 @@
+"""The DRA kubelet plugin's two gRPC servers on unix sockets, as the kubelet's plugin manager expects
+them (k8s.io/dynamic-resource-allocation/kubeletplugin's layout):
+
+- `<plugins_registry>/gpu.nvidia.com-reg.sock`: the Registration service. GetInfo says type
+  DRAPlugin, the driver's name, the DRA socket's path and the services it serves ("v1.DRAPlugin",
+  "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"); the kubelet's
+  NotifyRegistrationStatus is logged.
+- `<plugins>/gpu.nvidia.com/dra.sock`: DRAPlugin v1 and v1beta1 (NodePrepareResources,
+  NodeUnprepareResources, one answer per claim: `nvdp.dra.prepare`) and DRAResourceHealth v1 and
+  v1alpha1 (`nvdp.dra.health`).
+
+Each socket is owner-only (0600); `UnixServer.is_ours()` tells when its file was removed or replaced
+(a kubelet reinstall, a cleaned directory), and the driver then serves it again: the kubelet finds the
+new registration socket and registers the plugin again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from nvdp.api.dra import DRA_PLUGIN, PLUGIN_TYPE, RESOURCE_HEALTH, Wire, registration
+from nvdp.dir_watch import FileId, file_id
+from nvdp.dirs import make_dirs
+from nvdp.dra.claims import ClaimRef
+from nvdp.dra.health import HealthStreams
+from nvdp.dra.names import DRIVER_NAME
+from nvdp.dra.prepare import ClaimPreparer
+from nvdp.errors import NvdpError
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o600
+SERVICES = (*DRA_PLUGIN, *RESOURCE_HEALTH)  # the supported versions GetInfo names, newest first
+
+
+class UnixServer:
+    """One gRPC server on a unix socket: `start()` (replacing a stale socket; NvdpError, one line,
+    when it cannot listen), an idempotent `stop()`, `is_ours()`, `abandon()`."""
+
+    def __init__(
+        self, path: Path, add_services: Callable[[grpc.Server], None], executor: ThreadPoolExecutor
+    ) -> None:
+        self.path = path
+        self._add_services = add_services
+        self._executor = executor
+        self._server: grpc.Server | None = None
+        self._id: FileId | None = None
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        try:
+            make_dirs(self.path.parent)
+            self.path.unlink(missing_ok=True)
+        except OSError as error:
+            raise NvdpError(f"cannot listen on {self.path}: {error.strerror or error}") from error
+        server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
+        self._add_services(server)
+        old_umask = os.umask(0o077)
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+            os.chmod(self.path, SOCKET_MODE)
+        except (RuntimeError, OSError) as error:
+            server.stop(None)
+            raise NvdpError(f"cannot listen on {self.path}: {error}") from error
+        finally:
+            os.umask(old_umask)
+        server.start()
+        self._server, self._id = server, file_id(self.path)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def is_ours(self) -> bool:
+        """Serving, and the socket file is still the one it bound."""
+        return self._server is not None and self._id is not None and file_id(self.path) == self._id
+
+    def abandon(self) -> None:
+        """Remove the socket file if it is ours, without stopping (a stop that did not finish)."""
+        if self._id is not None and file_id(self.path) == self._id:
+            self.path.unlink(missing_ok=True)
+
+    def stop(self, grace: float = 0.5) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait(grace + 1.0)
+        if self._id is not None and file_id(self.path) == self._id:
+            self.path.unlink(missing_ok=True)
+        self._id = None
+
+
+class RegistrationService:
+    """pluginregistration.Registration for the kubelet's plugin watcher."""
+
+    def __init__(self, endpoint: Path) -> None:
+        self.endpoint = endpoint
+        self.registered = threading.Event()
+        self.statuses: list[tuple[bool, str]] = []  # what the kubelet said, in order
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return registration.pb.PluginInfo(
+            type=PLUGIN_TYPE, name=DRIVER_NAME, endpoint=str(self.endpoint), supported_versions=list(SERVICES)
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.statuses.append((request.plugin_registered, request.error))
+        if request.plugin_registered:
+            log_event(
+                log,
+                logging.INFO,
+                "registered with the kubelet",
+                driver=DRIVER_NAME,
+                endpoint=str(self.endpoint),
+            )
+            self.registered.set()
+        else:
+            log_event(
+                log,
+                logging.ERROR,
+                "the kubelet refused the registration",
+                driver=DRIVER_NAME,
+                error=request.error,
+            )
+        return registration.pb.RegistrationStatusResponse()
+
+    def add_to(self, server: grpc.Server) -> None:
+        registration.grpc.add_RegistrationServicer_to_server(self, server)
+
+
+class DraService:
+    """DRAPlugin of one version (the kubelet picks the newest it knows of those GetInfo names)."""
+
+    def __init__(self, wire: Wire, preparer: ClaimPreparer) -> None:
+        self._pb = wire.pb
+        self._preparer = preparer
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        answers = self._preparer.prepare([_ref(c) for c in request.claims])
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, answer in answers.items():
+            entry = response.claims[uid]
+            if answer.error:
+                entry.error = answer.error
+                continue
+            for d in answer.devices:
+                entry.devices.add(
+                    request_names=list(d.request_names),
+                    pool_name=d.pool_name,
+                    device_name=d.device_name,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                )
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        answers = self._preparer.unprepare([_ref(c) for c in request.claims])
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in answers.items():
+            response.claims[uid].error = error
+        return response
+
+
+class HealthService:
+    """DRAResourceHealth of one version."""
+
+    def __init__(self, wire: Wire, streams: HealthStreams) -> None:
+        self._wire = wire
+        self._streams = streams
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        return self._streams.stream(self._wire, context)
+
+
+def add_plugin_services(server: grpc.Server, preparer: ClaimPreparer, streams: HealthStreams) -> None:
+    for wire in DRA_PLUGIN.values():
+        wire.grpc.add_DRAPluginServicer_to_server(DraService(wire, preparer), server)
+    for wire in RESOURCE_HEALTH.values():
+        wire.grpc.add_DRAResourceHealthServicer_to_server(HealthService(wire, streams), server)
+
+
+def _ref(claim: Any) -> ClaimRef:
+    return ClaimRef(claim.namespace, claim.name, claim.uid)

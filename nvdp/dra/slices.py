@@ -1,0 +1,117 @@
+"""The ResourceSlices that publish this node's pool (pure): resource.k8s.io/v1 objects.
+
+One pool per node, named after the node, in as many slices as its devices need (at most
+MAX_DEVICES_PER_SLICE each; `resourceSliceCount` says how many), all of one `generation`, which the
+publisher bumps whenever what they say changes. Slices are named `<node>-gpu.nvidia.com-<n>`.
+
+An Unhealthy device is shown one of two ways, whichever the API server keeps (`nvdp.dra.publisher`
+finds out): a `NoSchedule` taint `gpu.nvidia.com/unhealthy` on the device (the scheduler then gives
+it to no new claim; running pods keep it), or, where the server drops device taints, the device is
+left out of the slice until it recovers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.names import DRIVER_NAME
+
+API_GROUP = "resource.k8s.io"
+MAX_DEVICES_PER_SLICE = 64  # the API's limit for a slice whose devices carry taints
+UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
+_NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+Slice = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Taint:
+    """Why a device is Unhealthy, as its taint says it: a label-value `value` ("xid-79") and the
+    time (RFC 3339) it became so."""
+
+    value: str
+    time_added: str
+
+    @classmethod
+    def of(cls, reason: str, xid: int | None, time_added: str) -> Taint:
+        text = f"xid-{xid}" if xid is not None else reason
+        value = _NOT_LABEL_VALUE.sub("-", text).strip("-_.")[:63].strip("-_.")
+        return cls(value or "unhealthy", time_added)
+
+    def entry(self) -> dict[str, str]:
+        return {
+            "key": UNHEALTHY_TAINT,
+            "value": self.value,
+            "effect": "NoSchedule",
+            "timeAdded": self.time_added,
+        }
+
+
+def slice_name(node: str, n: int) -> str:
+    return f"{node}-{DRIVER_NAME}-{n}"
+
+
+def pool_slices(
+    node: str,
+    generation: int,
+    devices: Sequence[DraDevice],
+    unhealthy: Mapping[str, Taint],
+    *,
+    taints: bool,
+    owner: Mapping[str, Any] | None = None,
+) -> list[Slice]:
+    """The pool's slices: `devices` (by name order of the inventory), those named in `unhealthy`
+    tainted (`taints`) or left out (not `taints`); owned by `owner` (the Node: they go with it). No
+    devices: no slices."""
+    entries = []
+    for device in devices:
+        entry = device.slice_entry()
+        taint = unhealthy.get(device.name)
+        if taint is not None:
+            if not taints:
+                continue
+            entry = {**entry, "taints": [taint.entry()]}
+        entries.append(entry)
+    chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
+    return [
+        {
+            "apiVersion": f"{API_GROUP}/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node, n),
+                **({"ownerReferences": [dict(owner)]} if owner else {}),
+            },
+            "spec": {
+                "driver": DRIVER_NAME,
+                "nodeName": node,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        }
+        for n, chunk in enumerate(chunks)
+    ]
+
+
+def same_content(published: Slice, wanted: Slice) -> bool:
+    """Whether a slice read back from the server says what `wanted` says (its owner, devices and pool
+    but the generation; fields the server adds are not compared)."""
+    spec, want = published.get("spec") or {}, wanted["spec"]
+    pool = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
+    wanted_pool = {k: v for k, v in want["pool"].items() if k != "generation"}
+    owners = (published.get("metadata") or {}).get("ownerReferences") or []
+    return (
+        owners == (wanted["metadata"].get("ownerReferences") or [])
+        and spec.get("driver") == want["driver"]
+        and spec.get("nodeName") == want["nodeName"]
+        and pool == wanted_pool
+        and (spec.get("devices") or []) == want["devices"]
+    )
+
+
+def generation_of(published: Slice) -> int:
+    generation = ((published.get("spec") or {}).get("pool") or {}).get("generation")
+    return generation if isinstance(generation, int) else 0

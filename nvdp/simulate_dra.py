@@ -1,0 +1,248 @@
+"""`nvdp simulate --api dra`: the DRA kubelet plugin on a simulated (or real) node, against the kubelet
+stand-in (plugin watcher, DRA manager) and an in-memory resource.k8s.io with NVIDIA's DeviceClasses.
+
+Prints what a cluster would see: the published ResourceSlice, then claims allocated by the stand-in
+scheduler (a whole GPU; a MIG device by its profile when the node has MIG devices), prepared through
+NodePrepareResources, the CDI edits a container gets from the claim's spec, and unprepared. A
+simulated node has no device files: they are made as empty files under the run's directory (the
+driver root), so the specs show the nodes a real node's containers would get.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from nvdp.config import PluginOptions
+from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
+from nvdp.dra.driver import DraDriver
+from nvdp.dra.names import DRIVER_NAME, claim_spec_file
+from nvdp.dra.options import DraSettings
+from nvdp.dra_standin.api import MemoryResourceApi
+from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
+from nvdp.errors import NvdpError
+from nvdp.kubelet_standin.dra import Claim, DraManager
+from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
+from nvdp.nvml import open_nvml
+
+START_TIMEOUT_S = 20.0
+NODE = "sim-node"
+
+
+class DraSimulation:
+    """`nvdp simulate`'s Simulation for DRA: the same use (`with`, `demo`, `serve_until`, `daemon`).
+    Works in the run's directory (the kubelet socket's), and removes what it made there."""
+
+    def __init__(
+        self, options: PluginOptions, environ: Mapping[str, str], reload_config: Callable[[], PluginOptions]
+    ) -> None:
+        work = Path(options.config.flags.plugin.kubelet_socket).parent
+        self._made = [work / name for name in ("plugins_registry", "plugins", "driver")]
+        flags = options.config.flags
+        if flags.nvidia_driver_root in ("", "/"):  # a simulated node: its device files, made here
+            flags = replace(flags, nvidia_driver_root=str(work / "driver"), nvidia_dev_root=None)
+            flags = replace(flags, plugin=replace(flags.plugin, container_driver_root=str(work / "no-mount")))
+            self.made_nodes = True
+        else:
+            self.made_nodes = False
+        self.settings = DraSettings(
+            config=replace(options.config, flags=flags),
+            runtime=options.runtime,
+            node_name=NODE,
+            cdi_root=options.runtime.cdi_spec_dir,
+            kubelet_registrar_directory_path=str(work / "plugins_registry"),
+            kubelet_plugins_directory_path=str(work / "plugins"),
+        )
+        self.api = MemoryResourceApi()
+        for device_class in nvidia_device_classes().values():
+            self.api.put("DeviceClass", device_class)
+        self.api.put("Node", {"metadata": {"name": NODE, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, NODE))}})
+        nvml = open_nvml(
+            options.runtime.nvml,
+            flags.nvidia_driver_root,
+            flags.plugin.container_driver_root,
+            environ=environ,
+        )
+        if self.made_nodes:
+            _make_device_files(Path(flags.nvidia_driver_root), nvml)
+        self.driver = DraDriver(self.settings, environ, nvml=nvml, api=self.api)
+        self.watcher = PluginWatcher(Path(self.settings.kubelet_registrar_directory_path))
+        self.kubelet = DraManager(self.watcher)
+        self._thread = threading.Thread(target=self.driver.run, name="nvdp-dra", daemon=True)
+
+    def __enter__(self) -> DraSimulation:
+        self.watcher.start()
+        self._thread.start()
+        try:
+            self.watcher.wait_for_registration(DRIVER_NAME, START_TIMEOUT_S)
+            if not self.driver.publisher.published.wait(START_TIMEOUT_S):
+                raise NvdpError(f"no ResourceSlice published within {START_TIMEOUT_S:.0f}s")
+        except (TimeoutError, NvdpError) as error:
+            self.__exit__(None, None, None)
+            raise NvdpError(f"the DRA plugin did not start: {error}") from error
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.driver.request_stop()
+        self._thread.join(5.0)
+        self.kubelet.close()
+        self.watcher.stop()
+        for path in self._made:
+            shutil.rmtree(path, ignore_errors=True)
+
+    @property
+    def daemon(self) -> DraDriver:
+        """What `nvdp simulate` attaches the signals to (SIGHUP: the GPUs read again)."""
+        return self.driver
+
+    def demo(self, out: TextIO) -> None:
+        nvml = self.driver.nvml
+        plugin = self.watcher.plugins[DRIVER_NAME]
+        out.write(
+            f"nvdp simulate --api dra: node {self.settings.runtime.nvml}, driver {nvml.driver_version()}, "
+            f"CUDA {nvml.cuda_driver_version()}\n"
+            f"kubelet stand-in: {plugin.registration_socket} -> {plugin.endpoint}\n"
+            f"  registered: {plugin.service}, health {plugin.health_service or 'none'}\n\n"
+        )
+        if self.made_nodes:
+            root = self.settings.config.flags.nvidia_driver_root
+            out.write(f"(device files of the simulated GPUs: empty files under {root})\n\n")
+        slices = self.api.objects("ResourceSlice")
+        for s in slices:
+            spec = s["spec"]
+            pool = spec["pool"]
+            out.write(
+                f"ResourceSlice {s['metadata']['name']}: driver {spec['driver']}, pool {pool['name']} "
+                f"generation {pool['generation']}, {len(spec['devices'])} devices\n"
+            )
+            out.write(f"  {'NAME':<24} {'TYPE':<5} {'PRODUCT / PROFILE':<26} {'MEMORY':>9}  UUID\n")
+            for d in spec["devices"]:
+                a = d["attributes"]
+                what = a["profile"]["string"] if "profile" in a else a["productName"]["string"]
+                out.write(
+                    f"  {d['name']:<24} {a['type']['string']:<5} {what:<26} "
+                    f"{d['capacity']['memory']['value']:>9}  {a['uuid']['string']}\n"
+                )
+        devices = [d for s in slices for d in s["spec"]["devices"]]
+        if not devices:
+            out.write("No devices published: the node has no GPUs.\n")
+            return
+        first = devices[0]
+        out.write(f"\nAttributes of {first['name']}\n")
+        for name, value in first["attributes"].items():
+            out.write(f"  {name:<22} {next(iter(value.values()))}\n")
+        capacity = ", ".join(f"{k}={v['value']}" for k, v in first["capacity"].items())
+        out.write(f"  capacity: {capacity}\n")
+        self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
+        mig = next((d for d in devices if d["attributes"]["type"]["string"] == "mig"), None)
+        if mig is not None:
+            profile = mig["attributes"]["profile"]["string"]
+            self._claim(
+                out,
+                "demo-mig",
+                "mig.nvidia.com",
+                f"device.attributes['{DRIVER_NAME}'].profile == '{profile}'",
+            )
+        tries = "" if mig is not None else "--profile dgx-a100-mig, or "
+        out.write(
+            f"\nThat is what a cluster sees from this node with DRA. Try: {tries}--serve with "
+            "NVDP_SIM_EVENTS to inject GPU faults (see README).\n"
+        )
+
+    def _claim(self, out: TextIO, name: str, device_class: str, selector: str) -> None:
+        exactly: dict[str, Any] = {
+            "deviceClassName": device_class,
+            "allocationMode": "ExactCount",
+            "count": 1,
+        }
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"nvdp-simulate/{name}"))  # the same every run
+        claim: dict[str, Any] = {
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        out.write(
+            f"\nResourceClaim default/{name}: one device of class {device_class}"
+            f"{f' where {selector}' if selector else ''}\n"
+        )
+        classes = {c["metadata"]["name"]: c for c in self.api.objects("DeviceClass")}
+        taken = taken_devices(self.api.objects("ResourceClaim"))
+        claim["status"] = {
+            "allocation": allocate(claim, classes, self.api.objects("ResourceSlice"), taken, NODE)
+        }
+        self.api.put("ResourceClaim", claim)
+        ref = Claim("default", name, uid)
+        answer = self.kubelet.node_prepare(DRIVER_NAME, [ref]).claims[ref.uid]
+        if answer.error:
+            out.write(f"  NodePrepareResources -> error: {answer.error}\n")
+            return
+        for d in answer.devices:
+            out.write(f"  allocated {d.device_name}; NodePrepareResources -> {', '.join(d.cdi_device_ids)}\n")
+        path = Path(self.settings.cdi_root) / claim_spec_file(ref.uid)
+        out.write(f"  container's CDI edits ({path.name})\n")
+        _write_edits(out, path)
+        self.kubelet.node_unprepare(DRIVER_NAME, [ref])
+        out.write(f"  NodeUnprepareResources -> spec {'left' if path.exists() else 'removed'}\n")
+
+    def serve_until(self, stop: threading.Event, out: TextIO) -> None:
+        self.kubelet.watch_health(DRIVER_NAME)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (
+            not self.kubelet.health.get(DRIVER_NAME) and time.monotonic() < deadline and not stop.wait(0.05)
+        ):
+            pass  # the stream's first message: the state changes are told from
+        last = {device: h.health for device, h in dict(self.kubelet.health.get(DRIVER_NAME, {})).items()}
+        out.write("\nServing; health changes are printed below (Ctrl-C to stop).\n")
+        out.flush()
+        while not stop.wait(0.2):
+            for device, health in dict(self.kubelet.health.get(DRIVER_NAME, {})).items():
+                if last.get(device, health.health) != health.health:
+                    out.write(
+                        f"  {device} -> {'Healthy' if health.health == 1 else 'Unhealthy'} {health.message}\n"
+                    )
+                    out.flush()
+                last[device] = health.health
+
+
+def _write_edits(out: TextIO, path: Path) -> None:
+    import json
+
+    spec = json.loads(path.read_text())
+    edits = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+    for e in edits:
+        for env in e.get("env") or []:
+            out.write(f"    env        {env}\n")
+    for e in edits:
+        for node in e.get("deviceNodes") or []:
+            out.write(f"    device     {node.get('hostPath', node['path'])} -> {node['path']}\n")
+        for mount in e.get("mounts") or []:
+            out.write(f"    mount      {mount['hostPath']} -> {mount['containerPath']}\n")
+        for hook in e.get("hooks") or []:
+            out.write(f"    hook       {hook['hookName']}: {' '.join(hook['args'])}\n")
+
+
+def _make_device_files(root: Path, nvml: Any) -> None:
+    """Empty files where a simulated node's device nodes would be."""
+    nvml.init()
+    try:
+        paths: set[str] = set(CONTROL_DEVICES)
+        for gpu in nvml.gpus():
+            paths.update(gpu_device(gpu).paths)
+            for mig in gpu.mig_devices:
+                paths.update(mig_device(gpu, mig, None).paths)
+    finally:
+        nvml.shutdown()
+    for path in paths:
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
