@@ -4,6 +4,8 @@ stand-in's objects, and a whole node (API stand-in, kubelet stand-in, plugin pro
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -128,8 +130,12 @@ def dra_cluster(
     env: Mapping[str, str] | None = None,
     extra: Sequence[str] = (),
 ) -> Iterator[DraCluster]:
-    """A DraCluster (not started) torn down after the block."""
-    node = DraNode(tmp_path / "node")
+    """A DraCluster (not started) torn down after the block. The node's directories live in a short
+    directory of their own: the sockets' paths must fit sun_path's 107 bytes, which a deep `tmp_path`
+    (`/tmp/pytest-of-root/pytest-NNN/test_a_long_name0/...`) does not. `tmp_path` is kept for the
+    test's own files."""
+    short = Path(tempfile.mkdtemp(prefix="nvdp-dra-", dir="/tmp"))
+    node = DraNode(short / "node")
     make_node(node.driver_root, sim_gpus(nvml.removeprefix("sim:")))
     with KubeApiStandin() as api:
         serve_dra(api)
@@ -144,3 +150,4 @@ def dra_cluster(
                 cluster.process.stop()
             cluster.kubelet.close()
             cluster.watcher.stop()
+            shutil.rmtree(short, ignore_errors=True)

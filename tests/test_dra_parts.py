@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.spec import DriverFiles
+from nvdp.cdi.node_files import DriverFiles
 from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
@@ -154,7 +154,7 @@ def test_checkpoint_round_trip_and_a_file_not_ours(tmp_path: Path, caplog: pytes
 def test_a_claims_spec_and_a_device_without_its_nodes(tmp_path: Path) -> None:
     devices = node_devices(sim_gpus("pcie-4"), FACTS)
     settings = CdiSettings(spec_dir=str(tmp_path / "cdi"))
-    specs = ClaimSpecs(settings, DriverFiles(), lambda: frozenset({"/dev/nvidia0", "/dev/nvidiactl"}))
+    specs = ClaimSpecs(settings, DriverFiles(), lambda: {"/dev/nvidia0": None, "/dev/nvidiactl": None})
     assert specs.write("u1", devices[:1]) == {"gpu-0": "k8s.gpu.nvidia.com/claim=u1-gpu-0"}
     spec = json.loads((tmp_path / "cdi" / "k8s.gpu.nvidia.com-claim_u1.json").read_text())
     assert [d["name"] for d in spec["devices"]] == ["u1-gpu-0"]  # no `all`: every claim would have one
