@@ -19,14 +19,14 @@ from nvdp.testing import clean_env, wait_until
 from tests.dra_support import dra_cluster, slices_of
 
 
-def resolved(argv: list[str], environ: dict[str, str]) -> object:
+def dra_settings_of(argv: list[str], environ: dict[str, str]) -> object:
     parser = argparse.ArgumentParser()
     add_dra_flags(parser)
     return resolve_dra(parser.parse_args(argv), environ)
 
 
 def test_nvidias_env_names_and_defaults() -> None:
-    settings = resolved(
+    settings = dra_settings_of(
         [],
         {
             "NODE_NAME": "n1",
@@ -42,7 +42,7 @@ def test_nvidias_env_names_and_defaults() -> None:
     assert str(settings.plugin_socket) == "/k/plugins/gpu.nvidia.com/dra.sock"  # type: ignore[attr-defined]
     assert (settings.cdi_root, settings.kubeconfig) == ("/var/run/cdi", "/k/config")  # type: ignore[attr-defined]
     assert settings.config.flags.nvidia_driver_root == "/run/nvidia/driver"  # type: ignore[attr-defined]
-    defaults = resolved(["--node-name", "n1"], {})
+    defaults = dra_settings_of(["--node-name", "n1"], {})
     assert (defaults.cdi_root, str(defaults.plugin_dir)) == (
         "/etc/cdi",
         "/var/lib/kubelet/plugins/gpu.nvidia.com",
@@ -52,7 +52,7 @@ def test_nvidias_env_names_and_defaults() -> None:
 
 def test_every_bad_setting_is_one_line_all_at_once() -> None:
     with pytest.raises(ConfigError) as raised:
-        resolved(["--kubelet-plugins-directory-path", "plugins", "--log-level", "loud"], {})
+        dra_settings_of(["--kubelet-plugins-directory-path", "plugins", "--log-level", "loud"], {})
     assert raised.value.problems == [
         '--log-level / LOG_LEVEL: invalid value "loud" (accepted: debug, info, warning, error)',
         "--node-name / NODE_NAME: required (the node whose GPUs are published)",
@@ -61,7 +61,7 @@ def test_every_bad_setting_is_one_line_all_at_once() -> None:
     ]
     long = "/" + "d" * 100
     with pytest.raises(ConfigError, match="longer than 107 bytes"):
-        resolved(["--node-name", "n", "--kubelet-registrar-directory-path", long], {})
+        dra_settings_of(["--node-name", "n", "--kubelet-registrar-directory-path", long], {})
 
 
 def test_the_command_says_what_is_wrong_in_one_line(

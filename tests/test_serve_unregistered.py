@@ -27,7 +27,7 @@ from nvdp.plugin.supervisor import DaemonSettings, Supervisor
 from nvdp.testing import wait_until
 
 
-def resolved(argv: list[str], environ: dict[str, str]) -> DaemonSettings:
+def plugin_settings_of(argv: list[str], environ: dict[str, str]) -> DaemonSettings:
     parser = argparse.ArgumentParser()
     add_plugin_flags(parser)
     return daemon_settings(resolve(parser.parse_args(argv), environ).config)
@@ -39,10 +39,10 @@ def resolved(argv: list[str], environ: dict[str, str]) -> DaemonSettings:
     ids=["flag", "env"],
 )
 def test_an_empty_kubelet_socket_is_accepted(argv: list[str], environ: dict[str, str]) -> None:
-    settings = resolved(argv, environ)
+    settings = plugin_settings_of(argv, environ)
     assert settings.register_with_kubelet is False
     assert settings.kubelet_socket.parent == Path("/var/lib/kubelet/device-plugins")  # NVIDIA's sockets' dir
-    default = resolved([], {})
+    default = plugin_settings_of([], {})
     assert (
         default.register_with_kubelet is True
         and default.kubelet_socket.parent == settings.kubelet_socket.parent
