@@ -19,7 +19,9 @@ from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import PluginOptions
 from nvdp.config.notices import migration_notices
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
+from nvdp.dra.names import DRIVER_NAME
 from nvdp.errors import NvdpError
+from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_condition import node_condition_from_env
 from nvdp.health.node_events import node_events_from_env
@@ -183,6 +185,8 @@ class Daemon:
             observer=observer,
             dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
             misfits=self.misfits,
+            handoff=Handoff(DEVICE_PLUGIN, device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME)),
+            holds=self.ledger.gpu_holders,
         )
         self.metrics: Metrics | None = None
         if families is not None:

@@ -6,7 +6,7 @@ check`), so that the plugin, the labels and the MPS daemons agree on what is ser
 (`nvdp.resources.build_resources`) and then MPS's limits on this node's GPUs: an MPS resource MPS
 cannot serve here (MIG devices, more clients than a GPU before compute capability 7.5 takes) is
 withheld, with a misfit that says why (what MPS refuses of the config alone: `nvdp.config.rules`).
-`dra_devices` is the part of the node the DRA driver publishes.
+`dra_gpus` is the part of the node the config gives the DRA driver (the device plugin serves the rest).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nvdp.config.model import MPS, Config, NamePattern, ReplicatedResource
+from nvdp.config.model import DRA_ALL, DRA_NONE, MPS, Config, DraDevices, NamePattern, ReplicatedResource
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.resources import NodeResources, Resource, build_resources
@@ -32,6 +32,7 @@ class ResourceRules:
     mig_patterns: tuple[NamePattern, ...] = ()
     sharing: tuple[ReplicatedResource, ...] = ()
     allocation_policy: str = "distributed"
+    dra_devices: DraDevices = DRA_NONE  # the GPUs the DRA driver serves, not these rules
 
     @classmethod
     def of(cls, config: Config) -> ResourceRules:
@@ -41,6 +42,7 @@ class ResourceRules:
             mig_patterns=config.resources.mig,
             sharing=config.sharing.entries,
             allocation_policy=config.flags.plugin.shared_devices_allocation_policy,
+            dra_devices=config.dra.devices,
         )
 
     def build(self, gpus: Sequence[GpuInfo], mig_minors: Mapping[str, int] | None = None) -> NodeResources:
@@ -95,8 +97,22 @@ def mps_misfits(resources: Sequence[Resource], gpus: Sequence[GpuInfo]) -> list[
     return misfits
 
 
-def dra_devices(config: Config, gpus: Sequence[GpuInfo]) -> list[GpuInfo]:
-    """The GPUs the DRA driver (`nvdp dra-kubelet-plugin`) publishes, with their MIG devices: the one
-    place that decides which GPUs DRA owns. Every GPU for now; the config will choose (one GPU, one
-    API: a GPU DRA owns is left out of the device plugin's resources)."""
-    return list(gpus)
+def dra_gpus(devices: DraDevices, gpus: Sequence[GpuInfo]) -> tuple[frozenset[str], tuple[Misfit, ...]]:
+    """The uuids of the GPUs `dra.devices` gives the DRA driver (with their MIG devices; the device
+    plugin serves the others: one GPU, one API, `nvdp.handoff`), and a misfit for each GPU it names
+    that this node lacks."""
+    if devices == DRA_NONE:
+        return frozenset(), ()
+    if devices == DRA_ALL:
+        return frozenset(g.uuid for g in gpus), ()
+    owned: set[str] = set()
+    misfits = []
+    for ref in devices:
+        gpu = next((g for g in gpus if ref in (g.uuid, str(g.index))), None)
+        if gpu is None:
+            misfits.append(
+                Misfit("DraDevicesMissing", f"GPU {ref}", f"dra.devices: no GPU {ref} on this node; left out")
+            )
+        else:
+            owned.add(gpu.uuid)
+    return frozenset(owned), tuple(misfits)

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from nvdp.config import PluginOptions
+from nvdp.config.model import DRA_ALL, DRA_NONE, Dra
 from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.names import DRIVER_NAME, claim_spec_file
@@ -52,8 +53,11 @@ class DraSimulation:
             self.made_nodes = True
         else:
             self.made_nodes = False
+        config = replace(options.config, flags=flags)
+        if config.dra.devices == DRA_NONE:  # no device plugin beside it here: DRA serves every GPU
+            config = replace(config, dra=Dra(DRA_ALL))
         self.settings = DraSettings(
-            config=replace(options.config, flags=flags),
+            config=config,
             runtime=options.runtime,
             node_name=NODE,
             cdi_root=options.runtime.cdi_spec_dir,

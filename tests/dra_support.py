@@ -25,6 +25,7 @@ V1 = f"{GROUP}/v1"
 DRIVER = "gpu.nvidia.com"
 NODE_UID = "5c8a9e1e-0000-4000-8000-00000000000a"
 DEVICE_CLASSES = nvidia_device_classes()
+DRA_ALL_CONFIG = "version: v1\ndra:\n  devices: all\n"
 
 
 def serve_dra(api: KubeApiStandin, *versions: str) -> None:
@@ -129,20 +130,26 @@ def dra_cluster(
     *,
     env: Mapping[str, str] | None = None,
     extra: Sequence[str] = (),
+    config: str = DRA_ALL_CONFIG,
 ) -> Iterator[DraCluster]:
-    """A DraCluster (not started) torn down after the block. The node's directories live in a short
+    """A DraCluster (not started) torn down after the block. The plugin reads `config` (CONFIG_FILE,
+    unless `env` names another); by default it gives DRA every GPU. The node's directories live in a short
     directory of their own: the sockets' paths must fit sun_path's 107 bytes, which a deep `tmp_path`
     (`/tmp/pytest-of-root/pytest-NNN/test_a_long_name0/...`) does not. `tmp_path` is kept for the
     test's own files."""
     short = Path(tempfile.mkdtemp(prefix="nvdp-dra-", dir="/tmp"))
     node = DraNode(short / "node")
     make_node(node.driver_root, sim_gpus(nvml.removeprefix("sim:")))
+    env = dict(env or {})
+    if "CONFIG_FILE" not in env:
+        (node.root / "config.yaml").write_text(config)
+        env["CONFIG_FILE"] = str(node.root / "config.yaml")
     with KubeApiStandin() as api:
         serve_dra(api)
         watcher = PluginWatcher(node.registry)
         watcher.start()
         kubelet = DraManager(watcher)
-        cluster = DraCluster(api, node, nvml, watcher, kubelet, dict(env or {}), extra)
+        cluster = DraCluster(api, node, nvml, watcher, kubelet, env, extra)
         try:
             yield cluster
         finally:  # the cluster's kubelet parts: a test may have replaced them

@@ -235,7 +235,7 @@ def test_defaults() -> None:
 
 # ---- every validation message ------------------------------------------------------------------
 
-_ACCEPTED_TOP = "(accepted: version, flags, resources, sharing, imex, health)"
+_ACCEPTED_TOP = "(accepted: version, flags, resources, sharing, imex, health, dra)"
 _NOT_A_DEVICE = 'is not a GPU index, a MIG index ("<gpu>:<mig>") or a GPU or MIG UUID'
 _ACCEPTED_PLUGIN = (
     "(accepted: passDeviceSpecs, deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, "
@@ -253,13 +253,23 @@ def _ts(entry: str) -> str:
 
 # Each case: id -> (file text, the one problem expected).
 MESSAGES = {
+    "dra-devices-type": (
+        "dra: {devices: some}",
+        'dra.devices: must be "all", "none" or a list of GPUs, got "some"',
+    ),
+    "dra-devices-mig": (
+        "dra: {devices: [0, '1:0']}",
+        'dra.devices[1]: "1:0" is not a GPU index or a GPU UUID (DRA takes whole GPUs)',
+    ),
+    "dra-devices-twice": ("dra: {devices: [1, '1']}", "dra.devices: names GPU 1 more than once"),
+    "dra-unknown": ("dra: {uuids: all}", "dra.uuids: unknown field (accepted: devices)"),
     "version": ("version: v2", 'version: unsupported version "v2" (accepted: v1)'),
     "version-type": ("version: 1", "version: must be a string, got 1"),
     "unknown-top": ("version: v1\nfoo: 1", f"foo: unknown field {_ACCEPTED_TOP}"),
     "no-known-top": (
         "foo: 1\nbar: 2",
         "not an nvdp/NVIDIA device plugin config: no known top-level key (found: foo, bar;"
-        " known: version, flags, resources, sharing, imex, health)",
+        " known: version, flags, resources, sharing, imex, health, dra)",
     ),
     "unknown-hint": (
         "flags: {migstrategy: none}",

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.config import Config
 from nvdp.dra.devices import DriverFacts, architecture, brand, node_devices, pcie_bus_id, quantity, semver
 from nvdp.dra.names import claim_spec_file, mig_device_name
 from nvdp.dra.slices import MAX_DEVICES_PER_SLICE, Taint, pool_slices, same_content
-from nvdp.inventory import dra_devices
 from nvdp.nvml.types import MigDeviceInfo, MigPlacement
 from tests.builders import full_gpu, sim_gpus
 
@@ -40,7 +38,7 @@ NVIDIA_MIG_CAPACITIES = {
 
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "pcie-4"])
 def test_golden_slices(profile: str) -> None:
-    devices = node_devices(dra_devices(Config(), sim_gpus(profile)), FACTS)
+    devices = node_devices(sim_gpus(profile), FACTS)
     slices = pool_slices("node-a", 1, devices, {}, taints=True)
     golden = GOLDEN / f"slices-{profile}.json"
     if UPDATE:

@@ -122,7 +122,7 @@ def test_empty_file_stays_the_defaults_and_one_known_key_makes_a_config(
     with caplog.at_level(logging.WARNING, logger="nvdp.config"):
         parse_text("version: v1\nfoo: 1\n")
     assert [r.getMessage() for r in caplog.records] == [
-        "foo: unknown field (accepted: version, flags, resources, sharing, imex, health);"
+        "foo: unknown field (accepted: version, flags, resources, sharing, imex, health, dra);"
         " ignored (--strict-config refuses it)"
     ]
 

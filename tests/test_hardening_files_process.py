@@ -81,7 +81,7 @@ def test_plugin_start_with_an_odd_config_file_is_one_line_and_exit_1(
     if kind == "shadow":
         path, said = (
             write_shadow(tmp_path / "shadow"),
-            f"{NOT_A_CONFIG}; known: version, flags, resources, sharing, imex, health)",
+            f"{NOT_A_CONFIG}; known: version, flags, resources, sharing, imex, health, dra)",
         )
     else:
         path, reason = odd_path(kind, tmp_path)

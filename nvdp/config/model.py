@@ -128,6 +128,35 @@ def replicated_devices(value: object) -> Devices:
     raise v.InvalidValue(f'must be "all", a number of devices or a list of devices, got {v.show(value)}')
 
 
+DRA_ALL: Literal["all"] = "all"  # dra.devices
+DRA_NONE: Literal["none"] = "none"
+DraDevices = Literal["all", "none"] | tuple[str, ...]
+
+
+def _whole_gpu(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= v.INT64_MAX:
+        return str(value)
+    if isinstance(value, str) and (value.isdigit() or (value.startswith("GPU-") and _is_uuid(value[4:]))):
+        return value
+    raise v.InvalidValue(f"{v.show(value)} is not a GPU index or a GPU UUID (DRA takes whole GPUs)")
+
+
+_whole_gpus = v.list_of(_whole_gpu)
+
+
+def dra_devices(value: object) -> DraDevices:
+    """`dra.devices`: "all", "none" or a list of GPU indices / UUIDs, each named once."""
+    if value in (DRA_ALL, DRA_NONE):
+        return DRA_ALL if value == DRA_ALL else DRA_NONE
+    if not isinstance(value, list):
+        raise v.InvalidValue(f'must be "all", "none" or a list of GPUs, got {v.show(value)}')
+    refs = _whole_gpus(value)
+    twice = sorted({r for r in refs if refs.count(r) > 1})
+    if twice:
+        raise v.InvalidValue(f"names GPU {twice[0]} more than once")
+    return refs
+
+
 def _version(value: object) -> str:
     text = v.string(value) or VERSION  # NVIDIA reads an empty version as v1
     if text != VERSION:
@@ -333,9 +362,18 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Dra:
+    """`dra` (nvdp's extension): the GPUs the DRA driver (`nvdp dra-kubelet-plugin`) serves on this
+    node, with their MIG devices; the device plugin serves the others (one GPU, one API:
+    `nvdp.handoff`). Default none: every GPU is the device plugin's."""
+
+    devices: DraDevices = _key("devices", dra_devices, default=DRA_NONE)
+
+
+@dataclass(frozen=True)
 class Config:
-    """The v1 config file: NVIDIA's schema plus nvdp's `health` section (flags and env merged in by
-    `nvdp.config.resolve`)."""
+    """The v1 config file: NVIDIA's schema plus nvdp's `health` and `dra` sections (flags and env
+    merged in by `nvdp.config.resolve`)."""
 
     version: str = _key("version", _version, default=VERSION)
     flags: Flags = _key("flags", section=Flags, default_factory=Flags)
@@ -343,6 +381,7 @@ class Config:
     sharing: Sharing = _key("sharing", section=Sharing, default_factory=Sharing)
     imex: Imex = _key("imex", section=Imex, default_factory=Imex)
     health: Health = _key("health", section=Health, default_factory=Health)
+    dra: Dra = _key("dra", section=Dra, default_factory=Dra)
 
     def to_dict(self) -> dict[str, Any]:
         """In file form (camelCase keys, Go durations, unset values left out):

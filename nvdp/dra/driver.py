@@ -15,20 +15,22 @@ import argparse
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from nvdp.backoff import Backoff
 from nvdp.cdi.names import CdiSettings
 from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
-from nvdp.dra.devices import DriverFacts, node_devices
+from nvdp.dra.devices import DraDevice, DriverFacts, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_state import NodeState
@@ -36,12 +38,14 @@ from nvdp.dra.options import DraSettings, resolve_dra
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.server import RegistrationService, UnixServer, add_plugin_services
-from nvdp.errors import NvmlError, UnreadableFile
+from nvdp.errors import NvdpError, NvmlError, UnreadableFile
 from nvdp.files import read_bounded
+from nvdp.handoff import DRA, Handoff
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import node_events_from_env
-from nvdp.inventory import dra_devices
+from nvdp.inventory import dra_gpus
 from nvdp.logs import log_event, setup_logging
+from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.listen_retry import ListenRetry
@@ -54,7 +58,9 @@ GRPC_WORKERS = 16
 
 class DraDriver:
     """Built from resolved settings (`nvdp.dra.options.resolve_dra`); `run()` until `request_stop()`.
-    `nvml` and `api` replace the backends the settings name (tests, `nvdp simulate --api dra`)."""
+    `reload` resolves them again on SIGHUP (the config file's `dra` and `health` sections apply; the
+    rest takes effect on restart). `nvml` and `api` replace the backends the settings name (tests,
+    `nvdp simulate --api dra`)."""
 
     def __init__(
         self,
@@ -63,8 +69,10 @@ class DraDriver:
         *,
         nvml: Nvml | None = None,
         api: ResourceApi | None = None,
+        reload: Callable[[], DraSettings] | None = None,
     ) -> None:
         self.settings = settings
+        self._reload = reload
         config, runtime = settings.config, settings.runtime
         flags = config.flags
         self.nvml = nvml or open_nvml(
@@ -81,7 +89,13 @@ class DraDriver:
         self.state = NodeState()
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
-        self.publisher = SlicePublisher(api, self.node)
+        self.publisher = SlicePublisher(api, self.node, on_published=self._published)
+        self.misfits = MisfitReport(self.node_events)
+        # One GPU, one API: the GPUs the config gives DRA, handed over by the device plugin.
+        self.handoff = Handoff(DRA, settings.plugin_dir)
+        self._serve: frozenset[str] = frozenset()  # the GPUs the hand-over lets DRA serve
+        self._in_slices: frozenset[str] = frozenset()  # the GPUs the slices say, as last published
+        self._minors: dict[str, int] | None = None
         self.registration = RegistrationService(settings.plugin_socket)
         self.preparer: ClaimPreparer | None = None
         self.gpus: list[GpuInfo] | None = None
@@ -110,10 +124,11 @@ class DraDriver:
         self._watcher.wake()
 
     def request_reload(self) -> bool:
-        """SIGHUP: enumerate the GPUs again now. True when that made a rescan pending."""
+        """SIGHUP: read the config again and enumerate the GPUs again now. True when that made a
+        reload pending."""
         with self._lock:
-            pending = "rescan" not in self._pending
-        self._wake("rescan")
+            pending = "reload" not in self._pending
+        self._wake("reload")
         return pending
 
     def abandon(self) -> None:
@@ -140,14 +155,22 @@ class DraDriver:
                 return
             self._start()
             while not self._stop.is_set():
-                self._watcher.wait(self._listen.retry_in())
+                self._watcher.wait(_sooner(self._listen.retry_in(), self.handoff.retry_in()))
                 with self._lock:
                     pending, self._pending = self._pending, set()
                 if self._stop.is_set():
                     break
-                if "rescan" in pending:
+                if "reload" in pending:
+                    self._reload_config()
+                if pending & {"reload", "rescan"}:
                     self._enumerate()
-                if "rescan" in pending or "health" in pending:
+                elif "claims" in pending or self.handoff.due():
+                    self._settle()
+                if "published" in pending:
+                    with self._lock:
+                        in_slices = self._in_slices
+                    self.handoff.served(in_slices | self._serve)
+                if pending & {"reload", "rescan", "claims", "health"}:
                     self._push_health()
                 self._keep_serving()
         finally:
@@ -190,9 +213,15 @@ class DraDriver:
         )
         specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
         self.preparer = ClaimPreparer(
-            self.api, self.node, self.state, specs, Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
+            self.api,
+            self.node,
+            self.state,
+            specs,
+            Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE),
+            changed=lambda: self._wake("claims"),
         )
         self._enumerate()
+        self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
         self._push_health()
         self.publisher.start()
@@ -200,8 +229,24 @@ class DraDriver:
         if self.rescanner is not None:
             self.rescanner.start()
 
+    def _reload_config(self) -> None:
+        """SIGHUP: the config file again; its `dra` and `health` sections apply now."""
+        if self._reload is None:
+            return
+        try:
+            settings = self._reload()
+        except NvdpError as error:
+            log_event(
+                log, logging.ERROR, "reload failed; keeping the previous configuration", error=str(error)
+            )
+            return
+        if replace(settings, config=self.settings.config) != self.settings:
+            log_event(log, logging.WARNING, "settings other than the config file's take effect on restart")
+        self.settings = replace(self.settings, config=settings.config)
+        log_event(log, logging.INFO, "reloaded", dra_devices=_said(settings.config.dra.devices))
+
     def _enumerate(self) -> None:
-        """Read the node's GPUs and publish what DRA owns of them (start, and each layout change)."""
+        """Read the node's GPUs and publish what DRA serves of them (start, a reload, a layout change)."""
         try:
             gpus = self.nvml.gpus()
         except NvmlError as error:
@@ -209,21 +254,50 @@ class DraDriver:
                 log, logging.ERROR, "cannot enumerate GPUs; keeping the last enumeration", error=str(error)
             )
             return
-        owned = dra_devices(self.settings.config, gpus)
-        minors = _mig_minors()
-        devices = node_devices(owned, self._facts, minors)
-        self.state.set_devices(devices)
-        log_event(log, logging.INFO, "GPUs enumerated", gpus=len(gpus), devices=len(devices))
-        records: list[Device] = []
-        for gpu in owned:
-            records += (
-                [mig_device(gpu, m, minors) for m in gpu.mig_devices]
-                if gpu.mig_enabled
-                else [gpu_device(gpu)]
-            )
-        self.target.set_devices(DeviceSet(records))
-        self.health.start(gpus, None)
         self.gpus = gpus
+        self._minors = _mig_minors()
+        self.health.start(gpus, health_settings(self.settings.config))
+        self._settle()
+        log_event(
+            log,
+            logging.INFO,
+            "GPUs enumerated",
+            gpus=len(gpus),
+            served=len(self._serve),
+            devices=len(self.state.devices()),
+        )
+
+    def _settle(self) -> None:
+        """Serve the GPUs the config gives DRA, as the hand-over with the device plugin allows (a GPU
+        it still serves or its pod holds waits; one a prepared claim holds stays until unprepared)."""
+        assert self.preparer is not None
+        gpus = self.gpus or []
+        owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
+        everything = node_devices(gpus, self._facts, self._minors)
+        gpu_of = {d.name: d.gpu_uuid for d in everything}
+        holds: dict[str, str] = {}
+        for name, holder in self.preparer.holders().items():
+            if name in gpu_of:
+                holds.setdefault(gpu_of[name], holder)
+        self._serve = self.handoff.settle(owned, holds).serve
+        self.state.set_devices([d for d in everything if d.gpu_uuid in self._serve])
+        records: list[Device] = []
+        for gpu in gpus:
+            if gpu.uuid in self._serve:
+                records += (
+                    [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
+                    if gpu.mig_enabled
+                    else [gpu_device(gpu)]
+                )
+        self.target.set_devices(DeviceSet(records))
+        labels = {g.uuid: f"GPU {g.index}" for g in gpus}
+        self.misfits.update("handoff", (*missing, *self.handoff.misfits(labels)))
+
+    def _published(self, devices: Sequence[DraDevice]) -> None:
+        """The slices say `devices` now (the publisher's thread): the hand-over record follows."""
+        with self._lock:
+            self._in_slices = frozenset(d.gpu_uuid for d in devices)
+        self._wake("published")
 
     def _push_health(self) -> None:
         self.state.set_health(self.target.unhealthy(), self.health.unhealthy())
@@ -264,6 +338,7 @@ class DraDriver:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.nvml.shutdown()
         self._watcher.close()
+        self.handoff.close()
         if self.node_events is not None:
             self.node_events.close()
         log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)
@@ -274,7 +349,7 @@ def from_command_line(args: argparse.Namespace, environ: Mapping[str, str]) -> D
     NvdpError (one line): a bad setting, no kubeconfig."""
     settings = resolve_dra(args, environ)
     setup_logging(settings.runtime.log_format, settings.runtime.log_level)
-    return DraDriver(settings, environ)
+    return DraDriver(settings, environ, reload=lambda: resolve_dra(args, environ))
 
 
 class _Named:
@@ -289,6 +364,14 @@ class _Named:
 
     def start(self) -> None:
         self._server.start()
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _said(devices: DraDevices) -> str:
+    return devices if isinstance(devices, str) else ",".join(map(str, devices)) or "none"
 
 
 def _mig_minors() -> dict[str, int] | None:

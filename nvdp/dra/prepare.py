@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,9 +47,17 @@ class ClaimAnswer:
 
 class ClaimPreparer:
     def __init__(
-        self, api: ResourceApi, pool: str, inventory: Inventory, specs: ClaimSpecs, checkpoint: Checkpoint
+        self,
+        api: ResourceApi,
+        pool: str,
+        inventory: Inventory,
+        specs: ClaimSpecs,
+        checkpoint: Checkpoint,
+        *,
+        changed: Callable[[], None] | None = None,
     ) -> None:
         self._api = api
+        self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
         self._specs = specs
@@ -60,12 +68,31 @@ class ClaimPreparer:
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAnswer]:
         with self._lock:
-            return {claim.uid: self._prepare(claim) for claim in claims}
+            before = len(self.prepared)
+            answers = {claim.uid: self._prepare(claim) for claim in claims}
+            changed = len(self.prepared) != before
+        if changed and self._changed is not None:
+            self._changed()
+        return answers
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """UID -> "" when unprepared, else the error."""
         with self._lock:
-            return {claim.uid: self._unprepare(claim) for claim in claims}
+            before = len(self.prepared)
+            answers = {claim.uid: self._unprepare(claim) for claim in claims}
+            changed = len(self.prepared) != before
+        if changed and self._changed is not None:
+            self._changed()
+        return answers
+
+    def holders(self) -> dict[str, str]:
+        """Device name -> the claim holding it ("claim namespace/name"), for the hand-over."""
+        with self._lock:
+            return {
+                d.device_name: f"claim {c.namespace}/{c.name}"
+                for c in self.prepared.values()
+                for d in c.devices
+            }
 
     def _prepare(self, ref: ClaimRef) -> ClaimAnswer:
         known = self.prepared.get(ref.uid)

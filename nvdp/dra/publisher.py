@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nvdp.backoff import Backoff
 from nvdp.dra.cluster import ResourceApi, SliceApi
@@ -39,7 +39,8 @@ PROBE_TIME = "1970-01-01T00:00:00Z"
 
 class SlicePublisher:
     """`update()` the wanted devices and health; `start()`, an idempotent `stop()`. `published` is set
-    once the slices first said what was wanted; `taints` is None until the server was asked."""
+    once the slices first said what was wanted, and `on_published` is called with the devices they
+    say after each sync; `taints` is None until the server was asked."""
 
     def __init__(
         self,
@@ -49,8 +50,10 @@ class SlicePublisher:
         watch_timeout: int = WATCH_TIMEOUT_S,
         silence: float = WATCH_SILENCE_S,
         backoff: Backoff | None = None,
+        on_published: Callable[[Sequence[DraDevice]], None] | None = None,
     ) -> None:
         self._api = api
+        self._on_published = on_published  # told the devices the slices say, after each sync
         self.node = node
         self._watch_timeout = watch_timeout
         self._silence = silence
@@ -109,6 +112,8 @@ class SlicePublisher:
                 self._sync(devices, unhealthy)
                 self._retries.reset()
                 self.published.set()
+                if self._on_published is not None:
+                    self._on_published(devices)
             except KubeError as error:
                 delay = self._retries.next()
                 log_event(

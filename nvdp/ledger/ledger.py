@@ -18,14 +18,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from nvdp.errors import NvdpError, PodResourcesUnavailable
 from nvdp.ledger.checkpoint import CHECKPOINT_FILE, CheckpointUids, with_uids
+from nvdp.ledger.locate import locate
 from nvdp.ledger.podresources import PodResourcesClient, pod_resources_socket
 from nvdp.ledger.types import Holding, LedgerSnapshot
 from nvdp.logs import log_event
+from nvdp.nvml.types import GpuInfo
 from nvdp.units import format_go_duration
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,21 @@ class AllocationLedger:
     def held(self, resource: str, device_ids: Collection[str]) -> list[Holding]:
         """Who holds these devices of `resource`, from memory (for the health path)."""
         return self.snapshot().held(resource, device_ids)
+
+    def gpu_holders(self, gpus: Sequence[GpuInfo]) -> dict[str, str] | None:
+        """GPU uuid -> a pod holding one of its devices ("pod namespace/name"), from memory, for the
+        hand-over with the DRA driver (`nvdp.handoff`); None while the kubelet's record is not known yet
+        (its socket is there but has not answered). Asks for a read, so the next answer is fresher."""
+        snapshot = self.snapshot()
+        self._ask(0.0)
+        if snapshot.read_at is None and os.path.exists(self.socket_path):
+            return None
+        holders: dict[str, str] = {}
+        for holding in snapshot.holdings:
+            where = locate(holding.device_id, {}, gpus)
+            if where is not None:
+                holders.setdefault(where.gpu_uuid, f"pod {holding.pod_key}")
+        return holders
 
     def fresh(self, max_age: float) -> LedgerSnapshot:
         """The record read at most `max_age` seconds ago: read now when the last read is older."""

@@ -1,20 +1,24 @@
 """The node facts between the resources a config makes of the node and what the supervisor serves.
 
-Three gates, each a fact that can withhold devices and that the node can fix under a running plugin:
-the MPS control daemon's readiness (`nvdp.mps.ready`), the device nodes that Allocate answers name
-(`nvdp.plugin.device_nodes`) and the CDI specs on disk (`nvdp.cdi.publisher`). Each reports its
-misfits under its own source (`mps`, `device-nodes`, `cdi`); `changed()` keeps their directories in
-the supervisor's inotify watch and says when to apply again; `retry_in()` is the CDI retry's timer,
-None while all is well.
+Four gates, each a fact that can withhold devices and that the node can fix under a running plugin:
+the GPUs the DRA driver serves (`own_gpus`, before the resources are built: the config's
+`dra.devices` and the hand-over, `nvdp.handoff`), the MPS control daemon's readiness
+(`nvdp.mps.ready`), the device nodes that Allocate answers name (`nvdp.plugin.device_nodes`) and the
+CDI specs on disk (`nvdp.cdi.publisher`). Each reports its misfits under its own source (`handoff`,
+`mps`, `device-nodes`, `cdi`); `changed()` keeps their directories in the supervisor's inotify watch
+and says when to apply again; `retry_in()` is the CDI retry's and the hand-over's timer, None while
+all is well.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp.dir_watch import Watcher
+from nvdp.handoff import Handoff
+from nvdp.inventory import dra_gpus
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.mps.ready import MpsReadiness
@@ -29,14 +33,45 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+HoldsSource = Callable[[Sequence[GpuInfo]], Mapping[str, str] | None]  # GPU uuid -> holder; None: unknown
+
+
 class NodeGates:
-    def __init__(self, misfits: MisfitSink | None) -> None:
+    """`handoff` and `holds` (GPU uuid -> the pod holding it through this plugin) take part in the
+    hand-over with the DRA driver; without a `handoff` only the config decides."""
+
+    def __init__(
+        self, misfits: MisfitSink | None, handoff: Handoff | None = None, holds: HoldsSource | None = None
+    ) -> None:
         self._misfits = misfits
+        self._handoff = handoff
+        self._holds = holds
+        self._mine: frozenset[str] = frozenset()  # the GPUs the config gives this plugin
+        self._settled: frozenset[str] = frozenset()  # those the hand-over lets it serve
+        self._all_dra = False
         self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
         self._device_nodes = DeviceNodes()  # devices only while the nodes answers name exist
         self._cdi: CdiPublisher | None = None  # made by the first CDI apply (a plugin without CDI
         # never imports the spec builder)
         self._nothing_said = False
+
+    def own_gpus(self, settings: DaemonSettings, gpus: Sequence[GpuInfo]) -> list[GpuInfo]:
+        """The GPUs this plugin serves: those the config does not give the DRA driver, as the hand-over
+        allows (a GPU DRA still serves or holds waits; one a pod holds here stays until released)."""
+        dra, misfits = dra_gpus(settings.rules.dra_devices, gpus)
+        self._mine = self._settled = frozenset(g.uuid for g in gpus) - dra
+        self._all_dra = bool(gpus) and not self._mine
+        if self._handoff is not None:
+            holds = self._holds(gpus) if self._holds is not None else {}
+            self._settled = self._handoff.settle(self._mine, holds).serve
+            misfits += self._handoff.misfits({g.uuid: f"GPU {g.index}" for g in gpus})
+        self.report("handoff", misfits)
+        return [g for g in gpus if g.uuid in self._settled]
+
+    def served(self) -> None:
+        """The servers advertise what `own_gpus` allowed (and no GPU it left out): the record says so."""
+        if self._handoff is not None:
+            self._handoff.served(self._settled)
 
     def admit(self, settings: DaemonSettings, resources: Sequence[Resource]) -> NodeResources:
         """`resources` without an MPS resource whose daemon is not ready and without the devices
@@ -70,8 +105,12 @@ class NodeGates:
 
     def changed(self, watcher: Watcher) -> bool:
         """Watch what the gates depend on; whether any of it changed (each is asked, so each keeps
-        its watch up to date): an MPS ready marker, a device node, the CDI specs or their retry."""
+        its watch up to date): the DRA driver's hand-over record or its retry, an MPS ready marker, a
+        device node, the CDI specs or their retry."""
+        if self._handoff is not None:
+            self._handoff.watch(watcher)
         changes = [
+            self._handoff is not None and self._handoff.due(),
             self._mps.changed(watcher),
             self._device_nodes.changed(watcher),
             self._cdi is not None and self._cdi.changed(watcher),
@@ -79,12 +118,20 @@ class NodeGates:
         return any(changes)
 
     def retry_in(self) -> float | None:
-        return self._cdi.retry_in() if self._cdi is not None else None
+        delays = [
+            self._cdi.retry_in() if self._cdi is not None else None,
+            self._handoff.retry_in() if self._handoff is not None else None,
+        ]
+        return min((d for d in delays if d is not None), default=None)
 
     def close(self) -> None:
-        """The specs stay for running containers; the spec directory's lock goes."""
+        """The specs stay for running containers; the spec directory's lock goes; the hand-over
+        record says this plugin serves nothing (the servers stopped) and holds what its pods hold."""
         if self._cdi is not None:
             self._cdi.close()
+        if self._handoff is not None:
+            self._handoff.served(frozenset())
+            self._handoff.close()
 
     def report(self, source: str, misfits: tuple[Misfit, ...]) -> None:
         if self._misfits is not None:
@@ -93,7 +140,14 @@ class NodeGates:
     def say_nothing_served(self, nothing: bool, gpus: int, misfits: tuple[Misfit, ...]) -> None:
         """Say once (until something is served again) that nothing is served, and why."""
         if nothing and not self._nothing_said:
-            if not gpus:
+            if self._all_dra:
+                log_event(
+                    log,
+                    logging.INFO,
+                    "every GPU is the DRA driver's (dra.devices); the device plugin serves none",
+                    gpus=gpus,
+                )
+            elif not gpus:
                 log_event(
                     log, logging.WARNING, "no devices found on this node; waiting (send SIGHUP to rescan)"
                 )

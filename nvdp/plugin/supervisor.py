@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Generic
@@ -25,6 +25,7 @@ from typing import Generic
 from nvdp.dir_watch import DirWatcher, FileId, Watcher, call_aside, file_id
 from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
+from nvdp.handoff import Handoff
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.converge import plan_servers
@@ -76,6 +77,8 @@ class Supervisor(Generic[S]):
         observer: StatusObserver[S] | None = None,
         dir_claim: DirClaimHooks | None = None,
         misfits: MisfitSink | None = None,
+        handoff: Handoff | None = None,
+        holds: Callable[[Sequence[GpuInfo]], Mapping[str, str] | None] | None = None,
     ) -> None:
         self._nvml = nvml
         self._dir_claim = dir_claim
@@ -88,7 +91,8 @@ class Supervisor(Generic[S]):
         self._allocator_factory = allocator_factory
         self._health = health
         self._observer = observer
-        self._gates = NodeGates(misfits)  # node facts that withhold devices: MPS, device nodes, CDI
+        # node facts that withhold devices: MPS, device nodes, CDI, the GPUs the DRA driver serves
+        self._gates = NodeGates(misfits, handoff, holds)
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
         self._stop = threading.Event()
@@ -218,8 +222,9 @@ class Supervisor(Generic[S]):
         (MPS daemon not ready, missing device nodes), and every misfit found (each reported)."""
         self.gpus = self._nvml.gpus()
         self._enumerated = True
-        minors = self._host_facts.mig_minors() if any(g.mig_enabled for g in self.gpus) else None
-        built = settings.rules.build(self.gpus, minors)
+        gpus = self._gates.own_gpus(settings, self.gpus)
+        minors = self._host_facts.mig_minors() if any(g.mig_enabled for g in gpus) else None
+        built = settings.rules.build(gpus, minors)
         self._gates.report("resources", built.misfits)
         admitted = self._gates.admit(settings, built.resources)
         return NodeResources(admitted.resources, (*built.misfits, *admitted.misfits))
@@ -301,6 +306,7 @@ class Supervisor(Generic[S]):
                 socket=str(server.socket_path),
                 sharing=resource.sharing,
             )
+        self._gates.served()
         self._gates.say_nothing_served(not wanted, len(self.gpus), (*built.misfits, *cdi_misfits))
         self.ready.clear()
         if self._health is not None:

@@ -1,0 +1,305 @@
+"""One GPU, one API: the hand-over of a node's GPUs between the device plugin (`nvdp plugin`) and the
+DRA driver (`nvdp dra-kubelet-plugin`), so that no GPU is ever advertised by both.
+
+The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`). Both processes
+read it, but each at its own moment (each is signalled by its own config-manager), and a GPU that a
+running pod holds must stay with the API the pod got it from. So each process keeps a record in a
+directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`):
+
+- `served-by-<api>.json`: `{"serving": [GPU uuid, ...], "holds": {GPU uuid: holder}}`, written
+  atomically; `serving` always includes every GPU the API advertises (it names a GPU before the API
+  advertises it, and stops naming it after the API withdrew it); `holds` names the GPUs the API's pods
+  or claims hold now.
+- `served-by-<api>.lock`: flock'ed for the life of the process. A record whose lock is free is a
+  stopped process's: what it served is not advertised any more, what it held is still held (its pods
+  run on), until it runs again.
+
+`settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
+serves or holds it (waiting, said once, looked at again on the other record's change and every
+RETRY_S); a GPU the config gives the other API is withdrawn, unless a pod holds it here (kept, said
+once, until it is released). `Handoff` is the protocol around it: a GPU newly taken is checked against
+the other record *after* this record names it, so two processes that take one GPU at once both see
+the other and both back off (and try again at a random moment).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvdp.dir_watch import Watcher
+from nvdp.dirs import DIR_MODE, make_dirs
+from nvdp.errors import UnreadableFile
+from nvdp.files import read_bounded, write_atomic
+from nvdp.logs import log_event
+from nvdp.misfits import Misfit
+
+log = logging.getLogger(__name__)
+
+DEVICE_PLUGIN = "device-plugin"
+DRA = "dra"
+API_WORDS = {DEVICE_PLUGIN: "the device plugin", DRA: "the DRA driver"}
+RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
+LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
+LOCK_TRY_WAIT_S = 0.02
+MAX_RECORD_BYTES = 1 << 20
+
+
+def device_plugin_record_dir(kubelet_socket: Path, driver: str) -> Path:
+    """Where the device plugin finds the records: the DRA driver `driver`'s directory in the kubelet's
+    plugins directory, beside the device plugins' (`<kubelet dir>/../plugins/<driver>`)."""
+    return kubelet_socket.parent.parent / "plugins" / driver
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one API's record says; `alive` whether its process runs (holds the lock)."""
+
+    serving: frozenset[str] = frozenset()
+    holds: Mapping[str, str] = field(default_factory=dict)
+    alive: bool = False
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What an API may serve now: `serve` (GPU uuids); `kept`: GPUs the config gives the other API
+    that a pod holds here (uuid -> holder); `waiting`: GPUs the config gives this API that the other
+    API still serves or holds (uuid -> holder, or "" while it only advertises it)."""
+
+    serve: frozenset[str]
+    kept: Mapping[str, str] = field(default_factory=dict)
+    waiting: Mapping[str, str] = field(default_factory=dict)
+
+
+def settle(mine: frozenset[str], serving: frozenset[str], holds: Mapping[str, str], other: Record) -> Settled:
+    """The rule (pure): `mine` are the GPUs the config gives this API, `serving` those it serves now,
+    `holds` those its pods hold (uuid -> holder); `other` the other API's record."""
+    kept = {u: holds[u] for u in sorted(serving - mine) if u in holds}
+    waiting: dict[str, str] = {}
+    for uuid in sorted(mine - serving):
+        if uuid in other.holds:
+            waiting[uuid] = other.holds[uuid]
+        elif other.alive and uuid in other.serving:
+            waiting[uuid] = ""
+    return Settled(frozenset((mine - waiting.keys()) | kept.keys()), kept, waiting)
+
+
+class Handoff:
+    """This process's side of the hand-over for `api` (DEVICE_PLUGIN or DRA), its records in
+    `directory`. The DRA driver's own directory is made with its parents when missing; the device
+    plugin makes it only where its parent is there: without it (the device plugin's container without
+    the DRA directory: no DRA driver can run here) there are no records, and the directory is looked
+    for again at each `settle`."""
+
+    def __init__(self, api: str, directory: Path) -> None:
+        self.api = api
+        self.other_api = DRA if api == DEVICE_PLUGIN else DEVICE_PLUGIN
+        self.directory = directory
+        self._lock_fd: int | None = None
+        self._lock_said = False
+        self._serving: frozenset[str] = frozenset()
+        self._holds: dict[str, str] = {}
+        self._last = Settled(frozenset())
+        self._retry_at: float | None = None
+        self._other_seen: tuple[int, int] | None = None
+        self._unreadable_said = False
+
+    # ---- the records ------------------------------------------------------------------------------
+    def _path(self, api: str, suffix: str) -> Path:
+        return self.directory / f"served-by-{api}.{suffix}"
+
+    def _usable(self) -> bool:
+        """The directory is there (made when ours) and our lock is taken."""
+        if not self.directory.is_dir():
+            try:
+                if self.api == DRA:
+                    make_dirs(self.directory)
+                else:
+                    self.directory.mkdir(mode=DIR_MODE)
+            except FileNotFoundError:
+                return False
+            except OSError as error:
+                self._say_lock(f"cannot make the directory: {error.strerror or error}")
+                return False
+        if self._lock_fd is None:
+            self._take_lock()
+            self._holds = dict(self._read(self.api).holds)  # a previous run's, until ours are known
+        return True
+
+    def _take_lock(self) -> None:
+        try:
+            fd = os.open(self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            self._say_lock(f"cannot open the lock: {error.strerror or error}")
+            return
+        for _ in range(LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lock_fd = fd
+                return
+            except BlockingIOError:
+                time.sleep(LOCK_TRY_WAIT_S)
+            except OSError as error:
+                self._say_lock(f"cannot lock: {error.strerror or error}")
+                break
+        os.close(fd)
+        self._say_lock(f"another process of {API_WORDS[self.api]} holds the lock")
+
+    def _say_lock(self, problem: str) -> None:
+        if not self._lock_said:
+            log_event(
+                log,
+                logging.WARNING,
+                "GPU hand-over record not locked; the other API may take this API's GPUs while it runs",
+                directory=str(self.directory),
+                problem=problem,
+            )
+            self._lock_said = True
+
+    def read_other(self) -> Record:
+        """The other API's record (empty when there is none or it cannot be read, said once)."""
+        return self._read(self.other_api)
+
+    def _read(self, api: str) -> Record:
+        path = self._path(api, "json")
+        if not path.exists():
+            return Record(alive=self._alive(api))
+        try:
+            data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+            serving = frozenset(str(u) for u in data["serving"])
+            holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
+        except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
+            if not self._unreadable_said:
+                log_event(
+                    log, logging.WARNING, "GPU hand-over record unreadable", path=str(path), error=str(error)
+                )
+                self._unreadable_said = True
+            return Record(alive=self._alive(api))
+        self._unreadable_said = False
+        return Record(serving, holds, self._alive(api))
+
+    def _alive(self, api: str) -> bool:
+        """Whether `api`'s process holds its lock (a shared lock taken here would wait)."""
+        try:
+            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError as error:
+            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        finally:
+            os.close(fd)
+
+    def _write(self, serving: frozenset[str]) -> None:
+        body = {"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}
+        try:
+            write_atomic(self._path(self.api, "json"), (json.dumps(body) + "\n").encode(), 0o644)
+        except OSError as error:
+            log_event(
+                log,
+                logging.WARNING,
+                "cannot write the GPU hand-over record",
+                directory=str(self.directory),
+                error=str(error),
+            )
+
+    # ---- the protocol ------------------------------------------------------------------------------
+    def settle(self, mine: frozenset[str], holds: Mapping[str, str] | None) -> Settled:
+        """What this API may serve now, given the GPUs the config gives it and what its pods hold
+        (None: not known yet; a previous run's record stands for it). The caller advertises exactly
+        `serve`, then calls `served`."""
+        usable = self._usable()
+        if holds is not None:
+            self._holds = dict(holds)
+        if not usable:
+            self._last = Settled(mine)
+            self._retry_at = None
+            return self._last
+        self._other_seen = self._stat_other()
+        other = self.read_other()
+        settled = settle(mine, self._serving, self._holds, other)
+        gained = settled.serve - self._serving
+        if gained:
+            self._write(self._serving | settled.serve)  # named before it is advertised
+            again = self.read_other()
+            lost = {u for u in gained if u in again.holds or (again.alive and u in again.serving)}
+            if lost:
+                waiting = {**settled.waiting, **{u: again.holds.get(u, "") for u in sorted(lost)}}
+                settled = Settled(settled.serve - lost, settled.kept, waiting)
+        self._last = settled
+        self._retry_at = (
+            time.monotonic() + RETRY_S * random.uniform(0.5, 1.5) if settled.kept or settled.waiting else None
+        )
+        return settled
+
+    def served(self, serving: frozenset[str]) -> None:
+        """The API advertises exactly `serving` now (after withdrawing what it no longer serves)."""
+        self._serving = serving
+        if self.directory.is_dir():
+            self._write(serving)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ---- when to settle again -----------------------------------------------------------------------
+    def retry_in(self) -> float | None:
+        """Seconds until a GPU that waits or is kept is looked at again; None while none does."""
+        return None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
+
+    def due(self) -> bool:
+        """The retry is due, or the other API's record changed since the last look."""
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            return True
+        return self.directory.is_dir() and self._stat_other() != self._other_seen
+
+    def _stat_other(self) -> tuple[int, int] | None:
+        try:
+            found = os.stat(self._path(self.other_api, "json"))
+        except OSError:
+            return None
+        return (found.st_ino, found.st_mtime_ns)
+
+    def watch(self, watcher: Watcher) -> None:
+        """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it)."""
+        if self.directory.is_dir():
+            watcher.add(self.directory)
+
+    # ---- what to say ---------------------------------------------------------------------------------
+    def misfits(self, labels: Mapping[str, str]) -> tuple[Misfit, ...]:
+        """The GPUs of the last settle that wait or are kept, as misfits (`labels`: uuid -> "GPU 3")."""
+        mine, other = API_WORDS[self.api], API_WORDS[self.other_api]
+        found: list[Misfit] = []
+        for uuid, holder in self._last.waiting.items():
+            name = labels.get(uuid, uuid)
+            why = f"{holder} holds it through {other}" if holder else f"{other} still advertises it"
+            found.append(
+                Misfit(
+                    "GpuHeldByOtherApi",
+                    name,
+                    f"{name} ({uuid}): the config gives it to {mine}, but {why}; served here once it is free",
+                )
+            )
+        for uuid, holder in self._last.kept.items():
+            name = labels.get(uuid, uuid)
+            found.append(
+                Misfit(
+                    "GpuHandoverDeferred",
+                    name,
+                    f"{name} ({uuid}): the config gives it to {other}, but {holder} holds it through {mine};"
+                    " kept here until it is released",
+                )
+            )
+        return tuple(found)

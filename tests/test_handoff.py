@@ -1,0 +1,193 @@
+"""One GPU, one API (`nvdp.handoff`): the config's `dra.devices`, the rule that settles what each API
+serves, and the record protocol between two processes' sides (two `Handoff`s on one directory: flock
+locks belong to open files, so two in one process behave as two processes)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from nvdp.config import parse_text
+from nvdp.config.model import DRA_ALL, DRA_NONE
+from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff, Record, settle
+from nvdp.inventory import dra_gpus
+from nvdp.logs import FIELDS_ATTR
+from tests.builders import sim_gpus
+
+GPUS = sim_gpus("pcie-4")
+A, B, C, D = (g.uuid for g in GPUS)
+
+
+def test_dra_devices_default_to_none_and_take_all_or_gpus() -> None:
+    assert parse_text("version: v1\n").dra.devices == DRA_NONE
+    assert parse_text("dra: {devices: all}").dra.devices == DRA_ALL
+    assert parse_text(f"dra: {{devices: [3, {B}]}}").dra.devices == ("3", B)
+    assert dra_gpus(DRA_NONE, GPUS) == (frozenset(), ())
+    assert dra_gpus(DRA_ALL, GPUS) == (frozenset({A, B, C, D}), ())
+
+
+def test_dra_devices_naming_a_gpu_this_node_lacks_is_a_misfit_and_the_rest_applies() -> None:
+    owned, (misfit,) = dra_gpus(("1", "7"), GPUS)
+    assert owned == {B}
+    assert misfit.reason == "DraDevicesMissing"
+    assert misfit.message == "dra.devices: no GPU 7 on this node; left out"
+
+
+@pytest.mark.parametrize(
+    "mine, serving, holds, other, serve, kept, waiting",
+    [
+        # the config's GPUs, nothing in the way
+        ({A, B}, set(), {}, Record(), {A, B}, {}, {}),
+        # the other API still advertises B: B waits; once its process stopped, B is free
+        ({A, B}, set(), {}, Record(frozenset({B}), alive=True), {A}, {}, {B: ""}),
+        ({A, B}, set(), {}, Record(frozenset({B}), alive=False), {A, B}, {}, {}),
+        # a pod holds B through the other API: B waits, even while its process is stopped
+        ({A, B}, set(), {}, Record(holds={B: "pod ns/p"}), {A}, {}, {B: "pod ns/p"}),
+        # the config gives C to the other API: withdrawn, unless a pod holds it here
+        ({A}, {A, C}, {}, Record(), {A}, {}, {}),
+        ({A}, {A, C}, {C: "claim ns/c"}, Record(), {A, C}, {C: "claim ns/c"}, {}),
+        # what is served already stays served (the other side waits on it)
+        ({A}, {A}, {}, Record(frozenset({A}), alive=True), {A}, {}, {}),
+    ],
+)
+def test_settle(
+    mine: set[str],
+    serving: set[str],
+    holds: dict[str, str],
+    other: Record,
+    serve: set[str],
+    kept: dict[str, str],
+    waiting: dict[str, str],
+) -> None:
+    settled = settle(frozenset(mine), frozenset(serving), holds, other)
+    assert (settled.serve, dict(settled.kept), dict(settled.waiting)) == (serve, kept, waiting)
+
+
+def record(directory: Path, api: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((directory / f"served-by-{api}.json").read_text())
+    return loaded
+
+
+def test_a_gpu_moves_only_once_the_other_side_withdrew_it(tmp_path: Path) -> None:
+    plugin, dra = Handoff(DEVICE_PLUGIN, tmp_path), Handoff(DRA, tmp_path)
+    try:
+        plugin.served(plugin.settle(frozenset({A, B}), {}).serve)  # the old config: all the plugin's
+        assert record(tmp_path, DEVICE_PLUGIN) == {"serving": sorted([A, B]), "holds": {}}
+        # the DRA driver read the new config first: B waits for the plugin
+        assert dra.settle(frozenset({B}), {}).serve == frozenset()
+        (misfit,) = dra.misfits({B: "GPU 1"})
+        assert misfit.reason == "GpuHeldByOtherApi"
+        assert misfit.message == (
+            f"GPU 1 ({B}): the config gives it to the DRA driver, but the device plugin still advertises it;"
+            " served here once it is free"
+        )
+        assert dra.retry_in() is not None
+        dra.served(frozenset())
+        # the plugin reads it too: B is withdrawn and the record says so; the DRA driver sees the change
+        plugin.served(plugin.settle(frozenset({A}), {}).serve)
+        assert dra.due()
+        assert dra.settle(frozenset({B}), {}).serve == {B}
+        assert dra.misfits({}) == ()
+        assert dra.retry_in() is None
+        assert record(tmp_path, DRA)["serving"] == [B]  # named before it is advertised
+    finally:
+        plugin.close()
+        dra.close()
+
+
+def test_a_gpu_a_pod_holds_stays_until_released(tmp_path: Path) -> None:
+    plugin, dra = Handoff(DEVICE_PLUGIN, tmp_path), Handoff(DRA, tmp_path)
+    try:
+        plugin.served(plugin.settle(frozenset({A, B}), {}).serve)
+        settled = plugin.settle(frozenset({A}), {B: "pod ml/train"})  # B moves to DRA; a pod holds it
+        assert settled.serve == {A, B}
+        (misfit,) = plugin.misfits({B: "GPU 1"})
+        assert (misfit.reason, misfit.subject) == ("GpuHandoverDeferred", "GPU 1")
+        said = "pod ml/train holds it through the device plugin; kept here until it is released"
+        assert said in misfit.message
+        plugin.served(settled.serve)
+        assert dra.settle(frozenset({B}), {}).waiting == {B: "pod ml/train"}
+        plugin.served(plugin.settle(frozenset({A}), {}).serve)  # the pod ended
+        assert dra.settle(frozenset({B}), {}).serve == {B}
+    finally:
+        plugin.close()
+        dra.close()
+
+
+def test_a_stopped_process_frees_what_it_advertised_but_not_what_its_pods_hold(tmp_path: Path) -> None:
+    plugin = Handoff(DEVICE_PLUGIN, tmp_path)
+    plugin.settle(frozenset({A, B}), {B: "pod ns/p"})
+    plugin.served(frozenset({A, B}))
+    plugin.close()  # the process ended without a word: its lock is free
+    dra = Handoff(DRA, tmp_path)
+    try:
+        assert dra.read_other() == Record(frozenset({A, B}), {B: "pod ns/p"}, alive=False)
+        assert dra.settle(frozenset({A, B}), {}).serve == {A}
+        # the plugin runs again: until its ledger answers, the last run's holds stand
+        again = Handoff(DEVICE_PLUGIN, tmp_path)
+        again.settle(frozenset({C}), None)
+        again.served(frozenset({C}))
+        assert record(tmp_path, DEVICE_PLUGIN)["holds"] == {B: "pod ns/p"}
+        again.settle(frozenset({C}), {})
+        again.served(frozenset({C}))
+        assert dra.due()
+        assert dra.settle(frozenset({A, B}), {}).serve == {A, B}
+        again.close()
+    finally:
+        dra.close()
+
+
+def test_two_sides_taking_one_gpu_at_once_both_back_off(tmp_path: Path) -> None:
+    """A stale config on one side: both want B and neither serves it. Each names B, then looks at the
+    other's record again: the two looks cross, so both see the other's claim and both back off (and
+    try again at a random moment), never both serving B."""
+    plugin, dra = Handoff(DEVICE_PLUGIN, tmp_path), Handoff(DRA, tmp_path)
+    try:
+        dra.settle(frozenset(), {})  # the DRA driver runs (holds its lock)
+        first_look = plugin.read_other
+
+        def crossing() -> Record:
+            seen = first_look()  # the plugin's first look finds nothing; then the DRA driver names B
+            (tmp_path / "served-by-dra.json").write_text(json.dumps({"serving": [B], "holds": {}}))
+            plugin.read_other = first_look  # type: ignore[method-assign]
+            return seen
+
+        plugin.read_other = crossing  # type: ignore[method-assign]
+        settled = plugin.settle(frozenset({B}), {})
+        assert settled.serve == frozenset() and settled.waiting == {B: ""}
+        assert plugin.retry_in() is not None
+        plugin.served(settled.serve)
+        assert record(tmp_path, DEVICE_PLUGIN)["serving"] == []
+        assert dra.settle(frozenset({B}), {}).serve == {B}  # the DRA driver's own look: B is free now
+    finally:
+        plugin.close()
+        dra.close()
+
+
+def test_no_records_without_the_dra_directory_and_a_lock_held_elsewhere_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    absent = Handoff(DEVICE_PLUGIN, tmp_path / "plugins" / "gpu.nvidia.com")  # no plugins dir: no DRA here
+    assert absent.settle(frozenset({A}), {}).serve == {A}
+    absent.served(frozenset({A}))
+    assert not (tmp_path / "plugins").exists()
+    (tmp_path / "plugins").mkdir()  # the DRA directory's parent appears: the plugin takes part
+    absent.served(absent.settle(frozenset({A}), {}).serve)
+    assert record(tmp_path / "plugins" / "gpu.nvidia.com", DEVICE_PLUGIN)["serving"] == [A]
+    absent.close()
+
+    fd = os.open(tmp_path / "served-by-dra.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another DRA process runs
+    try:
+        second = Handoff(DRA, tmp_path)
+        second.settle(frozenset(), {})
+        (said,) = [r for r in caplog.records if "not locked" in r.getMessage()]
+        assert said.levelname == "WARNING"
+        assert said.__dict__[FIELDS_ATTR]["problem"] == "another process of the DRA driver holds the lock"
+        second.close()
+    finally:
+        os.close(fd)
