@@ -1,4 +1,5 @@
-"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`; `gpu-feature-discovery` is `nvdp gfd`.
+"""`nvdp` command line. `nvidia-device-plugin` is `nvdp plugin`; `gpu-feature-discovery` is `nvdp gfd`;
+`gpu-kubelet-plugin` is `nvdp dra-kubelet-plugin`.
 
 This module builds the command lines and dispatches; what each command runs is `nvdp.commands`. The
 two are the only places that print, install signal handlers (through nvdp.signals, which handles
@@ -173,6 +174,18 @@ def gfd_main(argv: Sequence[str] | None = None) -> int:
     config-manager finds the process by: PROCESS_TO_SIGNAL)."""
     return _nvidia_named(
         "gpu-feature-discovery", "GPU feature discovery (nvdp gfd).", _add_gfd_arguments, run_gfd, argv
+    )
+
+
+def dra_kubelet_plugin_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `gpu-kubelet-plugin`: the binary name of NVIDIA's DRA driver for `nvdp
+    dra-kubelet-plugin` (the name the config-manager finds the process by: PROCESS_TO_SIGNAL)."""
+    return _nvidia_named(
+        "gpu-kubelet-plugin",
+        "DRA kubelet plugin of the driver gpu.nvidia.com (nvdp dra-kubelet-plugin).",
+        _add_dra_arguments,
+        run_dra_kubelet_plugin,
+        argv,
     )
 
 

@@ -1,23 +1,51 @@
 """The chart's DRA kubelet plugin (dra.enabled), rendered by the real Helm engine: its DaemonSet (the
 command, NVIDIA's env names, every one read by the program, the kubelet's directories and the CDI
 root mounted, maxSurge 0), NVIDIA's DeviceClasses, its RBAC (ResourceSlices written, ResourceClaims
-only read) and the admission policy that keeps it to its own node's slices."""
+only read) and the admission policy that keeps it to its own node's slices. One GPU, one API: with a
+ConfigMap of entries the DRA pod follows the node's config label as the device plugin's does (the
+config-manager pair, signalling gpu-kubelet-plugin), and the device plugin's pod mounts the DRA
+plugin's directory, where the two hand GPUs over; the DRA container runs as rendered."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
+from nvdp.config.model import DEFAULT_KUBELET_SOCKET
+from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DRA_OPTIONS
 from nvdp.dra_standin.scheduler import nvidia_device_classes
-from tests.test_deploy import NAMESPACE, Doc, Rendered, _find_renderer, check_schema, container_env
+from nvdp.testing import Process, clean_env
+from tests.dra_support import dra_cluster
+from tests.test_chart_gfd import console_script_argv, env_value
+from tests.test_deploy import (
+    CONTAINER,
+    NAMESPACE,
+    Doc,
+    Rendered,
+    _find_renderer,
+    check_schema,
+    container,
+    container_env,
+    volume,
+    without,
+)
+from tests.test_dra_config_manager import ENTRIES
 
 DRA_ENV = frozenset(
     {env for o in DRA_OPTIONS for env in o.envs} | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 )
 ENABLED = {"dra": {"enabled": True}}
+DRA_PROCESS = "gpu-kubelet-plugin"  # the console script: the container's command, PROCESS_TO_SIGNAL
+WITH_ENTRIES = {**ENABLED, "config": {"map": ENTRIES, "default": "device-plugin"}}
+# The DRA plugin's directory as the device plugin finds it in its container: beside the directory of
+# its kubelet socket (device-plugins/../plugins/gpu.nvidia.com).
+DRA_DIR_IN_PLUGIN = str(PurePosixPath(DEFAULT_KUBELET_SOCKET).parent.parent / "plugins" / DRIVER_NAME)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +70,30 @@ def dra_daemonset(out: Rendered) -> Doc:
     return found
 
 
+def plugin_daemonset(out: Rendered) -> Doc:
+    """The device plugin's DaemonSet."""
+    (found,) = [
+        d
+        for d in out.docs
+        if d["kind"] == "DaemonSet" and d["spec"]["template"]["spec"]["containers"][0]["name"] == CONTAINER
+    ]
+    return found
+
+
 def named(out: Rendered, kind: str) -> dict[str, Doc]:
     return {d["metadata"]["name"]: d for d in out.docs if d["kind"] == kind}
+
+
+def nodes_verbs(role: Doc) -> list[str]:
+    (verbs,) = [r["verbs"] for r in role["rules"] if r["resources"] == ["nodes"]]
+    return list(verbs)
 
 
 def test_nothing_of_dra_by_default(render: Callable[..., Rendered]) -> None:
     out = render()
     assert not [d for d in out.docs if "dra" in d["metadata"]["name"] or d["kind"] == "DeviceClass"]
+    plugin = container(plugin_daemonset(out))
+    assert not [m for m in plugin["volumeMounts"] if m["mountPath"].startswith("/var/lib/kubelet/plugins")]
 
 
 def test_the_kubelet_plugin_daemonset(render: Callable[..., Rendered]) -> None:
@@ -63,7 +108,8 @@ def test_the_kubelet_plugin_daemonset(render: Callable[..., Rendered]) -> None:
     }
     pod = daemonset["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
-    assert ctr["command"] == ["nvdp", "dra-kubelet-plugin"]
+    assert ctr["command"] == [DRA_PROCESS]
+    assert "initContainers" not in pod and "shareProcessNamespace" not in pod  # no ConfigMap of entries
     env = container_env(ctr)
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert (
@@ -91,9 +137,7 @@ def test_the_kubelet_plugin_daemonset(render: Callable[..., Rendered]) -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert volumes["plugins"] == "/var/lib/kubelet/plugins" and volumes["driver-root"] == "/run/nvidia/driver"
     assert ctr["securityContext"] == {"privileged": True}
-    plugin_pod = next(d for d in out.docs if d["kind"] == "DaemonSet" and d is not daemonset)["spec"][
-        "template"
-    ]["spec"]
+    plugin_pod = plugin_daemonset(out)["spec"]["template"]["spec"]
     assert (pod["affinity"], pod["tolerations"]) == (plugin_pod["affinity"], plugin_pod["tolerations"])
 
 
@@ -114,6 +158,7 @@ def test_rbac_writes_slices_reads_claims_and_the_policy_keeps_it_to_its_node(
     role = named(out, "ClusterRole")[name]
     check_schema(role)
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): r["verbs"] for r in role["rules"]}
+    assert rules[(("",), ("nodes",))] == ["get"]  # no config-manager in its pod: no list, watch, patch
     assert rules[(("resource.k8s.io",), ("resourceslices",))] == [
         "get",
         "list",
@@ -145,3 +190,136 @@ def test_rbac_writes_slices_reads_claims_and_the_policy_keeps_it_to_its_node(
     }
     without = render({"dra": {"enabled": True, "validatingAdmissionPolicy": False}})
     assert named(without, "ValidatingAdmissionPolicy") == {}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"map": ENTRIES, "default": "device-plugin"}, {"name": "site-configs", "default": "device-plugin"}],
+    ids=["config.map", "config.name"],
+)
+def test_the_kubelet_plugin_follows_the_node_config_label(
+    render: Callable[..., Rendered], config: Doc
+) -> None:
+    """With a ConfigMap of entries, the DRA pod gets the device plugin's config-manager pair
+    (signalling gpu-kubelet-plugin), so both link the entry the node label selects."""
+    out = render({**ENABLED, "config": config})
+    daemonset, plugin = dra_daemonset(out), plugin_daemonset(out)
+    check_schema(daemonset)
+    pod, plugin_pod = daemonset["spec"]["template"]["spec"], plugin["spec"]["template"]["spec"]
+    ctr, sidecar = pod["containers"]
+    assert ctr["command"] == [DRA_PROCESS]
+    assert container_env(ctr)["CONFIG_FILE"] == "/config/config.yaml"
+    mounts = {m["name"]: m for m in ctr["volumeMounts"]}
+    assert mounts["config"] == {"name": "config", "mountPath": "/config", "readOnly": True}
+    assert mounts["available-configs"]["mountPath"] == "/available-configs"
+    assert pod["shareProcessNamespace"] is True
+    (init,) = pod["initContainers"]
+    (plugin_init,) = plugin_pod["initContainers"]
+    plugin_sidecar = plugin_pod["containers"][1]
+    assert [init["name"], sidecar["name"]] == [f"{DRA_PROCESS}-init", f"{DRA_PROCESS}-sidecar"]
+    for each in (init, sidecar):
+        assert env_value(each, "PROCESS_TO_SIGNAL") == DRA_PROCESS
+    # Otherwise the very same containers as the device plugin's: same label, source dir, default.
+    assert without(init, "PROCESS_TO_SIGNAL") == without(plugin_init, "PROCESS_TO_SIGNAL")
+    assert without(sidecar, "PROCESS_TO_SIGNAL") == without(plugin_sidecar, "PROCESS_TO_SIGNAL")
+    for name in ("available-configs", "config"):
+        assert volume(daemonset, name) == volume(plugin, name), name
+    annotations = daemonset["spec"]["template"]["metadata"].get("annotations", {})
+    plugin_annotations = plugin["spec"]["template"]["metadata"].get("annotations", {})
+    assert annotations.get("checksum/config") == plugin_annotations.get("checksum/config")
+    assert ("checksum/config" in annotations) is ("map" in config)
+
+
+def test_the_kubelet_plugins_config_manager_may_read_the_node_and_the_config_map(
+    render: Callable[..., Rendered],
+) -> None:
+    out = render(WITH_ENTRIES)
+    account = dra_daemonset(out)["spec"]["template"]["spec"]["serviceAccountName"]
+    plugin_account = plugin_daemonset(out)["spec"]["template"]["spec"]["serviceAccountName"]
+    roles = named(out, "ClusterRole")
+    plugin_role = next(r for name, r in roles.items() if name != account)
+    # What the device plugin's config-manager may do with its Node: watch its label, note the entry.
+    assert nodes_verbs(roles[account]) == nodes_verbs(plugin_role) == ["get", "list", "watch", "patch"]
+    (binding,) = named(out, "RoleBinding").values()
+    (role,) = named(out, "Role").values()
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"][0]["resources"] == ["configmaps"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE} for name in (plugin_account, account)
+    ]
+    for doc in out.docs:
+        check_schema(doc)
+
+
+@pytest.mark.parametrize(
+    "plugins_dir",
+    ["/var/lib/kubelet/plugins", "/data/kubelet/plugins/"],
+    ids=["default", "elsewhere"],
+)
+def test_the_device_plugin_sees_the_dra_plugins_directory(
+    render: Callable[..., Rendered], plugins_dir: str
+) -> None:
+    """The host directory where the DRA plugin keeps its socket (under the one mounted at
+    KUBELET_PLUGINS_DIRECTORY_PATH) is mounted, writable, where the device plugin looks for it; the
+    device plugin's DaemonSet changes in nothing else."""
+    out = render({"dra": {"enabled": True, "kubeletPluginsDirectoryPath": plugins_dir}})
+    daemonset, plugin = dra_daemonset(out), plugin_daemonset(out)
+    ctr = daemonset["spec"]["template"]["spec"]["containers"][0]
+    plugins_mount = next(
+        m
+        for m in ctr["volumeMounts"]
+        if m["mountPath"] == container_env(ctr)["KUBELET_PLUGINS_DIRECTORY_PATH"]
+    )
+    host_dir = str(PurePosixPath(volume(daemonset, plugins_mount["name"])["hostPath"]["path"]) / DRIVER_NAME)
+    assert host_dir == str(PurePosixPath(plugins_dir) / DRIVER_NAME)
+    (shared,) = [m for m in container(plugin)["volumeMounts"] if m["mountPath"] == DRA_DIR_IN_PLUGIN]
+    assert not shared.get("readOnly")
+    assert volume(plugin, shared["name"])["hostPath"] == {"path": host_dir, "type": "DirectoryOrCreate"}
+    check_schema(plugin)
+    pod = plugin["spec"]["template"]["spec"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != shared["name"]]
+    container(plugin)["volumeMounts"].remove(shared)
+    assert plugin == plugin_daemonset(render())
+
+
+def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp_path: Path) -> None:
+    """The DRA container's command and env, rendered with the node's directories as host paths, run
+    against the config-manager's pick from the rendered ConfigMap: it registers with the kubelet, reads
+    that file, and serves in the very host directory the device plugin's pod mounts."""
+    with dra_cluster(tmp_path) as cluster:
+        node = cluster.node
+        dra = {
+            "enabled": True,
+            "kubeletRegistrarDirectoryPath": str(node.registry),
+            "kubeletPluginsDirectoryPath": str(node.plugins),
+            "cdiRoot": str(node.cdi),
+        }
+        config = {"map": ENTRIES, "default": "dra"}
+        out = render(
+            {"dra": dra, "config": config, "nvml": cluster.nvml, "nvidiaDriverRoot": str(node.driver_root)}
+        )
+        ctr = dra_daemonset(out)["spec"]["template"]["spec"]["containers"][0]
+        (config_map,) = named(out, "ConfigMap").values()
+        linked = tmp_path / "config.yaml"  # what the init container links /config/config.yaml to
+        linked.write_text(config_map["data"]["dra"])
+        # The pod's mounts not at their host path (/config, the driver root at /driver-root) and its
+        # service account (in-cluster credentials) are the test's paths and kubeconfig.
+        pod = {"KUBECONFIG": str(cluster.api.write_kubeconfig(tmp_path / "kubeconfig"))}
+        pod["CONTAINER_DRIVER_ROOT"] = str(node.driver_root)
+        env = clean_env(pod)
+        for var in ctr["env"]:
+            value = (
+                var["value"]
+                if "value" in var
+                else {"spec.nodeName": node.name}[var["valueFrom"]["fieldRef"]["fieldPath"]]
+            )
+            env[var["name"]] = str(linked) if value == "/config/config.yaml" else value
+        (command,) = ctr["command"]
+        argv = [*console_script_argv(command), *ctr.get("args", [])]
+        cluster.process = Process(argv, tmp_path / "dra.log", env)
+        cluster.registered()
+        started = re.search(r"starting nvdp dra-kubelet-plugin config=(\{.*\})$", cluster.process.log(), re.M)
+        assert started, cluster.process.log()
+        assert json.loads(started.group(1))["configFile"] == str(linked)
+        shared = volume(plugin_daemonset(out), "dra-plugin-dir")["hostPath"]["path"]
+        assert (Path(shared) / "dra.sock").is_socket()

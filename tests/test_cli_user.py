@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvdp import __version__
-from nvdp.cli import gfd_main, main, mps_control_daemon_main, plugin_main
+from nvdp.cli import dra_kubelet_plugin_main, gfd_main, main, mps_control_daemon_main, plugin_main
 from nvdp.testing import REPO
 from tests.test_simulate import run_simulate
 
@@ -74,6 +74,12 @@ def _exit(entry: Entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
             id="mps-control-daemon",
         ),
         pytest.param(
+            dra_kubelet_plugin_main,
+            ["--bogus"],
+            "gpu-kubelet-plugin: error: unrecognized arguments: --bogus (see gpu-kubelet-plugin --help)",
+            id="gpu-kubelet-plugin",
+        ),
+        pytest.param(
             main,
             ["simulate", "--profile", "nope"],
             "nvdp simulate: error: argument --profile: invalid choice: 'nope' (choose from 'dgx-a100',"
@@ -121,6 +127,8 @@ def test_bad_command_line_is_one_line(
         pytest.param(plugin_main, ["--version"], id="nvidia-device-plugin"),
         pytest.param(gfd_main, ["--version"], id="gpu-feature-discovery"),
         pytest.param(mps_control_daemon_main, ["--version"], id="mps-control-daemon-script"),
+        pytest.param(main, ["dra-kubelet-plugin", "--version"], id="dra-kubelet-plugin"),
+        pytest.param(dra_kubelet_plugin_main, ["--version"], id="gpu-kubelet-plugin"),
     ],
 )
 def test_every_command_answers_version(

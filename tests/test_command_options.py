@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.cli import build_parser, gfd_main, main, mps_control_daemon_main, plugin_main
+from nvdp.cli import (
+    build_parser,
+    dra_kubelet_plugin_main,
+    gfd_main,
+    main,
+    mps_control_daemon_main,
+    plugin_main,
+)
 from nvdp.config import PLUGIN_OPTIONS, PluginOptions
 from nvdp.config.options import Option
 from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
@@ -120,6 +127,7 @@ def test_each_default_is_shown_once_and_is_the_settings_default(command: str) ->
         pytest.param(plugin_main, "plugin", id="nvidia-device-plugin"),
         pytest.param(gfd_main, "gfd", id="gpu-feature-discovery"),
         pytest.param(mps_control_daemon_main, "mps-control-daemon", id="mps-control-daemon"),
+        pytest.param(dra_kubelet_plugin_main, "dra-kubelet-plugin", id="gpu-kubelet-plugin"),
     ],
 )
 def test_nvidia_named_scripts_take_the_commands_flags(

@@ -8,7 +8,8 @@ With rbac.create the config-managers also watch that ConfigMap through the API (
 NAMESPACE; config-manager-rbac.yml grants get, list and watch on it alone), so an edit applies in
 seconds instead of when the kubelet refreshes the mounted copy, which stays the fallback.
 The GFD pod (gfd.enabled) gets the same pair, signalling gpu-feature-discovery, so its labels
-follow the same node label; so does the MPS control daemon pod, signalling mps-control-daemon.
+follow the same node label; so does the MPS control daemon pod, signalling mps-control-daemon, and
+the DRA kubelet plugin's pod (dra.enabled), signalling gpu-kubelet-plugin.
 "configManager" is "true" when it is used.
 */}}
 {{- define "nvidia-device-plugin.configManager" -}}
@@ -19,7 +20,7 @@ follow the same node label; so does the MPS control daemon pod, signalling mps-c
 One config-manager container; call with (dict "root" $ "oneshot" true|false "process" NAME).
 "process" is the console script of the pod's main container, the process the sidecar signals
 (default nvidia-device-plugin; the GFD pod passes gpu-feature-discovery, the MPS control daemon
-pod mps-control-daemon); the container is named
+pod mps-control-daemon, the DRA kubelet plugin's pod gpu-kubelet-plugin); the container is named
 <process>-init or <process>-sidecar, as in NVIDIA's chart.
 */}}
 {{- define "nvidia-device-plugin.configManagerContainer" -}}

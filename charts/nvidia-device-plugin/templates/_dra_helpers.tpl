@@ -3,6 +3,11 @@
 {{- printf "%s-dra-kubelet-plugin" (include "nvidia-device-plugin.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The DRA kubelet plugin's own host directory: its socket, checkpoint and the GPU hand-over files. */}}
+{{- define "nvidia-device-plugin.draPluginDir" -}}
+{{- printf "%s/gpu.nvidia.com" (trimSuffix "/" (.Values.dra | default dict).kubeletPluginsDirectoryPath) }}
+{{- end }}
+
 {{- define "nvidia-device-plugin.draSelectorLabels" -}}
 app.kubernetes.io/name: nvdp-dra-kubelet-plugin
 app.kubernetes.io/instance: {{ .Release.Name }}
