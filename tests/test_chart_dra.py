@@ -20,8 +20,9 @@ from nvdp.config.model import DEFAULT_KUBELET_SOCKET
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DRA_OPTIONS
 from nvdp.dra_standin.scheduler import nvidia_device_classes
-from nvdp.testing import Process, clean_env
-from tests.dra_support import dra_cluster
+from nvdp.handoff import device_plugin_record_dir
+from nvdp.testing import Process, clean_env, wait_until
+from tests.dra_support import dra_cluster, published
 from tests.test_chart_gfd import console_script_argv, env_value
 from tests.test_deploy import (
     CONTAINER,
@@ -45,7 +46,7 @@ DRA_PROCESS = "gpu-kubelet-plugin"  # the console script: the container's comman
 WITH_ENTRIES = {**ENABLED, "config": {"map": ENTRIES, "default": "device-plugin"}}
 # The DRA plugin's directory as the device plugin finds it in its container: beside the directory of
 # its kubelet socket (device-plugins/../plugins/gpu.nvidia.com).
-DRA_DIR_IN_PLUGIN = str(PurePosixPath(DEFAULT_KUBELET_SOCKET).parent.parent / "plugins" / DRIVER_NAME)
+DRA_DIR_IN_PLUGIN = str(device_plugin_record_dir(Path(DEFAULT_KUBELET_SOCKET), DRIVER_NAME))
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +324,6 @@ def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp
         assert json.loads(started.group(1))["configFile"] == str(linked)
         shared = volume(plugin_daemonset(out), "dra-plugin-dir")["hostPath"]["path"]
         assert (Path(shared) / "dra.sock").is_socket()
+        # the entry gives DRA every GPU; the hand-over record is in the directory the plugin mounts
+        wait_until(lambda: len(published(cluster.api)) == 4, 10, "the GPUs published")
+        wait_until(lambda: (Path(shared) / "served-by-dra.json").exists(), 10, "the hand-over record")

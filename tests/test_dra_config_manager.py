@@ -13,11 +13,11 @@ from pathlib import Path
 
 from nvdp.configmanager import process
 from nvdp.testing import REPO, Process, clean_env, wait_until
-from tests.dra_support import dra_cluster
+from tests.dra_support import dra_cluster, published
 from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv
 
 # Two entries as docs/dra.md's example has them; both valid for either plugin.
-ENTRIES = {"device-plugin": "version: v1\n", "dra": "version: v1\nhealth:\n  ignoredXids: [94]\n"}
+ENTRIES = {"device-plugin": "version: v1\n", "dra": "version: v1\ndra:\n  devices: all\n"}
 
 
 def test_console_script_is_declared() -> None:
@@ -47,6 +47,8 @@ def test_the_node_label_reaches_the_dra_plugin_through_the_config_manager(
         argv = [str(exe), *cluster.node.argv(cluster.nvml, kubeconfig)[4:], "--config-file", str(dst)]
         plugin = cluster.process = Process(argv, tmp_path / "dra.log", clean_env())
         cluster.registered()  # its signal handlers are in place before it registers
+        wait_until(lambda: "dra_devices=none" in plugin.log(), 10, "the device plugin's entry read")
+        assert published(cluster.api) == {}  # every GPU is the device plugin's
         # PROCESS_TO_SIGNAL=gpu-kubelet-plugin (the chart's) finds the script by its name.
         assert plugin.pid in process.find("gpu-kubelet-plugin")
 
@@ -56,5 +58,7 @@ def test_the_node_label_reaches_the_dra_plugin_through_the_config_manager(
         wait_until(lambda: dst.read_text() == ENTRIES["dra"], 30, "the dra entry linked")
         wait_until(lambda: "SIGHUP received; reloading" in plugin.log(), 30, "the plugin signalled")
         assert plugin.log().count("SIGHUP received; reloading") == 1
+        # the dra entry gives DRA every GPU: no device plugin serves them here, so they are published
+        wait_until(lambda: len(published(cluster.api)) == 4, 10, "the GPUs published after the switch")
         assert plugin.alive() and "Traceback" not in plugin.log()
         sidecar.stop()

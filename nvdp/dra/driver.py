@@ -263,6 +263,7 @@ class DraDriver:
             logging.INFO,
             "GPUs enumerated",
             gpus=len(gpus),
+            dra_devices=_said(self.settings.config.dra.devices),
             served=len(self._serve),
             devices=len(self.state.devices()),
         )
