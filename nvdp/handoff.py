@@ -104,6 +104,7 @@ class Handoff:
         self.other_api = DRA if api == DEVICE_PLUGIN else DEVICE_PLUGIN
         self.directory = directory
         self._lock_fd: int | None = None
+        self._joined = False  # the directory was there once: lock taken (or tried), record written
         self._lock_said = False
         self._serving: frozenset[str] = frozenset()
         self._holds: dict[str, str] = {}
@@ -129,9 +130,11 @@ class Handoff:
             except OSError as error:
                 self._say_lock(f"cannot make the directory: {error.strerror or error}")
                 return False
-        if self._lock_fd is None:
+        if not self._joined:
+            self._joined = True
             self._take_lock()
             self._holds = dict(self._read(self.api).holds)  # a previous run's, until ours are known
+            self._write(self._serving)  # the directory just appeared: say at once what is served
         return True
 
     def _take_lock(self) -> None:
@@ -260,10 +263,13 @@ class Handoff:
         return None if self._retry_at is None else max(0.0, self._retry_at - time.monotonic())
 
     def due(self) -> bool:
-        """The retry is due, or the other API's record changed since the last look."""
+        """The retry is due, the directory appeared, or the other API's record changed since the last
+        look."""
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
             return True
-        return self.directory.is_dir() and self._stat_other() != self._other_seen
+        if not self.directory.is_dir():
+            return False
+        return not self._joined or self._stat_other() != self._other_seen
 
     def _stat_other(self) -> tuple[int, int] | None:
         try:
@@ -273,9 +279,12 @@ class Handoff:
         return (found.st_ino, found.st_mtime_ns)
 
     def watch(self, watcher: Watcher) -> None:
-        """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it)."""
-        if self.directory.is_dir():
-            watcher.add(self.directory)
+        """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
+        or while it is missing the nearest of its two parents there is (it appears with the DRA driver)."""
+        for directory in (self.directory, self.directory.parent, self.directory.parent.parent):
+            if directory.is_dir():
+                watcher.add(directory)
+                return
 
     # ---- what to say ---------------------------------------------------------------------------------
     def misfits(self, labels: Mapping[str, str]) -> tuple[Misfit, ...]:

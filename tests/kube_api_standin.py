@@ -63,6 +63,7 @@ class _Event:
     kind: str
     path: str
     obj: Obj
+    at: float = field(default_factory=time.monotonic)  # when it was stored
 
 
 @dataclass
@@ -239,6 +240,16 @@ class KubeApiStandin:
         with self._lock:
             self._generation += 1
             self._lock.notify_all()
+
+    def writes(self, prefix: str) -> list[tuple[float, str, Obj | None]]:
+        """Every write under `prefix` as (time.monotonic() when stored, path, the object; None when
+        deleted), in order: what a watcher of those objects saw, and when."""
+        with self._lock:
+            return [
+                (e.at, e.path, None if e.kind == "DELETED" else e.obj)
+                for e in self._events
+                if e.path.startswith(prefix)
+            ]
 
     def count(self, method: str, path: str, *, watch: bool | None = None) -> int:
         with self._lock:

@@ -369,6 +369,19 @@ def test_config_check_directory_and_resources(tmp_path: Path, capsys: pytest.Cap
     ]
 
 
+def test_config_check_shows_the_gpus_the_dra_driver_serves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "dra").write_text("version: v1\ndra:\n  devices: [2, 3, 9]\n")
+    assert main(["config", "check", str(tmp_path / "dra"), "--nvml", "sim:pcie-4"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{tmp_path}/dra: ok, 1 resource(s) (migStrategy none)",
+        "  nvidia.com/gpu: 2 device(s)",
+        "  DRA (2 GPU(s), not the device plugin's): GPU 2, 3",
+        "  warning: dra.devices: no GPU 9 on this node; left out",
+    ]
+
+
 def test_config_check_is_strict_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("version: v1\n")

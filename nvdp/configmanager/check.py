@@ -121,13 +121,17 @@ def _gpus(spec: str) -> list[GpuInfo]:
 
 
 def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
-    from nvdp.inventory import ResourceRules
+    from nvdp.inventory import ResourceRules, dra_gpus
 
     rules = ResourceRules.of(config)
-    built = rules.build(gpus)
+    dra, missing = dra_gpus(rules.dra_devices, gpus)
+    built = rules.build([g for g in gpus if g.uuid not in dra])
     lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {rules.mig_strategy})"]
     for resource in built.resources:
         sharing = f" {resource.sharing} x{resource.replicas}" if resource.sharing else ""
         lines.append(f"  {resource.name}: {len(resource.devices)} device(s){sharing}")
-    lines.extend(f"  warning: {misfit.message}" for misfit in built.misfits)
+    if dra:
+        indices = ", ".join(str(g.index) for g in gpus if g.uuid in dra)
+        lines.append(f"  DRA ({len(dra)} GPU(s), not the device plugin's): GPU {indices}")
+    lines.extend(f"  warning: {misfit.message}" for misfit in (*missing, *built.misfits))
     return lines

@@ -162,15 +162,18 @@ class DraDriver:
                     break
                 if "reload" in pending:
                     self._reload_config()
+                settled = True
                 if pending & {"reload", "rescan"}:
                     self._enumerate()
                 elif "claims" in pending or self.handoff.due():
                     self._settle()
+                else:
+                    settled = False
                 if "published" in pending:
                     with self._lock:
                         in_slices = self._in_slices
                     self.handoff.served(in_slices | self._serve)
-                if pending & {"reload", "rescan", "claims", "health"}:
+                if settled or "health" in pending:
                     self._push_health()
                 self._keep_serving()
         finally:

@@ -128,13 +128,17 @@ class AllocationLedger:
         """Who holds these devices of `resource`, from memory (for the health path)."""
         return self.snapshot().held(resource, device_ids)
 
-    def gpu_holders(self, gpus: Sequence[GpuInfo]) -> dict[str, str] | None:
-        """GPU uuid -> a pod holding one of its devices ("pod namespace/name"), from memory, for the
-        hand-over with the DRA driver (`nvdp.handoff`); None while the kubelet's record is not known yet
-        (its socket is there but has not answered). Asks for a read, so the next answer is fresher."""
-        snapshot = self.snapshot()
-        self._ask(0.0)
-        if snapshot.read_at is None and os.path.exists(self.socket_path):
+    def gpu_holders(self, gpus: Sequence[GpuInfo], fresh: bool = False) -> dict[str, str] | None:
+        """GPU uuid -> a pod holding one of its devices ("pod namespace/name"), for the hand-over with
+        the DRA driver (`nvdp.handoff`): read now when `fresh` (a GPU would be withdrawn: a pod that
+        got it a moment ago must count), else from memory (and a read is asked for). None while the
+        kubelet's record is not known (its socket is there but has not answered)."""
+        if fresh:
+            snapshot = self.fresh(0.0)
+        else:
+            snapshot = self.snapshot()
+            self._ask(0.0)
+        if (snapshot.read_at is None or snapshot.problem) and os.path.exists(self.socket_path):
             return None
         holders: dict[str, str] = {}
         for holding in snapshot.holdings:

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-HoldsSource = Callable[[Sequence[GpuInfo]], Mapping[str, str] | None]  # GPU uuid -> holder; None: unknown
+# GPU uuid -> the pod holding it (None: not known yet); read afresh when asked (a GPU is withdrawn)
+HoldsSource = Callable[[Sequence[GpuInfo], bool], Mapping[str, str] | None]
 
 
 class NodeGates:
@@ -59,11 +60,13 @@ class NodeGates:
         """The GPUs this plugin serves: those the config does not give the DRA driver, as the hand-over
         allows (a GPU DRA still serves or holds waits; one a pod holds here stays until released)."""
         dra, misfits = dra_gpus(settings.rules.dra_devices, gpus)
-        self._mine = self._settled = frozenset(g.uuid for g in gpus) - dra
-        self._all_dra = bool(gpus) and not self._mine
+        mine = frozenset(g.uuid for g in gpus) - dra
+        withdrawing = bool(self._settled - mine)  # only a fresh record may let a GPU go
+        self._mine = self._settled = mine
+        self._all_dra = bool(gpus) and not mine
         if self._handoff is not None:
-            holds = self._holds(gpus) if self._holds is not None else {}
-            self._settled = self._handoff.settle(self._mine, holds).serve
+            holds = self._holds(gpus, withdrawing) if self._holds is not None else {}
+            self._settled = self._handoff.settle(mine, holds).serve
             misfits += self._handoff.misfits({g.uuid: f"GPU {g.index}" for g in gpus})
         self.report("handoff", misfits)
         return [g for g in gpus if g.uuid in self._settled]
@@ -125,10 +128,14 @@ class NodeGates:
         return min((d for d in delays if d is not None), default=None)
 
     def close(self) -> None:
-        """The specs stay for running containers; the spec directory's lock goes; the hand-over
-        record says this plugin serves nothing (the servers stopped) and holds what its pods hold."""
+        """The specs stay for running containers; the spec directory's lock goes."""
         if self._cdi is not None:
             self._cdi.close()
+
+    def stop(self) -> None:
+        """The plugin stops (its servers stopped): the CDI lock goes; the hand-over record says this
+        plugin serves nothing and holds what its pods hold, and its lock goes."""
+        self.close()
         if self._handoff is not None:
             self._handoff.served(frozenset())
             self._handoff.close()

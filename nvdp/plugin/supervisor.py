@@ -78,7 +78,7 @@ class Supervisor(Generic[S]):
         dir_claim: DirClaimHooks | None = None,
         misfits: MisfitSink | None = None,
         handoff: Handoff | None = None,
-        holds: Callable[[Sequence[GpuInfo]], Mapping[str, str] | None] | None = None,
+        holds: Callable[[Sequence[GpuInfo], bool], Mapping[str, str] | None] | None = None,
     ) -> None:
         self._nvml = nvml
         self._dir_claim = dir_claim
@@ -209,7 +209,7 @@ class Supervisor(Generic[S]):
         self.servers.clear()
         if self._watcher is not None:
             self._watcher.close()
-        self._gates.close()
+        self._gates.stop()
         if self._dir_claim is not None:
             self._dir_claim.release()
         if self._nvml_ok:

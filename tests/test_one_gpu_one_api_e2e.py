@@ -1,0 +1,144 @@
+"""One GPU, one API, as processes: `nvdp plugin` (with the kubelet stand-in, PodResources served) and
+`nvdp dra-kubelet-plugin` (with the kubelet's DRA side and the API stand-in) on one node, reading one
+config file. Both sides' histories are kept (the kubelet's ListAndWatch updates of nvidia.com/gpu, the
+API server's writes of the node's ResourceSlices, each with the time it arrived): across every switch no
+GPU is ever advertised by both, at any moment.
+A GPU a pod holds through one API stays with it (one WARNING line on each side) until the pod ends."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nvdp.kubelet_standin import Kubelet
+from nvdp.testing import Process, start_plugin, wait_until
+from tests.builders import sim_gpus
+from tests.dra_support import DRIVER, V1, DraCluster, dra_cluster, make_claim, published, schedule
+
+GPU = "nvidia.com/gpu"
+UUIDS = [g.uuid for g in sim_gpus("pcie-4")]
+SPLIT = "version: v1\ndra:\n  devices: [2, 3]\n"  # GPUs 0, 1: the device plugin's; 2, 3: DRA's
+ALL_DRA = "version: v1\ndra:\n  devices: all\n"
+NO_DRA = "version: v1\ndra:\n  devices: none\n"
+
+
+class Node:
+    def __init__(self, cluster: DraCluster, kubelet: Kubelet, plugin: Process, dra: Process) -> None:
+        self.cluster, self.kubelet, self.plugin, self.dra = cluster, kubelet, plugin, dra
+        self.config = Path(cluster.env["CONFIG_FILE"])
+
+    def by_plugin(self) -> frozenset[str]:
+        if GPU not in self.kubelet.resources():
+            return frozenset()
+        return frozenset(i for i, d in self.kubelet.devices(GPU).items() if d.health == "Healthy")
+
+    def by_dra(self) -> frozenset[str]:
+        return frozenset(d["attributes"]["uuid"]["string"] for d in published(self.cluster.api).values())
+
+    def switch(self, config: str) -> None:
+        """The config-manager's work: a new file, then SIGHUP to both."""
+        self.config.write_text(config)
+        self.plugin.send(signal.SIGHUP)
+        self.dra.send(signal.SIGHUP)
+
+    def serving(self, plugin: list[str], dra: list[str], timeout: float, what: str) -> None:
+        want = (frozenset(plugin), frozenset(dra))
+        wait_until(lambda: (self.by_plugin(), self.by_dra()) == want or None, timeout, what)
+
+    def timeline(self) -> list[tuple[float, str, frozenset[str]]]:
+        """Every change of what each API advertised, as its consumer saw it and when: the kubelet's
+        ListAndWatch updates (Healthy devices; none once a stream ended) and the API server's writes
+        of the node's ResourceSlices (their devices' GPUs)."""
+        changes = [
+            (u.time, "plugin", frozenset(i for i, d in u.devices.items() if d.health == "Healthy"))
+            for u in self.kubelet.updates(GPU)
+        ]
+        changes += [(end.time, "plugin", frozenset()) for end in self.kubelet.stream_ends(GPU)]
+        slices: dict[str, frozenset[str]] = {}
+        for at, path, obj in self.cluster.api.writes(f"{V1}/resourceslices/"):
+            devices = (obj or {}).get("spec", {}).get("devices") or []
+            slices[path] = frozenset(d["attributes"]["uuid"]["string"] for d in devices)
+            changes.append((at, "dra", frozenset().union(*slices.values())))
+        return sorted(changes, key=lambda change: change[0])
+
+
+def overlaps(timeline: list[tuple[float, str, frozenset[str]]]) -> list[tuple[float, frozenset[str]]]:
+    """The moments both APIs advertised a GPU, and which."""
+    now = {"plugin": frozenset[str](), "dra": frozenset[str]()}
+    found = []
+    for at, api, gpus in timeline:
+        now[api] = gpus
+        if now["plugin"] & now["dra"]:
+            found.append((at, now["plugin"] & now["dra"]))
+    return found
+
+
+@contextmanager
+def one_node(tmp_path: Path) -> Iterator[Node]:
+    with dra_cluster(tmp_path, config=SPLIT) as cluster:
+        plugin_dir = cluster.node.root / "device-plugins"  # beside plugins/: the records are found
+        kubelet = Kubelet(plugin_dir, pod_resources=True)
+        kubelet.start()
+        plugin = start_plugin(
+            plugin_dir,
+            cluster.nvml,
+            config_file=Path(cluster.env["CONFIG_FILE"]),
+            log_path=tmp_path / "plugin.log",
+        )
+        try:
+            dra = cluster.start()
+            cluster.registered()
+            kubelet.wait_for_registration(GPU, timeout=20)
+            yield Node(cluster, kubelet, plugin, dra)
+        finally:
+            plugin.stop()
+            kubelet.stop()
+            if cluster.process is not None:
+                cluster.process.stop()
+            (tmp_path / "dra.log").write_text(cluster.log())  # the cluster's directory goes
+
+
+def test_gpus_move_between_the_apis_and_never_are_advertised_by_both(tmp_path: Path) -> None:
+    with one_node(tmp_path) as node:
+        node.serving(UUIDS[:2], UUIDS[2:], 20, "GPUs 0, 1 by the plugin, 2, 3 by DRA")
+
+        # A pod holds one GPU through the device plugin; then the node's entry gives DRA every GPU.
+        (held,) = node.kubelet.admit_pod("ml", "train", {"main": {GPU: 1}}).assignments[0].device_ids
+        free = next(u for u in UUIDS[:2] if u != held)
+        node.switch(ALL_DRA)
+        node.serving([held], [free, *UUIDS[2:]], 20, "all but the held GPU moved to DRA")
+        index = UUIDS.index(held)
+        kept = f"GPU {index} ({held}): the config gives it to the DRA driver, but pod ml/train holds it"
+        waits = (
+            f"GPU {index} ({held}): the config gives it to the DRA driver, but pod ml/train holds it through"
+        )
+        wait_until(lambda: kept in node.plugin.log() and waits in node.dra.log(), 10, "both sides say why")
+
+        node.kubelet.remove_pod("ml", "train")  # the pod ended: the GPU follows the config
+        node.serving([], UUIDS, 30, "every GPU by DRA")
+
+        # A claim holds a GPU through DRA; then the entry gives every GPU back to the device plugin.
+        claim = make_claim(node.cluster.api, "c1")
+        (device,) = schedule(node.cluster.api, claim)
+        node.cluster.kubelet.start_pod("pod-1", DRIVER, [claim])
+        on_claim = next(
+            d["attributes"]["uuid"]["string"] for n, d in published(node.cluster.api).items() if n == device
+        )
+        node.switch(NO_DRA)
+        others = [u for u in UUIDS if u != on_claim]
+        node.serving(others, [on_claim], 20, "all but the claimed GPU back to the plugin")
+        wait_until(lambda: "claim ns/c1 holds it through the DRA driver" in node.plugin.log(), 10, "said")
+
+        node.cluster.kubelet.end_pod("pod-1", DRIVER, [claim])  # unprepared: the GPU follows
+        node.serving(UUIDS, [], 20, "every GPU by the plugin")
+
+        timeline = node.timeline()
+    assert len(timeline) >= 10  # every switch seen on both sides
+    assert overlaps(timeline) == []
+    plugin_log, dra_log = ((tmp_path / name).read_text() for name in ("plugin.log", "dra.log"))
+    assert "Traceback" not in plugin_log + dra_log
+    # each hold said once on each side, however many times the hand-over looked again
+    assert plugin_log.count(kept) == 1
+    assert dra_log.count(waits) == 1
