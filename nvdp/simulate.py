@@ -164,7 +164,10 @@ class Simulation:
     def _explain(self, name: str, ids: list[str], gpus: Mapping[str, GpuInfo]) -> str:
         devices = [self.daemon.supervisor.servers[name].devices[i] for i in ids]
         numa = sorted({d.numa_node for d in devices if d.numa_node is not None})
-        parts = [f"GPU index {', '.join(d.index for d in devices)}", f"NUMA node {','.join(map(str, numa))}"]
+        parts = [
+            f"GPU index {', '.join(d.index for d in devices)}",
+            f"NUMA node {','.join(map(str, numa)) or 'unknown'}",
+        ]
         parents = list(dict.fromkeys(d.gpu_uuid for d in devices))
         if len(parents) > 1 and all(p in gpus for p in parents):
             nvlinks = [

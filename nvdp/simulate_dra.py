@@ -47,7 +47,11 @@ class DraSimulation:
         work = Path(options.config.flags.plugin.kubelet_socket).parent
         self._made = [work / name for name in ("plugins_registry", "plugins", "driver")]
         flags = options.config.flags
-        if flags.nvidia_driver_root in ("", "/"):  # a simulated node: its device files, made here
+        simulated = options.runtime.nvml.startswith("sim:")
+        if simulated and flags.nvidia_driver_root in (
+            "",
+            "/",
+        ):  # a simulated node: its device files, made here
             flags = replace(flags, nvidia_driver_root=str(work / "driver"), nvidia_dev_root=None)
             flags = replace(flags, plugin=replace(flags.plugin, container_driver_root=str(work / "no-mount")))
             self.made_nodes = True
