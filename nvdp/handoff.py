@@ -15,11 +15,13 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
   run on), until it runs again.
 
 `settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
-serves or holds it (waiting, said once, looked at again on the other record's change and every
-RETRY_S); a GPU the config gives the other API is withdrawn, unless a pod holds it here (kept, said
-once, until it is released). `Handoff` is the protocol around it: a GPU newly taken is checked against
-the other record *after* this record names it, so two processes that take one GPU at once both see
-the other and both back off (and try again at a random moment).
+serves or holds it (waiting, looked at again on the other record's change and every RETRY_S; said
+once when a pod holds it, or when the other side has not withdrawn it after SWITCH_GRACE_S: during a
+switch both sides read the new config within moments, which is no misfit); a GPU the config gives
+the other API is withdrawn, unless a pod holds it here (kept, said once, until it is released).
+`Handoff` is the protocol around it: a GPU newly taken is checked against the other record *after*
+this record names it, so two processes that take one GPU at once both see the other and both back
+off (and try again at a random moment).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ DEVICE_PLUGIN = "device-plugin"
 DRA = "dra"
 API_WORDS = {DEVICE_PLUGIN: "the device plugin", DRA: "the DRA driver"}
 RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
+SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it) is said after this
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
@@ -112,6 +115,7 @@ class Handoff:
         self._retry_at: float | None = None
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
+        self._advertised_since: dict[str, float] = {}  # GPUs waiting only for the other to withdraw
 
     # ---- the records ------------------------------------------------------------------------------
     def _path(self, api: str, suffix: str) -> Path:
@@ -241,6 +245,10 @@ class Handoff:
                 waiting = {**settled.waiting, **{u: again.holds.get(u, "") for u in sorted(lost)}}
                 settled = Settled(settled.serve - lost, settled.kept, waiting)
         self._last = settled
+        now = time.monotonic()
+        self._advertised_since = {
+            u: self._advertised_since.get(u, now) for u, holder in settled.waiting.items() if not holder
+        }
         self._retry_at = (
             time.monotonic() + RETRY_S * random.uniform(0.5, 1.5) if settled.kept or settled.waiting else None
         )
@@ -291,7 +299,10 @@ class Handoff:
         """The GPUs of the last settle that wait or are kept, as misfits (`labels`: uuid -> "GPU 3")."""
         mine, other = API_WORDS[self.api], API_WORDS[self.other_api]
         found: list[Misfit] = []
+        now = time.monotonic()
         for uuid, holder in self._last.waiting.items():
+            if not holder and now - self._advertised_since.get(uuid, now) < SWITCH_GRACE_S:
+                continue  # the other side is reading the same switch: a moment, not a misfit
             name = labels.get(uuid, uuid)
             why = f"{holder} holds it through {other}" if holder else f"{other} still advertises it"
             found.append(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp import handoff
 from nvdp.config import parse_text
 from nvdp.config.model import DRA_ALL, DRA_NONE
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff, Record, settle
@@ -72,13 +73,17 @@ def record(directory: Path, api: str) -> dict[str, object]:
     return loaded
 
 
-def test_a_gpu_moves_only_once_the_other_side_withdrew_it(tmp_path: Path) -> None:
+def test_a_gpu_moves_only_once_the_other_side_withdrew_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plugin, dra = Handoff(DEVICE_PLUGIN, tmp_path), Handoff(DRA, tmp_path)
     try:
         plugin.served(plugin.settle(frozenset({A, B}), {}).serve)  # the old config: all the plugin's
         assert record(tmp_path, DEVICE_PLUGIN) == {"serving": sorted([A, B]), "holds": {}}
         # the DRA driver read the new config first: B waits for the plugin
         assert dra.settle(frozenset({B}), {}).serve == frozenset()
+        assert dra.misfits({B: "GPU 1"}) == ()  # the plugin is reading the same switch: not yet said
+        monkeypatch.setattr(handoff, "SWITCH_GRACE_S", 0.0)  # ... until it has not withdrawn B for long
         (misfit,) = dra.misfits({B: "GPU 1"})
         assert misfit.reason == "GpuHeldByOtherApi"
         assert misfit.message == (
