@@ -23,9 +23,8 @@ from nvdp.dra_standin.scheduler import nvidia_device_classes
 from nvdp.handoff import device_plugin_record_dir
 from nvdp.testing import Process, clean_env, wait_until
 from tests.dra_support import dra_cluster, published
-from tests.test_chart_gfd import console_script_argv, env_value
+from tests.test_chart_gfd import console_script_argv, env_value, plugin_daemonset
 from tests.test_deploy import (
-    CONTAINER,
     NAMESPACE,
     Doc,
     Rendered,
@@ -67,16 +66,6 @@ def dra_daemonset(out: Rendered) -> Doc:
         d
         for d in out.docs
         if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("dra-kubelet-plugin")
-    ]
-    return found
-
-
-def plugin_daemonset(out: Rendered) -> Doc:
-    """The device plugin's DaemonSet."""
-    (found,) = [
-        d
-        for d in out.docs
-        if d["kind"] == "DaemonSet" and d["spec"]["template"]["spec"]["containers"][0]["name"] == CONTAINER
     ]
     return found
 

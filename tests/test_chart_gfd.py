@@ -16,6 +16,7 @@ from nvdp.config import PLUGIN_OPTIONS
 from nvdp.gfd.options import GFD_OPTIONS
 from nvdp.testing import clean_env
 from tests.test_deploy import (
+    CONTAINER,
     NAMESPACE,
     ROOT,
     Doc,
@@ -69,9 +70,13 @@ def gfd_daemonset(out: Rendered) -> Doc:
 
 
 def plugin_daemonset(out: Rendered) -> Doc:
-    found = [d for name, d in daemonsets(out).items() if not name.endswith("gpu-feature-discovery")]
-    assert len(found) == 1
-    return found[0]
+    """The device plugin's DaemonSet (its first container is the plugin's)."""
+    (found,) = [
+        d
+        for d in daemonsets(out).values()
+        if d["spec"]["template"]["spec"]["containers"][0]["name"] == CONTAINER
+    ]
+    return found
 
 
 def gfd_container(daemonset: Doc) -> Doc:

@@ -28,7 +28,7 @@ from tests.odd_files import ODD_KINDS, SHADOW_LINES, leaked, make_fifo, make_spa
 from tests.readings import log_lines
 
 NOT_A_CONFIG = "not an nvdp/NVIDIA device plugin config: no known top-level key"
-KNOWN = "known: version, flags, resources, sharing, imex, health"
+KNOWN = "known: version, flags, resources, sharing, imex, health, dra"
 
 
 def returns_within(call: Callable[[], object], seconds: float = 10.0) -> object:

@@ -24,7 +24,7 @@ ALL_DRA = "version: v1\ndra:\n  devices: all\n"
 NO_DRA = "version: v1\ndra:\n  devices: none\n"
 
 
-class Node:
+class TwoApiNode:
     def __init__(self, cluster: DraCluster, kubelet: Kubelet, plugin: Process, dra: Process) -> None:
         self.cluster, self.kubelet, self.plugin, self.dra = cluster, kubelet, plugin, dra
         self.config = Path(cluster.env["CONFIG_FILE"])
@@ -76,7 +76,7 @@ def overlaps(timeline: list[tuple[float, str, frozenset[str]]]) -> list[tuple[fl
 
 
 @contextmanager
-def one_node(tmp_path: Path) -> Iterator[Node]:
+def one_node(tmp_path: Path) -> Iterator[TwoApiNode]:
     with dra_cluster(tmp_path, config=SPLIT) as cluster:
         plugin_dir = cluster.node.root / "device-plugins"  # beside plugins/: the records are found
         kubelet = Kubelet(plugin_dir, pod_resources=True)
@@ -91,7 +91,7 @@ def one_node(tmp_path: Path) -> Iterator[Node]:
             dra = cluster.start()
             cluster.registered()
             kubelet.wait_for_registration(GPU, timeout=20)
-            yield Node(cluster, kubelet, plugin, dra)
+            yield TwoApiNode(cluster, kubelet, plugin, dra)
         finally:
             plugin.stop()
             kubelet.stop()
