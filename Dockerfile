@@ -31,7 +31,8 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels nvdp \
     && nvidia-device-plugin --version \
     && gpu-feature-discovery --version \
-    && gpu-kubelet-plugin --version
+    && gpu-kubelet-plugin --version \
+    && config-manager --version
 
 # Ask the NVIDIA container toolkit to inject the driver's user-space libraries (NVML is in
 # `utility`) and every GPU's device nodes, as NVIDIA's own plugin image does. The plugin only

@@ -177,6 +177,19 @@ def gfd_main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def config_manager_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `config-manager`: NVIDIA's binary name for `nvdp config-manager`, same flags."""
+    from nvdp.configmanager.settings import add_flags
+
+    return _nvidia_named(
+        "config-manager",
+        "Node label -> config file (nvdp config-manager).",
+        add_flags,
+        run_config_manager,
+        argv,
+    )
+
+
 def dra_kubelet_plugin_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gpu-kubelet-plugin`: the binary name of NVIDIA's DRA driver for `nvdp
     dra-kubelet-plugin` (the name the config-manager finds the process by: PROCESS_TO_SIGNAL)."""

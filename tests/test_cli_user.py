@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from nvdp import __version__
-from nvdp.cli import dra_kubelet_plugin_main, gfd_main, main, mps_control_daemon_main, plugin_main
+from nvdp.cli import (
+    config_manager_main,
+    dra_kubelet_plugin_main,
+    gfd_main,
+    main,
+    mps_control_daemon_main,
+    plugin_main,
+)
 from nvdp.testing import REPO
 from tests.test_simulate import run_simulate
 
@@ -74,6 +82,12 @@ def _exit(entry: Entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
             id="mps-control-daemon",
         ),
         pytest.param(
+            config_manager_main,
+            ["--bogus"],
+            "config-manager: error: unrecognized arguments: --bogus (see config-manager --help)",
+            id="config-manager-script",
+        ),
+        pytest.param(
             dra_kubelet_plugin_main,
             ["--bogus"],
             "gpu-kubelet-plugin: error: unrecognized arguments: --bogus (see gpu-kubelet-plugin --help)",
@@ -129,6 +143,7 @@ def test_bad_command_line_is_one_line(
         pytest.param(mps_control_daemon_main, ["--version"], id="mps-control-daemon-script"),
         pytest.param(main, ["dra-kubelet-plugin", "--version"], id="dra-kubelet-plugin"),
         pytest.param(dra_kubelet_plugin_main, ["--version"], id="gpu-kubelet-plugin"),
+        pytest.param(config_manager_main, ["--version"], id="config-manager-script"),
     ],
 )
 def test_every_command_answers_version(
@@ -240,3 +255,19 @@ def test_config_manager_refuses_a_bad_log_env_value(
     argv = ["config-manager", "--oneshot", "--node-name", "n1", "--config-file-srcdir", str(tmp_path)]
     assert main([*argv, "--config-file-dst", str(tmp_path / "config.yaml")]) == 1
     assert capsys.readouterr().err == line + "\n"
+
+
+def test_nvidia_binary_names_are_console_scripts() -> None:
+    """The image answers to NVIDIA's binary names (a chart or manifest written for NVIDIA's image runs
+    them by name): the plugin, gfd, the MPS control daemon, the config-manager, the DRA kubelet plugin."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {name: scripts.get(name) for name in NVIDIA_NAMES} == NVIDIA_NAMES
+
+
+NVIDIA_NAMES = {
+    "nvidia-device-plugin": "nvdp.cli:plugin_main",
+    "gpu-feature-discovery": "nvdp.cli:gfd_main",
+    "mps-control-daemon": "nvdp.cli:mps_control_daemon_main",
+    "config-manager": "nvdp.cli:config_manager_main",
+    "gpu-kubelet-plugin": "nvdp.cli:dra_kubelet_plugin_main",
+}

@@ -12,6 +12,7 @@ import pytest
 
 from nvdp.cli import (
     build_parser,
+    config_manager_main,
     dra_kubelet_plugin_main,
     gfd_main,
     main,
@@ -128,6 +129,7 @@ def test_each_default_is_shown_once_and_is_the_settings_default(command: str) ->
         pytest.param(gfd_main, "gfd", id="gpu-feature-discovery"),
         pytest.param(mps_control_daemon_main, "mps-control-daemon", id="mps-control-daemon"),
         pytest.param(dra_kubelet_plugin_main, "dra-kubelet-plugin", id="gpu-kubelet-plugin"),
+        pytest.param(config_manager_main, "config-manager", id="config-manager"),
     ],
 )
 def test_nvidia_named_scripts_take_the_commands_flags(
