@@ -48,14 +48,15 @@ class MetricFamilies:
         self.requests = r.register(
             Counter(
                 "nvdp_grpc_requests_total",
-                "Device-plugin RPCs answered, by status code.",
+                "RPCs answered to the kubelet (device plugin; DRA: resource gpu.nvidia.com), by status code.",
                 ["resource", "method", "code"],
             )
         )
         self.durations = r.register(
             Histogram(
                 "nvdp_grpc_request_duration_seconds",
-                "Device-plugin RPC latency, by result (ok: status OK; error: any other status).",
+                "RPC latency (device plugin; DRA: resource gpu.nvidia.com), by result (ok: status OK;"
+                " error: any other status).",
                 ["resource", "method", "result"],
                 buckets=RPC_BUCKETS,
             )
