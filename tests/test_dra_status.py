@@ -152,6 +152,21 @@ def test_a_misfit_and_mig_devices_are_counted_and_the_plugin_is_ready(tmp_path: 
         assert value(text, "nvdp_node_misfits_total", reason="DraDevicesMissing") == 1
 
 
+def test_a_node_whose_entry_gives_dra_no_gpu_is_ready(tmp_path: Path) -> None:
+    """An empty pool is published: a fleet's rollout does not stall on nodes still with the device plugin."""
+    with dra_cluster(tmp_path, config="version: v1\n") as cluster:
+        port = with_endpoint(cluster)
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: readyz(port) == (200, ["ok"]), 10, "ready")
+        assert slices_of(cluster.api) == []
+        text = metrics(port)
+        assert (value(text, "nvdp_dra_devices", type="gpu"), value(text, "nvdp_dra_devices", type="mig")) == (
+            0,
+            0,
+        )
+
+
 def test_nvml_failing_at_start_is_not_ready_but_live(tmp_path: Path) -> None:
     with dra_cluster(tmp_path) as cluster:
         cluster.nvml = "real"  # no libnvidia-ml here: NVML init fails, and is retried
