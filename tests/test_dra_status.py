@@ -29,6 +29,7 @@ from nvdp.testing import free_port, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import DraCluster, dra_cluster, make_claim, published, schedule, serve_dra, slices_of
 from tests.readings import http_get
+from tests.test_cdi import Clock
 from tests.test_metrics import parse_families, value
 
 DRIVER = "gpu.nvidia.com"
@@ -262,14 +263,6 @@ def test_a_stuck_main_loop_fails_healthz_and_recovers(
         driver.request_stop()
         thread.join(10)
     assert not thread.is_alive() and http_get(port, "/healthz") == (0, "")  # stopped with the driver
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize(
