@@ -30,7 +30,7 @@ from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.server import RegistrationService, UnixServer
 from nvdp.errors import NvdpError
-from nvdp.http_endpoint import EndpointFactory, ServedPages
+from nvdp.http_endpoint import ServedPages
 from nvdp.metrics.families import MetricFamilies, health_monitor_families, misfit_families
 from nvdp.metrics.readiness import monitor_problem
 from nvdp.metrics.sources import HealthView, MisfitView
@@ -75,8 +75,8 @@ class DraCounters:
     """The counted families: the device plugin's (`families`), fed as the DRA plugin's events come
     (the server's `RequestObserver`, the registration's, reloads), and claims by outcome."""
 
-    def __init__(self, families: MetricFamilies | None = None) -> None:
-        self.families = families or MetricFamilies()
+    def __init__(self) -> None:
+        self.families = MetricFamilies()
         self._claims = self.families.registry.register(
             Counter(
                 "nvdp_dra_claims_total",
@@ -116,22 +116,15 @@ class DraCounters:
 
 
 class DraStatus(ServedPages):
-    """/metrics, /healthz and /readyz on `address`: the `counters` (made here unless given) and what
-    `sources` say at request time (so they may be built after this)."""
+    """/metrics, /healthz and /readyz on `address`: its `counters` and what `sources` say at request
+    time (so they may be built after this)."""
 
-    def __init__(
-        self,
-        address: str,
-        sources: DraSources,
-        counters: DraCounters | None = None,
-        *,
-        endpoint: EndpointFactory | None = None,
-    ) -> None:
-        self.counters = counters = counters or DraCounters()
+    def __init__(self, address: str, sources: DraSources) -> None:
+        self.counters = DraCounters()
         self.sources = sources
-        self.registry = counters.families.registry
+        self.registry = self.counters.families.registry
         self.registry.register(_DraState(sources))
-        super().__init__(address, self, endpoint)
+        super().__init__(address, self)
 
     # ---- Pages ----------------------------------------------------------------------------------
     def render_metrics(self) -> bytes:
@@ -153,11 +146,7 @@ class DraStatus(ServedPages):
         problems += [f"socket not served: {server.path}" for server in s.sockets if not server.is_ours()]
         if not s.publisher.published.is_set():
             failing = s.publisher.failing
-            problems.append(
-                f"ResourceSlices not published yet: {failing}"
-                if failing
-                else "ResourceSlices not published yet"
-            )
+            problems.append("ResourceSlices not published yet" + (f": {failing}" if failing else ""))
         monitor = monitor_problem(s.health) if s.preparer is not None else None
         if monitor is not None:
             problems.append(monitor)
