@@ -4,7 +4,8 @@ the kubelet stand-in (its plugin watcher and DRA manager, this process) and the 
 a MIG re-partition (a line appended to $NVDP_SIM_EVENTS) until the slice says the new layout (budget
 1 s, on max), NodePrepareResources of a one-GPU claim (the claim read through the API, the CDI spec and
 the checkpoint written; budget 20 ms, p50) and NodeUnprepareResources, the process's peak RSS after
-that load (the side commands' 80 MB) and its idle CPU and wake-ups (the plugin's idle budget).
+that load with its metrics endpoint on and scraped (the side commands' 80 MB) and its idle CPU and
+wake-ups (the plugin's idle budget).
 
 Run alone: `python -m bench.dra [--idle-seconds S]` prints the rows; `python -m bench` includes them.
 """
@@ -32,7 +33,7 @@ from bench.budgets import (
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
 from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import ProcStats, wait_until
+from nvdp.testing import ProcStats, free_port, wait_until
 
 LAYOUTS = (["3g.20gb", "3g.20gb"], ["1g.5gb"] * 7)  # GPU 0 of dgx-a100-mig, back and forth
 FIRST_DEVICE = ("gpu-0-mig-9-0-4", "gpu-0-mig-19-0-1")  # what each layout publishes first on GPU 0
@@ -41,12 +42,15 @@ FIRST_DEVICE = ("gpu-0-mig-9-0-4", "gpu-0-mig-19-0-1")  # what each layout publi
 def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_seconds: float) -> list[Row]:
     from tests.builders import append_sim_event, sim_gpus
     from tests.dra_support import claim_path, dra_cluster, make_claim, published, schedule, slices_of
+    from tests.readings import http_get
 
     rows: list[Row] = []
     events = workdir / "events.jsonl"
     events.touch()
     gpu0 = sim_gpus("dgx-a100-mig")[0].uuid
     with dra_cluster(workdir, "sim:dgx-a100-mig", env={"NVDP_SIM_EVENTS": str(events)}) as cluster:
+        port = free_port()  # the metrics endpoint on, as the chart runs it; scraped under the load
+        cluster.metrics_address = f"127.0.0.1:{port}"
         start = Sample()
         for n in range(starts):
             for path in [p for p in cluster.api.objects if "/resourceslices/" in p]:
@@ -80,6 +84,8 @@ def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_s
             prepare.latencies.append(_timed(cluster.kubelet.node_prepare, claim))
             unprepare.latencies.append(_timed(cluster.kubelet.node_unprepare, claim))
             cluster.api.delete(claim_path(claim.namespace, claim.name))  # the pod and its claim are gone
+            if n % 10 == 0:  # a Prometheus scrape and the kubelet's probes now and then
+                assert all(http_get(port, path)[0] == 200 for path in ("/metrics", "/healthz", "/readyz"))
         rows.append(
             prepare.row(
                 "NodePrepareResources, one-GPU claim (API read, CDI spec, checkpoint)", "dra", rate=False

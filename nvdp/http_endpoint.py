@@ -102,6 +102,18 @@ class ServedPages:
         self._endpoint.start()
         return self
 
+    def start_or_disable(self) -> bool:
+        """Start serving; False when the address cannot be bound, said in one ERROR line: the daemon
+        serves its devices without the endpoint (the probes then fail, which is what surfaces it)."""
+        try:
+            self._endpoint.start()
+        except NvdpError as error:
+            log_event(
+                log, logging.ERROR, "metrics endpoint disabled; serving devices without it", error=str(error)
+            )
+            return False
+        return True
+
     def stop(self) -> None:
         self._endpoint.stop()
 

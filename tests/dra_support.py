@@ -105,10 +105,18 @@ class DraCluster:
     env: dict[str, str] = field(default_factory=dict)
     extra: Sequence[str] = ()
     process: Process | None = None
+    metrics_address: str = ""  # none by default; "127.0.0.1:<free_port()>" to read the endpoint
 
     def start(self) -> Process:
         kubeconfig = self.api.write_kubeconfig(self.node.root / "kubeconfig")
-        self.process = start_dra_plugin(self.node, self.nvml, kubeconfig, env=self.env, extra=self.extra)
+        self.process = start_dra_plugin(
+            self.node,
+            self.nvml,
+            kubeconfig,
+            env=self.env,
+            extra=self.extra,
+            metrics_address=self.metrics_address,
+        )
         return self.process
 
     def registered(self, after: int = 0) -> None:

@@ -4,7 +4,8 @@ root mounted, maxSurge 0), NVIDIA's DeviceClasses, its RBAC (ResourceSlices writ
 only read) and the admission policy that keeps it to its own node's slices. One GPU, one API: with a
 ConfigMap of entries the DRA pod follows the node's config label as the device plugin's does (the
 config-manager pair, signalling gpu-kubelet-plugin), and the device plugin's pod mounts the DRA
-plugin's directory, where the two hand GPUs over; the DRA container runs as rendered."""
+plugin's directory, where the two hand GPUs over; its probes and metrics port (a port of its own), a
+PodMonitor for it; the DRA container runs as rendered and answers its probes."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DRA_OPTIONS
 from nvdp.dra_standin.scheduler import nvidia_device_classes
 from nvdp.handoff import device_plugin_record_dir
-from nvdp.testing import Process, clean_env, wait_until
+from nvdp.testing import Process, clean_env, free_port, wait_until
+from tests import test_deploy as deploy
 from tests.dra_support import dra_cluster, published
+from tests.readings import http_get
 from tests.test_chart_gfd import console_script_argv, env_value, plugin_daemonset
 from tests.test_deploy import (
     NAMESPACE,
@@ -37,6 +40,7 @@ from tests.test_deploy import (
 )
 from tests.test_dra_config_manager import ENTRIES
 
+renderer, render_error = deploy.renderer, deploy.render_error  # fixtures shared with the chart's tests
 DRA_ENV = frozenset(
     {env for o in DRA_OPTIONS for env in o.envs} | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 )
@@ -137,6 +141,79 @@ def test_nvidias_device_classes(render: Callable[..., Rendered]) -> None:
         n: {k: c[k] for k in ("apiVersion", "spec")} for n, c in nvidia_device_classes().items()
     }
     assert named(render({"dra": {"enabled": True, "deviceClasses": False}}), "DeviceClass") == {}
+
+
+def test_the_kubelet_plugin_is_probed_on_a_metrics_port_of_its_own(render: Callable[..., Rendered]) -> None:
+    """/healthz and /readyz on the container's `metrics` port, 2113 (not the device plugin's 2112,
+    which may be the node's own), with the device plugin's probe settings; METRICS_ADDRESS says it."""
+    out = render(ENABLED)
+    daemonset, plugin = dra_daemonset(out), plugin_daemonset(out)
+    check_schema(daemonset)
+    ctr, plugin_ctr = daemonset["spec"]["template"]["spec"]["containers"][0], container(plugin)
+    assert ctr["ports"] == [{"name": "metrics", "containerPort": 2113, "protocol": "TCP"}]
+    assert container_env(ctr)["METRICS_ADDRESS"] == ":2113"
+    assert container_env(plugin_ctr)["METRICS_ADDRESS"] == ":2112"
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert ctr[probe] == plugin_ctr[probe]
+        assert ctr[probe]["httpGet"] == {"path": path, "port": "metrics"}
+
+
+@pytest.mark.parametrize(
+    ("values", "address", "port"),
+    [
+        ({"dra": {"enabled": True, "metricsAddress": "0.0.0.0:9400"}}, "0.0.0.0:9400", 9400),
+        ({"dra": {"enabled": True, "metricsAddress": "[::]:9400"}}, "[::]:9400", 9400),
+        ({"dra": {"enabled": True, "metricsAddress": ""}}, "", None),
+        ({"dra": {"enabled": True, "metricsAddress": None}}, "", None),
+        ({**ENABLED, "metrics": {"enabled": False}}, "", None),
+    ],
+    ids=["ipv4", "ipv6", "empty", "null", "metrics-disabled"],
+)
+def test_the_kubelet_plugins_metrics_address(
+    render: Callable[..., Rendered], values: Doc, address: str, port: int | None
+) -> None:
+    """Off is METRICS_ADDRESS="" said explicitly (the program's default is :2112), with no port and
+    no probes."""
+    ctr = dra_daemonset(render(values))["spec"]["template"]["spec"]["containers"][0]
+    assert container_env(ctr)["METRICS_ADDRESS"] == address
+    if port is None:
+        assert not {"ports", "livenessProbe", "readinessProbe"} & set(ctr)
+    else:
+        assert ctr["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+        assert ctr["readinessProbe"]["httpGet"]["port"] == "metrics"
+
+
+@pytest.mark.parametrize("address", ["2113", "host:", ":0", ":65536", "a:b:2113"])
+def test_a_bad_dra_metrics_address_fails_the_render(render_error: Callable[..., str], address: str) -> None:
+    error = render_error({"dra": {"enabled": True, "metricsAddress": address}})
+    assert (
+        f'dra.metricsAddress: invalid address "{address}" (expected "[host]:port" with a port from 1 to'
+        ' 65535, or "" to disable)'
+    ) in error
+
+
+def test_a_pod_monitor_scrapes_the_kubelet_plugin(render: Callable[..., Rendered]) -> None:
+    monitors = {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}, "forceMonitors": True}
+    out = render({**ENABLED, "metrics": monitors})
+    daemonset = dra_daemonset(out)
+    pod_monitors = named(out, "PodMonitor")
+    assert len(pod_monitors) == 2  # the device plugin's, unchanged, and this one
+    monitor = pod_monitors[daemonset["metadata"]["name"]]
+    check_schema(monitor)
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        ("metrics", "/metrics")
+    ]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    plugin_monitor = pod_monitors[plugin_daemonset(out)["metadata"]["name"]]
+    assert (
+        plugin_monitor
+        == named(render({"metrics": monitors}), "PodMonitor")[plugin_monitor["metadata"]["name"]]
+    )
+    no_endpoint = render({"dra": {"enabled": True, "metricsAddress": ""}, "metrics": monitors})
+    assert list(named(no_endpoint, "PodMonitor")) == [plugin_monitor["metadata"]["name"]]
 
 
 def test_rbac_writes_slices_reads_claims_and_the_policy_keeps_it_to_its_node(
@@ -283,6 +360,7 @@ def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp
             "kubeletRegistrarDirectoryPath": str(node.registry),
             "kubeletPluginsDirectoryPath": str(node.plugins),
             "cdiRoot": str(node.cdi),
+            "metricsAddress": f":{free_port()}",
         }
         config = {"map": ENTRIES, "default": "dra"}
         out = render(
@@ -316,3 +394,11 @@ def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp
         # the entry gives DRA every GPU; the hand-over record is in the directory the plugin mounts
         wait_until(lambda: len(published(cluster.api)) == 4, 10, "the GPUs published")
         wait_until(lambda: (Path(shared) / "served-by-dra.json").exists(), 10, "the hand-over record")
+        # the kubelet's probes, as rendered: the container's `metrics` port, the probes' paths
+        (port,) = [
+            p["containerPort"] for p in ctr["ports"] if p["name"] == ctr["readinessProbe"]["httpGet"]["port"]
+        ]
+        wait_until(
+            lambda: http_get(port, ctr["readinessProbe"]["httpGet"]["path"]) == (200, "ok\n"), 10, "ready"
+        )
+        assert http_get(port, ctr["livenessProbe"]["httpGet"]["path"]) == (200, "ok\n")

@@ -50,6 +50,21 @@ def test_nvidias_env_names_and_defaults() -> None:
     assert defaults.runtime.device_rescan_interval == 0.5  # type: ignore[attr-defined]
 
 
+def test_the_metrics_address_is_the_plugins_flag_env_and_default() -> None:
+    def address(argv: list[str], environ: dict[str, str]) -> str:
+        return dra_settings_of(["--node-name", "n1", *argv], environ).runtime.metrics_address  # type: ignore[attr-defined,no-any-return]
+
+    assert address([], {}) == ":2112"
+    assert address([], {"METRICS_ADDRESS": ":2113"}) == ":2113"
+    assert address(["--metrics-address", ""], {"METRICS_ADDRESS": ":2113"}) == ""
+    with pytest.raises(ConfigError) as raised:
+        dra_settings_of(["--node-name", "n1"], {"METRICS_ADDRESS": "2113"})
+    assert raised.value.problems == [
+        '--metrics-address / METRICS_ADDRESS: invalid address "2113"'
+        ' (expected "[host]:port", or "" to disable)'
+    ]
+
+
 def test_every_bad_setting_is_one_line_all_at_once() -> None:
     with pytest.raises(ConfigError) as raised:
         dra_settings_of(["--kubelet-plugins-directory-path", "plugins", "--log-level", "loud"], {})

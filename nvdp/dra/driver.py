@@ -7,6 +7,7 @@ change (taints, the kubelet's health stream), a socket of ours removed or replac
 the kubelet finds the new registration socket and registers the plugin again), a server that could
 not listen (retried with backoff), a stop. Nothing polls while nothing changes but the device rescan
 (`--device-rescan-interval`, NVML's cheap layout query) and the health monitor's NVML event wait.
+With `--metrics-address`, `nvdp.dra.status` serves /metrics, /healthz and /readyz from these parts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from nvdp.backoff import Backoff
@@ -32,6 +34,7 @@ from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
+from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.options import DraSettings, resolve_dra
@@ -49,7 +52,7 @@ from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.listen_retry import ListenRetry
-from nvdp.plugin.rescan import LayoutRescanner
+from nvdp.plugin.rescan import LayoutRescanner, layout_change_counter
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +75,21 @@ class DraDriver:
         reload: Callable[[], DraSettings] | None = None,
     ) -> None:
         self.settings = settings
-        self._reload = reload
         config, runtime = settings.config, settings.runtime
         flags = config.flags
         self.nvml = nvml or open_nvml(
             runtime.nvml, flags.nvidia_driver_root, flags.plugin.container_driver_root, environ=environ
         )
+        self.status = None  # metrics only with --metrics-address, counting from the start (NVML calls)
+        if runtime.metrics_address:
+            from nvdp.dra.status import DraStatus
+
+            self.status = DraStatus(runtime.metrics_address, self)
+            self.nvml = self.status.counters.families.count_nvml_errors(self.nvml)
+        counters = self.status.counters if self.status is not None else None
+        self._reload = counters.counted_reload(reload) if counters and reload else reload
+        self.loop = LoopWatch()  # /healthz: the main loop takes up its wakes
+        self.nvml_failure: str | None = None  # why NVML cannot be initialised (retried), while so
         if api is None:
             from nvdp.kube import new_api_client
 
@@ -96,7 +108,9 @@ class DraDriver:
         self._serve: frozenset[str] = frozenset()  # the GPUs the hand-over lets DRA serve
         self._in_slices: frozenset[str] = frozenset()  # the GPUs the slices say, as last published
         self._minors: dict[str, int] | None = None
-        self.registration = RegistrationService(settings.plugin_socket)
+        self.registration = RegistrationService(
+            settings.plugin_socket, counters.registered if counters else None
+        )
         self.preparer: ClaimPreparer | None = None
         self.gpus: list[GpuInfo] | None = None
         self._facts = DriverFacts("", "")  # read from NVML at start
@@ -105,17 +119,21 @@ class DraDriver:
         self._registration_server = UnixServer(
             settings.registration_socket, self.registration.add_to, self._executor
         )
+        self.sockets = (self._plugin_server, self._registration_server)
         self._listen = ListenRetry()
         self._watcher = DirWatcher(settings.registration_socket.parent)
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._stop = threading.Event()
         interval = runtime.device_rescan_interval
+        counted = layout_change_counter(counters.families.registry) if counters else None
+        wake = partial(self._wake, "rescan")
         self.rescanner = (
-            LayoutRescanner(self.nvml.mig_layout, lambda: self.gpus, lambda: self._wake("rescan"), interval)
+            LayoutRescanner(self.nvml.mig_layout, lambda: self.gpus, wake, interval, counted=counted)
             if interval > 0
             else None
         )
+        self._counters = counters
 
     # ---- control (any thread; signal handlers call request_stop) --------------------------------
 
@@ -138,11 +156,12 @@ class DraDriver:
     def _wake(self, what: str) -> None:
         with self._lock:
             self._pending.add(what)
+        self.loop.woken()
         self._watcher.wake()
 
     def _add_plugin_services(self, server: Any) -> None:
         assert self.preparer is not None
-        add_plugin_services(server, self.preparer, self.streams)
+        add_plugin_services(server, self.preparer, self.streams, self._counters)
 
     # ---- the main loop ------------------------------------------------------------------------------
 
@@ -150,14 +169,19 @@ class DraDriver:
         log_event(
             log, logging.INFO, "starting nvdp dra-kubelet-plugin", config=json.loads(self.settings.to_json())
         )
+        if self.status is not None and not self.status.start_or_disable():
+            self.status = None
         try:
             if not self._init_nvml():
                 return
+            self.loop.busy("start")
             self._start()
             while not self._stop.is_set():
+                self.loop.idle()
                 self._watcher.wait(_sooner(self._listen.retry_in(), self.handoff.retry_in()))
                 with self._lock:
                     pending, self._pending = self._pending, set()
+                self.loop.busy(",".join(sorted(pending)) or "a directory change")
                 if self._stop.is_set():
                     break
                 if "reload" in pending:
@@ -183,10 +207,14 @@ class DraDriver:
         """NVML up (retried with backoff while it fails: a node without a driver yet); False on stop."""
         retries = Backoff(1.0, 60.0)
         while not self._stop.is_set():
+            self.loop.busy("NVML init")
             try:
                 self.nvml.init()
+                self.nvml_failure = None
                 return True
             except NvmlError as error:
+                self.nvml_failure = str(error)
+                self.loop.idle()
                 delay = retries.next()
                 log_event(
                     log,
@@ -345,6 +373,8 @@ class DraDriver:
         self.handoff.close()
         if self.node_events is not None:
             self.node_events.close()
+        if self.status is not None:
+            self.status.stop()
         log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)
 
 

@@ -4,7 +4,8 @@ KUBELET_REGISTRAR_DIRECTORY_PATH, `--kubelet-plugins-directory-path` KUBELET_PLU
 `--kubeconfig` KUBECONFIG, `--nvidia-driver-root` NVIDIA_DRIVER_ROOT, `--container-driver-root`
 CONTAINER_DRIVER_ROOT, `--nvidia-cdi-hook-path` NVIDIA_CDI_HOOK_PATH), plus the plugin's `--nvml`,
 logging, `--config-file` (its `health` section: the same XID policy as the device plugin) and
-`--device-rescan-interval` (0.5 s here: a MIG re-partition is published within a second).
+`--device-rescan-interval` (0.5 s here: a MIG re-partition is published within a second) and
+`--metrics-address` (/metrics, /healthz and /readyz: `nvdp.dra.status`).
 Precedence and errors are the plugin family's (`nvdp.config.precedence.resolve_command`).
 """
 
@@ -33,7 +34,7 @@ MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
 # The plugin options the DRA plugin takes as flags, by canonical name.
 SHARED_FLAGS = (
     "--config-file --nvml --log-format --log-level --driver-root --dev-root --driver-root-ctr-path"
-    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval"
+    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval --metrics-address"
 ).split()
 
 DRA_OPTIONS: tuple[Option, ...] = (
@@ -83,6 +84,7 @@ class DraSettings(PluginOptions):
             "nvidiaCDIHookPath": flags.plugin.nvidia_ctk_path,
             "cdiDisableHooks": list(runtime.cdi_disable_hooks),
             "deviceRescanInterval": format_go_duration(runtime.device_rescan_interval),
+            "metricsAddress": runtime.metrics_address,
             "health": self.config.to_dict().get("health"),
         }
         return json.dumps(logged, separators=(",", ":"), ensure_ascii=False)

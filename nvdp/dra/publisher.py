@@ -40,7 +40,8 @@ PROBE_TIME = "1970-01-01T00:00:00Z"
 class SlicePublisher:
     """`update()` the wanted devices and health; `start()`, an idempotent `stop()`. `published` is set
     once the slices first said what was wanted, and `on_published` is called with the devices they
-    say after each sync; `taints` is None until the server was asked."""
+    say after each sync; `taints` is None until the server was asked. `writes` counts the API writes,
+    `failures` the syncs that failed (`failing`: why the last one did, until one succeeds)."""
 
     def __init__(
         self,
@@ -72,6 +73,8 @@ class SlicePublisher:
         self._owner_said = False
         self.generation = 0
         self.writes = 0
+        self.failures = 0
+        self.failing: str | None = None
         self.published = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -97,6 +100,16 @@ class SlicePublisher:
         if self._threads and self._threads[0] is not threading.current_thread():
             self._threads[0].join(timeout=5.0)
 
+    def devices_by_type(self) -> dict[str, int]:
+        """How many devices the slices say (as last written or found right), by their `type`."""
+        with self._cond:
+            said = [d for s in self._wanted.values() for d in s["spec"].get("devices") or []]
+        counts: dict[str, int] = {}
+        for device in said:
+            kind = str(((device.get("attributes") or {}).get("type") or {}).get("string", ""))
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     # ---- publishing -----------------------------------------------------------------------------
 
     def _publish_loop(self) -> None:
@@ -111,11 +124,14 @@ class SlicePublisher:
             try:
                 self._sync(devices, unhealthy)
                 self._retries.reset()
+                self.failing = None
                 self.published.set()
                 if self._on_published is not None:
                     self._on_published(devices)
             except KubeError as error:
                 delay = self._retries.next()
+                self.failures += 1
+                self.failing = str(error)
                 log_event(
                     log,
                     logging.WARNING,

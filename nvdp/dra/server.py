@@ -6,8 +6,8 @@ them (k8s.io/dynamic-resource-allocation/kubeletplugin's layout):
   "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"); the kubelet's
   NotifyRegistrationStatus is logged.
 - `<plugins>/gpu.nvidia.com/dra.sock`: DRAPlugin v1 and v1beta1 (NodePrepareResources,
-  NodeUnprepareResources, one answer per claim: `nvdp.dra.prepare`) and DRAResourceHealth v1 and
-  v1alpha1 (`nvdp.dra.health`).
+  NodeUnprepareResources, one answer per claim: `nvdp.dra.prepare`; each answer told to a
+  `RequestObserver`, the metrics') and DRAResourceHealth v1 and v1alpha1 (`nvdp.dra.health`).
 
 Each socket is owner-only (0600); `UnixServer.is_ours()` tells when its file was removed or replaced
 (a kubelet reinstall, a cleaned directory), and the driver then serves it again: the kubelet finds the
@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -100,12 +101,21 @@ class UnixServer:
 
 
 class RegistrationService:
-    """pluginregistration.Registration for the kubelet's plugin watcher."""
+    """pluginregistration.Registration for the kubelet's plugin watcher; `on_registered(first)` is told
+    each registration the kubelet reports."""
 
-    def __init__(self, endpoint: Path) -> None:
+    def __init__(self, endpoint: Path, on_registered: Callable[[bool], None] | None = None) -> None:
         self.endpoint = endpoint
+        self._on_registered = on_registered
         self.registered = threading.Event()
         self.statuses: list[tuple[bool, str]] = []  # what the kubelet said, in order
+
+    def problem(self) -> str | None:
+        """None when the kubelet's last word was that the plugin is registered, else why not."""
+        if not self.statuses:
+            return "not registered with the kubelet"
+        registered, error = self.statuses[-1]
+        return None if registered else f"the kubelet refused the registration: {error}"
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         return registration.pb.PluginInfo(
@@ -122,7 +132,10 @@ class RegistrationService:
                 driver=DRIVER_NAME,
                 endpoint=str(self.endpoint),
             )
+            first = not self.registered.is_set()
             self.registered.set()
+            if self._on_registered is not None:
+                self._on_registered(first)
         else:
             log_event(
                 log,
@@ -137,15 +150,29 @@ class RegistrationService:
         registration.grpc.add_RegistrationServicer_to_server(self, server)
 
 
+class RequestObserver(Protocol):
+    """Told of every NodePrepareResources / NodeUnprepareResources answered (`nvdp.dra.status`)."""
+
+    def request_done(self, method: str, code: grpc.StatusCode, seconds: float, errors: Sequence[str]) -> None:
+        """`method` answered with `code` after `seconds`; `errors`: each claim's error ("" when none)."""
+        ...
+
+
 class DraService:
     """DRAPlugin of one version (the kubelet picks the newest it knows of those GetInfo names)."""
 
-    def __init__(self, wire: Wire, preparer: ClaimPreparer) -> None:
+    def __init__(self, wire: Wire, preparer: ClaimPreparer, observer: RequestObserver | None = None) -> None:
         self._pb = wire.pb
         self._preparer = preparer
+        self._observer = observer
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        answers = self._preparer.prepare([_ref(c) for c in request.claims])
+        started, errors = time.monotonic(), None
+        try:
+            answers = self._preparer.prepare([_ref(c) for c in request.claims])
+            errors = [answer.error for answer in answers.values()]
+        finally:
+            self._done("NodePrepareResources", started, errors)
         response = self._pb.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
             entry = response.claims[uid]
@@ -162,11 +189,22 @@ class DraService:
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        answers = self._preparer.unprepare([_ref(c) for c in request.claims])
+        started, errors = time.monotonic(), None
+        try:
+            answers = self._preparer.unprepare([_ref(c) for c in request.claims])
+            errors = list(answers.values())
+        finally:
+            self._done("NodeUnprepareResources", started, errors)
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():
             response.claims[uid].error = error
         return response
+
+    def _done(self, method: str, started: float, errors: Sequence[str] | None) -> None:
+        """Count one answer; `errors` None: the call failed as a whole (a bug: gRPC answers UNKNOWN)."""
+        if self._observer is not None:
+            code = grpc.StatusCode.OK if errors is not None else grpc.StatusCode.UNKNOWN
+            self._observer.request_done(method, code, time.monotonic() - started, errors or ())
 
 
 class HealthService:
@@ -180,9 +218,14 @@ class HealthService:
         return self._streams.stream(self._wire, context)
 
 
-def add_plugin_services(server: grpc.Server, preparer: ClaimPreparer, streams: HealthStreams) -> None:
+def add_plugin_services(
+    server: grpc.Server,
+    preparer: ClaimPreparer,
+    streams: HealthStreams,
+    observer: RequestObserver | None = None,
+) -> None:
     for wire in DRA_PLUGIN.values():
-        wire.grpc.add_DRAPluginServicer_to_server(DraService(wire, preparer), server)
+        wire.grpc.add_DRAPluginServicer_to_server(DraService(wire, preparer, observer), server)
     for wire in RESOURCE_HEALTH.values():
         wire.grpc.add_DRAResourceHealthServicer_to_server(HealthService(wire, streams), server)
 

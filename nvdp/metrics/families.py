@@ -48,14 +48,15 @@ class MetricFamilies:
         self.requests = r.register(
             Counter(
                 "nvdp_grpc_requests_total",
-                "Device-plugin RPCs answered, by status code.",
+                "RPCs answered to the kubelet (device plugin; DRA: resource gpu.nvidia.com), by status code.",
                 ["resource", "method", "code"],
             )
         )
         self.durations = r.register(
             Histogram(
                 "nvdp_grpc_request_duration_seconds",
-                "Device-plugin RPC latency, by result (ok: status OK; error: any other status).",
+                "RPC latency (device plugin; DRA: resource gpu.nvidia.com), by result (ok: status OK;"
+                " error: any other status).",
                 ["resource", "method", "result"],
                 buckets=RPC_BUCKETS,
             )
@@ -124,7 +125,6 @@ class StateCollector:
         servers = dict(source.servers) if source is not None else {}
         health = self._health
         unhealthy = health.unhealthy() if health is not None else {}
-        status = health.monitor_status() if health is not None else None
 
         device_healthy = MetricFamily(
             "nvdp_device_healthy",
@@ -148,39 +148,47 @@ class StateCollector:
                     change = unhealthy.get(resource.devices[device_id].uuid)
                     reason = change.reason if change is not None else "unknown"
                 device_healthy.add([name, device_id, reason], 1.0 if ok else 0.0)
+        families = [device_healthy, devices, streams, *health_monitor_families(health)]
+        return [*families, *misfit_families(self._misfit_view)]
 
-        events = MetricFamily(
-            "nvdp_health_events_total", "XID events seen by the health monitor.", "counter", ["xid"]
-        )
-        for xid, count in sorted((status.events_by_xid if status else {}).items()):
-            events.add([str(xid)], count)
-        degraded = MetricFamily(
-            "nvdp_health_monitor_degraded", "1 while the health monitor cannot watch NVML events.", "gauge"
-        )
-        degraded.add([], 1.0 if status is not None and status.degraded else 0.0)
-        return [device_healthy, devices, streams, events, degraded, *self._misfits()]
 
-    def _misfits(self) -> list[MetricFamily]:
-        view = self._misfit_view
-        now = MetricFamily(
-            "nvdp_node_misfits",
-            "Node facts that keep part of the config from applying on this node now, by reason.",
-            "gauge",
-            ["reason"],
-        )
-        seen = MetricFamily(
-            "nvdp_node_misfits_total",
-            "Node facts that kept part of the config from applying, reported since start, by reason.",
-            "counter",
-            ["reason"],
-        )
-        if view is None:
-            return [now, seen]
-        current: dict[str, int] = {}
-        for misfit in view.current():
-            current[misfit.reason] = current.get(misfit.reason, 0) + 1
-        counts = view.seen()
-        for reason in sorted(counts):
-            now.add([reason], current.get(reason, 0))
-            seen.add([reason], counts[reason])
+def health_monitor_families(health: HealthView | None) -> list[MetricFamily]:
+    """The health monitor's families (the device plugin's and the DRA plugin's): XID events seen, and
+    whether it is degraded (cannot watch NVML events)."""
+    status = health.monitor_status() if health is not None else None
+    events = MetricFamily(
+        "nvdp_health_events_total", "XID events seen by the health monitor.", "counter", ["xid"]
+    )
+    for xid, count in sorted((status.events_by_xid if status else {}).items()):
+        events.add([str(xid)], count)
+    degraded = MetricFamily(
+        "nvdp_health_monitor_degraded", "1 while the health monitor cannot watch NVML events.", "gauge"
+    )
+    degraded.add([], 1.0 if status is not None and status.degraded else 0.0)
+    return [events, degraded]
+
+
+def misfit_families(view: MisfitView | None) -> list[MetricFamily]:
+    """nvdp_node_misfits{reason} (seen now) and nvdp_node_misfits_total{reason} (reported since start)."""
+    now = MetricFamily(
+        "nvdp_node_misfits",
+        "Node facts that keep part of the config from applying on this node now, by reason.",
+        "gauge",
+        ["reason"],
+    )
+    seen = MetricFamily(
+        "nvdp_node_misfits_total",
+        "Node facts that kept part of the config from applying, reported since start, by reason.",
+        "counter",
+        ["reason"],
+    )
+    if view is None:
         return [now, seen]
+    current: dict[str, int] = {}
+    for misfit in view.current():
+        current[misfit.reason] = current.get(misfit.reason, 0) + 1
+    counts = view.seen()
+    for reason in sorted(counts):
+        now.add([reason], current.get(reason, 0))
+        seen.add([reason], counts[reason])
+    return [now, seen]

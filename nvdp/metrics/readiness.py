@@ -110,10 +110,17 @@ class Probes:
             reasons = "; ".join(f"{resource} ({why})" for resource, why in sorted(withheld.items()))
             return f"withheld by a node fact: {reasons}"
         health = self.health
-        if registered and health is not None and health.checks_enabled:  # no devices, nothing to watch
-            status = health.monitor_status()
-            if status is None or not status.running:
-                return "health monitor not running"
-            if status.failing is not None:  # devices stay as they are; the node's problem shows
-                return status.failing
+        if registered and health is not None:  # no devices, nothing to watch
+            return monitor_problem(health)
         return None
+
+
+def monitor_problem(health: HealthView) -> str | None:
+    """Why the health monitor keeps a daemon from being ready (the device plugin's, the DRA plugin's):
+    not running, or degraded beyond `health.degradedGracePeriod`; None with health checks off."""
+    if not health.checks_enabled:
+        return None
+    status = health.monitor_status()
+    if status is None or not status.running:
+        return "health monitor not running"
+    return status.failing  # devices stay as they are; the node's problem shows

@@ -41,7 +41,11 @@ class DraNode:
     def checkpoint(self) -> Path:
         return self.plugins / DRIVER / "checkpoint.json"
 
-    def argv(self, nvml: str, kubeconfig: Path, extra: Sequence[str] = ()) -> list[str]:
+    def argv(
+        self, nvml: str, kubeconfig: Path, extra: Sequence[str] = (), metrics_address: str = ""
+    ) -> list[str]:
+        """The command line; without `metrics_address`, no HTTP endpoint (the plugin's default port
+        is the host's, not a test's)."""
         return [
             *(
                 sys.executable,
@@ -57,6 +61,7 @@ class DraNode:
             *("--kubelet-registrar-directory-path", str(self.registry)),
             *("--kubelet-plugins-directory-path", str(self.plugins)),
             *("--driver-root", str(self.driver_root), "--container-driver-root", str(self.root / "no-mount")),
+            *("--metrics-address", metrics_address),
             *extra,
         ]
 
@@ -69,6 +74,8 @@ def start_dra_plugin(
     env: Mapping[str, str] | None = None,
     extra: Sequence[str] = (),
     log_path: Path | None = None,
+    metrics_address: str = "",
 ) -> Process:
     """`nvdp dra-kubelet-plugin` for `node`, its stderr in `node.root/dra.log` (appended across runs)."""
-    return Process(node.argv(nvml, kubeconfig, extra), log_path or node.root / "dra.log", clean_env(env))
+    argv = node.argv(nvml, kubeconfig, extra, metrics_address)
+    return Process(argv, log_path or node.root / "dra.log", clean_env(env))

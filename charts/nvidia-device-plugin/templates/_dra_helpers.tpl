@@ -32,3 +32,25 @@ resource.k8s.io/v1beta1
 resource.k8s.io/v1
 {{- end }}
 {{- end }}
+
+{{/*
+The DRA plugin's METRICS_ADDRESS: dra.metricsAddress while metrics.enabled, else "" (off). One that
+is not "[host]:port" (a port from 1 to 65535: the container's port) fails the render.
+*/}}
+{{- define "nvidia-device-plugin.draMetricsAddress" -}}
+{{- $address := ((.Values.dra | default dict).metricsAddress | default "") | toString }}
+{{- if $address }}
+{{- $port := include "nvidia-device-plugin.draMetricsPort" . | int }}
+{{- if or (not (regexMatch "^(\\[[^\\]]*\\]|[^:\\[\\]]*):[0-9]+$" $address)) (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "dra.metricsAddress: invalid address %q (expected \"[host]:port\" with a port from 1 to 65535, or \"\" to disable)" $address) }}
+{{- end }}
+{{- end }}
+{{- if .Values.metrics.enabled }}
+{{- $address }}
+{{- end }}
+{{- end }}
+
+{{/* The port of dra.metricsAddress. */}}
+{{- define "nvidia-device-plugin.draMetricsPort" -}}
+{{- regexFind "[0-9]+$" (((.Values.dra | default dict).metricsAddress | default "") | toString) | default "0" | int }}
+{{- end }}
