@@ -108,13 +108,14 @@ class RegistrationService:
         self.endpoint = endpoint
         self._on_registered = on_registered
         self.registered = threading.Event()
-        self.statuses: list[tuple[bool, str]] = []  # what the kubelet said, in order
+        self.last_status: tuple[bool, str] | None = None  # what the kubelet said last (bounded: a
+        # client calling NotifyRegistrationStatus over and over grows nothing)
 
     def problem(self) -> str | None:
         """None when the kubelet's last word was that the plugin is registered, else why not."""
-        if not self.statuses:
+        if self.last_status is None:
             return "not registered with the kubelet"
-        registered, error = self.statuses[-1]
+        registered, error = self.last_status
         return None if registered else f"the kubelet refused the registration: {error}"
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -123,7 +124,7 @@ class RegistrationService:
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.statuses.append((request.plugin_registered, request.error))
+        self.last_status = (request.plugin_registered, request.error)
         if request.plugin_registered:
             log_event(
                 log,
