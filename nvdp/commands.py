@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,6 +90,9 @@ def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str])
 
 
 def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    import shutil
+    import tempfile
+
     from nvdp.config import resolve
     from nvdp.simulate import Simulation
     from nvdp.simulate_dra import DraSimulation
