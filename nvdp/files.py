@@ -95,7 +95,7 @@ def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
     """Replace `path` by a file holding `content`, with `mode`, in one rename: a temporary file in
     the same directory, fsync, rename, fsync of the directory. Raises OSError, leaving no temporary
     file behind."""
-    import tempfile  # here: with shutil, random, bz2 and lzma, 2 ms of a start-up that writes nothing
+    import tempfile  # here: a plugin start that writes no file does not load it
 
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -29,7 +29,7 @@ TLS_CLIENTS = ("kubernetes", "urllib3")
 class _LiftOnTlsClientImport:
     """A meta path finder that finds nothing itself: it lifts the block when a TLS client is about
     to be imported. (Not an `importlib.abc.MetaPathFinder`: importing that module loads
-    importlib.resources, tempfile, shutil, random, bz2 and lzma, 3 ms of the plugin's start-up.)"""
+    importlib.resources and tempfile, which the plugin's start-up does not need.)"""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
