@@ -6,10 +6,9 @@ line and an exit status. With `nvdp.cli`, the only place that prints or chooses 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,24 +25,37 @@ def _exit_on_error(error: NvdpError) -> int:
     return 1
 
 
+def _keep_start_up() -> None:
+    """The plugin's start-up makes what lives as long as the process (modules, classes, the daemon's
+    parts): the garbage collector, off while they were made, would find next to nothing among them
+    (a few hundred objects, kept now) and looks at them no more (`gc.freeze`). That is 2% of the CPU
+    the plugin uses until it serves, and of every full collection after."""
+    gc.freeze()
+    gc.enable()
+
+
 def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvdp.ssl_block import block_ssl
 
     block_ssl()  # before grpc is imported; see nvdp/ssl_block.py
-    from nvdp.config import resolve
-    from nvdp.daemon import Daemon
+    gc.disable()  # until the daemon is built (see _keep_start_up)
+    try:
+        from nvdp.config import resolve
+        from nvdp.daemon import Daemon
 
-    try:
-        options = resolve(args, environ)
-    except NvdpError as error:
-        return _exit_on_error(error)
-    setup_logging(options.runtime.log_format, options.runtime.log_level)
-    signals = handle_signals()  # before the daemon is built: a SIGTERM while it starts stops it too
-    try:
-        daemon = Daemon(options, reload_config=lambda: resolve(args, environ), environ=environ)
-    except NvdpError as error:
-        log_event(log, logging.ERROR, "cannot start", error=str(error))
-        return 1
+        try:
+            options = resolve(args, environ)
+        except NvdpError as error:
+            return _exit_on_error(error)
+        setup_logging(options.runtime.log_format, options.runtime.log_level)
+        signals = handle_signals()  # before the daemon is built: a SIGTERM while it starts stops it too
+        try:
+            daemon = Daemon(options, reload_config=lambda: resolve(args, environ), environ=environ)
+        except NvdpError as error:
+            log_event(log, logging.ERROR, "cannot start", error=str(error))
+            return 1
+    finally:
+        _keep_start_up()
     signals.attach(SignalTarget(daemon.request_stop, daemon.request_reload, daemon.abandon))
     try:
         daemon.run()
@@ -78,6 +90,9 @@ def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str])
 
 
 def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    import shutil
+    import tempfile
+
     from nvdp.config import resolve
     from nvdp.simulate import Simulation
     from nvdp.simulate_dra import DraSimulation

@@ -23,9 +23,6 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.errors import NvdpError
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
-from nvdp.health.node_condition import node_condition_from_env
-from nvdp.health.node_events import node_events_from_env
-from nvdp.health.pod_events import pod_events_from_env
 from nvdp.ledger.ledger import AllocationLedger
 from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
@@ -43,6 +40,9 @@ from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
 
 if TYPE_CHECKING:
+    from nvdp.health.node_condition import NodeConditionReporter
+    from nvdp.health.node_events import NodeEventRecorder
+    from nvdp.health.pod_events import PodEventRecorder
     from nvdp.metrics import MetricFamilies, Metrics
 
 log = logging.getLogger(__name__)
@@ -138,14 +138,22 @@ class Daemon:
         # one Node event recorder for health transitions and misfits, one pod event recorder for the
         # pods they hit, and the GPU health condition's reporter.
         node, kubeconfig = runtime.node_name, runtime.kubeconfig
-        self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
-        self.pod_events = pod_events_from_env(
-            environ,
-            node=node,
-            kubeconfig=kubeconfig,
-            recovery_quiet_period=lambda: self.health.recovery_quiet_period,
-        )
-        self.node_condition = node_condition_from_env(environ, node=node, kubeconfig=kubeconfig)
+        self.node_events: NodeEventRecorder | None = None
+        self.pod_events: PodEventRecorder | None = None
+        self.node_condition: NodeConditionReporter | None = None
+        if node:  # each needs the node's name: without one, their Kubernetes modules stay unloaded
+            from nvdp.health.node_condition import node_condition_from_env
+            from nvdp.health.node_events import node_events_from_env
+            from nvdp.health.pod_events import pod_events_from_env
+
+            self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
+            self.pod_events = pod_events_from_env(
+                environ,
+                node=node,
+                kubeconfig=kubeconfig,
+                recovery_quiet_period=lambda: self.health.recovery_quiet_period,
+            )
+            self.node_condition = node_condition_from_env(environ, node=node, kubeconfig=kubeconfig)
         self.misfits = MisfitReport(self.node_events)
         # The kubelet's record of which container holds which device (its PodResources API).
         settings = node_settings(options)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from nvdp.cdi.names import MODE_CLASSES, CdiSettings, cdi_enabled, imex_channel_path
-from nvdp.cdi.scan import visible_roots
+from nvdp.cdi.roots import visible_roots
 from nvdp.config import Config, RuntimeOptions
 from nvdp.config.model import DEFAULT_KUBELET_SOCKET
 from nvdp.errors import ConfigError

@@ -18,7 +18,6 @@ fall back to stat() every 100 ms.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -60,13 +59,27 @@ _FALLBACK_POLL_S = 0.1
 
 def _libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _load_libc()
         libc.inotify_init1.argtypes = [ctypes.c_int]
         libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def _load_libc() -> ctypes.CDLL:
+    """glibc's libc.so.6, else the C library ctypes finds (`find_library` runs `ldconfig -p` in a
+    child process: only where glibc's name does not load)."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        from ctypes.util import find_library
+
+        name = find_library("c")
+        if name is None:
+            raise
+        return ctypes.CDLL(name, use_errno=True)
 
 
 FileId = tuple[int, int]

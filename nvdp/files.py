@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from nvdp.errors import UnreadableFile
@@ -96,6 +95,8 @@ def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
     """Replace `path` by a file holding `content`, with `mode`, in one rename: a temporary file in
     the same directory, fsync, rename, fsync of the directory. Raises OSError, leaving no temporary
     file behind."""
+    import tempfile  # here: a plugin start that writes no file does not load it
+
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:

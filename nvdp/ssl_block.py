@@ -11,11 +11,13 @@ in the program needs to know about it.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 # `_hashlib` is hashlib's OpenSSL backend (libcrypto, ~4 MB); without it hashlib uses CPython's own
 # implementations, which give the same digests.
@@ -24,12 +26,14 @@ _BLOCKED = ("ssl", "_hashlib")
 TLS_CLIENTS = ("kubernetes", "urllib3")
 
 
-class _LiftOnTlsClientImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it lifts the block when a TLS client is about to be imported."""
+class _LiftOnTlsClientImport:
+    """A meta path finder that finds nothing itself: it lifts the block when a TLS client is about
+    to be imported. (Not an `importlib.abc.MetaPathFinder`: importing that module loads
+    importlib.resources and tempfile, which the plugin's start-up does not need.)"""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    ) -> ModuleSpec | None:
         if fullname.partition(".")[0] in TLS_CLIENTS:
             _unblock()  # stays on sys.meta_path (inert): the import system is iterating over it now
         return None

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from nvdp.cdi import CdiSettings
 from nvdp.cdi.node_files import DevNode, NodeFiles
 from nvdp.cdi.publisher import CdiPublisher, answer_names
-from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.cdi.roots import visible_roots
+from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import build_specs, node_devices, render
 from nvdp.config import Config, ReplicatedResource, RuntimeOptions
 from nvdp.daemon_settings import cdi_settings, imex_channels

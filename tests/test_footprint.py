@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from nvdp.testing import REPO
 
@@ -52,3 +53,42 @@ def test_importing_a_tls_client_lifts_the_block() -> None:
         """
     )
     assert out.split() == ["OpenSSL", "True"]
+
+
+# Loaded by a plugin start only for a feature the start below does not use: Node events (a node name),
+# a node file (yaml), a fabric (uuid), MPS, CDI, a file written (tempfile), musl (ctypes.util).
+ON_DEMAND = (
+    "yaml",
+    "uuid",
+    "tempfile",
+    "importlib.abc",
+    "ctypes.util",
+    "nvdp.kube",
+    "nvdp.health.node_events",
+    "nvdp.health.pod_events",
+    "nvdp.health.node_condition",
+    "nvdp.mps",
+    "nvdp.cdi.scan",
+)
+
+
+def test_plugin_start_loads_no_module_of_a_feature_it_does_not_use(tmp_path: Path) -> None:
+    """The CPU a plugin uses until it serves is mostly imports (docs/benchmarks.md): a built-in
+    simulated node without a node name, a config file, MPS or CDI builds its daemon without them."""
+    out = run_python(
+        f"""
+        import sys
+        from nvdp.ssl_block import block_ssl
+        block_ssl()
+        from nvdp.cli import build_parser
+        from nvdp.config import resolve
+        from nvdp.daemon import Daemon
+        parser, _ = build_parser("plugin")
+        args = parser.parse_args(
+            ["plugin", "--nvml", "sim:dgx-a100", "--kubelet-socket", "{tmp_path}/kubelet.sock"]
+        )
+        Daemon(resolve(args, {{}}), reload_config=lambda: resolve(args, {{}}), environ={{}})
+        print(*[m for m in {ON_DEMAND!r} if m in sys.modules] or ["none"])
+        """
+    )
+    assert out.split() == ["none"]

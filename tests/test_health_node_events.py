@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from nvdp.health import HealthChange, HealthRouter, NodeEventRecorder
-from nvdp.health.node_events import node_events_from_env
+from nvdp.health import HealthChange, HealthRouter
+from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
 from nvdp.kube import KubeNodeEvents
 from tests.builders import full_gpu, replicas
 from tests.fakes import FakeTarget

@@ -30,7 +30,8 @@ from nvdp.cdi import writer
 from nvdp.cdi.lock import SpecDirLock, lock_path
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.node_files import NodeFiles
-from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.cdi.roots import visible_roots
+from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import build_specs, node_devices, render
 from nvdp.devices import MIG_MINORS_FILE, parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher

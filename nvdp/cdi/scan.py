@@ -1,9 +1,9 @@
 """What the driver root and the dev root hold (the I/O half of spec generation).
 
 Everything is looked up through the root as this process sees it (the container's mount of the
-host's driver root, or the root itself when nvdp runs on the host) and reported as paths inside
-that root (`/usr/lib64/libcuda.so.550.54.15`); `nvdp.cdi.spec` maps them to host paths. What is
-looked for follows NVIDIA's container toolkit (nvcdi), as named at each list.
+host's driver root, or the root itself when nvdp runs on the host: `nvdp.cdi.roots`) and reported
+as paths inside that root (`/usr/lib64/libcuda.so.550.54.15`); `nvdp.cdi.spec` maps them to host
+paths. What is looked for follows NVIDIA's container toolkit (nvcdi), as named at each list.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import stat
 
 from nvdp.cdi.node_files import DevNode, DriverFiles
+from nvdp.cdi.roots import inside
 from nvdp.nvml.library import LIBRARY_DIRS
 
 # The driver's user-space libraries containers of the `gpu` class get (compute and utility).
@@ -72,22 +73,6 @@ DEV_NODE_GLOBS = (
     "/dev/infiniband/*",
     "/dev/gdrdrv",
 )
-
-
-def visible_roots(driver_root: str, dev_root: str, container_driver_root: str) -> tuple[str, str]:
-    """Where this process sees the host's driver root and dev root: the container's mount of the
-    driver root when there is one (as in the chart), else the roots themselves (nvdp on the host).
-    A dev root apart from the driver root is looked at directly when it exists here."""
-    mounted = os.path.isdir(container_driver_root)
-    driver_here = container_driver_root if mounted else driver_root or "/"
-    if (dev_root or "/") == (driver_root or "/"):
-        return driver_here, driver_here
-    return driver_here, dev_root if os.path.isdir(dev_root) or not mounted else container_driver_root
-
-
-def inside(root: str, path: str) -> str:
-    """`path` (absolute, inside the root) as seen from here."""
-    return path if root in ("", "/") else os.path.join(root, path.lstrip("/"))
 
 
 def scan_driver(root: str, driver_version: str) -> DriverFiles:

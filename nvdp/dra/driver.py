@@ -24,7 +24,8 @@ from typing import Any
 
 from nvdp.backoff import Backoff
 from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.scan import scan_dev, scan_driver, visible_roots
+from nvdp.cdi.roots import visible_roots
+from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors

@@ -4,7 +4,6 @@ monitor thread (`monitor`), routing to plugin servers (`router`), the node's hea
 taint (`condition`, pure, written by `node_condition`), value types and seams (`types`)."""
 
 from nvdp.health.monitor import HealthMonitor
-from nvdp.health.node_events import NodeEventClient, NodeEventRecorder
 from nvdp.health.router import HealthRouter, NodeEventSink
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.health.xid import APPLICATION_XIDS, DEFAULT_FATAL_XIDS, Verdict, XidPolicy, xid_reason
@@ -18,8 +17,6 @@ __all__ = [
     "HealthSettings",
     "HealthTarget",
     "MonitorStatus",
-    "NodeEventClient",
-    "NodeEventRecorder",
     "NodeEventSink",
     "Verdict",
     "XidPolicy",

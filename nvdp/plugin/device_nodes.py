@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvdp.cdi.scan import inside, visible_roots
+from nvdp.cdi.roots import inside, visible_roots
 from nvdp.dir_watch import Watcher
 from nvdp.plugin.host_facts import visible_dev_root
 from nvdp.plugin.types import DaemonSettings

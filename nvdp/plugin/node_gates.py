@@ -16,12 +16,12 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from nvdp.config.model import MPS
 from nvdp.dir_watch import Watcher
 from nvdp.handoff import Handoff
 from nvdp.inventory import dra_gpus
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
-from nvdp.mps.ready import MpsReadiness
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.device_nodes import DeviceNodes
 from nvdp.plugin.types import DaemonSettings, MisfitSink
@@ -29,6 +29,7 @@ from nvdp.resources import NodeResources, Resource
 
 if TYPE_CHECKING:
     from nvdp.cdi.publisher import CdiPublisher
+    from nvdp.mps.ready import MpsReadiness
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class NodeGates:
         self._mine: frozenset[str] = frozenset()  # the GPUs the config gives this plugin
         self._settled: frozenset[str] = frozenset()  # those the hand-over lets it serve
         self._all_dra = False
-        self._mps = MpsReadiness()  # MPS resources only while their control daemon is ready
+        self._mps: MpsReadiness | None = None  # MPS resources only while their control daemon is
+        # ready (made by the first build with an MPS resource: a plugin without one never imports it)
         self._device_nodes = DeviceNodes()  # devices only while the nodes answers name exist
         self._cdi: CdiPublisher | None = None  # made by the first CDI apply (a plugin without CDI
         # never imports the spec builder)
@@ -79,7 +81,13 @@ class NodeGates:
     def admit(self, settings: DaemonSettings, resources: Sequence[Resource]) -> NodeResources:
         """`resources` without an MPS resource whose daemon is not ready and without the devices
         whose nodes are missing, with the misfits that say so (reported)."""
-        mps = self._mps.filter(resources, settings.response.mps_root)
+        if self._mps is None and any(r.sharing == MPS for r in resources):
+            from nvdp.mps.ready import MpsReadiness
+
+            self._mps = MpsReadiness()
+        mps = NodeResources(list(resources))
+        if self._mps is not None:
+            mps = self._mps.filter(resources, settings.response.mps_root)
         self.report("mps", mps.misfits)
         checked = self._device_nodes.check(mps.resources, settings)
         self.report("device-nodes", checked.misfits)
@@ -114,7 +122,7 @@ class NodeGates:
             self._handoff.watch(watcher)
         changes = [
             self._handoff is not None and self._handoff.due(),
-            self._mps.changed(watcher),
+            self._mps is not None and self._mps.changed(watcher),
             self._device_nodes.changed(watcher),
             self._cdi is not None and self._cdi.changed(watcher),
         ]

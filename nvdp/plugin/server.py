@@ -34,11 +34,11 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
+from nvdp.config.model import MPS
 from nvdp.devices import Device, DeviceSet, format_ids
 from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import NvdpError, RequestError
 from nvdp.logs import log_event
-from nvdp.mps.allocate import add_mps
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.plugin.status import RpcObserver, rpc
 from nvdp.resources import Resource
@@ -377,7 +377,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 )
             request_id = os.urandom(16).hex() if self._needs_request_id else ""
             response.container_responses.append(container_response(chosen, self.options, request_id))
-            add_mps(response.container_responses[-1], self.resource, chosen, self.options.mps_root)
+            if self.resource.sharing == MPS:  # nvdp.mps is loaded by an MPS resource's first Allocate
+                from nvdp.mps.allocate import add_mps
+
+                add_mps(response.container_responses[-1], self.resource, chosen, self.options.mps_root)
         return response
 
     @rpc

@@ -15,7 +15,6 @@ A node without the section has no fabric: every GPU answers NVML_ERROR_NOT_SUPPO
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,6 +63,8 @@ def parse_fabric(value: object, n_gpus: int, fail: Fail) -> dict[int, GpuFabric]
 def _info(entry: Mapping[str, Any], where: str, base: GpuFabric, fail: Fail) -> GpuFabric:
     cluster, clique, state, status = base.cluster_uuid, base.clique_id, base.state, base.status
     if "cluster_uuid" in entry:
+        import uuid  # only for a node with a fabric: uuid imports platform, a dozen regexes
+
         try:
             cluster = uuid.UUID(str(entry["cluster_uuid"])).bytes
         except ValueError:

@@ -3,8 +3,8 @@
 What a description becomes is a `nvdp.nvml.sim.node.SimNode`.
 
 A node file is validated as a whole: every problem is reported at once, one line each, naming the
-field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are node files shipped in
-`profiles/` and go through the same loader. The schema is documented in the README.
+field (`gpus[1].memory_mib: ...`), as a `ConfigError`. Built-in profiles are node descriptions in
+`nvdp.nvml.sim.profiles` and go through the same parser. The schema is documented in the README.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nvdp.config.values import describe_keys
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
@@ -23,11 +21,9 @@ from nvdp.nvml.sim.fabric import parse_fabric
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
+from nvdp.nvml.sim.profiles import PROFILES
 from nvdp.nvml.types import PcieLevel
 
-# Shipped as package data next to this module (a plain path: importlib.resources would pull in
-# tempfile, shutil, bz2 and lzma, a megabyte of the plugin's memory budget).
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_DRIVER_VERSION = "12.4"
 
@@ -67,8 +63,7 @@ def _bus_id(bus_id: str) -> str | None:
 
 
 def profile_names() -> list[str]:
-    root = PROFILES_DIR
-    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+    return sorted(PROFILES)
 
 
 def load_profile(name: str) -> SimNode:
@@ -79,8 +74,7 @@ def load_profile(name: str) -> SimNode:
             f"--nvml sim:{name}: unknown simulated node profile {_quote(name)}; "
             f"accepted: {', '.join(names)}, or sim:/path/to/node.yaml"
         )
-    text = (PROFILES_DIR / f"{name}.yaml").read_text()
-    return parse_node(_load_yaml(text, f"profile {name}"), name, f"profile {name}")
+    return parse_node(PROFILES[name], name, f"profile {name}")
 
 
 def load_node_file(path: str | Path) -> SimNode:
@@ -96,6 +90,8 @@ def load_node_file(path: str | Path) -> SimNode:
 
 
 def _load_yaml(text: str, source: str) -> object:
+    import yaml  # only for a node file: a built-in profile is Python data
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
