@@ -20,7 +20,6 @@ from nvdp.config import PluginOptions
 from nvdp.config.notices import migration_notices
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
 from nvdp.dra.names import DRIVER_NAME
-from nvdp.errors import NvdpError
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
 from nvdp.ledger.ledger import AllocationLedger
@@ -232,19 +231,10 @@ class Daemon:
     def run(self) -> None:
         log_event(log, logging.INFO, "starting nvdp", config=json.loads(self.options.to_json()))
         log_notices(self.options)
-        if self.metrics is not None:
-            try:
-                self.metrics.start()
-            except NvdpError as error:
-                # The device plugin is what the node's pods need; a taken metrics port must not
-                # take the GPUs away with it. Said loudly once; /metrics and the probes are off.
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "metrics endpoint disabled; serving devices without it",
-                    error=str(error),
-                )
-                self.metrics = None
+        # The device plugin is what the node's pods need: a taken metrics port must not take the GPUs
+        # away with it (said loudly once; /metrics and the probes are off).
+        if self.metrics is not None and not self.metrics.start_or_disable():
+            self.metrics = None
         if self.rescanner is not None:
             self.rescanner.start()
         self.ledger.start()
