@@ -115,6 +115,7 @@ class Handoff:
         self._retry_at: float | None = None
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
+        self._written = ""  # the record as last written by this process
         self._advertised_since: dict[str, float] = {}  # GPUs waiting only for the other to withdraw
 
     # ---- the records ------------------------------------------------------------------------------
@@ -209,9 +210,13 @@ class Handoff:
             os.close(fd)
 
     def _write(self, serving: frozenset[str]) -> None:
-        body = {"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}
+        """The record, when it says something new (the other side is woken by each write)."""
+        body = json.dumps({"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}) + "\n"
+        if body == self._written:
+            return
         try:
-            write_atomic(self._path(self.api, "json"), (json.dumps(body) + "\n").encode(), 0o644)
+            write_atomic(self._path(self.api, "json"), body.encode(), 0o644)
+            self._written = body
         except OSError as error:
             log_event(
                 log,
@@ -237,8 +242,8 @@ class Handoff:
         other = self.read_other()
         settled = settle(mine, self._serving, self._holds, other)
         gained = settled.serve - self._serving
+        self._write(self._serving | settled.serve)  # named before advertised; the holds as they are
         if gained:
-            self._write(self._serving | settled.serve)  # named before it is advertised
             again = self.read_other()
             lost = {u for u in gained if u in again.holds or (again.alive and u in again.serving)}
             if lost:

@@ -194,3 +194,20 @@ def test_slices_are_owned_by_their_node_once_it_can_be_read(
         pub.stop()
     (line,) = [x for x in log_lines(caplog) if "without their Node as owner" in x]
     assert "HTTP 403" in line
+
+
+def test_an_update_that_wants_what_is_wanted_already_asks_the_api_nothing(api: KubeApiStandin) -> None:
+    pub = publisher(api)
+    devices = node_devices(sim_gpus("pcie-4"), FACTS)
+    assert pub.update([], {})  # an empty pool is published too
+    pub.start()
+    try:
+        assert pub.published.wait(2.0)
+        assert pub.update(devices, {})
+        wait_until(lambda: f"{SLICES}/{NAME}" in api.objects and len(devices_of(api)) == 4, 2, "the devices")
+        # a claim prepared, a record changed: the same devices wanted again, nothing to sync
+        assert [pub.update(list(devices), {}) for _ in range(3)] == [False] * 3
+        assert pub.update(devices, XID)  # a real change is published
+        wait_until(lambda: "taints" in devices_of(api)[1], 2, "gpu-1 tainted")
+    finally:
+        pub.stop()

@@ -64,6 +64,7 @@ class SlicePublisher:
         self._devices: list[DraDevice] = []
         self._unhealthy: dict[str, Taint] = {}
         self._dirty = False
+        self._updated = False  # update() was called once (an empty pool is published too)
         self._stopping = False
         self._wanted: dict[str, Slice] = {}  # name -> the slice as last written or found right
         self._own: dict[str, str] = {}  # name -> resourceVersion of our last write
@@ -78,11 +79,18 @@ class SlicePublisher:
         self.published = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def update(self, devices: Sequence[DraDevice], unhealthy: Mapping[str, Taint]) -> None:
+    def update(self, devices: Sequence[DraDevice], unhealthy: Mapping[str, Taint]) -> bool:
+        """Want these devices and this health published; False when that was wanted already (a
+        change elsewhere, a claim prepared, then costs the API server no list)."""
+        wanted, bad = list(devices), dict(unhealthy)
         with self._cond:
-            self._devices, self._unhealthy = list(devices), dict(unhealthy)
+            if self._updated and (wanted, bad) == (self._devices, self._unhealthy):
+                return False
+            self._updated = True
+            self._devices, self._unhealthy = wanted, bad
             self._dirty = True
             self._cond.notify_all()
+        return True
 
     def start(self) -> None:
         if self._threads:
