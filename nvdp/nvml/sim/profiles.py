@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 _DRIVER = {"driver_version": "550.54.15", "cuda_driver_version": "12.4"}
+_DGX_A100_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("07", "0F", "47", "4E", "87", "90", "B7", "BD")]
 _DGX_A100_PCIE = [
     {"gpus": [0, 1], "level": "MULTIPLE"},
     {"gpus": [2, 3], "level": "MULTIPLE"},
@@ -31,16 +32,7 @@ PROFILES: Mapping[str, Mapping[str, object]] = {
                 "compute_capability": "8.0",
                 "numa_nodes": 2,
                 "mig_capable": True,
-                "pci_bus_ids": [
-                    "00000000:07:00.0",
-                    "00000000:0F:00.0",
-                    "00000000:47:00.0",
-                    "00000000:4E:00.0",
-                    "00000000:87:00.0",
-                    "00000000:90:00.0",
-                    "00000000:B7:00.0",
-                    "00000000:BD:00.0",
-                ],  # fmt: skip
+                "pci_bus_ids": _DGX_A100_BUS_IDS,
             }
         ],
         "nvswitch": 12,
@@ -55,37 +47,32 @@ PROFILES: Mapping[str, Mapping[str, object]] = {
             {
                 "name": "NVIDIA A100-SXM4-40GB",
                 "numa": 0,
-                "pci_bus_ids": ["00000000:07:00.0"],
+                "pci_bus_ids": _DGX_A100_BUS_IDS[0:1],
                 "mig": ["1g.5gb"] * 7,
             },
             {
                 "name": "NVIDIA A100-SXM4-40GB",
                 "numa": 0,
-                "pci_bus_ids": ["00000000:0F:00.0"],
+                "pci_bus_ids": _DGX_A100_BUS_IDS[1:2],
                 "mig": ["2g.10gb"] * 3,
             },
             {
                 "name": "NVIDIA A100-SXM4-40GB",
                 "numa": 0,
-                "pci_bus_ids": ["00000000:47:00.0"],
+                "pci_bus_ids": _DGX_A100_BUS_IDS[2:3],
                 "mig": ["3g.20gb", "2g.10gb", "1g.5gb"],
             },
             {
                 "name": "NVIDIA A100-SXM4-40GB",
                 "numa": 0,
-                "pci_bus_ids": ["00000000:4E:00.0"],
+                "pci_bus_ids": _DGX_A100_BUS_IDS[3:4],
                 "mig": ["7g.40gb"],
             },
             {
                 "name": "NVIDIA A100-SXM4-40GB",
                 "count": 4,
                 "numa": 1,
-                "pci_bus_ids": [
-                    "00000000:87:00.0",
-                    "00000000:90:00.0",
-                    "00000000:B7:00.0",
-                    "00000000:BD:00.0",
-                ],  # fmt: skip
+                "pci_bus_ids": _DGX_A100_BUS_IDS[4:],
             },
         ],
         "nvswitch": 12,
