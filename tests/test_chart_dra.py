@@ -45,6 +45,8 @@ DRA_ENV = frozenset(
     {env for o in DRA_OPTIONS for env in o.envs} | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 )
 ENABLED = {"dra": {"enabled": True}}
+# NVIDIA's DRA chart's DeviceClasses, rendered (the file names its source).
+NVIDIA_DEVICE_CLASSES = Path(__file__).parent / "data" / "chart" / "nvidia-dra-deviceclasses.yaml"
 DRA_PROCESS = "gpu-kubelet-plugin"  # the console script: the container's command, PROCESS_TO_SIGNAL
 WITH_ENTRIES = {**ENABLED, "config": {"map": ENTRIES, "default": "device-plugin"}}
 # The DRA plugin's directory as the device plugin finds it in its container: beside the directory of
@@ -136,11 +138,40 @@ def test_the_kubelet_plugin_daemonset(render: Callable[..., Rendered]) -> None:
 
 
 def test_nvidias_device_classes(render: Callable[..., Rendered]) -> None:
+    """NVIDIA's DRA chart's classes (test data), gpu.nvidia.com with extendedResourceName: nvidia.com/gpu
+    (KEP-5004); the scheduler stand-in's classes select the same devices."""
     classes = named(render(ENABLED), "DeviceClass")
+    nvidia = {d["metadata"]["name"]: d for d in deploy.load_docs(NVIDIA_DEVICE_CLASSES.read_text())}
     assert {n: {k: c[k] for k in ("apiVersion", "spec")} for n, c in classes.items()} == {
-        n: {k: c[k] for k in ("apiVersion", "spec")} for n, c in nvidia_device_classes().items()
+        n: {k: c[k] for k in ("apiVersion", "spec")} for n, c in nvidia.items()
+    }
+    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert {n: c["spec"]["selectors"] for n, c in classes.items()} == {
+        n: c["spec"]["selectors"] for n, c in nvidia_device_classes().items()
     }
     assert named(render({"dra": {"enabled": True, "deviceClasses": False}}), "DeviceClass") == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("example.com/accelerator", "example.com/accelerator"), ("", None)],
+    ids=["another-name", "none"],
+)
+def test_device_class_extended_resource_name(
+    render: Callable[..., Rendered], name: str, expected: str | None
+) -> None:
+    classes = named(render({"dra": {"enabled": True, "extendedResourceName": name}}), "DeviceClass")
+    assert classes["gpu.nvidia.com"]["spec"].get("extendedResourceName") == expected
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+
+
+@pytest.mark.parametrize("name", ["gpu", "nvidia.com/", "Nvidia.com/gpu", "nvidia.com/gpu/0"])
+def test_device_class_extended_resource_name_refused(render_error: Callable[..., str], name: str) -> None:
+    said = render_error({"dra": {"enabled": True, "extendedResourceName": name}})
+    assert (
+        f'dra.extendedResourceName: invalid value "{name}" (accepted: an extended resource name, '
+        'domain/name, e.g. nvidia.com/gpu; or "" for none)'
+    ) in said
 
 
 def test_the_kubelet_plugin_is_probed_on_a_metrics_port_of_its_own(render: Callable[..., Rendered]) -> None:
