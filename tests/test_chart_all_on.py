@@ -35,6 +35,7 @@ VALUES: Doc = {
     "config": {"map": ENTRIES, "default": "default"},
     "deviceListStrategy": "cdi-cri",
     "gfd": {"enabled": True},
+    "nfd": {"enabled": False},
     "metrics": {
         "forceMonitors": True,
         "serviceMonitor": {"enabled": True},

@@ -32,6 +32,8 @@ from tests.test_deploy import (
 
 STATIC = ROOT / "deployments" / "static" / "gpu-feature-discovery.yml"
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+# Node Feature Discovery runs apart: the chart refuses gfd.enabled without nfd.enabled=false.
+NFD_APART: dict[str, Any] = {"nfd": {"enabled": False}}
 GFD_CONTAINER = "gpu-feature-discovery-ctr"
 GFD_PROCESS = "gpu-feature-discovery"  # the console script: the container's command, PROCESS_TO_SIGNAL
 # What `nvdp gfd` reads (its own options, the shared plugin ones with GFD_ aliases) and what the
@@ -117,7 +119,7 @@ def test_gfd_disabled_by_default(render: Callable[..., Rendered]) -> None:
 
 
 def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -> None:
-    out = render({"gfd": {"enabled": True, "sleepInterval": "30s"}})
+    out = render({**NFD_APART, "gfd": {"enabled": True, "sleepInterval": "30s"}})
     daemonset = gfd_daemonset(out)
     check_gfd_daemonset(daemonset, plugin_daemonset(out)["spec"]["template"]["spec"])
     volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
@@ -132,7 +134,7 @@ def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -
 
 
 def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendered]) -> None:
-    out = render({"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}})
+    out = render({"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True, "enabled": False}})
     daemonset = gfd_daemonset(out)
     check_gfd_daemonset(daemonset, plugin_daemonset(out)["spec"]["template"]["spec"])
     assert gfd_env_of(daemonset)["GFD_USE_NODE_FEATURE_API"] == "true"
@@ -163,7 +165,7 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
 def test_gfd_reads_the_plugins_config_entry(render: Callable[..., Rendered], config: Doc) -> None:
     """With a ConfigMap of entries, the GFD pod gets the plugin's config-manager pair (signalling
     gpu-feature-discovery), so both pods link the entry the node label selects."""
-    out = render({"gfd": {"enabled": True}, "config": config, "migStrategy": "mixed"})
+    out = render({**NFD_APART, "gfd": {"enabled": True}, "config": config, "migStrategy": "mixed"})
     daemonset = gfd_daemonset(out)
     plugin = plugin_daemonset(out)
     gfd_pod, plugin_pod = daemonset["spec"]["template"]["spec"], plugin["spec"]["template"]["spec"]
@@ -200,7 +202,7 @@ def test_gfd_reads_the_plugins_config_entry(render: Callable[..., Rendered], con
 
 
 def test_gfd_without_a_config_map_has_no_config_manager(render: Callable[..., Rendered]) -> None:
-    daemonset = gfd_daemonset(render({"gfd": {"enabled": True}}))
+    daemonset = gfd_daemonset(render({**NFD_APART, "gfd": {"enabled": True}}))
     pod = daemonset["spec"]["template"]["spec"]
     assert "initContainers" not in pod and "shareProcessNamespace" not in pod
     assert "CONFIG_FILE" not in gfd_env_of(daemonset)
@@ -212,7 +214,12 @@ def test_static_manifest_is_the_charts_gfd_daemonset(render: Callable[..., Rende
     assert [d["kind"] for d in static] == ["DaemonSet"]
     for doc in static:
         check_schema(doc)
-    rendered = gfd_daemonset(render({"gfd": {"enabled": True}}, namespace="kube-system"))
+    values = {
+        **NFD_APART,
+        "gfd": {"enabled": True},
+        "image": {"repository": "nvdp"},
+    }  # the static manifests' image
+    rendered = gfd_daemonset(render(values, namespace="kube-system"))
     pod = rendered["spec"]["template"]["spec"]
     pod.pop("serviceAccountName")
     assert static[0]["spec"]["template"]["spec"] == pod
@@ -223,14 +230,20 @@ def test_static_manifest_is_the_charts_gfd_daemonset(render: Callable[..., Rende
 
 @pytest.mark.parametrize("rbac", [True, False], ids=["rbac", "no-rbac"])
 def test_node_feature_role_follows_rbac_create(render: Callable[..., Rendered], rbac: bool) -> None:
-    out = render({"gfd": {"enabled": True}, "nfd": {"enableNodeFeatureApi": True}, "rbac": {"create": rbac}})
+    out = render(
+        {
+            "gfd": {"enabled": True},
+            "nfd": {"enableNodeFeatureApi": True, "enabled": False},
+            "rbac": {"create": rbac},
+        }
+    )
     assert ("Role" in out.kinds()) is rbac
 
 
 def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> None:
     values = {
         "gfd": {"enabled": True, "resources": {"limits": {"memory": "128Mi"}}},
-        "nfd": {"enableNodeFeatureApi": True},
+        "nfd": {"enableNodeFeatureApi": True, "enabled": False},
         "nvidiaDriverRoot": "/run/nvidia/driver",
         "config": {"map": {"default": CONFIG_ENTRY}},
         "nvml": "sim:dgx-a100",
@@ -265,7 +278,12 @@ def test_the_gfd_container_labels_an_mps_entry(render: Callable[..., Rendered], 
     """The GFD pod's own command line and env, run against the rendered ConfigMap's MPS entry: it
     labels the node (NVIDIA's gfd does; the chart gives the GFD pod no MPS root, and needs none)."""
     out = render(
-        {"gfd": {"enabled": True}, "config": {"map": {"default": MPS_ENTRY}}, "nvml": "sim:dgx-a100"}
+        {
+            **NFD_APART,
+            "gfd": {"enabled": True},
+            "config": {"map": {"default": MPS_ENTRY}},
+            "nvml": "sim:dgx-a100",
+        }
     )
     ctr = gfd_container(gfd_daemonset(out))
     entry = next(d for d in out.docs if d["kind"] == "ConfigMap" and "default" in d.get("data", {}))

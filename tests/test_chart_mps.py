@@ -50,8 +50,8 @@ def test_chart_with_mps_renders_the_control_daemon(render: Callable[..., Rendere
     assert mount == {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True}
     volumes = {v["name"]: v for v in plugin["spec"]["template"]["spec"]["volumes"]}
     assert volumes["mps-root"]["hostPath"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
-    # the control daemon: selector apart from the plugin's, node selector, privileges, mounts
-    assert mps["spec"]["selector"]["matchLabels"] != plugin["spec"]["selector"]["matchLabels"]
+    # the control daemon: NVIDIA's selector (the plugin's), node selector, privileges, mounts
+    assert mps["spec"]["selector"]["matchLabels"] == plugin["spec"]["selector"]["matchLabels"]
     pod = mps["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/mps.capable": "true"}
     assert pod["hostPID"] is True

@@ -40,7 +40,9 @@ NVIDIA_VALUES = ROOT / "tests" / "data" / "chart" / "nvidia-v0.20.0-values.yaml"
 ENTRY = "version: v1\nflags:\n  migStrategy: none\n"
 MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 
-GFD: Doc = {"gfd": {"enabled": True}}
+GFD: Doc = {"gfd": {"enabled": True}, "nfd": {"enabled": False}}
+# GFD as NVIDIA's chart deploys it by default: with its Node Feature Discovery subchart.
+GFD_WITH_NFD: Doc = {"gfd": {"enabled": True}}
 MPS: Doc = {"config": {"map": {"default": MPS_ENTRY}}}
 CONFIG: Doc = {"config": {"map": {"default": ENTRY, "other": ENTRY}}}
 
@@ -76,7 +78,7 @@ CHANGES: dict[str, Change] = {
     "componentSelectorLabels.enabled": Change(True, {**GFD, **MPS}),
     "allowDefaultNamespace": Change(True, namespace="default"),
     "imagePullSecrets": Change([{"name": "regcred"}]),
-    "image.repository": Change("registry.example/nvdp"),
+    "image.repository": Change("registry.example/team/nvdp"),
     "image.pullPolicy": Change("Always"),
     "image.tag": Change("dev"),
     "updateStrategy.type": Change("OnDelete"),
@@ -99,13 +101,13 @@ CHANGES: dict[str, Change] = {
     "gfd.noTimestamp": Change(True, GFD),
     "gfd.sleepInterval": Change("30s", GFD),
     "gfd.securityContext.privileged": Change(False, GFD),
-    "nfd.nameOverride": Change("nfd", GFD),
-    "nfd.master.serviceAccount.name": Change("nfd-master", GFD),
-    "nfd.master.serviceAccount.create": Change(False, GFD),
-    "nfd.master.config.extraLabelNs": Change(["nvidia.com", "example.com"], GFD),
-    "nfd.worker.tolerations": Change([], GFD),
-    "nfd.worker.config.sources.pci.deviceClassWhitelist": Change(["03"], GFD),
-    "nfd.worker.config.sources.pci.deviceLabelFields": Change(["vendor", "device"], GFD),
+    "nfd.nameOverride": Change("nfd", GFD_WITH_NFD),
+    "nfd.master.serviceAccount.name": Change("nfd-master", GFD_WITH_NFD),
+    "nfd.master.serviceAccount.create": Change(False, GFD_WITH_NFD),
+    "nfd.master.config.extraLabelNs": Change(["nvidia.com", "example.com"], GFD_WITH_NFD),
+    "nfd.worker.tolerations": Change([], GFD_WITH_NFD),
+    "nfd.worker.config.sources.pci.deviceClassWhitelist": Change(["03"], GFD_WITH_NFD),
+    "nfd.worker.config.sources.pci.deviceLabelFields": Change(["vendor", "device"], GFD_WITH_NFD),
     "mps.root": Change("/var/run/mps", MPS),
     "mps.enableHostPID": Change(False, MPS),
     "cdi.nvidiaHookPath": Change("/usr/bin/nvidia-cdi-hook"),
@@ -197,9 +199,9 @@ def test_nvidia_key_changes_the_render_or_fails_it(renderer: Renderer, key: str)
 def test_nvidia_default_values_render(render: Callable[..., Rendered]) -> None:
     """NVIDIA's whole values file, as an operator copies it, renders valid objects; its container
     env list replaces the chart's NVIDIA_* entries of the same names."""
-    values = nvidia_values()
+    values = merged(nvidia_values(), {"image": {"repository": deploy.TEST_IMAGE}})
     for gfd in (False, True):
-        out = render(merged(values, {"gfd": {"enabled": gfd}}))
+        out = render(merged(values, {"gfd": {"enabled": gfd}, "nfd": {"enabled": False}}))
         for doc in out.docs:
             check_schema(doc)
         plugin = daemonset(out, CONTAINER)
@@ -226,9 +228,13 @@ GFD_CTR, MPS_CTR = "gpu-feature-discovery-ctr", "mps-control-daemon-ctr"
 
 
 def test_component_selector_labels(render: Callable[..., Rendered]) -> None:
+    """NVIDIA's component names (its chart after v0.20.0), in the selectors only when enabled and no
+    selectorLabelsOverride is set; the pods always carry them, and the Service and the PodMonitor
+    select the device plugin's pods alone by it (without it, the three DaemonSets' pods share NVIDIA's
+    selector labels)."""
     out = render({"componentSelectorLabels": {"enabled": True}, **GFD, **MPS})
     expected = {
-        CONTAINER: "k8s-device-plugin",
+        CONTAINER: "device-plugin",
         GFD_CTR: "gpu-feature-discovery",
         MPS_CTR: "mps-control-daemon",
     }
@@ -240,12 +246,26 @@ def test_component_selector_labels(render: Callable[..., Rendered]) -> None:
         check_schema(doc)
     plugin_labels = daemonset(out, CONTAINER)["spec"]["template"]["metadata"]["labels"]
     assert out.only("Service")["spec"]["selector"].items() <= plugin_labels.items()
-    default = render({**GFD, **MPS})
-    for container in expected:
-        assert (
-            "app.kubernetes.io/component"
-            not in daemonset(default, container)["spec"]["selector"]["matchLabels"]
-        )
+    override = render(
+        {"componentSelectorLabels": {"enabled": True}, "selectorLabelsOverride": {"name": "x"}, **MPS}
+    )
+    assert daemonset(override, CONTAINER)["spec"]["selector"]["matchLabels"] == {"name": "x"}
+    default = render({**GFD, **MPS, "metrics": {"podMonitor": {"enabled": True}, "forceMonitors": True}})
+    for container, component in expected.items():
+        doc = daemonset(default, container)
+        assert "app.kubernetes.io/component" not in doc["spec"]["selector"]["matchLabels"]
+        assert doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    for selector in (
+        default.only("Service")["spec"]["selector"],
+        default.only("PodMonitor")["spec"]["selector"]["matchLabels"],
+    ):
+        selected = [
+            container
+            for container in expected
+            if selector.items()
+            <= daemonset(default, container)["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert selected == [CONTAINER]
 
 
 def test_plugin_container_env_list(render: Callable[..., Rendered], render_error: Callable[..., str]) -> None:
@@ -293,7 +313,7 @@ def test_gfd_keys(render: Callable[..., Rendered], render_error: Callable[..., s
         "securityContext": {"privileged": True},
         "enableHostNetwork": True,
     }
-    doc = daemonset(render({"gfd": {**gfd, "nameOverride": "gfd"}, "sleepInterval": "30s"}), GFD_CTR)
+    doc = daemonset(render({**GFD, "gfd": {**gfd, "nameOverride": "gfd"}, "sleepInterval": "30s"}), GFD_CTR)
     env = container_env(pod_of(doc)["containers"][0])
     assert env["GFD_NO_TIMESTAMP"] == "true" and env["GFD_SLEEP_INTERVAL"] == "30s"
     assert pod_of(doc)["containers"][0]["securityContext"] == {"privileged": True}
@@ -324,16 +344,57 @@ def test_mps_host_pid_off(render: Callable[..., Rendered], config_manager: bool)
     check_schema(doc)
 
 
-def test_nfd_keys_are_refused_only_where_nvidia_deploys_nfd(
-    render: Callable[..., Rendered], render_error: Callable[..., str]
-) -> None:
-    changed = {
-        "nfd": {"worker": {"config": {"sources": {"pci": {"deviceLabelFields": ["vendor", "class"]}}}}}
-    }
-    said = render_error({**GFD, **changed})
-    assert said.count("nfd.worker.config.sources.pci.deviceLabelFields: this chart does not deploy") == 1
-    assert render(changed).daemonset  # without GFD, NVIDIA's chart deploys no NFD either
-    assert render({**GFD, "nfd": {"enabled": False, "nameOverride": "x"}}).docs
-    assert "nfd.enabled: this chart does not deploy" in render_error({"nfd": {"enabled": True}})
-    nvidia_nfd = {"nfd": nvidia_values()["nfd"]}
-    assert render({**GFD, **nvidia_nfd}).docs
+NFD_REFUSED = (
+    ": NVIDIA's chart installs Node Feature Discovery with these values (nfd.enabled, else gfd.enabled) "
+    "and this chart does not: run NFD with its own chart (or keep the one a release of NVIDIA's chart "
+    "installed: see docs/chart.md), put nfd.* settings there, and set nfd.enabled=false"
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"gfd": {"enabled": True}}, "gfd.enabled"),
+        ({"gfd": {"enabled": True}, "nfd": nvidia_values()["nfd"]}, "gfd.enabled"),
+        ({"nfd": {"enabled": True}}, "nfd.enabled"),
+        ({"gfd": {"enabled": False}, "nfd": {"enabled": True}}, "nfd.enabled"),
+        (
+            {
+                "gfd": {"enabled": True},
+                "nfd": {"worker": {"config": {"sources": {"pci": {"deviceLabelFields": []}}}}},
+            },
+            "nfd.worker.config.sources.pci.deviceLabelFields",
+        ),
+    ],
+    ids=["gfd", "gfd-nvidia-nfd-values", "nfd", "nfd-without-gfd", "gfd-nfd-setting"],
+)
+def test_refused_where_nvidia_installs_nfd(render_error: Callable[..., str], values: Doc, key: str) -> None:
+    """NVIDIA's chart installs its NFD subchart under the condition "nfd.enabled,gfd.enabled"; this chart
+    has none, so those values fail in one line naming the key (a `helm upgrade` of NVIDIA's release
+    would otherwise delete its NFD)."""
+    said = render_error(values)
+    assert f"{key}{NFD_REFUSED}" in said
+    assert said.count("\n") <= 1, said
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"gfd": {"enabled": True}, "nfd": {"enabled": False}},
+        {
+            "gfd": {"enabled": True},
+            "nfd": {"enabled": False, "nameOverride": "x", "worker": {"tolerations": []}},
+        },
+        {"nfd": {"nameOverride": "x"}},
+    ],
+    ids=["gfd-nfd-apart", "nfd-settings-unread-when-apart", "no-gfd"],
+)
+def test_accepted_where_nvidia_installs_no_nfd(render: Callable[..., Rendered], values: Doc) -> None:
+    assert render(values).docs
+
+
+def test_nvidia_values_as_they_are_fail_on_the_image(render_error: Callable[..., str]) -> None:
+    """`helm upgrade` of a release of NVIDIA's chart (or -f with NVIDIA's values file) carries NVIDIA's
+    image: refused in one line naming image.repository, before anything is changed."""
+    said = render_error(nvidia_values())
+    assert 'image.repository: "nvcr.io/nvidia/k8s-device-plugin" is NVIDIA\'s image' in said

@@ -227,7 +227,8 @@ def test_static_manifest_schedules_like_the_chart_defaults(static_docs: list[Doc
     ctr = container(only(static_docs, "DaemonSet"))
     assert ctr["livenessProbe"] == values["livenessProbe"]
     assert ctr["readinessProbe"] == values["readinessProbe"]
-    assert ctr["image"] == f"{values['image']['repository']}:{chart_meta()['appVersion']}"
+    # The static manifests name the image nvdp:<appVersion>, a placeholder their header says to replace.
+    assert ctr["image"] == f"nvdp:{chart_meta()['appVersion']}"
 
 
 # ---- values.yaml and Chart.yaml ----------------------------------------------------------------
@@ -469,12 +470,24 @@ class RenderError(Exception):
 
 Renderer = Callable[[Mapping[str, Any], str, tuple[str, ...]], dict[str, str]]
 
+# The image every render uses unless the values name one: the chart requires image.repository.
+TEST_IMAGE = "registry.example/nvdp"
+
+
+def with_test_image(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with image.repository set to TEST_IMAGE where they do not set it."""
+    image = dict(values.get("image") or {})
+    image.setdefault("repository", TEST_IMAGE)
+    return {**values, "image": image}
+
 
 def _helm_binary(helm: str) -> Renderer:
     def render(values: Mapping[str, Any], namespace: str, api_versions: tuple[str, ...]) -> dict[str, str]:
         command = [helm, "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"]
         command += [f"--api-versions={version}" for version in api_versions]
-        done = subprocess.run(command, input=json.dumps(values), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            command, input=json.dumps(with_test_image(values)), capture_output=True, text=True, timeout=60
+        )
         if done.returncode != 0:
             raise RenderError(done.stderr)
         manifests: dict[str, str] = {}
@@ -495,7 +508,9 @@ def _helm_sdk() -> Renderer:
             pytest.skip("helm_python cannot set the cluster's API versions; a helm binary can")
         with helm_python.Chart.load(str(CHART)) as chart:
             try:
-                return dict(chart.render(dict(values), name=RELEASE, namespace=namespace, is_install=True))
+                return dict(
+                    chart.render(with_test_image(values), name=RELEASE, namespace=namespace, is_install=True)
+                )
             except helm_python.HelmError as error:
                 raise RenderError(str(error)) from error
 
@@ -598,7 +613,7 @@ def test_chart_defaults(render: Callable[..., Rendered]) -> None:
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert container(daemonset)["image"] == f"nvdp:{chart_meta()['appVersion']}"
+    assert container(daemonset)["image"] == f"{TEST_IMAGE}:{chart_meta()['appVersion']}"
     assert set(mounts_of(daemonset)) == {"kubelet-device-plugins-dir", "kubelet-pod-resources-dir"}
     for doc in out.docs:
         check_schema(doc)
@@ -649,7 +664,9 @@ def test_chart_defaults_match_the_static_manifest(
     render: Callable[..., Rendered], static_docs: list[Doc]
 ) -> None:
     """The static manifest is the chart's default DaemonSet, but for its names and labels."""
-    rendered = render(namespace="kube-system").daemonset["spec"]["template"]["spec"]
+    rendered = render({"image": {"repository": "nvdp"}}, namespace="kube-system").daemonset["spec"][
+        "template"
+    ]["spec"]
     static = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     for pod in (rendered, static):
         pod.pop("serviceAccountName")
@@ -925,7 +942,10 @@ def test_chart_metrics_service_is_headless_on_the_pods(render: Callable[..., Ren
     out = render({"metrics": {"port": 9400}})
     service = out.only("Service")
     assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["selector"] == out.daemonset["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == {
+        **out.daemonset["spec"]["selector"]["matchLabels"],
+        "app.kubernetes.io/component": "device-plugin",
+    }
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
     ]
@@ -984,12 +1004,45 @@ def test_chart_image_and_overrides(render: Callable[..., Rendered]) -> None:
     assert daemonset["spec"]["template"]["metadata"]["annotations"] == {"team": "ml"}
 
 
+def test_chart_requires_an_nvdp_image(render_error: Callable[..., str]) -> None:
+    """nvdp publishes no image: the chart's default repository is empty, and the install fails saying
+    to set it."""
+    assert chart_values()["image"]["repository"] == ""
+    said = render_error({"image": {"repository": ""}})
+    assert (
+        "image.repository: not set; nvdp publishes no image: build it with the repository's Dockerfile, "
+        "push it, and set image.repository=REGISTRY/nvdp (and image.tag)"
+    ) in said
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "nvcr.io/nvidia/k8s-device-plugin",
+        "nvidia/k8s-device-plugin",
+        "mirror.example/nvidia/k8s-device-plugin",
+    ],
+    ids=["nvcr", "docker-hub", "mirror"],
+)
+def test_chart_refuses_nvidias_image(render_error: Callable[..., str], repository: str) -> None:
+    """NVIDIA's values (and a release of NVIDIA's chart, on `helm upgrade`) carry NVIDIA's image, which
+    has none of nvdp's commands, probes or settings."""
+    said = render_error({"image": {"repository": repository}})
+    assert (
+        f"image.repository: \"{repository}\" is NVIDIA's image, which cannot run this chart's pods "
+        "(nvdp's commands, probes and settings); set image.repository to your nvdp image"
+    ) in said
+
+
 def test_chart_selector_labels_override(render: Callable[..., Rendered]) -> None:
     """To take over a DaemonSet created with another selector (e.g. NVIDIA's static manifest's)."""
     out = render({"selectorLabelsOverride": {"name": "nvidia-device-plugin-ds"}})
     check_plugin_daemonset(out.daemonset)
     assert out.daemonset["spec"]["selector"]["matchLabels"] == {"name": "nvidia-device-plugin-ds"}
-    assert out.only("Service")["spec"]["selector"] == {"name": "nvidia-device-plugin-ds"}
+    assert out.only("Service")["spec"]["selector"] == {
+        "name": "nvidia-device-plugin-ds",
+        "app.kubernetes.io/component": "device-plugin",
+    }
 
 
 def test_chart_host_network(render: Callable[..., Rendered]) -> None:

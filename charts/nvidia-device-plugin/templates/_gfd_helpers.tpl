@@ -1,11 +1,6 @@
-{{/* GPU feature discovery: names and whether labels go through the Node Feature API. */}}
+{{/* GPU feature discovery: its name and whether labels go through the Node Feature API. */}}
 {{- define "nvidia-device-plugin.gfdName" -}}
 {{- printf "%s-%s" (include "nvidia-device-plugin.fullname" .) ((.Values.gfd | default dict).nameOverride | default "gpu-feature-discovery") | trunc 63 | trimSuffix "-" }}
-{{- end }}
-
-{{- define "nvidia-device-plugin.gfdSelectorLabels" -}}
-app.kubernetes.io/name: gpu-feature-discovery
-app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* "true" when gfd.enabled and NVIDIA's nfd.enableNodeFeatureApi (or nvdp's gfd.useNodeFeatureAPI). */}}

@@ -44,6 +44,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/*
+The selector and pod labels of NVIDIA's three DaemonSets (device plugin, GPU feature discovery, MPS
+control daemon); call with (dict "root" $ "component" NAME), NAME being device-plugin,
+gpu-feature-discovery or mps-control-daemon. As in NVIDIA's chart, all three select by the same labels
+(unless componentSelectorLabels.enabled), so that `helm upgrade` of a release of NVIDIA's chart keeps
+their selectors, which cannot change. The pods always carry the component label too: the Service and
+the PodMonitor select the device plugin's pods by it.
+*/}}
+{{- define "nvidia-device-plugin.daemonSetSelector" -}}
+{{ include "nvidia-device-plugin.selectorLabels" .root }}
+{{- with include "nvidia-device-plugin.componentLabel" . | trim }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "nvidia-device-plugin.podLabels" -}}
+{{ include "nvidia-device-plugin.templateLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* What the Service and the PodMonitor select: the device plugin's pods. */}}
+{{- define "nvidia-device-plugin.pluginPodSelector" -}}
+{{ include "nvidia-device-plugin.selectorLabels" . }}
+app.kubernetes.io/component: device-plugin
+{{- end }}
+
 {{- define "nvidia-device-plugin.labels" -}}
 helm.sh/chart: {{ include "nvidia-device-plugin.chart" . }}
 {{ include "nvidia-device-plugin.templateLabels" . }}

@@ -7,12 +7,13 @@ NVIDIA's values.yaml against them.
 */}}
 
 {{/*
-`app.kubernetes.io/component: <component>` when componentSelectorLabels.enabled, for a DaemonSet's
-selector and pod labels; call with (dict "root" $ "component" NAME). Like NVIDIA's chart, off by
-default: a DaemonSet's selector cannot change, so turning it on recreates the DaemonSets.
+`app.kubernetes.io/component: <component>` for a DaemonSet's selector when
+componentSelectorLabels.enabled and no selectorLabelsOverride (as NVIDIA's chart); call with
+(dict "root" $ "component" NAME). Off by default: a DaemonSet's selector cannot change, so turning it
+on recreates the DaemonSets.
 */}}
 {{- define "nvidia-device-plugin.componentLabel" -}}
-{{- if ((.root.Values.componentSelectorLabels | default dict).enabled) }}
+{{- if and ((.root.Values.componentSelectorLabels | default dict).enabled) (not .root.Values.selectorLabelsOverride) }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
