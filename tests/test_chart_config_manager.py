@@ -52,7 +52,9 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     """The layout NVIDIA's chart uses; returns the sidecar's env."""
     for doc in docs:
         check_schema(doc)
-    daemonset = only(docs, "DaemonSet")
+    (daemonset,) = [
+        d for d in docs if d["kind"] == "DaemonSet" and pod(d)["containers"][0]["name"] == CONTAINER
+    ]  # the device plugin's (with config.name, the MPS control daemon's is there too)
     check_plugin_daemonset(daemonset)
     spec = pod(daemonset)
     assert spec["shareProcessNamespace"] is True

@@ -305,3 +305,39 @@ def test_the_gfd_container_labels_an_mps_entry(render: Callable[..., Rendered], 
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
     assert labels["nvidia.com/gpu.replicas"] == "4" and labels["nvidia.com/mps.capable"] == "true"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"config": {"map": {"default": CONFIG_ENTRY}}},
+        {"config": {"name": "site-configs", "default": "default"}},
+    ],
+    ids=["no-config", "config-map", "config-name"],
+)
+def test_gfd_standalone(render: Callable[..., Rendered], config: dict[str, Any]) -> None:
+    """NVIDIA's "GFD standalone" (devicePlugin.enabled=false, gfd.enabled=true): the GFD DaemonSet and
+    what it needs (service account and RBAC, the ConfigMap and the config-manager's Role), and no
+    device plugin, MPS control daemon, Service or monitors."""
+    values = {
+        **NFD_APART,
+        **config,
+        "devicePlugin": {"enabled": False},
+        "gfd": {"enabled": True},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "forceMonitors": True,
+        },
+    }
+    out = render(values)
+    ((name, daemonset),) = daemonsets(out).items()
+    assert name == "nvdp-nvidia-device-plugin-gpu-feature-discovery"
+    assert GFD_CONTAINER in [c["name"] for c in daemonset["spec"]["template"]["spec"]["containers"]]
+    kinds = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    if config:
+        kinds += ["Role", "RoleBinding"] + (["ConfigMap"] if "map" in config["config"] else [])
+    assert out.kinds() == sorted(kinds)
+    for doc in out.docs:
+        check_schema(doc)

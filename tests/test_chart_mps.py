@@ -94,10 +94,7 @@ def test_mps_daemon_follows_the_node_config_label(render: Callable[..., Rendered
     """With a ConfigMap of entries, the MPS daemon pod gets the plugin's config-manager pair
     (signalling mps-control-daemon, its console script), so a node reads the entry its label selects
     and a label change reloads the daemon (SIGHUP), as in the plugin and GFD pods."""
-    values: Doc = {"config": config}
-    if "name" in config:
-        values["mps"] = {"enabled": True}  # the chart cannot read an external ConfigMap
-    out = render(values)
+    out = render({"config": config})
     for doc in out.docs:
         check_schema(doc)
     sets = daemonsets_by_container(out)
@@ -150,6 +147,15 @@ def test_mps_daemon_without_a_config_map_has_no_config_manager(render: Callable[
         ),
         pytest.param(
             {"config": {"map": {"default": MPS_ENTRY}}, "mps": {"enabled": False}}, False, id="switched-off"
+        ),
+        # An external ConfigMap (the GPU operator's way): its entries are unknown when rendering and
+        # may change later, so the daemon is there, as in NVIDIA's chart (its pods run only on nodes
+        # labelled nvidia.com/mps.capable=true).
+        pytest.param({"config": {"name": "site-configs", "default": "default"}}, True, id="config-name"),
+        pytest.param(
+            {"config": {"name": "site-configs", "default": "default"}, "mps": {"enabled": False}},
+            False,
+            id="config-name-switched-off",
         ),
         pytest.param(
             {

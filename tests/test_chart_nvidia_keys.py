@@ -93,7 +93,7 @@ CHANGES: dict[str, Change] = {
     "tolerations": Change([]),
     "priorityClassName": Change(""),
     "runtimeClassName": Change("nvidia"),
-    "devicePlugin.enabled": Change(False),
+    "devicePlugin.enabled": Change(False, GFD),
     "devicePlugin.containers.main.env": Change([{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]),
     "gfd.enabled": Change(True),
     "gfd.nameOverride": Change("gfd", GFD),

@@ -556,7 +556,15 @@ class Rendered:
 
     @property
     def daemonset(self) -> Doc:
-        return self.only("DaemonSet")
+        """The device plugin's DaemonSet (GFD's, the MPS daemon's, the DRA plugin's may be beside it)."""
+        found = [
+            doc
+            for doc in self.docs
+            if doc["kind"] == "DaemonSet"
+            and CONTAINER in [c["name"] for c in doc["spec"]["template"]["spec"]["containers"]]
+        ]
+        assert len(found) == 1, f"expected one DaemonSet running {CONTAINER}, found {len(found)}"
+        return found[0]
 
     @property
     def notes(self) -> str:
@@ -896,7 +904,14 @@ def test_chart_notes_tell_how_to_switch_a_node(render: Callable[..., Rendered]) 
             id="deviceListStrategy",
         ),
         pytest.param(
-            {"devicePlugin": {"enabled": False}}, "devicePlugin.enabled", id="devicePlugin-disabled"
+            {"devicePlugin": {"enabled": False}},
+            "devicePlugin.enabled: false, and neither gfd.enabled nor dra.enabled is true: nothing to deploy",
+            id="devicePlugin-disabled-alone",
+        ),
+        pytest.param(
+            {"devicePlugin": {"enabled": "no"}},
+            'devicePlugin.enabled: invalid value "no" (accepted: true, false)',
+            id="devicePlugin-enabled-not-bool",
         ),
     ],
 )

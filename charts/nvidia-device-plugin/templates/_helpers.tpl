@@ -70,6 +70,12 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: device-plugin
 {{- end }}
 
+{{/* "true" unless devicePlugin.enabled is false (NVIDIA's key: GFD alone, or DRA alone). */}}
+{{- define "nvidia-device-plugin.devicePluginEnabled" -}}
+{{- $enabled := (.Values.devicePlugin | default dict).enabled }}
+{{- kindIs "bool" $enabled | ternary $enabled true }}
+{{- end }}
+
 {{- define "nvidia-device-plugin.labels" -}}
 helm.sh/chart: {{ include "nvidia-device-plugin.chart" . }}
 {{ include "nvidia-device-plugin.templateLabels" . }}

@@ -1,13 +1,15 @@
 {{/*
 MPS. "mpsEnabled" is "true" when the MPS control daemon DaemonSet is rendered and the plugin gets
-MPS_ROOT and the MPS root mount: mps.enabled when set, else whether an entry of config.map shares
-GPUs with MPS (sharing.mps.resources). With an external ConfigMap (config.name) the chart cannot
-read the entries: set mps.enabled=true there.
+MPS_ROOT and the MPS root mount: mps.enabled when set; else with an external ConfigMap (config.name),
+whose entries the chart cannot know (they may change after the install, as the GPU operator's do),
+as NVIDIA's chart renders it on every install; else whether an entry of config.map shares GPUs with
+MPS (sharing.mps.resources). Without any ConfigMap no config file can ask for MPS.
 */}}
 {{- define "nvidia-device-plugin.mpsEnabled" -}}
 {{- $mps := .Values.mps | default dict }}
 {{- if not (kindIs "invalid" $mps.enabled) }}
 {{- if eq (toString $mps.enabled) "true" }}true{{ end }}
+{{- else if .Values.config.name }}true
 {{- else }}
 {{- $found := false }}
 {{- range $name, $entry := (.Values.config.map | default dict) }}
