@@ -433,3 +433,18 @@ def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp
             lambda: http_get(port, ctr["readinessProbe"]["httpGet"]["path"]) == (200, "ok\n"), 10, "ready"
         )
         assert http_get(port, ctr["livenessProbe"]["httpGet"]["path"]) == (200, "ok\n")
+
+
+def test_dra_alone(render: Callable[..., Rendered]) -> None:
+    """devicePlugin.enabled=false with dra.enabled: the DRA kubelet plugin and its objects, no device
+    plugin (nor its MPS daemon, Service or monitors)."""
+    out = render(
+        {"devicePlugin": {"enabled": False}, **ENABLED, "config": {"name": "site-configs", "default": "a"}}
+    )
+    assert [d["metadata"]["name"] for d in out.docs if d["kind"] == "DaemonSet"] == [
+        dra_daemonset(out)["metadata"]["name"]
+    ]
+    assert "Service" not in out.kinds()
+    assert set(named(out, "DeviceClass")) == {"gpu.nvidia.com", "mig.nvidia.com"}
+    for doc in out.docs:
+        check_schema(doc)
