@@ -110,7 +110,7 @@ class DraDriver:
         self._in_slices: frozenset[str] = frozenset()  # the GPUs the slices say, as last published
         self._minors: dict[str, int] | None = None
         self.registration = RegistrationService(
-            settings.plugin_socket, counters.registered if counters else None
+            settings.plugin_socket, counters.registered if counters else None, self.streams.expect_kubelet
         )
         self.preparer: ClaimPreparer | None = None
         self.gpus: list[GpuInfo] | None = None
