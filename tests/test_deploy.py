@@ -218,10 +218,12 @@ def check_event_rules(role: Doc) -> None:
     assert not any("pods" in r["resources"] for r in role["rules"])
 
 
-def test_static_manifest_schedules_like_the_chart_defaults(static_docs: list[Doc]) -> None:
+def test_static_manifest_schedules_like_nvidias_with_the_charts_tolerations(static_docs: list[Doc]) -> None:
+    """No node affinity, as NVIDIA's static manifest (tests/test_static_over_nvidia.py); the chart's
+    default affinity keeps its pods to GPU nodes, which NVIDIA's chart does too."""
     pod = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     values = chart_values()
-    assert pod["affinity"] == values["affinity"]
+    assert "affinity" not in pod and "nodeSelector" not in pod
     assert pod["tolerations"] == values["tolerations"]
     assert pod["priorityClassName"] == values["priorityClassName"]
     ctr = container(only(static_docs, "DaemonSet"))
@@ -711,11 +713,13 @@ def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> N
 def test_chart_defaults_match_the_static_manifest(
     render: Callable[..., Rendered], static_docs: list[Doc]
 ) -> None:
-    """The static manifest is the chart's default DaemonSet, but for its names and labels."""
+    """The static manifest is the chart's default DaemonSet, but for its names and labels and for the
+    chart's node affinity (the static manifest schedules as NVIDIA's static manifest does)."""
     rendered = render(namespace="kube-system").daemonset["spec"]["template"]["spec"]
     static = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     for pod in (rendered, static):
         pod.pop("serviceAccountName")
+    assert rendered.pop("affinity") == chart_values()["affinity"]
     assert rendered == static
 
 
