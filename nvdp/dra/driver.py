@@ -38,6 +38,8 @@ from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_state import NodeState
+from nvdp.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint
+from nvdp.dra.nvidia_checkpoint import current_boot_id
 from nvdp.dra.options import DraSettings, resolve_dra
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
@@ -244,12 +246,17 @@ class DraDriver:
             disabled_hooks=runtime.cdi_disable_hooks,
         )
         specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
+        checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
+        try:
+            adopt_nvidia_checkpoint(checkpoint, current_boot_id())
+        except OSError as error:
+            log_event(log, logging.WARNING, "cannot adopt NVIDIA's DRA driver checkpoint", error=str(error))
         self.preparer = ClaimPreparer(
             self.api,
             self.node,
             self.state,
             specs,
-            Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE),
+            checkpoint,
             changed=lambda: self._wake("claims"),
         )
         self._enumerate()
