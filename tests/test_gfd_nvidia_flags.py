@@ -51,11 +51,6 @@ NVIDIA_GFD_FLAGS = [
         ("--fail-on-init-error",), ("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"), True, "false", False,
         lambda s: s.config.flags.fail_on_init_error,
     ),
-    NvidiaFlag(
-        ("--resource-name-prefix",), ("GFD_RESOURCE_NAME_PREFIX", "RESOURCE_NAME_PREFIX"), "nvidia.com",
-        "example.com", 'refused: "example.com" is not supported by nvdp (only nvidia.com)',
-        lambda s: s.runtime.resource_name_prefix,
-    ),
     NvidiaFlag(("--oneshot",), ("GFD_ONESHOT",), False, "true", True, lambda s: s.oneshot),
     NvidiaFlag(("--no-timestamp",), ("GFD_NO_TIMESTAMP",), False, "true", True, lambda s: s.no_timestamp),
     NvidiaFlag(
