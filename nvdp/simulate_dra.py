@@ -147,7 +147,7 @@ class DraSimulation:
         first = devices[0]
         out.write(f"\nAttributes of {first['name']}\n")
         for name, value in first["attributes"].items():
-            out.write(f"  {name:<22} {next(iter(value.values()))}\n")
+            out.write(f"  {name:<31} {next(iter(value.values()))}\n")
         capacity = ", ".join(f"{k}={v['value']}" for k, v in first["capacity"].items())
         out.write(f"  capacity: {capacity}\n")
         self._claim(out, "demo-gpu", "gpu.nvidia.com", "")

@@ -106,7 +106,7 @@ def test_a_mig_profile_is_chosen_by_attribute(tmp_path: Path) -> None:
         wait_until(lambda: slices_of(cluster.api), 5, "the slice")
         selector = "device.attributes['gpu.nvidia.com'].profile == '3g.20gb'"
         claim = make_claim(cluster.api, "mig", "mig.nvidia.com", selector)
-        assert schedule(cluster.api, claim) == ["gpu-2-mig-9-0-4"]
+        assert schedule(cluster.api, claim) == ["gpu-2-mig-3g20gb-9-0"]
         (device,) = cluster.kubelet.start_pod("pod-1", "gpu.nvidia.com", [claim])[claim.uid]
         spec = cluster.specs()[f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"]
         paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]

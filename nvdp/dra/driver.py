@@ -33,7 +33,7 @@ from nvdp.dir_watch import DirWatcher
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
-from nvdp.dra.devices import DraDevice, DriverFacts, node_devices
+from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
@@ -314,7 +314,7 @@ class DraDriver:
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
         everything = node_devices(gpus, self._facts, self._minors)
-        gpu_of = {d.name: d.gpu_uuid for d in everything}
+        gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
         for name, holder in self.preparer.holders().items():
             if name in gpu_of:
@@ -332,6 +332,7 @@ class DraDriver:
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update("handoff", (*missing, *self.handoff.misfits(labels)))
+        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._serve]))
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""
