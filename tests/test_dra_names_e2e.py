@@ -16,7 +16,7 @@ from nvdp.dra.names import claim_spec_file
 from nvdp.kubelet_standin.dra import Claim
 from nvdp.testing import wait_until
 from tests.builders import sim_gpus
-from tests.dra_support import DRIVER, dra_cluster, make_claim, published, schedule, slices_of
+from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, published, schedule, slices_of
 
 # Two MIG-enabled A100s without a MIG device yet (mig-manager between layouts).
 MIG_WITHOUT_DEVICES = "gpus:\n  - {name: NVIDIA A100-SXM4-40GB, count: 2, mig: []}\n"
@@ -96,6 +96,28 @@ def test_a_claim_prepared_under_a_former_mig_name_is_unprepared_after_an_upgrade
         assert cluster.kubelet.node_unprepare(DRIVER, [claim]).claims[uid].error == ""
         assert not spec.exists()
         assert json.loads(checkpoint.read_text())["claims"] == {}
+
+
+def test_a_claim_allocated_under_a_former_mig_name_is_prepared_after_an_upgrade(tmp_path: Path) -> None:
+    """Scheduled from the previous nvdp's slice, prepared by this one: the same MIG device."""
+    with dra_cluster(tmp_path, "sim:dgx-a100-mig") as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 10, "the slice")
+        claim = make_claim(cluster.api, "allocated-before", "mig.nvidia.com")
+        result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-2-mig-19-6-1"}
+        allocation = {"devices": {"results": [result]}}
+        cluster.api.merge_patch(claim_path("ns", "allocated-before"), {"status": {"allocation": allocation}})
+        answer = cluster.kubelet.node_prepare(DRIVER, [claim]).claims[claim.uid]
+        assert not answer.error
+        (device,) = answer.devices
+        assert device.device_name == "gpu-2-mig-19-6-1"  # as the allocation names it
+        assert list(device.cdi_device_ids) == [f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-2-mig-1g5gb-19-6"]
+        spec = cluster.specs()[claim_spec_file(claim.uid)]
+        (edits,) = [
+            d["containerEdits"] for d in spec["devices"] if d["name"] == f"{claim.uid}-gpu-2-mig-1g5gb-19-6"
+        ]
+        assert "/dev/nvidia2" in [n["path"] for n in edits["deviceNodes"]]  # GPU 2's
 
 
 @pytest.mark.parametrize(
