@@ -139,6 +139,15 @@ def test_only_case_folds_not_lookalikes(caplog: pytest.LogCaptureFixture) -> Non
     ]
 
 
+def test_a_misplaced_key_in_another_case_says_where_it_belongs(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        parse_text("flags: {RenameByDefault: true}\n")
+    assert [r.getMessage() for r in caplog.records] == [
+        "flags.RenameByDefault: unknown field (RenameByDefault belongs under sharing.timeSlicing or under "
+        "sharing.mps); ignored (--strict-config refuses it)"
+    ]
+
+
 def test_a_file_of_recased_top_level_keys_is_a_config() -> None:
     assert parse_text("VERSION: v1\nSHARING: {}\n").recased_keys == (
         ("VERSION", "version"),

@@ -191,7 +191,7 @@ def _match_keys(
 def _hint(key: object, accepted: list[str]) -> str:
     """Where an unknown key belongs when it is a key of another section (e.g. `flags.renameByDefault`,
     NVIDIA issue #1433), else the closest accepted key, else the accepted keys."""
-    places = _places().get(str(key))
+    places = _places().get(_fold(key))
     if places:
         where = " or ".join(f"under {p}" if p else "at the top level" for p in places)
         return f"{key} belongs {where}"
@@ -202,16 +202,16 @@ def _hint(key: object, accepted: list[str]) -> str:
 
 
 @cache
-def _places() -> dict[str, list[str]]:
-    """Every file key -> the sections it is a key of (`[]`: in each item of a list)."""
-    places: dict[str, list[str]] = {}
+def _places() -> dict[object, list[str]]:
+    """Every file key, case folded -> the sections it is a key of (`[]`: in each item of a list)."""
+    places: dict[object, list[str]] = {}
 
     def walk(cls: type, path: str) -> None:
         for f in fields(cls):
             key = f.metadata.get("key")
             if key is None:
                 continue
-            places.setdefault(key, []).append(path)
+            places.setdefault(_fold(key), []).append(path)
             inner = _join(path, key)
             if f.metadata["section"] is not None:
                 walk(f.metadata["section"], inner)
