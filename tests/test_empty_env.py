@@ -19,8 +19,13 @@ from nvdp.configmanager.settings import resolve as resolve_manager
 from nvdp.dra.options import resolve_dra
 from nvdp.errors import ConfigError
 from nvdp.gfd.options import resolve_gfd
+from nvdp.health.node_events import node_events_from_env
+from nvdp.health.xid import XidPolicy
+from nvdp.kube.client import in_cluster
 from nvdp.ledger.status import StatusFlags
 from nvdp.mps.command import resolve as resolve_mps
+from nvdp.nvml import open_nvml
+from nvdp.nvml.sim.backend import SimNvml
 from nvdp.testing import Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_command_options import COMMANDS, NO_ENV, parsers
@@ -184,3 +189,31 @@ def test_simulate_takes_empty_env_vars_as_unset() -> None:
     result = run_simulate(env={"NVDP_NVML": "", "MPS_ROOT": "", "CDI_SPEC_DIR": ""})
     assert result.returncode == 0, result.stderr
     assert "node sim:dgx-a100" in result.stdout
+
+
+# ---- the env vars read outside the option tables -------------------------------------------------
+
+
+def test_nvdp_sim_events_empty_is_no_events_file() -> None:
+    nvml = open_nvml("sim:dgx-a100", environ={"NVDP_SIM_EVENTS": ""})
+    assert isinstance(nvml, SimNvml) and nvml.events_path is None
+
+
+def test_health_check_env_vars_empty_are_unset() -> None:
+    empty = {"DP_DISABLE_HEALTHCHECKS": "", "DP_ENABLE_HEALTHCHECKS": ""}
+    assert XidPolicy.from_env(empty) == XidPolicy.from_env({})
+
+
+def test_node_name_and_service_host_empty_are_unset(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    assert node_events_from_env({"NODE_NAME": ""}, token_file=str(token)) is None
+    assert not in_cluster({"KUBERNETES_SERVICE_HOST": ""}, str(token))
+
+
+def test_gfd_pod_namespace_empty_is_unset(tmp_path: Path) -> None:
+    (tmp_path / "namespace").write_text("gpu-operator\n")
+    args = parsers()["gfd"].parse_args([])
+    assert resolve_gfd(args, {"POD_NAMESPACE": ""}, token_dir=str(tmp_path / "namespace")).namespace == (
+        "gpu-operator"
+    )
