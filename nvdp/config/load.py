@@ -83,14 +83,13 @@ def parse(data: object, source: str | None = None, *, strict: bool = False) -> C
             f" known: {', '.join(_TOP_LEVEL_KEYS)})",
             source=source,
         )
-    walk = _Walk(problems=[], strict=strict)
+    walk = _Walk(strict)
     config = _build(Config, data, "", walk)
     if walk.problems or config is None:
         raise ConfigError(_at_most(MAX_PROBLEMS, walk.problems, "problems"), source=source)
     prefix = f"{source}: " if source else ""
-    for line in _at_most(
-        MAX_PROBLEMS, walk.unknown, "unknown fields"
-    ):  # lenient: one line each, the plugin runs
+    # Lenient: one line each, and the plugin runs.
+    for line in _at_most(MAX_PROBLEMS, walk.unknown, "unknown fields"):
         log_event(log, logging.WARNING, f"{prefix}{line}; ignored (--strict-config refuses it)")
     return replace(config, recased_keys=tuple(walk.recased)) if walk.recased else config
 
@@ -131,8 +130,8 @@ class _Walk:
     """What the walk found: problems, unknown keys (problems too when strict), keys read in another
     letter case (the key's path as written, its path as the schema spells it)."""
 
-    problems: list[str]
     strict: bool
+    problems: list[str] = field(default_factory=list)
     lenient_unknown: list[str] = field(default_factory=list)
     recased: list[tuple[str, str]] = field(default_factory=list)
 
