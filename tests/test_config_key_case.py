@@ -45,9 +45,12 @@ SPELLINGS = {"lower": str.lower, "upper": str.upper, "title": lambda k: k[:1].up
 
 
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
-@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.yaml") if p.stat().st_size))
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.*") if p.stat().st_size))
 def test_example_files_read_the_same_in_any_letter_case(name: str, spelling: str) -> None:
-    original = yaml.safe_load((DATA / name).read_text())
+    """NVIDIA's documented files (README v0.20.0: plain, time-slicing, MPS, renameByDefault; its chart's
+    MIG example) and nvdp's, every key respelled."""
+    text = (DATA / name).read_text()
+    original = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
     data, changed = recased(original, SPELLINGS[spelling])
     config = parse(data, strict=True)  # strict: a recased key is no unknown key
     assert config == parse(original)
