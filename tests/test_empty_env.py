@@ -96,6 +96,17 @@ def test_the_env_vars_whose_empty_value_means_something() -> None:
     assert declared == {"KUBELET_SOCKET", "METRICS_ADDRESS"}
 
 
+def test_an_empty_env_var_leaves_the_config_files_value(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("flags: {migStrategy: mixed, plugin: {deviceIDStrategy: index}}\n")
+    env = {"CONFIG_FILE": str(path), "MIG_STRATEGY": "", "DEVICE_ID_STRATEGY": "", "GFD_MIG_STRATEGY": ""}
+    for command in ("plugin", "gfd", "mps-control-daemon"):
+        settings = resolved(command, env)
+        assert isinstance(settings, PluginOptions)
+        assert settings.config.flags.mig_strategy == "mixed", command
+        assert settings.config.flags.plugin.device_id_strategy == "index", command
+
+
 def _mig_strategy(settings: PluginOptions) -> object:
     return settings.config.flags.mig_strategy
 
