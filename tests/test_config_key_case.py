@@ -1,7 +1,9 @@
-"""Config keys in any letter case, as NVIDIA's plugin reads them (Go's encoding/json: the schema's
-spelling, else the same key but for case): applied, with one NOTICE line per key naming the schema's
-spelling, at the plugin's start (through the logger, JSON under `--log-format json`) and in
-`nvdp config check`. Two spellings of one key in one mapping are refused with one line."""
+"""Config keys in any letter case where NVIDIA's plugin reads them so (Go's encoding/json: the schema's
+spelling, else the same key but for case), and in nvdp's own sections: applied, with one NOTICE line
+per key naming the schema's spelling, at the plugin's start (through the logger, JSON under
+`--log-format json`) and in `nvdp config check`. Two spellings of one key in one mapping are refused
+with one line. The sections NVIDIA decodes by exact key (sharing.timeSlicing / mps and their
+resources, resources.gpus / mig entries) take exact keys, as there."""
 
 from __future__ import annotations
 
@@ -26,17 +28,22 @@ TIMESLICING = "sharing: {timeslicing: {resources: [{name: nvidia.com/gpu, replic
 TIMESLICING_NOTICE = f"sharing.timeslicing: applied as sharing.timeSlicing {ANY_CASE}"
 
 
-def recased(data: object, spell: Any) -> tuple[object, int]:
-    """`data` with every mapping key respelled by `spell`, and how many keys that changed."""
+# The keys whose value NVIDIA's plugin decodes by exact key (its own UnmarshalJSON methods).
+EXACT_BELOW = {"timeSlicing", "mps", "gpus", "mig"}
+
+
+def recased(data: object, spell: Any, exact: bool = False) -> tuple[object, int]:
+    """`data` with every key NVIDIA reads in any case respelled by `spell`, and how many changed."""
     if isinstance(data, dict):
         out, changed = {}, 0
         for key, value in data.items():
-            inner, n = recased(value, spell)
-            out[spell(key)] = inner
-            changed += n + (spell(key) != key)
+            inner, n = recased(value, spell, exact or key in EXACT_BELOW)
+            written = key if exact else spell(key)
+            out[written] = inner
+            changed += n + (written != key)
         return out, changed
     if isinstance(data, list):
-        items = [recased(item, spell) for item in data]
+        items = [recased(item, spell, exact) for item in data]
         return [item for item, _ in items], sum(n for _, n in items)
     return data, 0
 
@@ -66,17 +73,31 @@ def test_example_files_read_the_same_in_any_letter_case(name: str, spelling: str
     [
         (TIMESLICING, lambda c: c.sharing.time_slicing.resources[0].replicas, 4, [TIMESLICING_NOTICE]),
         (
-            "Sharing:\n  TimeSlicing:\n    Resources: [{Name: gpu, Replicas: 2}]\n",
-            lambda c: c.sharing.entries[0].replicas,
-            2,
+            "Sharing:\n  TimeSlicing:\n    resources: [{name: gpu, replicas: 2}]\n"
+            "RESOURCES: {GPUs: [{pattern: '*', name: gpu}]}\nImex: {channelids: [0]}\n",
+            lambda c: (c.sharing.entries[0].replicas, c.resources.gpus[0].name, c.imex.channel_ids),
+            (2, "nvidia.com/gpu", (0,)),
             [
                 f"Sharing: applied as sharing {ANY_CASE}",
+                f"RESOURCES: applied as resources {ANY_CASE}",
+                f"Imex: applied as imex {ANY_CASE}",
+                f"resources.GPUs: applied as resources.gpus {ANY_CASE}",
                 f"sharing.TimeSlicing: applied as sharing.timeSlicing {ANY_CASE}",
-                f"sharing.timeSlicing.Resources: applied as sharing.timeSlicing.resources {ANY_CASE}",
-                "sharing.timeSlicing.resources[0].Name: applied as sharing.timeSlicing.resources[0].name "
-                + ANY_CASE,
-                f"sharing.timeSlicing.resources[0].Replicas: applied as "
-                f"sharing.timeSlicing.resources[0].replicas {ANY_CASE}",
+                f"imex.channelids: applied as imex.channelIDs {ANY_CASE}",
+                "resources.gpus[0]: NVIDIA's plugin ignores this; nvdp applies it: GPUs whose product name "
+                "matches '*' are advertised as nvidia.com/gpu (NVIDIA's: nvidia.com/gpu)",
+            ],
+        ),
+        (
+            "Flags: {Plugin: {DeviceIDStrategy: index}, GFD: {OneShot: true}}\n",
+            lambda c: (c.flags.plugin.device_id_strategy, c.flags.gfd.oneshot),
+            ("index", True),
+            [
+                f"Flags: applied as flags {ANY_CASE}",
+                f"flags.Plugin: applied as flags.plugin {ANY_CASE}",
+                f"flags.GFD: applied as flags.gfd {ANY_CASE}",
+                f"flags.plugin.DeviceIDStrategy: applied as flags.plugin.deviceIDStrategy {ANY_CASE}",
+                f"flags.gfd.OneShot: applied as flags.gfd.oneshot {ANY_CASE}",
             ],
         ),
         (
@@ -98,7 +119,7 @@ def test_example_files_read_the_same_in_any_letter_case(name: str, spelling: str
             [f"flags.plugin.\u212aubeletSocket: applied as flags.plugin.kubeletSocket {ANY_CASE}"],
         ),
     ],
-    ids=["issue-timeslicing", "every-level", "mig-strategy", "nvdp-health", "go-kelvin-fold"],
+    ids=["issue-timeslicing", "top-sections", "flags", "mig-strategy", "nvdp-health", "go-kelvin-fold"],
 )
 def test_a_recased_key_is_applied_with_one_notice(
     text: str, read: Any, expected: object, notices: list[str]
@@ -196,3 +217,54 @@ def test_the_plugin_serves_the_recased_sharing_and_logs_one_notice(
     else:
         assert " NOTICE  sharing.timeslicing: applied as" in notices[0]
         assert " WARNING " in warnings[0] and warnings[0][:4].isdigit()  # a timestamp first
+
+
+EXACT = "NVIDIA's plugin reads the keys of this section in their exact case"
+
+
+def test_an_optional_key_of_an_exact_section_is_ignored_as_there(caplog: pytest.LogCaptureFixture) -> None:
+    """NVIDIA's plugin ignores `RenameByDefault` (its map lookup misses it): the replicas keep the name
+    nvidia.com/gpu there, so here too, with one WARNING saying why."""
+    text = "sharing: {timeSlicing: {RenameByDefault: true, resources: [{name: gpu, replicas: 2}]}}\n"
+    with caplog.at_level(logging.WARNING):
+        config = parse_text(text)
+    assert config.sharing.entries[0].advertised_name == "nvidia.com/gpu" and config.recased_keys == ()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"sharing.timeSlicing.RenameByDefault: unknown field (did you mean renameByDefault? {EXACT}); ignored"
+        " (--strict-config refuses it)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, Replicas: 2}]}}\n",
+            [
+                "sharing.timeSlicing.resources[0].replicas: required field is missing",
+                f"sharing.timeSlicing.resources[0].Replicas: unknown field (did you mean replicas? {EXACT})",
+            ],
+        ),
+        (
+            "sharing: {mps: {Resources: [{name: gpu, replicas: 2}]}}\n",
+            [
+                "sharing.mps.resources: must list at least one resource",
+                f"sharing.mps.Resources: unknown field (did you mean resources? {EXACT})",
+            ],
+        ),
+        (
+            "resources: {gpus: [{Pattern: '*', name: gpu}]}\n",
+            [
+                "resources.gpus[0].pattern: required field is missing",
+                f"resources.gpus[0].Pattern: unknown field (did you mean pattern? {EXACT})",
+            ],
+        ),
+    ],
+    ids=["replicas", "mps-resources", "gpus-pattern"],
+)
+def test_a_required_key_of_an_exact_section_refuses_the_file_as_there(text: str, problems: list[str]) -> None:
+    """NVIDIA's plugin refuses these files too ("no replicas specified", "no resources specified",
+    "resources must have a 'pattern' field set"); the mis-cased key is named with the refusal."""
+    with pytest.raises(ConfigError) as raised:
+        parse_text(text)
+    assert raised.value.problems == problems

@@ -9,11 +9,13 @@ and the file loads, so a file written for a newer NVIDIA release still runs; `st
 (`--strict-config`, `nvdp config check`) makes them errors. Unlike NVIDIA's plugin, duplicate keys
 and sharing with both time-slicing and MPS are refused instead of silently ignored.
 
-Keys match in any letter case, as NVIDIA's plugin decodes the file with Go's encoding/json: the
-schema's spelling first, else a key equal to it but for case (`sharing: {timeslicing: ...}` is
-`timeSlicing`). Each key read so is recorded on the Config (`recased_keys`: one notice line each,
-`nvdp.config.notices`), and paths in messages use the schema's spelling. Two spellings of one key in
-one mapping are refused (Go keeps the last one; nvdp refuses duplicate keys).
+Keys match in any letter case where NVIDIA's plugin matches them so (Go's encoding/json: the
+schema's spelling first, else a key equal to it but for case; `sharing: {timeslicing: ...}` is
+`timeSlicing`), and in nvdp's own sections. Each key read so is recorded on the Config
+(`recased_keys`: one notice line each, `nvdp.config.notices`); paths in messages use the schema's
+spelling. Two spellings of one key in one mapping are refused (Go keeps the last one; nvdp refuses
+duplicate keys). The sections NVIDIA's plugin decodes by exact key (`_EXACT_CASE`) take exact keys
+here too, so that a file gives the same resources on both plugins.
 
 A path may name anything, so only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`:
 `/dev/zero`, a FIFO or a directory is refused before it is read), and a mapping none of whose
@@ -33,7 +35,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nvdp.config.decode import MAX_TEXT_BYTES, decode, syntax_problem
-from nvdp.config.model import MPS, SHARED_SUFFIX, TIME_SLICING, Config, Health, ReplicatedResources, Sharing
+from nvdp.config.model import (
+    MPS,
+    SHARED_SUFFIX,
+    TIME_SLICING,
+    Config,
+    Health,
+    NamePattern,
+    ReplicatedResource,
+    ReplicatedResources,
+    Sharing,
+)
 from nvdp.config.values import InvalidValue, describe_keys, show
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
@@ -85,11 +97,12 @@ def parse(data: object, source: str | None = None, *, strict: bool = False) -> C
         )
     walk = _Walk(strict)
     config = _build(Config, data, "", walk)
-    if walk.problems or config is None:
-        raise ConfigError(_at_most(MAX_PROBLEMS, walk.problems, "problems"), source=source)
+    if walk.problems or config is None:  # a mis-cased key may be why (`Resources`: no resources)
+        problems = [*walk.problems, *walk.lenient_miscased]
+        raise ConfigError(_at_most(MAX_PROBLEMS, problems, "problems"), source=source)
     prefix = f"{source}: " if source else ""
     # Lenient: one line each, and the plugin runs.
-    for line in _at_most(MAX_PROBLEMS, walk.unknown, "unknown fields"):
+    for line in _at_most(MAX_PROBLEMS, [*walk.unknown, *walk.miscased], "unknown fields"):
         log_event(log, logging.WARNING, f"{prefix}{line}; ignored (--strict-config refuses it)")
     return replace(config, recased_keys=tuple(walk.recased)) if walk.recased else config
 
@@ -133,11 +146,16 @@ class _Walk:
     strict: bool
     problems: list[str] = field(default_factory=list)
     lenient_unknown: list[str] = field(default_factory=list)
+    lenient_miscased: list[str] = field(default_factory=list)  # in the sections of exact keys
     recased: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def unknown(self) -> list[str]:
         return self.problems if self.strict else self.lenient_unknown
+
+    @property
+    def miscased(self) -> list[str]:
+        return self.problems if self.strict else self.lenient_miscased
 
 
 def _build(cls: type[T], value: object, path: str, walk: _Walk) -> T | None:
@@ -148,7 +166,7 @@ def _build(cls: type[T], value: object, path: str, walk: _Walk) -> T | None:
         return None
     start = len(problems)
     by_key = {f.metadata["key"]: f for f in fields(cls) if "key" in f.metadata}
-    written = _match_keys(value, by_key, path, walk)
+    written = _match_keys(value, by_key, path, walk, exact=cls in _EXACT_CASE)
     kwargs: dict[str, Any] = {}
     for key, f in by_key.items():
         raw = value[written[key]] if key in written else None
@@ -164,10 +182,11 @@ def _build(cls: type[T], value: object, path: str, walk: _Walk) -> T | None:
 
 
 def _match_keys(
-    value: Mapping[Any, Any], by_key: Mapping[str, object], path: str, walk: _Walk
+    value: Mapping[Any, Any], by_key: Mapping[str, object], path: str, walk: _Walk, *, exact: bool
 ) -> dict[str, Any]:
-    """Each schema key of `value` -> the key as written: the same spelling, else the same but for
-    letter case (recorded in `walk.recased`). Unknown keys and two spellings of one key are reported."""
+    """Each schema key of `value` -> the key as written: the same spelling, else (unless `exact`) the
+    same but for letter case (recorded in `walk.recased`). Unknown keys and two spellings of one key
+    are reported."""
     folded = {_fold(key): key for key in by_key}
     written: dict[str, Any] = {key: key for key in by_key if key in value}
     for key in value:
@@ -176,6 +195,10 @@ def _match_keys(
         canonical = folded.get(_fold(key))
         if canonical is None:
             walk.unknown.append(f"{_join(path, key)}: unknown field ({_hint(key, list(by_key))})")
+        elif exact:
+            walk.miscased.append(
+                f"{_join(path, key)}: unknown field (did you mean {canonical}? {EXACT_CASE})"
+            )
         elif canonical in written:
             walk.problems.append(
                 f"{_join(path, canonical)}: given twice, as {written[canonical]} and {key} (keys match in any"
@@ -339,6 +362,13 @@ def _finish_health(health: Health, path: str, problems: list[str]) -> Health:
         problems.append(f"{path}: XID {xid} is in both ignoredXids and fatalXids")
     return health
 
+
+# NVIDIA's plugin decodes these with UnmarshalJSON methods of its own that look their keys up in a
+# map, in their exact case: `sharing.timeSlicing` / `sharing.mps`, their resources, and the
+# `resources.gpus` / `resources.mig` entries (a mis-cased optional key is ignored there, a required
+# one refuses the file).
+_EXACT_CASE = (ReplicatedResources, ReplicatedResource, NamePattern)
+EXACT_CASE = "NVIDIA's plugin reads the keys of this section in their exact case"
 
 _FINISH: dict[type, Callable[[Any, str, list[str]], Any]] = {
     ReplicatedResources: _finish_replicated,
