@@ -100,15 +100,15 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     env = dict(environ)
     if args.profile is not None:
         args.nvml = f"sim:{args.profile}"
-    elif getattr(args, "nvml", None) is None and "NVDP_NVML" not in env:
+    elif getattr(args, "nvml", None) is None and not env.get("NVDP_NVML"):  # empty: unset
         args.nvml = "sim:dgx-a100"
     root = Path(tempfile.mkdtemp(prefix="nvdp-sim-", dir="/tmp"))  # a kubelet root of its own
     args.kubelet_socket = str(root / "device-plugins" / "kubelet.sock")
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
-    if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
+    if getattr(args, "mps_root", None) is None and not env.get("MPS_ROOT"):
         args.mps_root = str(root / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
-    if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
+    if getattr(args, "cdi_spec_dir", None) is None and not env.get("CDI_SPEC_DIR"):
         args.cdi_spec_dir = str(root / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         options = resolve(args, env)

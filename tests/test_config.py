@@ -272,8 +272,8 @@ MESSAGES = {
         " known: version, flags, resources, sharing, imex, health, dra)",
     ),
     "unknown-hint": (
-        "flags: {migstrategy: none}",
-        "flags.migstrategy: unknown field (did you mean migStrategy?)",
+        "flags: {migStrategey: none}",
+        "flags.migStrategey: unknown field (did you mean migStrategy?)",
     ),
     "unknown-plugin": (
         "flags: {plugin: {unknownKey: 1}}",

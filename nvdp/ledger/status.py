@@ -34,6 +34,7 @@ STATUS_OPTIONS = (
         "--metrics-address $METRICS_ADDRESS",
         listen_address,
         "the plugin's metrics address, where it serves /allocations (no host: 127.0.0.1)",
+        empty="value",  # as the plugin reads it: "" is its endpoint turned off
     ),
 )
 
