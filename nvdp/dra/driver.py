@@ -247,10 +247,7 @@ class DraDriver:
         )
         specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
-        try:
-            adopt_nvidia_checkpoint(checkpoint, current_boot_id())
-        except OSError as error:
-            log_event(log, logging.WARNING, "cannot adopt NVIDIA's DRA driver checkpoint", error=str(error))
+        adopt_nvidia_checkpoint(checkpoint, current_boot_id())
         self.preparer = ClaimPreparer(
             self.api,
             self.node,
@@ -316,19 +313,17 @@ class DraDriver:
         everything = node_devices(gpus, self._facts, self._minors)
         gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
-        for name, holder in self.preparer.holders().items():
-            if name in gpu_of:
-                holds.setdefault(gpu_of[name], holder)
+        for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
+            holds.setdefault(gpu_of[name], holder)
         self._serve = self.handoff.settle(owned, holds).serve
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._serve])
         records: list[Device] = []
-        for gpu in gpus:
-            if gpu.uuid in self._serve:
-                records += (
-                    [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                    if gpu.mig_enabled
-                    else [gpu_device(gpu)]
-                )
+        for gpu in (g for g in gpus if g.uuid in self._serve):
+            records += (
+                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
+                if gpu.mig_enabled
+                else [gpu_device(gpu)]
+            )
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update("handoff", (*missing, *self.handoff.misfits(labels)))

@@ -122,7 +122,7 @@ def go_checksum(compact: bytes) -> int:
 def adopt(checkpoint: Checkpoint, boot_id: str) -> None:
     """When `checkpoint.path` holds NVIDIA's checkpoint: its claims written in nvdp's form (the claims
     of another boot left out), NVIDIA's file kept beside as `<name>.nvidia`. A file in any other form
-    is left to `Checkpoint.load`. Raises OSError when nvdp's checkpoint cannot be written."""
+    is left to `Checkpoint.load`. Where nvdp's checkpoint cannot be written that is one WARNING."""
     path = checkpoint.path
     try:
         raw = read_bounded(path, MAX_CHECKPOINT_BYTES)
@@ -149,8 +149,12 @@ def adopt(checkpoint: Checkpoint, boot_id: str) -> None:
             claims=len(claims),
         )
         claims = {}
-    write_atomic(kept, raw, 0o600)
-    checkpoint.save(claims)
+    try:
+        write_atomic(kept, raw, 0o600)
+        checkpoint.save(claims)
+    except OSError as error:
+        log_event(log, logging.WARNING, "cannot adopt NVIDIA's DRA driver checkpoint", error=str(error))
+        return
     log_event(
         log,
         logging.INFO,
