@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvdp.bounded import loads_json
 from nvdp.dir_watch import Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
@@ -246,10 +247,10 @@ class Handoff:
         try:
             if path.is_symlink():
                 raise UnreadableFile(str(path), "is a symbolic link")
-            data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+            data = loads_json(read_bounded(path, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
             serving = frozenset(str(u) for u in data["serving"])
             holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
-        except (UnreadableFile, OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+        except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
             self._say_unreadable(path, str(error))
             return Record(alive=self._alive(api), known=False)
         self._unreadable_said = False

@@ -1,7 +1,6 @@
 """A config file's text decoded into plain data, within bounds: at most 1 MiB, integers of at most 40
-digits, no duplicate keys (JSON or YAML), YAML through the pure-Python SafeLoader (absurd nesting is a
-RecursionError, not a crash). A refusal is said in one line (`syntax_problem`), cut short: a parser's
-message may quote the file."""
+digits, no duplicate keys (JSON or YAML), nesting and YAML aliases bounded (`nvdp.bounded`). A refusal
+is said in one line (`syntax_problem`), cut short: a parser's message may quote the file."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from collections import Counter
 from functools import cache
 from typing import Any
 
+from nvdp.bounded import loads_json, loads_yaml
 from nvdp.config.values import show
 from nvdp.files import MAX_FILE_BYTES
 from nvdp.units import describe_size
@@ -22,8 +22,8 @@ _MAX_DIGITS = 40  # any integer a config needs fits; longer ones are refused bef
 @cache
 def _yaml_loader() -> Any:
     """The YAML loader, made on the first YAML text (a plugin without a config file never imports
-    yaml): the pure-Python SafeLoader, which raises RecursionError on absurdly nested input where the
-    C one crashes, refusing duplicate keys and absurdly long integers."""
+    yaml): the pure-Python SafeLoader (the C one crashes on absurdly nested input; `nvdp.bounded`
+    refuses it first), refusing duplicate keys and absurdly long integers."""
     import yaml
 
     def mapping_without_duplicates(loader: Any, node: Any) -> Any:
@@ -61,18 +61,20 @@ def _json_int(text: str) -> int:
 
 def decode(text: str) -> object:
     """The data of a config's text: JSON when it starts with `{` and parses as JSON, else YAML. Raises
-    ValueError (or RecursionError) on text that is neither, too large, or out of bounds."""
+    ValueError on text that is neither, too large, or out of bounds."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
         raise ValueError(f"larger than {describe_size(MAX_TEXT_BYTES)}")
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
+            return loads_json(
+                text, max_bytes=MAX_TEXT_BYTES, object_pairs_hook=_json_object, parse_int=_json_int
+            )
         except json.JSONDecodeError:
             pass  # maybe YAML flow style; YAML's error message will tell
     import yaml
 
     try:
-        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: plain data only
+        return loads_yaml(text, max_bytes=MAX_TEXT_BYTES, loader=_yaml_loader())  # a SafeLoader subclass
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)  # a yaml.MarkedYAMLError's
         if mark is None:
@@ -91,8 +93,6 @@ def syntax_problem(error: BaseException) -> str:
     """The one line that says why `decode` refused a text."""
     if isinstance(error, _YamlSyntax):
         return str(error)
-    if isinstance(error, RecursionError):
-        return "invalid config: nested too deeply"
     return "invalid config: " + _clip(str(error))
 
 

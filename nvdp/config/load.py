@@ -75,7 +75,7 @@ def parse_text(text: str, source: str | None = None, *, strict: bool = False) ->
     """Parse YAML or JSON text (JSON is tried first when the text starts with `{`)."""
     try:
         data = decode(text)
-    except (ValueError, RecursionError) as error:
+    except ValueError as error:
         raise ConfigError(syntax_problem(error), source=source) from error
     return parse(data, source, strict=strict)
 

@@ -25,6 +25,7 @@ MIG_TYPE = "mig"
 REGISTRATION_SOCKET = f"{DRIVER_NAME}-reg.sock"  # in the kubelet's plugins_registry directory
 PLUGIN_SOCKET = "dra.sock"  # in <kubelet plugins directory>/gpu.nvidia.com
 CHECKPOINT_FILE = "checkpoint.json"  # beside the plugin socket
+PLUGIN_LOCK_FILE = "dra-kubelet-plugin.lock"  # beside the plugin socket: one DRA plugin per node
 CDI_VENDOR = f"k8s.{DRIVER_NAME}"
 CLAIM_CDI_KIND = f"{CDI_VENDOR}/claim"
 _NOT_NAME_CHARACTERS = re.compile(r"[^a-z0-9-]")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvdp.bounded import loads_json
 from nvdp.dra.checkpoint import MAX_CHECKPOINT_BYTES, Checkpoint, PreparedClaim, PreparedDevice
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
@@ -60,7 +61,7 @@ def is_nvidia_checkpoint(data: object) -> bool:
 
 def parse(text: str) -> NvidiaCheckpoint:
     """Raises ValueError, KeyError or TypeError for a file not in NVIDIA's form."""
-    data = json.loads(text)
+    data = loads_json(text, max_bytes=MAX_CHECKPOINT_BYTES)
     if not is_nvidia_checkpoint(data):
         raise ValueError("not an NVIDIA DRA driver checkpoint")
     v2 = data.get("v2")
@@ -84,7 +85,7 @@ def bad_checksums(text: str) -> tuple[str, ...]:
     """The checksums ("v1", "v2") that do not match the content, as NVIDIA's driver verifies them.
     A file not in Go's compact layout cannot be checked: both are said not to match."""
     found = re.match(r'\{"checksum":([0-9]+)', text)
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder()  # on text parse() read bounded: its nesting is safe
     try:
         if found is None:
             raise ValueError("not compact")
