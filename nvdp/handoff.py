@@ -32,6 +32,7 @@ off (and try again at a random moment).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -159,7 +160,9 @@ class Handoff:
 
     def _take_lock(self) -> None:
         try:
-            fd = os.open(self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+            )
         except OSError as error:
             self._say_lock(f"cannot open the lock: {error.strerror or error}")
             return
@@ -192,7 +195,7 @@ class Handoff:
         if self._lock_fd is None:
             return False
         try:
-            found = os.stat(self._path(self.api, "lock"))
+            found = os.lstat(self._path(self.api, "lock"))
         except OSError:
             return True
         held = os.fstat(self._lock_fd)
@@ -209,10 +212,12 @@ class Handoff:
             log_event(
                 log,
                 logging.WARNING,
-                "GPU hand-over lock file removed; taking it again",
+                "GPU hand-over lock file removed or replaced; taking it again",
                 directory=str(self.directory),
             )
             self.close()
+            with contextlib.suppress(FileNotFoundError):
+                self._path(self.api, "lock").unlink()  # ours to make: whatever stands there goes
             self._lock_said = False
             self._take_lock()
         if self._written and _stat(self._path(self.api, "json")) != self._written_id:
@@ -268,11 +273,12 @@ class Handoff:
             self._unreadable_said = True
 
     def _alive(self, api: str) -> bool:
-        """Whether `api`'s process holds its lock (a shared lock taken here would wait)."""
+        """Whether `api`'s process holds its lock (a shared lock taken here would wait); a lock file
+        replaced by a symlink counts as held (fail closed: what that side advertises stays its)."""
         try:
-            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
+            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as error:
+            return error.errno == errno.ELOOP
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)

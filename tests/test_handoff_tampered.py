@@ -116,3 +116,21 @@ def test_a_record_missing_beside_its_lock_file_is_unknown(tmp_path: Path) -> Non
         assert taker.settle(frozenset({B}), {}).serve == {B}
     finally:
         taker.close()
+
+
+def test_a_lock_file_replaced_by_a_symlink_counts_as_held(tmp_path: Path) -> None:
+    holder = Handoff(DEVICE_PLUGIN, tmp_path)
+    holder.served(holder.settle(frozenset({A}), {}).serve)  # advertises A, no pod holds it
+    taker = Handoff(DRA, tmp_path)
+    try:
+        lock = tmp_path / "served-by-device-plugin.lock"
+        lock.unlink()
+        lock.symlink_to(tmp_path / "elsewhere")  # would make the holder look stopped
+        assert taker.read_other().alive
+        assert taker.settle(frozenset({A}), {}).serve == frozenset()  # A stays the holder's
+        assert holder.due()
+        holder.settle(frozenset({A}), {})  # the holder takes its lock again, on a file of its own
+        assert not lock.is_symlink()
+    finally:
+        holder.close()
+        taker.close()
