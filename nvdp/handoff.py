@@ -208,12 +208,10 @@ class Handoff:
         )
 
     def _restore_own_files(self) -> None:
+        where = str(self.directory)
         if self._lock_replaced():
             log_event(
-                log,
-                logging.WARNING,
-                "GPU hand-over lock file removed or replaced; taking it again",
-                directory=str(self.directory),
+                log, logging.WARNING, "GPU hand-over lock removed or replaced; locking again", directory=where
             )
             self.close()
             with contextlib.suppress(FileNotFoundError):
@@ -221,12 +219,7 @@ class Handoff:
             self._lock_said = False
             self._take_lock()
         if self._written and _stat(self._path(self.api, "json")) != self._written_id:
-            log_event(
-                log,
-                logging.WARNING,
-                "GPU hand-over record removed or changed; writing it again",
-                directory=str(self.directory),
-            )
+            log_event(log, logging.WARNING, "GPU hand-over record changed; written again", directory=where)
             self._written = ""
             self._write(self._serving)
 
@@ -234,7 +227,7 @@ class Handoff:
         """The other API's record; unknown (said once) when it cannot be trusted."""
         path = self._path(self.other_api, "json")
         now = time.monotonic()
-        if path.exists() or os.path.lexists(path):
+        if os.path.lexists(path):
             self._other_last_seen = now
             return self._read(self.other_api)
         alive = self._alive(self.other_api)

@@ -34,7 +34,7 @@ CLASSES = nvidia_device_classes(extended_resource_name=GPU)  # NVIDIA's chart's,
 DRA_NODE: dict[str, Any] = {"status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
 
 
-def pod(
+def pod_asking(
     name: str, *containers: tuple[str, dict[str, Any]], init: tuple[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """A pod whose containers have these `limits` (requests left to the API server's defaulting)."""
@@ -51,14 +51,14 @@ def pod(
     }
 
 
-TRAIN = pod("train", ("main", {GPU: 1}), ("sidecar", {"cpu": "100m"}))
+TRAIN = pod_asking("train", ("main", {GPU: 1}), ("sidecar", {"cpu": "100m"}))
 
 
 # ---- the scheduler's claim (pure) ----------------------------------------------------------------------
 
 
 def test_the_claim_the_scheduler_makes() -> None:
-    asked = pod(
+    asked = pod_asking(
         "big",
         ("main", {"cpu": "4", "memory": "8Gi", GPU: 2}),
         ("log", {"cpu": "100m"}),
@@ -130,21 +130,21 @@ def test_every_class_serves_its_implicit_name_and_the_newest_class_wins() -> Non
     served = extended_resource_classes(classes)
     assert served[GPU] == "a-gpus"  # the newest two: the name sorted first
     assert served["deviceclass.resource.kubernetes.io/mig.nvidia.com"] == "mig.nvidia.com"
-    mig = pod("mig", ("main", {"deviceclass.resource.kubernetes.io/mig.nvidia.com": 1}))
+    mig = pod_asking("mig", ("main", {"deviceclass.resource.kubernetes.io/mig.nvidia.com": 1}))
     claim, _ = extended_resource_claim(mig, classes, DRA_NODE) or ({}, {})
     assert claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "mig.nvidia.com"
 
 
 def test_a_quantity_that_is_not_whole_is_refused() -> None:
     with pytest.raises(AllocationError) as error:
-        extended_resource_claim(pod("half", ("main", {GPU: "500m"})), CLASSES, DRA_NODE)
+        extended_resource_claim(pod_asking("half", ("main", {GPU: "500m"})), CLASSES, DRA_NODE)
     assert str(error.value) == "extended resource quantity '500m': only whole numbers are supported"
 
 
 # ---- end to end: the plugin as a process, the API and kubelet stand-ins -----------------------------------
 
 
-def pod_path(name: str) -> str:
+def ml_pod_path(name: str) -> str:
     return f"/api/v1/namespaces/ml/pods/{name}"
 
 
@@ -168,9 +168,9 @@ def schedule_pod(
     schedule(api, ref)
     reserved = [{"resource": "pods", "name": asked["metadata"]["name"], "uid": asked["metadata"]["uid"]}]
     api.merge_patch(claim_path("ml", ref.name), {"status": {"reservedFor": reserved}})
-    api.put(pod_path(asked["metadata"]["name"]), asked)
+    api.put(ml_pod_path(asked["metadata"]["name"]), asked)
     scheduled = api.merge_patch(
-        pod_path(asked["metadata"]["name"]), {"status": {"extendedResourceClaimStatus": status}}
+        ml_pod_path(asked["metadata"]["name"]), {"status": {"extendedResourceClaimStatus": status}}
     )
     assert scheduled is not None
     return ref, scheduled
@@ -211,7 +211,7 @@ def test_a_pod_asking_nvidia_com_gpu_is_served_by_the_dra_plugin(tmp_path: Path)
         assert not cluster.specs()
 
 
-def advertised(kubelet: Kubelet) -> list[str]:
+def healthy_gpus_listed(kubelet: Kubelet) -> list[str]:
     if GPU not in kubelet.resources():
         return []
     return sorted(i for i, d in kubelet.devices(GPU).items() if d.health == "Healthy")
@@ -232,10 +232,12 @@ def test_the_device_plugin_serves_nvidia_com_gpu_while_it_advertises_it(tmp_path
         try:
             dra = cluster.start()
             cluster.registered()
-            wait_until(lambda: advertised(kubelet) == sorted(GPUS[:2]), 20, "GPUs 0, 1 by the device plugin")
+            wait_until(
+                lambda: healthy_gpus_listed(kubelet) == sorted(GPUS[:2]), 20, "GPUs 0, 1 by the device plugin"
+            )
             wait_until(lambda: sorted(published(cluster.api)) == ["gpu-2", "gpu-3"], 20, "GPUs 2, 3 by DRA")
 
-            allocatable = {GPU: str(len(advertised(kubelet)))}
+            allocatable = {GPU: str(len(healthy_gpus_listed(kubelet)))}
             assert schedule_pod(cluster.api, TRAIN, allocatable) is None  # the device plugin's pod
             (held,) = kubelet.admit_pod("ml", "train", {"main": {GPU: 1}}).assignments[0].device_ids
             assert held in GPUS[:2]
@@ -244,10 +246,10 @@ def test_the_device_plugin_serves_nvidia_com_gpu_while_it_advertises_it(tmp_path
             config.write_text("version: v1\ndra:\n  devices: all\n")  # the config-manager's switch
             for process in (plugin, dra):
                 process.send(signal.SIGHUP)
-            wait_until(lambda: not advertised(kubelet), 20, "the device plugin advertises no GPU")
+            wait_until(lambda: not healthy_gpus_listed(kubelet), 20, "the device plugin advertises no GPU")
             wait_until(lambda: len(published(cluster.api)) == 4, 20, "every GPU by DRA")
 
-            scheduled = schedule_pod(cluster.api, pod("next", ("main", {GPU: 1})), {GPU: "0"})
+            scheduled = schedule_pod(cluster.api, pod_asking("next", ("main", {GPU: 1})), {GPU: "0"})
             assert scheduled is not None
             claim, next_pod = scheduled
             (cdi,) = cluster.kubelet.start_extended_resource_pod(next_pod, claim.uid, DRIVER)["main"]

@@ -36,7 +36,7 @@ NO_FILE = "/nonexistent/namespace"  # no service account: nothing read from the 
 Resolve = Callable[[argparse.Namespace, dict[str, str]], object]
 
 
-def _status(args: argparse.Namespace, environ: dict[str, str]) -> object:
+def _status_flags(args: argparse.Namespace, environ: dict[str, str]) -> object:
     given, problems = read_options(COMMANDS["status"][0], args, environ)
     if problems:
         raise ConfigError(problems)
@@ -49,7 +49,7 @@ RESOLVERS: dict[str, tuple[list[str], Resolve]] = {
     "simulate": ([], resolve_plugin),
     "gfd": ([], lambda args, env: resolve_gfd(args, env, token_dir=NO_FILE)),
     "mps-control-daemon": ([], resolve_mps),
-    "status": ([], _status),
+    "status": ([], _status_flags),
     "dra-kubelet-plugin": (["--node-name", "node-a"], resolve_dra),
     "config-manager": (
         ["--node-name", "node-a", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config.yaml"],

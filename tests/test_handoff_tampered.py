@@ -20,7 +20,7 @@ A, B = (g.uuid for g in sim_gpus("pcie-4")[:2])
 Tamper = Callable[[Path], None]
 
 
-def remove(path: Path) -> None:
+def remove_file(path: Path) -> None:
     path.unlink()
 
 
@@ -52,7 +52,7 @@ def clean_the_directory(path: Path) -> None:
     path.parent.mkdir()
 
 
-TAMPERS = [remove, empty, truncate, symlink_to_a_forged_copy, grow, nest, clean_the_directory]
+TAMPERS = [remove_file, empty, truncate, symlink_to_a_forged_copy, grow, nest, clean_the_directory]
 
 
 def test_an_unknown_record_means_the_other_api_may_hold_any_gpu() -> None:

@@ -43,7 +43,7 @@ LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
 LAUGHS_REFUSED = "YAML aliases stand for more than 524288 nodes at line 6, column 32"
 
 
-def nested(levels: int) -> str:
+def brackets(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
@@ -62,10 +62,10 @@ def test_json_nested_past_the_bound_is_refused_in_one_line(text: str | bytes) ->
 
 
 def test_json_at_the_bound_is_read_and_brackets_in_strings_are_no_nesting() -> None:
-    assert json_depth(nested(MAX_DEPTH)) == MAX_DEPTH
-    loads_json(nested(MAX_DEPTH))
+    assert json_depth(brackets(MAX_DEPTH)) == MAX_DEPTH
+    loads_json(brackets(MAX_DEPTH))
     with pytest.raises(BoundExceeded):
-        loads_json(nested(MAX_DEPTH + 1))
+        loads_json(brackets(MAX_DEPTH + 1))
     in_strings = json.dumps(["[" * 5000, "{" * 5000, 'a\\"[[[[', {"k": "]]]"}])
     assert loads_json(in_strings) == json.loads(in_strings)
     assert json_depth(in_strings) == 2
@@ -136,7 +136,7 @@ def test_yaml_within_the_bounds_is_plain_data_with_its_aliases() -> None:
         "b": {"k": [1, 2]},
         "c": [{"k": [1, 2]}, {"k": [1, 2]}],
     }
-    assert loads_yaml(nested(MAX_DEPTH)) == json.loads(nested(MAX_DEPTH))
+    assert loads_yaml(brackets(MAX_DEPTH)) == json.loads(brackets(MAX_DEPTH))
     assert loads_yaml("") is None
 
 

@@ -28,6 +28,7 @@ from tests.test_chart_nvidia_keys import CHANGES, merged, nested, outcome
 from tests.test_command_options import COMMANDS, parsers
 from tests.test_deploy import Renderer
 from tests.test_gfd_nvidia_flags import NVIDIA_GFD_FLAGS
+from tests.test_readme import heading_anchor
 
 renderer = deploy.renderer  # the chart fixture, shared with tests/test_deploy.py
 
@@ -60,22 +61,22 @@ READ_ELSEWHERE: dict[str, dict[str, Callable[[str], bool]]] = {
 
 
 @dataclass(frozen=True)
-class NvidiaFlag:
+class NvidiaNames:
     """One of NVIDIA's flags (its name, then aliases), its env vars; or a subcommand, or an env var alone."""
 
     names: tuple[str, ...]
     envs: tuple[str, ...]
 
 
-def nvidia_flags(command: str) -> list[NvidiaFlag]:
+def nvidia_flags(command: str) -> list[NvidiaNames]:
     if command == "gpu-feature-discovery":
-        return [NvidiaFlag(f.names, f.envs) for f in NVIDIA_GFD_FLAGS if f.names[0] not in NOT_NVIDIAS_GFD]
+        return [NvidiaNames(f.names, f.envs) for f in NVIDIA_GFD_FLAGS if f.names[0] not in NOT_NVIDIAS_GFD]
     flags = []
     for line in (DATA / f"{command}.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             words = line.split()
             envs = tuple(w[1:] for w in words if w.startswith("$"))
-            flags.append(NvidiaFlag(tuple(w for w in words if not w.startswith("$")), envs))
+            flags.append(NvidiaNames(tuple(w for w in words if not w.startswith("$")), envs))
     return flags
 
 
@@ -101,7 +102,7 @@ def _is_env(name: str) -> bool:
 STATUSES = ("not accepted", "accepted", "same", "refused")
 
 
-def _status(cell: str) -> str:
+def _row_status(cell: str) -> str:
     if "TODO lead" in cell:
         return "pending"
     for status in STATUSES:
@@ -118,7 +119,7 @@ def tables(text: str) -> dict[str, list[Row]]:
         for line in match.group(2).splitlines()[2:]:  # past the header and its rule
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             names = tuple(n for cell in cells[:-1] for n in re.findall(r"`([^`]+)`", cell))
-            rows.append(Row(names, _status(cells[-1]), line))
+            rows.append(Row(names, _row_status(cells[-1]), line))
         found[match.group(1)] = rows
     return found
 
@@ -260,14 +261,9 @@ def test_doc_links_resolve() -> None:
     text = DOC.read_text()
     for target in re.findall(r"\]\(([^)#]+\.md)", text):
         assert (DOC.parent / target).is_file(), target
-    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     for anchor in re.findall(r"\]\(#([^)]+)\)", text):
         assert anchor in anchors, anchor
-
-
-def _anchor(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def test_data_files_are_the_commands() -> None:

@@ -63,7 +63,9 @@ STARTS: dict[str, Start] = {
 
 
 @contextmanager
-def started(argvs: dict[str, list[str]], env: dict[str, str]) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+def children_started(
+    argvs: dict[str, list[str]], env: dict[str, str]
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     children: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, argv in argvs.items():
@@ -80,7 +82,7 @@ def test_each_command_is_found_and_signalled_by_nvidia_path_and_name(tmp_path: P
     scripts, links = install_layout(tmp_path / "image")
     env = {**os.environ, "PATH": f"{scripts}:{os.environ['PATH']}", "HUP_DIR": str(tmp_path)}
     argvs = {name: start(links, name, sub) for sub, name in NVDP_SUBCOMMANDS.items()}
-    with started(argvs, env) as children:
+    with children_started(argvs, env) as children:
         for child in children.values():
             ready = tmp_path / f"{child.pid}.ready"
             wait_until(ready.exists, 30, f"process {child.args} ready")
@@ -113,7 +115,7 @@ def test_a_path_of_another_file_finds_nothing(tmp_path: Path) -> None:
     scripts, links = install_layout(tmp_path / "image")
     other = tmp_path / "other" / "nvidia-device-plugin"
     env = {**os.environ, "HUP_DIR": str(tmp_path)}
-    with started({"plugin": [str(links / "nvidia-device-plugin")]}, env) as children:
+    with children_started({"plugin": [str(links / "nvidia-device-plugin")]}, env) as children:
         wait_until((tmp_path / f"{children['plugin'].pid}.ready").exists, 30, "the process ready")
         assert process.find(str(other)) == []
         assert process.find(str(scripts / "nvidia-device-plugin")) == [children["plugin"].pid]

@@ -142,12 +142,12 @@ def test_readme_links_resolve() -> None:
     text = README.read_text()
     for target in re.findall(r"\]\(((?:docs|tests|charts|deployments)/[^)#]+)", text):
         assert (REPO / target).exists(), target
-    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     for anchor in re.findall(r"\]\(#([^)]+)\)", text):
         assert anchor in anchors, anchor
 
 
-def _anchor(heading: str) -> str:
+def heading_anchor(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
@@ -157,4 +157,4 @@ def _anchor(heading: str) -> str:
 )
 def test_section_in_contents(title: str) -> None:
     contents = section("Contents")
-    assert f"[{title}](#{_anchor(title)})" in contents
+    assert f"[{title}](#{heading_anchor(title)})" in contents

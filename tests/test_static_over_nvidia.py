@@ -41,7 +41,7 @@ PAIRS = [(ours, theirs) for ours, all_theirs in COUNTERPARTS.items() for theirs 
 NODE_CONSTRAINTS = ("nodeName", "runtimeClassName")
 
 
-def daemonset(path: Path) -> Doc:
+def the_daemonset(path: Path) -> Doc:
     found = [doc for doc in load_docs(path.read_text()) if doc.get("kind") == "DaemonSet"]
     assert len(found) == 1, f"{path.name}: expected one DaemonSet"
     return found[0]
@@ -89,7 +89,7 @@ def test_every_static_manifest_says_whether_nvidia_has_it() -> None:
 
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=[f"{o}-over-{t}" for o, t in PAIRS])
 def test_applied_over_nvidias_it_replaces_the_same_daemonset(ours: str, theirs: str) -> None:
-    mine, nvidia = daemonset(NVDP / ours), daemonset(NVIDIA / theirs)
+    mine, nvidia = the_daemonset(NVDP / ours), the_daemonset(NVIDIA / theirs)
     for key in ("apiVersion", "kind"):
         assert mine[key] == nvidia[key]
     assert mine["metadata"]["name"] == nvidia["metadata"]["name"]
@@ -101,7 +101,7 @@ def test_applied_over_nvidias_it_replaces_the_same_daemonset(ours: str, theirs: 
 
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=[f"{o}-over-{t}" for o, t in PAIRS])
 def test_applied_over_nvidias_it_runs_on_every_node_nvidias_runs_on(ours: str, theirs: str) -> None:
-    mine, nvidia = pod_spec(daemonset(NVDP / ours)), pod_spec(daemonset(NVIDIA / theirs))
+    mine, nvidia = pod_spec(the_daemonset(NVDP / ours)), pod_spec(the_daemonset(NVIDIA / theirs))
     selector: dict[str, Any] = mine.get("nodeSelector", {})
     assert selector.items() <= nvidia.get("nodeSelector", {}).items(), "a node selector NVIDIA's lacks"
     assert admits_every_node_of(required_terms(mine), required_terms(nvidia)), (
