@@ -28,11 +28,25 @@ LABEL org.opencontainers.image.title="nvdp" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels nvdp \
-    && nvidia-device-plugin --version \
-    && gpu-feature-discovery --version \
-    && gpu-kubelet-plugin --version \
-    && config-manager --version
+    pip install --no-cache-dir --no-index --find-links=/wheels nvdp
+
+# NVIDIA's images hold their binaries in /usr/bin, and NVIDIA's manifests name them there
+# (`command: ["/usr/bin/gpu-feature-discovery"]`, PROCESS_TO_SIGNAL=/usr/bin/mps-control-daemon, the
+# DRA driver's /usr/bin/gpu-kubelet-plugin). pip puts the console scripts in /usr/local/bin: each one
+# is linked from /usr/bin, so those paths run nvdp (the config-manager follows the links when it looks
+# for the process to signal). The build fails here if a link leads nowhere.
+RUN ln -s /usr/local/bin/nvidia-device-plugin /usr/bin/nvidia-device-plugin \
+    && ln -s /usr/local/bin/gpu-feature-discovery /usr/bin/gpu-feature-discovery \
+    && ln -s /usr/local/bin/config-manager /usr/bin/config-manager \
+    && ln -s /usr/local/bin/mps-control-daemon /usr/bin/mps-control-daemon \
+    && ln -s /usr/local/bin/gpu-kubelet-plugin /usr/bin/gpu-kubelet-plugin \
+    && ln -s /usr/local/bin/nvdp /usr/bin/nvdp \
+    && /usr/bin/nvidia-device-plugin --version \
+    && /usr/bin/gpu-feature-discovery --version \
+    && /usr/bin/config-manager --version \
+    && /usr/bin/mps-control-daemon --version \
+    && /usr/bin/gpu-kubelet-plugin --version \
+    && /usr/bin/nvdp --version
 
 # Ask the NVIDIA container toolkit to inject the driver's user-space libraries (NVML is in
 # `utility`) and every GPU's device nodes, as NVIDIA's own plugin image does. The plugin only

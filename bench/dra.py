@@ -36,7 +36,7 @@ from nvdp.kubelet_standin.dra import Claim
 from nvdp.testing import ProcStats, free_port, wait_until
 
 LAYOUTS = (["3g.20gb", "3g.20gb"], ["1g.5gb"] * 7)  # GPU 0 of dgx-a100-mig, back and forth
-FIRST_DEVICE = ("gpu-0-mig-9-0-4", "gpu-0-mig-19-0-1")  # what each layout publishes first on GPU 0
+FIRST_DEVICE = ("gpu-0-mig-3g20gb-9-0", "gpu-0-mig-1g5gb-19-0")  # what each layout publishes first on GPU 0
 
 
 def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_seconds: float) -> list[Row]:

@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only the named command's parser: the plugin's start-up imports no other command's modules.
     parser, commands = build_parser(first if first in COMMANDS else None)
     args = _parse(parser, argv, commands)
+    _log_as_given(args, os.environ)
     if args.command == "plugin":
         return run_plugin(args, os.environ)
     if args.command == "gfd":
@@ -150,7 +151,25 @@ def _nvidia_named(
     parser = Parser(prog=prog, description=description, allow_abbrev=False)
     _add_version(parser)
     add_arguments(parser)
-    return run(_parse(parser, argv), os.environ)
+    args = _parse(parser, argv)
+    _log_as_given(args, os.environ)
+    return run(args, os.environ)
+
+
+def _log_as_given(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Logging set up as the command's --log-format / --log-level (or their env vars) say, before its
+    settings are resolved: what resolving logs (a config file's unknown keys) is then a line like every
+    other, JSON under `--log-format json`. Only flags and env vars set these, never the config file;
+    a bad value leaves the default here and is reported by the resolve that follows."""
+    if not hasattr(args, "log_format"):
+        return  # a command that prints (status, config check)
+    from nvdp.config.groups import LOGGING
+    from nvdp.config.options import read_options
+    from nvdp.logs import setup_logging
+
+    given, problems = read_options(LOGGING, args, environ)
+    if not problems:
+        setup_logging(str(given.get("log_format", "text")), str(given.get("log_level", "info")))
 
 
 def plugin_main(argv: Sequence[str] | None = None) -> int:

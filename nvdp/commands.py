@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from nvdp.errors import ConfigError, NvdpError
+from nvdp.errors import ConfigError, DirLockHeld, NvdpError
 from nvdp.logs import log_event, setup_logging
 from nvdp.signals import SignalTarget, handle_signals
 
@@ -100,15 +100,15 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     env = dict(environ)
     if args.profile is not None:
         args.nvml = f"sim:{args.profile}"
-    elif getattr(args, "nvml", None) is None and "NVDP_NVML" not in env:
+    elif getattr(args, "nvml", None) is None and not env.get("NVDP_NVML"):  # empty: unset
         args.nvml = "sim:dgx-a100"
     root = Path(tempfile.mkdtemp(prefix="nvdp-sim-", dir="/tmp"))  # a kubelet root of its own
     args.kubelet_socket = str(root / "device-plugins" / "kubelet.sock")
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
-    if getattr(args, "mps_root", None) is None and "MPS_ROOT" not in env:
+    if getattr(args, "mps_root", None) is None and not env.get("MPS_ROOT"):
         args.mps_root = str(root / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
-    if getattr(args, "cdi_spec_dir", None) is None and "CDI_SPEC_DIR" not in env:
+    if getattr(args, "cdi_spec_dir", None) is None and not env.get("CDI_SPEC_DIR"):
         args.cdi_spec_dir = str(root / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         options = resolve(args, env)
@@ -229,13 +229,37 @@ def run_config_check(args: argparse.Namespace) -> int:
 
 
 def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/dra)."""
+    """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/dra). One per node: the plugin
+    directory is claimed first (a second plugin there exits 1, naming the holder's pid)."""
     from nvdp.dra.driver import from_command_line
+    from nvdp.dra.names import PLUGIN_LOCK_FILE
+    from nvdp.plugin.dir_lock import DirClaim
 
     try:
         driver = from_command_line(args, environ)
     except NvdpError as error:
         return _exit_on_error(error)
-    handle_signals().attach(SignalTarget(driver.request_stop, driver.request_reload, driver.abandon))
-    driver.run()
+    claim = DirClaim(
+        driver.settings.plugin_dir, fail_if_held=True, what="DRA plugin directory", lock_name=PLUGIN_LOCK_FILE
+    )
+    stop = threading.Event()  # a stop while the directory cannot be claimed yet
+
+    def stop_now() -> None:
+        stop.set()
+        driver.request_stop()
+
+    def abandon() -> None:
+        driver.abandon()
+        claim.release()
+
+    handle_signals().attach(SignalTarget(stop_now, driver.request_reload, abandon))
+    try:
+        claimed = claim.acquire(stop)
+    except DirLockHeld as error:
+        return _exit_on_error(error)
+    try:
+        if claimed:
+            driver.run()
+    finally:
+        claim.release()
     return 0

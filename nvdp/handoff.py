@@ -14,6 +14,12 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
   stopped process's: what it served is not advertised any more, what it held is still held (its pods
   run on), until it runs again.
 
+The records fail closed. A record that cannot be read (truncated, not JSON, a symlink, over 1 MiB),
+or that is missing while its lock file is there or its process runs, or that this process saw and
+that vanished with its lock (a cleaned directory) less than LOST_GRACE_S ago, is *unknown*: the other
+API may hold every GPU, so none of them is taken from it (said once, with the file). Each process
+writes its own record and lock again when it finds them changed or gone (its directory is watched).
+
 `settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
 serves or holds it (waiting, looked at again on the other record's change and every RETRY_S; said
 once when a pod holds it, or when the other side has not withdrawn it after SWITCH_GRACE_S: during a
@@ -26,6 +32,7 @@ off (and try again at a random moment).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -37,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvdp.bounded import loads_json
 from nvdp.dir_watch import Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
@@ -54,6 +62,8 @@ SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it)
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
+LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for this long (rewritten in ms)
+UNKNOWN_HOLDER = "an unreadable hand-over record"
 
 
 def device_plugin_record_dir(kubelet_socket: Path, driver: str) -> Path:
@@ -64,11 +74,13 @@ def device_plugin_record_dir(kubelet_socket: Path, driver: str) -> Path:
 
 @dataclass(frozen=True)
 class Record:
-    """What one API's record says; `alive` whether its process runs (holds the lock)."""
+    """What one API's record says; `alive` whether its process runs (holds the lock); `known` False
+    when the record cannot be trusted (then the API may hold any GPU)."""
 
     serving: frozenset[str] = frozenset()
     holds: Mapping[str, str] = field(default_factory=dict)
     alive: bool = False
+    known: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,9 @@ def settle(mine: frozenset[str], serving: frozenset[str], holds: Mapping[str, st
     kept = {u: holds[u] for u in sorted(serving - mine) if u in holds}
     waiting: dict[str, str] = {}
     for uuid in sorted(mine - serving):
-        if uuid in other.holds:
+        if not other.known:
+            waiting[uuid] = UNKNOWN_HOLDER
+        elif uuid in other.holds:
             waiting[uuid] = other.holds[uuid]
         elif other.alive and uuid in other.serving:
             waiting[uuid] = ""
@@ -116,6 +130,8 @@ class Handoff:
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
         self._written = ""  # the record as last written by this process
+        self._written_id: tuple[int, int] | None = None  # its (inode, mtime) once written
+        self._other_last_seen: float | None = None  # time.monotonic() the other record was last there
         self._advertised_since: dict[str, float] = {}  # GPUs waiting only for the other to withdraw
 
     # ---- the records ------------------------------------------------------------------------------
@@ -144,7 +160,9 @@ class Handoff:
 
     def _take_lock(self) -> None:
         try:
-            fd = os.open(self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+            )
         except OSError as error:
             self._say_lock(f"cannot open the lock: {error.strerror or error}")
             return
@@ -172,34 +190,88 @@ class Handoff:
             )
             self._lock_said = True
 
+    def _lock_replaced(self) -> bool:
+        """Our lock file is gone or another file stands at its path (a cleaned directory)."""
+        if self._lock_fd is None:
+            return False
+        try:
+            found = os.lstat(self._path(self.api, "lock"))
+        except OSError:
+            return True
+        held = os.fstat(self._lock_fd)
+        return (found.st_ino, found.st_dev) != (held.st_ino, held.st_dev)
+
+    def _own_files_changed(self) -> bool:
+        """Our record or lock is not what this process left (removed, replaced, edited)."""
+        return bool(self._written) and (
+            self._lock_replaced() or _stat(self._path(self.api, "json")) != self._written_id
+        )
+
+    def _restore_own_files(self) -> None:
+        where = str(self.directory)
+        if self._lock_replaced():
+            log_event(
+                log, logging.WARNING, "GPU hand-over lock removed or replaced; locking again", directory=where
+            )
+            self.close()
+            with contextlib.suppress(FileNotFoundError):
+                self._path(self.api, "lock").unlink()  # ours to make: whatever stands there goes
+            self._lock_said = False
+            self._take_lock()
+        if self._written and _stat(self._path(self.api, "json")) != self._written_id:
+            log_event(log, logging.WARNING, "GPU hand-over record changed; written again", directory=where)
+            self._written = ""
+            self._write(self._serving)
+
     def read_other(self) -> Record:
-        """The other API's record (empty when there is none or it cannot be read, said once)."""
-        return self._read(self.other_api)
+        """The other API's record; unknown (said once) when it cannot be trusted."""
+        path = self._path(self.other_api, "json")
+        now = time.monotonic()
+        if os.path.lexists(path):
+            self._other_last_seen = now
+            return self._read(self.other_api)
+        alive = self._alive(self.other_api)
+        lock_there = os.path.lexists(self._path(self.other_api, "lock"))
+        lost = self._other_last_seen is not None and now - self._other_last_seen < LOST_GRACE_S
+        if alive or lock_there or lost:
+            self._say_unreadable(path, "missing" if not lost or lock_there else "missing with its lock")
+            return Record(alive=alive, known=False)
+        return Record()
 
     def _read(self, api: str) -> Record:
         path = self._path(api, "json")
-        if not path.exists():
+        if not os.path.lexists(path):
             return Record(alive=self._alive(api))
         try:
-            data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+            if path.is_symlink():
+                raise UnreadableFile(str(path), "is a symbolic link")
+            data = loads_json(read_bounded(path, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
             serving = frozenset(str(u) for u in data["serving"])
             holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
         except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
-            if not self._unreadable_said:
-                log_event(
-                    log, logging.WARNING, "GPU hand-over record unreadable", path=str(path), error=str(error)
-                )
-                self._unreadable_said = True
-            return Record(alive=self._alive(api))
+            self._say_unreadable(path, str(error))
+            return Record(alive=self._alive(api), known=False)
         self._unreadable_said = False
         return Record(serving, holds, self._alive(api))
 
+    def _say_unreadable(self, path: Path, error: str) -> None:
+        if not self._unreadable_said:
+            log_event(
+                log,
+                logging.WARNING,
+                "GPU hand-over record unreadable; no GPU is taken from the other API until it is readable",
+                path=str(path),
+                error=error,
+            )
+            self._unreadable_said = True
+
     def _alive(self, api: str) -> bool:
-        """Whether `api`'s process holds its lock (a shared lock taken here would wait)."""
+        """Whether `api`'s process holds its lock (a shared lock taken here would wait); a lock file
+        replaced by a symlink counts as held (fail closed: what that side advertises stays its)."""
         try:
-            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
+            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as error:
+            return error.errno == errno.ELOOP
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -215,8 +287,9 @@ class Handoff:
         if body == self._written:
             return
         try:
-            write_atomic(self._path(self.api, "json"), body.encode(), 0o644)
-            self._written = body
+            path = self._path(self.api, "json")
+            write_atomic(path, body.encode(), 0o644)
+            self._written, self._written_id = body, _stat(path)
         except OSError as error:
             log_event(
                 log,
@@ -234,6 +307,8 @@ class Handoff:
         usable = self._usable()
         if holds is not None:
             self._holds = dict(holds)
+        if usable:
+            self._restore_own_files()
         if not usable:
             self._last = Settled(mine)
             self._retry_at = None
@@ -281,15 +356,11 @@ class Handoff:
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
             return True
         if not self.directory.is_dir():
-            return False
-        return not self._joined or self._stat_other() != self._other_seen
+            return self._joined and self.api == DRA  # our own directory went: made again at settle
+        return not self._joined or self._stat_other() != self._other_seen or self._own_files_changed()
 
     def _stat_other(self) -> tuple[int, int] | None:
-        try:
-            found = os.stat(self._path(self.other_api, "json"))
-        except OSError:
-            return None
-        return (found.st_ino, found.st_mtime_ns)
+        return _stat(self._path(self.other_api, "json"))
 
     def watch(self, watcher: Watcher) -> None:
         """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
@@ -309,7 +380,13 @@ class Handoff:
             if not holder and now - self._advertised_since.get(uuid, now) < SWITCH_GRACE_S:
                 continue  # the other side is reading the same switch: a moment, not a misfit
             name = labels.get(uuid, uuid)
-            why = f"{holder} holds it through {other}" if holder else f"{other} still advertises it"
+            why = (
+                f"{other}'s hand-over record cannot be read (it may hold the GPU)"
+                if holder == UNKNOWN_HOLDER
+                else f"{holder} holds it through {other}"
+                if holder
+                else f"{other} still advertises it"
+            )
             found.append(
                 Misfit(
                     "GpuHeldByOtherApi",
@@ -328,3 +405,12 @@ class Handoff:
                 )
             )
         return tuple(found)
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of the file at `path` itself (a symlink is not followed); None when missing."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return (found.st_ino, found.st_mtime_ns)

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from nvdp.bounded import loads_json
 from nvdp.config import PluginOptions
 from nvdp.config.model import DRA_ALL, DRA_NONE, Dra
 from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
@@ -29,6 +30,7 @@ from nvdp.dra.options import DraSettings
 from nvdp.dra_standin.api import MemoryResourceApi
 from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
 from nvdp.errors import NvdpError
+from nvdp.files import read_bounded
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.nvml import open_nvml
@@ -147,7 +149,7 @@ class DraSimulation:
         first = devices[0]
         out.write(f"\nAttributes of {first['name']}\n")
         for name, value in first["attributes"].items():
-            out.write(f"  {name:<22} {next(iter(value.values()))}\n")
+            out.write(f"  {name:<31} {next(iter(value.values()))}\n")
         capacity = ", ".join(f"{k}={v['value']}" for k, v in first["capacity"].items())
         out.write(f"  capacity: {capacity}\n")
         self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
@@ -223,9 +225,7 @@ class DraSimulation:
 
 
 def _write_edits(out: TextIO, path: Path) -> None:
-    import json
-
-    spec = json.loads(path.read_text())
+    spec = loads_json(read_bounded(path))  # the spec nvdp just wrote
     edits = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
     for e in edits:
         for env in e.get("env") or []:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -11,7 +12,20 @@ from pathlib import Path
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
+from nvdp.logs import JsonFormatter, TextFormatter
 from nvdp.testing import Process
+
+
+@pytest.fixture(autouse=True)
+def root_logger_restored() -> Iterator[None]:
+    """A command run in-process (`main([...])`) sets up logging on the root logger, writing to that
+    test's stderr: its handler and level are taken back after the test, so none leaks into the next."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if isinstance(h.formatter, TextFormatter | JsonFormatter)]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -272,8 +272,8 @@ MESSAGES = {
         " known: version, flags, resources, sharing, imex, health, dra)",
     ),
     "unknown-hint": (
-        "flags: {migstrategy: none}",
-        "flags.migstrategy: unknown field (did you mean migStrategy?)",
+        "flags: {migStrategey: none}",
+        "flags.migStrategey: unknown field (did you mean migStrategy?)",
     ),
     "unknown-plugin": (
         "flags: {plugin: {unknownKey: 1}}",
@@ -439,7 +439,7 @@ MESSAGES = {
     "yaml-duplicate": ("flags: {}\nflags: {}", 'invalid YAML at line 1, column 1: duplicate key "flags"'),
     "json-duplicate": ('{"version": "v1", "version": "v1"}', 'invalid config: duplicate key "version"'),
     "huge-int": ("a: " + "9" * 50, "invalid YAML at line 1, column 4: number too large"),
-    "deep": ("[" * 50000, "invalid config: nested too deeply"),
+    "deep": ("[" * 50000, "invalid config: YAML nested deeper than 100 levels at line 1, column 101"),
     "odd-key": ('version: v1\n"a b": 1', f'"a b": unknown field {_ACCEPTED_TOP}'),
 }
 

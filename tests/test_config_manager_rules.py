@@ -271,6 +271,33 @@ MATCHES = {
         None,
         False,
     ),
+    "nvidia-argv0": ("/usr/bin/mps-control-daemon", ["/usr/bin/mps-control-daemon"], "/other/exe", True),
+    "nvdp-subcommand": (
+        "nvidia-device-plugin",
+        ["/usr/local/bin/python3", "/usr/local/bin/nvdp", "plugin", "--x"],
+        "/usr/local/bin/python3.11",
+        True,
+    ),
+    "nvdp-subcommand-path": (
+        "/venv/bin/gpu-kubelet-plugin",
+        ["/venv/bin/python3", "/venv/bin/nvdp", "dra-kubelet-plugin"],
+        None,
+        True,
+    ),
+    "nvdp-other-subcommand": (
+        "nvidia-device-plugin",
+        ["/venv/bin/python3", "/venv/bin/nvdp", "gfd"],
+        None,
+        False,
+    ),
+    "nvdp-subcommand-elsewhere": (
+        "/other/nvidia-device-plugin",
+        ["/venv/bin/python3", "/venv/bin/nvdp", "plugin"],
+        None,
+        False,
+    ),
+    "nvdp-no-subcommand": ("nvidia-device-plugin", ["/venv/bin/python3", "/venv/bin/nvdp"], None, False),
+    "nvdp-as-argument": ("nvidia-device-plugin", ["/bin/grep", "nvdp", "plugin"], "/bin/grep", False),
     "argument-only": ("nvidia-device-plugin", ["/bin/grep", "nvidia-device-plugin"], "/bin/grep", False),
     "other": ("nvidia-device-plugin", ["/bin/sleep", "1"], "/bin/sleep", False),
     "prefix": ("nvidia-device-plugin", ["nvidia-device-plugin-x"], None, False),
@@ -297,14 +324,14 @@ def test_find_in_proc_sees_a_python_script(tmp_path: Path) -> None:
 
 # ---- config leniency ----------------------------------------------------------------------------
 
-NEWER = "version: v1\nflags:\n  migstrategy: none\n  plugin:\n    gpuSharingOrder: spread\n"
+NEWER = "version: v1\nflags:\n  migStrategey: none\n  plugin:\n    gpuSharingOrder: spread\n"
 
 
 def test_unknown_keys_warn_once_each_and_load(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         parse_text(NEWER, source="c.yaml")
     assert [r.getMessage() for r in caplog.records] == [
-        "c.yaml: flags.migstrategy: unknown field (did you mean migStrategy?);"
+        "c.yaml: flags.migStrategey: unknown field (did you mean migStrategy?);"
         " ignored (--strict-config refuses it)",
         "c.yaml: flags.plugin.gpuSharingOrder: unknown field (accepted: passDeviceSpecs, "
         "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
@@ -329,7 +356,9 @@ def test_strict_config_refuses_unknown_keys(tmp_path: Path, how: str) -> None:
     env = {"STRICT_CONFIG": "true"} if how == "env" else {}
     with pytest.raises(ConfigError) as caught:
         resolve(parser.parse_args(argv), env)
-    assert caught.value.problems[0] == f"{path}: flags.migstrategy: unknown field (did you mean migStrategy?)"
+    assert (
+        caught.value.problems[0] == f"{path}: flags.migStrategey: unknown field (did you mean migStrategy?)"
+    )
     assert resolve(parser.parse_args(["--config-file", str(path)]), {}).runtime.config_file == str(path)
 
 
@@ -386,12 +415,12 @@ def test_config_check_is_strict_and_exits_1(tmp_path: Path, capsys: pytest.Captu
     good = tmp_path / "good.yaml"
     good.write_text("version: v1\n")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("flags: {migstrategy: none}\n")
+    bad.write_text("flags: {migStrategey: none}\n")
     assert main(["config", "check", str(good), str(bad), str(tmp_path / "missing.yaml")]) == 1
     out = capsys.readouterr()
     assert out.out == f"{good}: ok\n"
     assert out.err.splitlines() == [
-        f"error: {bad}: flags.migstrategy: unknown field (did you mean migStrategy?)",
+        f"error: {bad}: flags.migStrategey: unknown field (did you mean migStrategy?)",
         f"error: {tmp_path}/missing.yaml: cannot read config file: No such file or directory",
     ]
 
@@ -471,7 +500,7 @@ def test_strict_config_refuses_entries_with_unknown_keys(tmp_path: Path) -> None
     manager.set_labels({"nvidia.com/device-plugin.config": "newer"})
     outcome = manager.reconcile()
     assert outcome.entry is None and not dst.exists()
-    assert outcome.problem == "newer: flags.migstrategy: unknown field (did you mean migStrategy?); " + (
+    assert outcome.problem == "newer: flags.migStrategey: unknown field (did you mean migStrategy?); " + (
         "newer: flags.plugin.gpuSharingOrder: unknown field (accepted: passDeviceSpecs, "
         "deviceListStrategy, deviceIDStrategy, cdiAnnotationPrefix, nvidiaCTKPath, containerDriverRoot, "
         "kubeletSocket, cdiFeatureFlags, sharedDevicesAllocationPolicy); without the label: no label"

@@ -148,12 +148,12 @@ FIELDS = [
         id="mps-root",
     ),
     pytest.param(
-        ["--imex-channel-ids=0"],
-        {"IMEX_CHANNEL_IDS": ""},
+        ["--imex-channel-ids="],
+        {"IMEX_CHANNEL_IDS": ""},  # unset, as urfave/cli's IntSliceFlag reads it: the file's
         "imex: {channelIDs: [0]}",
         "imex.channel_ids",
-        (0,),
         (),
+        (0,),
         (0,),
         (),
         id="imex-channels",
@@ -368,9 +368,9 @@ FLAG_ERRORS: dict[str, tuple[list[str], dict[str, str], str]] = {
         {},
         '--mig-strategy / MIG_STRATEGY: invalid value "foo" (accepted: none, single, mixed)',
     ),
-    "mig-env-empty": (
-        [],
-        {"MIG_STRATEGY": ""},
+    "mig-flag-empty": (  # an empty env var is unset (tests/test_empty_env.py); an empty flag is a value
+        ["--mig-strategy="],
+        {},
         '--mig-strategy / MIG_STRATEGY: invalid value "" (accepted: none, single, mixed)',
     ),
     "device-id": (
@@ -385,8 +385,8 @@ FLAG_ERRORS: dict[str, tuple[list[str], dict[str, str], str]] = {
         "(accepted: envvar, volume-mounts, cdi-annotations, cdi-cri)",
     ),
     "list-empty": (
-        [],
-        {"DEVICE_LIST_STRATEGY": ""},
+        ["--device-list-strategy="],
+        {},
         "--device-list-strategy / DEVICE_LIST_STRATEGY: must list at least 1 value",
     ),
     "discovery": (

@@ -218,10 +218,12 @@ def check_event_rules(role: Doc) -> None:
     assert not any("pods" in r["resources"] for r in role["rules"])
 
 
-def test_static_manifest_schedules_like_the_chart_defaults(static_docs: list[Doc]) -> None:
+def test_static_manifest_schedules_like_nvidias_with_the_charts_tolerations(static_docs: list[Doc]) -> None:
+    """No node affinity, as NVIDIA's static manifest (tests/test_static_over_nvidia.py); the chart's
+    default affinity keeps its pods to GPU nodes, which NVIDIA's chart does too."""
     pod = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     values = chart_values()
-    assert pod["affinity"] == values["affinity"]
+    assert "affinity" not in pod and "nodeSelector" not in pod
     assert pod["tolerations"] == values["tolerations"]
     assert pod["priorityClassName"] == values["priorityClassName"]
     ctr = container(only(static_docs, "DaemonSet"))
@@ -391,6 +393,12 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
+def console_scripts() -> dict[str, str]:
+    """pyproject's [project.scripts]: console script -> entry point."""
+    scripts: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    return scripts
+
+
 def ci_python_version() -> str:
     """The Python version CI tests with and mypy targets (pyproject.toml); the image must use it too."""
     version: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["python_version"]
@@ -440,6 +448,63 @@ def test_dockerfile_entrypoint_and_env() -> None:
                 env[name] = value
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+
+
+# NVIDIA's binaries, where its images hold them and its manifests name them, and the entry point of
+# nvdp's console script each runs (NVIDIA/k8s-device-plugin v0.20.0 deployments/container/Dockerfile;
+# NVIDIA/k8s-dra-driver-gpu deployments/container/Dockerfile for gpu-kubelet-plugin).
+NVIDIA_BINARIES = {
+    "/usr/bin/nvidia-device-plugin": "nvdp.cli:plugin_main",
+    "/usr/bin/gpu-feature-discovery": "nvdp.cli:gfd_main",
+    "/usr/bin/config-manager": "nvdp.cli:config_manager_main",
+    "/usr/bin/mps-control-daemon": "nvdp.cli:mps_control_daemon_main",
+    "/usr/bin/gpu-kubelet-plugin": "nvdp.cli:dra_kubelet_plugin_main",
+}
+# Where pip puts console scripts in the python image (its prefix is /usr/local).
+SCRIPTS_DIR = "/usr/local/bin"
+
+
+def final_stage_commands() -> list[list[str]]:
+    """Each shell command of the final stage's RUN instructions (split at `&&` and `;`), as words."""
+    commands = []
+    for word, rest in stages()[-1]:
+        if word == "RUN":
+            for command in re.split(r"&&|;", rest):
+                if command.strip():
+                    commands.append(shlex.split(command))
+    return commands
+
+
+def dockerfile_links() -> dict[str, str]:
+    """link -> target of each `ln -s TARGET LINK` the final stage runs."""
+    links = {}
+    for command in final_stage_commands():
+        if command[:2] == ["ln", "-s"]:
+            assert len(command) == 4, f"one link per ln: {command}"
+            links[command[3]] = command[2]
+    return links
+
+
+@pytest.mark.parametrize(
+    "path, entry", NVIDIA_BINARIES.items(), ids=[p.rpartition("/")[2] for p in NVIDIA_BINARIES]
+)
+def test_image_answers_to_nvidias_binary_path(path: str, entry: str) -> None:
+    """NVIDIA's manifests run `/usr/bin/gpu-feature-discovery` and signal `/usr/bin/mps-control-daemon`:
+    the path is a link to nvdp's console script of the same name, which runs the same command."""
+    name = path.rpartition("/")[2]
+    assert dockerfile_links().get(path) == f"{SCRIPTS_DIR}/{name}"
+    assert console_scripts()[name] == entry
+
+
+def test_every_console_script_is_linked_from_usr_bin_and_run_at_build() -> None:
+    scripts = console_scripts()
+    assert dockerfile_links() == {f"/usr/bin/{name}": f"{SCRIPTS_DIR}/{name}" for name in scripts}
+    commands = final_stage_commands()
+    ran = [command[0] for command in commands if command[1:] == ["--version"]]
+    for link in dockerfile_links():
+        assert link in ran, f"the build does not run {link}: a link that leads nowhere would pass"
+        made = next(i for i, c in enumerate(commands) if c[:2] == ["ln", "-s"] and c[3] == link)
+        assert made < next(i for i, c in enumerate(commands) if c == [link, "--version"])
 
 
 def test_dockerfile_copies_what_the_context_keeps() -> None:
@@ -671,13 +736,14 @@ def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> N
 def test_chart_defaults_match_the_static_manifest(
     render: Callable[..., Rendered], static_docs: list[Doc]
 ) -> None:
-    """The static manifest is the chart's default DaemonSet, but for its names and labels."""
-    rendered = render({"image": {"repository": "nvdp"}}, namespace="kube-system").daemonset["spec"][
-        "template"
-    ]["spec"]
+    """The static manifest is the chart's default DaemonSet, but for its names and labels and for the
+    chart's node affinity (the static manifest schedules as NVIDIA's static manifest does)."""
+    values = {"image": {"repository": "nvdp"}}  # the static manifests' image
+    rendered = render(values, namespace="kube-system").daemonset["spec"]["template"]["spec"]
     static = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     for pod in (rendered, static):
         pod.pop("serviceAccountName")
+    assert rendered.pop("affinity") == chart_values()["affinity"]
     assert rendered == static
 
 

@@ -22,6 +22,17 @@ from tests.test_cdi import strict_schema
 GOLDEN = Path(__file__).parent / "data" / "dra"
 
 
+def remove_tree(path: Path) -> None:
+    """`rm -rf` until the directory is gone: the plugin serves its sockets and writes its hand-over
+    record and lock there again as soon as it sees them go, so one pass can find it filled again."""
+
+    def removed() -> bool:
+        shutil.rmtree(path, ignore_errors=True)
+        return not path.exists()
+
+    wait_until(removed, 5, f"{path} removed")
+
+
 def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
     with dra_cluster(tmp_path) as cluster:
         cluster.start()
@@ -44,14 +55,14 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         cluster.api.delete(path)  # ... and wipes the node's slices
         wait_until(lambda: path in cluster.api.objects, 5, "the slice published again")
 
-        shutil.rmtree(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
-        cluster.node.registry.mkdir()
+        remove_tree(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
+        cluster.node.registry.mkdir(exist_ok=True)  # the plugin may have made it again first
         cluster.registered(after=2)
-        assert (cluster.node.registry / REGISTRATION_SOCKET).is_socket()
+        wait_until(lambda: (cluster.node.registry / REGISTRATION_SOCKET).is_socket(), 5, "served again")
         assert "socket removed or replaced; serving it again" in cluster.log()
 
         dra_socket = cluster.node.plugins / "gpu.nvidia.com" / "dra.sock"
-        for remove in (dra_socket.unlink, lambda: shutil.rmtree(dra_socket.parent), dra_socket.unlink):
+        for remove in (dra_socket.unlink, lambda: remove_tree(dra_socket.parent), dra_socket.unlink):
             remove()  # the file, its directory, then the file in the directory made again
             wait_until(lambda: dra_socket.is_socket(), 5, "the DRA socket served again")
         claim = make_claim(cluster.api, "after")
@@ -95,7 +106,7 @@ def test_a_mig_profile_is_chosen_by_attribute(tmp_path: Path) -> None:
         wait_until(lambda: slices_of(cluster.api), 5, "the slice")
         selector = "device.attributes['gpu.nvidia.com'].profile == '3g.20gb'"
         claim = make_claim(cluster.api, "mig", "mig.nvidia.com", selector)
-        assert schedule(cluster.api, claim) == ["gpu-2-mig-9-0-4"]
+        assert schedule(cluster.api, claim) == ["gpu-2-mig-3g20gb-9-0"]
         (device,) = cluster.kubelet.start_pod("pod-1", "gpu.nvidia.com", [claim])[claim.uid]
         spec = cluster.specs()[f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"]
         paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]

@@ -82,14 +82,14 @@ def test_a_mig_repartition_is_published_within_a_second_or_so(tmp_path: Path) ->
     with dra_cluster(tmp_path, "sim:dgx-a100-mig", env={"NVDP_SIM_EVENTS": str(events)}) as cluster:
         cluster.start()
         cluster.registered()
-        wait_until(lambda: "gpu-0-mig-19-0-1" in published(cluster.api), 5, "the slice")
+        wait_until(lambda: "gpu-0-mig-1g5gb-19-0" in published(cluster.api), 5, "the slice")
         generation = slices_of(cluster.api)[0]["spec"]["pool"]["generation"]
         append_sim_event(events, uuid=gpu0, mig=["3g.20gb", "3g.20gb"])
         changed = time.monotonic()
-        wait_until(lambda: "gpu-0-mig-9-4-4" in published(cluster.api), 5, "the new layout")
+        wait_until(lambda: "gpu-0-mig-3g20gb-9-4" in published(cluster.api), 5, "the new layout")
         assert time.monotonic() - changed < 3.0  # 0.5 s rescan interval, plus a loaded machine's slack
         names = [n for n in published(cluster.api) if n.startswith("gpu-0-")]
-        assert names == ["gpu-0-mig-9-0-4", "gpu-0-mig-9-4-4"]
+        assert names == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"]
         assert slices_of(cluster.api)[0]["spec"]["pool"]["generation"] == generation + 1
         append_sim_event(events, uuid=gpu0, mig=None)  # MIG off: the whole GPU is offered
         wait_until(lambda: "gpu-0" in published(cluster.api), 5, "the whole GPU")

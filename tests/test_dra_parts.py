@@ -17,6 +17,7 @@ from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
 from nvdp.dra.devices import node_devices
+from nvdp.dra.node_state import NodeState
 from nvdp.dra.slices import Taint, pool_slices
 from nvdp.dra_standin.scheduler import AllocationError, allocate, selector_matches, taken_devices
 from tests.builders import sim_gpus
@@ -167,3 +168,14 @@ def test_a_claims_spec_and_a_device_without_its_nodes(tmp_path: Path) -> None:
     specs.remove("u1")
     specs.remove("u1")
     assert specs.on_disk() == set() and specs.write("u3", []) == {}
+
+
+def test_node_state_finds_a_mig_device_by_its_former_name_too() -> None:
+    state = NodeState(clock=lambda: 0.0)
+    devices = node_devices(sim_gpus("dgx-a100-mig"), FACTS)
+    state.set_devices(devices)
+    mig = next(d for d in devices if d.name == "gpu-2-mig-1g5gb-19-6")
+    state.set_health({mig.uuid}, {})
+    assert state.device("gpu-2-mig-19-6-1") is state.device("gpu-2-mig-1g5gb-19-6") is mig
+    assert state.unhealthy("gpu-2-mig-19-6-1") == state.unhealthy("gpu-2-mig-1g5gb-19-6") is not None
+    assert state.device("gpu-2-mig-19-6-2") is None and state.unhealthy("gpu-4") is None

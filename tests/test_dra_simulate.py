@@ -21,8 +21,9 @@ def test_the_dra_demo_on_a_mixed_mig_node(tmp_path: Path) -> None:
     assert "registered: v1.DRAPlugin, health v1.DRAResourceHealth" in out
     assert "ResourceSlice sim-node-gpu.nvidia.com-0: driver gpu.nvidia.com, pool sim-node generation 1" in out
     assert ", 18 devices\n" in out
-    assert "  gpu-2-mig-9-0-4          mig   3g.20gb                      19968Mi  MIG-" in out
-    assert "  cudaComputeCapability  8.0.0" in out
+    assert "  gpu-2-mig-3g20gb-9-0     mig   3g.20gb                      19968Mi  MIG-" in out
+    assert "  cudaComputeCapability           8.0.0\n" in out
+    assert "  resource.kubernetes.io/pcieRoot pci0000:06\n" in out
     assert "ResourceClaim default/demo-gpu: one device of class gpu.nvidia.com" in out
     assert "  allocated gpu-4; NodePrepareResources -> k8s.gpu.nvidia.com/claim=" in out
     assert "/dev/nvidia4 -> /dev/nvidia4" in out and "env        NVIDIA_VISIBLE_DEVICES=void" in out

@@ -160,7 +160,8 @@ def test_a_node_whose_entry_gives_dra_no_gpu_is_ready(tmp_path: Path) -> None:
         cluster.start()
         cluster.registered()
         wait_until(lambda: readyz(port) == (200, ["ok"]), 10, "ready")
-        assert slices_of(cluster.api) == []
+        (empty,) = slices_of(cluster.api)
+        assert empty["spec"]["pool"]["resourceSliceCount"] == 1 and empty["spec"].get("devices", []) == []
         text = metrics(port)
         assert (value(text, "nvdp_dra_devices", type="gpu"), value(text, "nvdp_dra_devices", type="mig")) == (
             0,

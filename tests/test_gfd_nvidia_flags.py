@@ -51,11 +51,6 @@ NVIDIA_GFD_FLAGS = [
         ("--fail-on-init-error",), ("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"), True, "false", False,
         lambda s: s.config.flags.fail_on_init_error,
     ),
-    NvidiaFlag(
-        ("--resource-name-prefix",), ("GFD_RESOURCE_NAME_PREFIX", "RESOURCE_NAME_PREFIX"), "nvidia.com",
-        "example.com", 'refused: "example.com" is not supported by nvdp (only nvidia.com)',
-        lambda s: s.runtime.resource_name_prefix,
-    ),
     NvidiaFlag(("--oneshot",), ("GFD_ONESHOT",), False, "true", True, lambda s: s.oneshot),
     NvidiaFlag(("--no-timestamp",), ("GFD_NO_TIMESTAMP",), False, "true", True, lambda s: s.no_timestamp),
     NvidiaFlag(
@@ -187,7 +182,26 @@ def test_infinite_sleep_interval_labels_once_and_sleeps_until_a_signal() -> None
     finally:
         gfd.request_stop()
         thread.join(10)
-    assert not thread.is_alive() and recorder.removed == 1 and len(recorder.writes) == 2
+    assert not thread.is_alive() and len(recorder.writes) == 2
+    assert recorder.removed == 0, "an infinite interval keeps the labels at exit (NVIDIA's)"
+
+
+@pytest.mark.parametrize(
+    "interval, removed", [(3600.0, 1), (math.inf, 0)], ids=["interval-removes", "infinite-keeps"]
+)
+def test_an_abandoned_stop_keeps_the_labels_as_the_stop_would(interval: float, removed: int) -> None:
+    recorder = RecordingOutput()
+    settings = _settings(sleep_interval=interval)
+    gfd = gfd_run.Gfd(settings, reload_settings=lambda: settings, output_factory=lambda s, stop: recorder)
+    thread = threading.Thread(target=gfd.run)
+    thread.start()
+    try:
+        wait_until(lambda: gfd.passes == 1, 20, "the first pass")
+        gfd.abandon()  # what the signal handler calls when the stop does not finish in time
+        assert recorder.removed == removed
+    finally:
+        gfd.request_stop()
+        thread.join(10)
 
 
 def wait_for_more_passes(gfd: gfd_run.Gfd, passes: int, seconds: float) -> bool:
@@ -208,15 +222,32 @@ def test_an_unpublished_pass_is_retried_within_a_minute_even_with_an_infinite_in
     assert gfd._until_next_pass(replace(settings, sleep_interval=5.0)) == 5.0
 
 
-def test_gfd_process_with_an_infinite_interval_stays_until_sigterm(tmp_path: Path) -> None:
+# How the process ends, and whether its feature file outlives it. NVIDIA's gfd (v0.20.0, run()'s
+# deferred clean-up) removes the file at exit except with --oneshot or an infinite sleep interval.
+EXITS = {
+    "interval-removes": (("--sleep-interval", "1h"), True, False),
+    "infinite-keeps": (("--sleep-interval", "infinite"), True, True),
+    "oneshot-keeps": (("--oneshot",), False, True),
+}
+
+
+@pytest.mark.parametrize("flags, stopped, kept", list(EXITS.values()), ids=list(EXITS))
+def test_gfd_process_keeps_its_feature_file_at_exit_as_nvidia_does(
+    tmp_path: Path, flags: tuple[str, ...], stopped: bool, kept: bool
+) -> None:
     out = tmp_path / "gfd"
-    env = gfd_env(GFD_SLEEP_INTERVAL="infinite")
-    with Process(gfd_argv("-o", str(out)), tmp_path / "gfd.log", env) as process:
-        wait_until(lambda: "sleeping until a signal" in process.log(), 30, "the one pass")
-        assert out.read_text().count("nvidia.com/gpu.count=4\n") == 1 and process.alive()
-        process.send(signal.SIGTERM)
+    argv = gfd_argv(*flags, "--output-file", str(out), nvml="sim:dgx-a100")
+    with Process(argv, tmp_path / "gfd.log", gfd_env()) as process:
+        wait_until(lambda: out.exists() or not process.alive(), 30, "the labels written")
+        assert out.read_text().count("nvidia.com/gpu.count=8\n") == 1
+        if stopped:
+            assert process.alive()
+            process.send(signal.SIGTERM)
         assert process.wait(20) == 0
-    assert not out.exists()  # NVIDIA's: the labels go with the process
+    assert out.exists() is kept
+    if kept:
+        assert "nvidia.com/gpu.count=8\n" in out.read_text()
+    assert not list(tmp_path.glob(".gfd-*")), "a temp file was left behind"
 
 
 # ---- --device-discovery-strategy vfio ----------------------------------------------------------

@@ -13,7 +13,7 @@ from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
 from nvdp.nvml import EventType, PcieLevel
 from nvdp.nvml.library import LIBRARY_DIRS, library_candidates
-from nvdp.nvml.naming import mig_profile_name, sysfs_bus_id
+from nvdp.nvml.naming import mig_profile_name, pcie_root_of, sysfs_bus_id
 from nvdp.nvml.real import RealNvml
 from nvdp.nvml.types import MigEngines, MigPlacement
 
@@ -451,3 +451,34 @@ def test_event_set_close_is_idempotent() -> None:
     events.close()
     events.close()
     assert lib.event_sets[0].freed == 1
+
+
+# -- PCIe root ----------------------------------------------------------------------------------
+
+
+def test_pcie_root_from_the_sysfs_link_else_none(tmp_path: Path) -> None:
+    devices = tmp_path / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True)
+    hierarchy = tmp_path / "devices" / "pci0000:00" / "0000:00:01.1" / "0000:07:00.0"
+    hierarchy.mkdir(parents=True)
+    (devices / "0000:07:00.0").symlink_to("../../../devices/pci0000:00/0000:00:01.1/0000:07:00.0")
+    (devices / "0000:0f:00.0").symlink_to("../../../devices/platform/0000:0f:00.0")  # no PCI hierarchy
+    (devices / "0000:47:00.0").mkdir()  # not a link
+    lib = FakePynvml([gpu(0), gpu(1), gpu(2), gpu(3)])  # GPU 3: no sysfs entry
+    assert [g.pcie_root for g in opened(lib, tmp_path).gpus()] == ["pci0000:00", None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("link", "root"),
+    [
+        ("../../../devices/pci0000:00/0000:00:01.1/0000:07:00.0", "pci0000:00"),
+        ("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:07:00.0", "pci0000:3a"),
+        ("/sys/devices/pci0008:00/0008:00:00.0/0000:07:00.0", "pci0008:00"),
+        ("../../../devices/pci0000:00/0000:00:01.1/0000:08:00.0", None),
+        ("../../../devices/platform/soc/0000:07:00.0", None),
+        ("../../../devices/pci0000:00", None),
+    ],
+    ids=["root-port", "switch", "absolute", "another-device", "not-pci", "too-short"],
+)
+def test_pcie_root_of_a_link(link: str, root: str | None) -> None:
+    assert pcie_root_of(link, "00000000:07:00.0") == root

@@ -5,7 +5,9 @@
 - `runtime`: what only flags and env vars set (`RuntimeOptions`: `nvml`, logging, metrics, CDI, ...)
   and `PluginOptions`, the config beside them; `options.to_json()` is the start-up log line.
 - `load`: `load_file(path)`, `parse_text(text)`, `parse(mapping)` validate a file; every problem is
-  one line naming the field, all reported at once in a `ConfigError`.
+  one line naming the field, all reported at once in a `ConfigError`. Keys match in any letter case
+  where NVIDIA's plugin matches them so (`notices`: one line per such key). `decode`: the text to
+  plain data, within bounds.
 - `options`: the one flag / env framework of every command (`Option`, `add_options`, `read_options`);
   `groups`: the groups several commands share (the plugin's settings, logging, NVML, Kubernetes
   client, node name); `precedence`: `add_plugin_flags(parser)` and `resolve(args, environ)`: flag >

@@ -157,6 +157,7 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
         "the kubelet's registration socket; plugin sockets go in its directory; empty: serve"
         " without registering (sockets in /var/lib/kubelet/device-plugins)",
         target="config.flags.plugin.kubelet_socket",
+        empty="value",
     ),
     flag(
         "--config-file $CONFIG_FILE",
@@ -255,6 +256,7 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
         listen_address,
         'listen address of /metrics, /healthz and /readyz ("" disables)',
         target="runtime.metrics_address",
+        empty="value",
     ),
     flag(
         "--device-rescan-interval $DEVICE_RESCAN_INTERVAL",

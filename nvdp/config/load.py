@@ -9,6 +9,14 @@ and the file loads, so a file written for a newer NVIDIA release still runs; `st
 (`--strict-config`, `nvdp config check`) makes them errors. Unlike NVIDIA's plugin, duplicate keys
 and sharing with both time-slicing and MPS are refused instead of silently ignored.
 
+Keys match in any letter case where NVIDIA's plugin matches them so (Go's encoding/json: the
+schema's spelling first, else a key equal to it but for case; `sharing: {timeslicing: ...}` is
+`timeSlicing`), and in nvdp's own sections. Each key read so is recorded on the Config
+(`recased_keys`: one notice line each, `nvdp.config.notices`); paths in messages use the schema's
+spelling. Two spellings of one key in one mapping are refused (Go keeps the last one; nvdp refuses
+duplicate keys). The sections NVIDIA's plugin decodes by exact key (`_EXACT_CASE`) take exact keys
+here too, so that a file gives the same resources on both plugins.
+
 A path may name anything, so only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`:
 `/dev/zero`, a FIFO or a directory is refused before it is read), and a mapping none of whose
 top-level keys is a config key (`version`, `flags`, ...) is no config at all (a wrong path, say
@@ -18,22 +26,30 @@ defaults. Values quoted in messages are cut short (`nvdp.config.values.show`).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nvdp.config.model import MPS, SHARED_SUFFIX, TIME_SLICING, Config, Health, ReplicatedResources, Sharing
+from nvdp.config.decode import MAX_TEXT_BYTES, decode, syntax_problem
+from nvdp.config.model import (
+    MPS,
+    SHARED_SUFFIX,
+    TIME_SLICING,
+    Config,
+    Health,
+    NamePattern,
+    ReplicatedResource,
+    ReplicatedResources,
+    Sharing,
+)
 from nvdp.config.values import InvalidValue, describe_keys, show
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import MAX_FILE_BYTES, read_bounded
+from nvdp.files import read_bounded
 from nvdp.logs import log_event
-from nvdp.units import describe_size
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -58,9 +74,9 @@ def load_file(path: str | Path, *, strict: bool = False) -> Config:
 def parse_text(text: str, source: str | None = None, *, strict: bool = False) -> Config:
     """Parse YAML or JSON text (JSON is tried first when the text starts with `{`)."""
     try:
-        data = _decode(text)
-    except (ValueError, RecursionError) as error:
-        raise ConfigError(_syntax_problem(error), source=source) from error
+        data = decode(text)
+    except ValueError as error:
+        raise ConfigError(syntax_problem(error), source=source) from error
     return parse(data, source, strict=strict)
 
 
@@ -73,21 +89,22 @@ def parse(data: object, source: str | None = None, *, strict: bool = False) -> C
         raise ConfigError(
             f"the config must be a mapping (version, flags, resources, ...), got {got}", source=source
         )
-    if data and not any(key in _TOP_LEVEL_KEYS for key in data):
+    if data and not any(_fold(key) in _TOP_LEVEL_FOLDED for key in data):
         raise ConfigError(
             f"not an nvdp/NVIDIA device plugin config: no known top-level key ({describe_keys(list(data))};"
             f" known: {', '.join(_TOP_LEVEL_KEYS)})",
             source=source,
         )
-    problems: list[str] = []
-    unknown: list[str] = problems if strict else []
-    config = _build(Config, data, "", problems, unknown)
-    if problems or config is None:
+    walk = _Walk(strict)
+    config = _build(Config, data, "", walk)
+    if walk.problems or config is None:  # a mis-cased key may be why (`Resources`: no resources)
+        problems = [*walk.problems, *walk.lenient_miscased]
         raise ConfigError(_at_most(MAX_PROBLEMS, problems, "problems"), source=source)
     prefix = f"{source}: " if source else ""
-    for line in _at_most(MAX_PROBLEMS, unknown, "unknown fields"):  # lenient: one line each, the plugin runs
+    # Lenient: one line each, and the plugin runs.
+    for line in _at_most(MAX_PROBLEMS, [*walk.unknown, *walk.miscased], "unknown fields"):
         log_event(log, logging.WARNING, f"{prefix}{line}; ignored (--strict-config refuses it)")
-    return config
+    return replace(config, recased_keys=tuple(walk.recased)) if walk.recased else config
 
 
 MAX_PROBLEMS = 100  # lines reported for one file; a generated file may hold thousands of mistakes
@@ -100,93 +117,17 @@ def _at_most(limit: int, lines: list[str], what: str) -> list[str]:
 
 
 _TOP_LEVEL_KEYS = tuple(f.metadata["key"] for f in fields(Config) if "key" in f.metadata)
+# Go's encoding/json folds a key's letters to upper case, a non-ASCII one as ToUpper(ToLower(r)): the
+# ASCII letters in any case, and these four non-ASCII letters, fold onto the ASCII keys of the schema.
+_GO_FOLDS_ONTO_ASCII = str.maketrans({"\u212a": "k", "\u0130": "i", "\u0131": "i", "\u017f": "s"})
 
 
-# ---- decoding ----------------------------------------------------------------------------------
-
-MAX_TEXT_BYTES = MAX_FILE_BYTES  # a ConfigMap holds at most 1 MiB
-_MAX_PROBLEM_CHARS = 120  # a parser's message can quote the input: cut it short
-_MAX_DIGITS = 40  # any integer a config needs fits; longer ones are refused before int() sees them
+def _fold(key: object) -> object:
+    """A key as Go's encoding/json compares it with the schema's (ASCII) keys: case folded."""
+    return key.translate(_GO_FOLDS_ONTO_ASCII).lower() if isinstance(key, str) else key
 
 
-@cache
-def _yaml_loader() -> Any:
-    """The YAML loader, made on the first YAML text (a plugin without a config file never imports
-    yaml): the pure-Python SafeLoader, which raises RecursionError on absurdly nested input where the
-    C one crashes, refusing duplicate keys and absurdly long integers."""
-    import yaml
-
-    def mapping_without_duplicates(loader: Any, node: Any) -> Any:
-        counts = Counter(key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode))
-        duplicate = next((key for key, n in counts.items() if n > 1), None)
-        if duplicate is not None:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {show(duplicate)}", node.start_mark
-            )
-        return loader.construct_mapping(node)
-
-    def bounded_int(loader: Any, node: Any) -> Any:
-        if len(node.value) > _MAX_DIGITS:
-            raise yaml.constructor.ConstructorError(None, None, "number too large", node.start_mark)
-        return loader.construct_yaml_int(node)
-
-    loader: Any = type("_Loader", (yaml.SafeLoader,), {})
-    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping_without_duplicates)
-    loader.add_constructor("tag:yaml.org,2002:int", bounded_int)
-    return loader
-
-
-def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    duplicate = next((key for key, n in Counter(k for k, _ in pairs).items() if n > 1), None)
-    if duplicate is not None:
-        raise ValueError(f"duplicate key {show(duplicate)}")
-    return dict(pairs)
-
-
-def _json_int(text: str) -> int:
-    if len(text) > _MAX_DIGITS:
-        raise ValueError("number too large")
-    return int(text)
-
-
-def _decode(text: str) -> object:
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-        raise ValueError(f"larger than {describe_size(MAX_TEXT_BYTES)}")
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int)
-        except json.JSONDecodeError:
-            pass  # maybe YAML flow style; YAML's error message will tell
-    import yaml
-
-    try:
-        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: plain data only
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)  # a yaml.MarkedYAMLError's
-        if mark is None:
-            raise ValueError(str(error)) from error
-        problem = _clip(str(getattr(error, "problem", "")))
-        raise _YamlSyntax(
-            f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
-        ) from error
-
-
-class _YamlSyntax(ValueError):
-    """A YAML syntax error, already said in one line."""
-
-
-def _syntax_problem(error: BaseException) -> str:
-    if isinstance(error, _YamlSyntax):
-        return str(error)
-    if isinstance(error, RecursionError):
-        return "invalid config: nested too deeply"
-    return "invalid config: " + _clip(str(error))
-
-
-def _clip(message: str) -> str:
-    """A parser's message on one line and cut short (it may quote the file, e.g. an alias name)."""
-    words = " ".join(message.split())
-    return words if len(words) <= _MAX_PROBLEM_CHARS else words[: _MAX_PROBLEM_CHARS - 3] + "..."
+_TOP_LEVEL_FOLDED = frozenset(_fold(key) for key in _TOP_LEVEL_KEYS)
 
 
 # ---- the walk ----------------------------------------------------------------------------------
@@ -197,22 +138,40 @@ def _join(path: str, key: object) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _build(cls: type[T], value: object, path: str, problems: list[str], unknown: list[str]) -> T | None:
-    """Build `cls` from a mapping, adding a line to `problems` for each problem; None if any.
-    Unknown keys go to `unknown` (the same list as `problems` when strict)."""
+@dataclass
+class _Walk:
+    """What the walk found: problems, unknown keys (problems too when strict), keys read in another
+    letter case (the key's path as written, its path as the schema spells it)."""
+
+    strict: bool
+    problems: list[str] = field(default_factory=list)
+    lenient_unknown: list[str] = field(default_factory=list)
+    lenient_miscased: list[str] = field(default_factory=list)  # in the sections of exact keys
+    recased: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def unknown(self) -> list[str]:
+        return self.problems if self.strict else self.lenient_unknown
+
+    @property
+    def miscased(self) -> list[str]:
+        return self.problems if self.strict else self.lenient_miscased
+
+
+def _build(cls: type[T], value: object, path: str, walk: _Walk) -> T | None:
+    """Build `cls` from a mapping, adding a line to `walk.problems` for each problem; None if any."""
+    problems = walk.problems
     if not isinstance(value, Mapping):
         problems.append(f"{path}: must be a mapping, got {show(value)}")
         return None
     start = len(problems)
     by_key = {f.metadata["key"]: f for f in fields(cls) if "key" in f.metadata}
-    for key in value:
-        if key not in by_key:
-            unknown.append(f"{_join(path, key)}: unknown field ({_hint(key, list(by_key))})")
+    written = _match_keys(value, by_key, path, walk, exact=cls in _EXACT_CASE)
     kwargs: dict[str, Any] = {}
     for key, f in by_key.items():
-        raw = value.get(key)
+        raw = value[written[key]] if key in written else None
         if raw is not None:
-            kwargs[f.name] = _convert(f.metadata, raw, _join(path, key), problems, unknown)
+            kwargs[f.name] = _convert(f.metadata, raw, _join(path, key), walk)
         elif f.default is MISSING and f.default_factory is MISSING:
             problems.append(f"{_join(path, key)}: required field is missing")
     if len(problems) > start:
@@ -222,10 +181,39 @@ def _build(cls: type[T], value: object, path: str, problems: list[str], unknown:
     return finish(built, path, problems) if finish else built
 
 
+def _match_keys(
+    value: Mapping[Any, Any], by_key: Mapping[str, object], path: str, walk: _Walk, *, exact: bool
+) -> dict[str, Any]:
+    """Each schema key of `value` -> the key as written: the same spelling, else (unless `exact`) the
+    same but for letter case (recorded in `walk.recased`). Unknown keys and two spellings of one key
+    are reported."""
+    folded = {_fold(key): key for key in by_key}
+    written: dict[str, Any] = {key: key for key in by_key if key in value}
+    for key in value:
+        if key in by_key:
+            continue
+        canonical = folded.get(_fold(key))
+        if canonical is None:
+            walk.unknown.append(f"{_join(path, key)}: unknown field ({_hint(key, list(by_key))})")
+        elif exact:
+            walk.miscased.append(
+                f"{_join(path, key)}: unknown field (did you mean {canonical}? {EXACT_CASE})"
+            )
+        elif canonical in written:
+            walk.problems.append(
+                f"{_join(path, canonical)}: given twice, as {written[canonical]} and {key} (keys match in any"
+                " letter case, as in NVIDIA's plugin); keep one"
+            )
+        else:
+            written[canonical] = key
+            walk.recased.append((_join(path, key), _join(path, canonical)))
+    return written
+
+
 def _hint(key: object, accepted: list[str]) -> str:
     """Where an unknown key belongs when it is a key of another section (e.g. `flags.renameByDefault`,
     NVIDIA issue #1433), else the closest accepted key, else the accepted keys."""
-    places = _places().get(str(key))
+    places = _places().get(_fold(key))
     if places:
         where = " or ".join(f"under {p}" if p else "at the top level" for p in places)
         return f"{key} belongs {where}"
@@ -236,16 +224,16 @@ def _hint(key: object, accepted: list[str]) -> str:
 
 
 @cache
-def _places() -> dict[str, list[str]]:
-    """Every file key -> the sections it is a key of (`[]`: in each item of a list)."""
-    places: dict[str, list[str]] = {}
+def _places() -> dict[object, list[str]]:
+    """Every file key, case folded -> the sections it is a key of (`[]`: in each item of a list)."""
+    places: dict[object, list[str]] = {}
 
     def walk(cls: type, path: str) -> None:
         for f in fields(cls):
             key = f.metadata.get("key")
             if key is None:
                 continue
-            places.setdefault(key, []).append(path)
+            places.setdefault(_fold(key), []).append(path)
             inner = _join(path, key)
             if f.metadata["section"] is not None:
                 walk(f.metadata["section"], inner)
@@ -256,22 +244,18 @@ def _places() -> dict[str, list[str]]:
     return places
 
 
-def _convert(
-    meta: Mapping[str, Any], raw: object, path: str, problems: list[str], unknown: list[str]
-) -> object:
+def _convert(meta: Mapping[str, Any], raw: object, path: str, walk: _Walk) -> object:
     if meta["section"] is not None:
-        return _build(meta["section"], raw, path, problems, unknown)
+        return _build(meta["section"], raw, path, walk)
     if meta["items"] is not None:
         if not isinstance(raw, list):
-            problems.append(f"{path}: must be a list, got {show(raw)}")
+            walk.problems.append(f"{path}: must be a list, got {show(raw)}")
             return None
-        return tuple(
-            _build(meta["items"], item, f"{path}[{i}]", problems, unknown) for i, item in enumerate(raw)
-        )
+        return tuple(_build(meta["items"], item, f"{path}[{i}]", walk) for i, item in enumerate(raw))
     try:
         return meta["convert"](raw)
     except InvalidValue as error:
-        problems.extend(f"{path}{suffix}: {message}" for suffix, message in error.problems)
+        walk.problems.extend(f"{path}{suffix}: {message}" for suffix, message in error.problems)
         return None
 
 
@@ -378,6 +362,13 @@ def _finish_health(health: Health, path: str, problems: list[str]) -> Health:
         problems.append(f"{path}: XID {xid} is in both ignoredXids and fatalXids")
     return health
 
+
+# NVIDIA's plugin decodes these with UnmarshalJSON methods of its own that look their keys up in a
+# map, in their exact case: `sharing.timeSlicing` / `sharing.mps`, their resources, and the
+# `resources.gpus` / `resources.mig` entries (a mis-cased optional key is ignored there, a required
+# one refuses the file).
+_EXACT_CASE = (ReplicatedResources, ReplicatedResource, NamePattern)
+EXACT_CASE = "NVIDIA's plugin reads the keys of this section in their exact case"
 
 _FINISH: dict[type, Callable[[Any, str, list[str]], Any]] = {
     ReplicatedResources: _finish_replicated,

@@ -382,6 +382,10 @@ class Config:
     imex: Imex = _key("imex", section=Imex, default_factory=Imex)
     health: Health = _key("health", section=Health, default_factory=Health)
     dra: Dra = _key("dra", section=Dra, default_factory=Dra)
+    # Keys the file wrote in another letter case, each as (its path as written, as the schema spells
+    # it): read all the same, as NVIDIA's plugin does (nvdp.config.load); one notice each. Not part
+    # of what the config says, so not compared.
+    recased_keys: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """In file form (camelCase keys, Go durations, unset values left out):

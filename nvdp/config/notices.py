@@ -1,7 +1,8 @@
 """Migration notices: the keys of an accepted config that nvdp applies and NVIDIA's plugin does not, so
-that the same file gives different resources on the two plugins. One line per key, for the plugin's
-start-up log and `nvdp config check`, so that an operator moving a file from one plugin to the other
-sees where they differ.
+that the same file gives different resources on the two plugins, and the keys written in another
+letter case than the schema's (both plugins apply them; the notice names the schema's spelling). One
+line per key, for the plugin's start-up log and `nvdp config check`, so that an operator moving a file
+from one plugin to the other sees where they differ.
 
 What NVIDIA's plugin (v0.20.0) does with them, from its code: `resources.gpus` / `resources.mig` are
 dropped with the warning "Customizing the 'resources' field is not yet supported in the config.
@@ -16,12 +17,15 @@ from __future__ import annotations
 from nvdp.config.model import SHARED_SUFFIX, Config, Devices, ReplicatedResources
 
 NVIDIA_IGNORES = "NVIDIA's plugin ignores this; nvdp applies it"
+ANY_CASE = "NVIDIA's plugin matches keys in any letter case"
 MAX_NOTICES = 20  # lines for one config; a generated file may repeat a key thousands of times
 
 
 def migration_notices(config: Config) -> list[str]:
-    """One line per key of `config` that NVIDIA's plugin ignores (or refuses) and nvdp applies."""
-    lines = [
+    """One line per key of `config` written in another letter case, then per key that NVIDIA's plugin
+    ignores (or refuses) and nvdp applies."""
+    lines = [f"{written}: applied as {schema} ({ANY_CASE})" for written, schema in config.recased_keys]
+    lines += [
         f"resources.gpus[{n}]: {NVIDIA_IGNORES}: GPUs whose product name matches {p.pattern!r} are "
         f"advertised as {p.name} (NVIDIA's: nvidia.com/gpu)"
         for n, p in enumerate(config.resources.gpus)
@@ -36,7 +40,7 @@ def migration_notices(config: Config) -> list[str]:
         if section is not None:
             lines += _sharing_notices(f"sharing.{key}", section)
     if len(lines) > MAX_NOTICES:
-        lines[MAX_NOTICES:] = [f"and {len(lines) - MAX_NOTICES} more keys that NVIDIA's plugin ignores"]
+        lines[MAX_NOTICES:] = [f"and {len(lines) - MAX_NOTICES} more notices"]
     return lines
 
 

@@ -2,9 +2,12 @@
 the resolver of flags and env vars (`nvdp.config.groups` holds the groups commands share).
 
 A value comes from a flag given on the command line, else from the first of its env vars that is
-defined (a defined but empty variable counts, as with urfave/cli); every bad value is one line naming
-the flag and the env var, all reported at once. A flag's help names its env vars and its default,
-read from the command's settings class: a default is written once.
+set; every bad value is one line naming the flag and the env var, all reported at once. An env var
+set to the empty string is unset (its option keeps its default: NVIDIA's chart passes `SIGNAL=""`),
+except where the empty string means something of its own: a boolean's is false (urfave/cli's
+BoolFlag), and an option may declare `empty="value"` (an empty KUBELET_SOCKET serves without
+registering, as in NVIDIA's plugin; an empty METRICS_ADDRESS turns the endpoint off). A flag's help
+names its env vars and its default, read from the command's settings class: a default is written once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Option:
     label: Literal["flag and env", "given"] = "flag and env"  # what names a bad value
     flag_env: str = ""  # the env var named with a bad flag value; by default the first
     has_flag: bool = True  # False: read from the env vars only (the command has no such flag)
+    empty: Literal["unset", "value"] = "unset"  # an env var set to "": unset, or the value "" to parse
 
     @property
     def dest(self) -> str:
@@ -41,6 +45,11 @@ class Option:
     @property
     def field(self) -> str:
         return self.target or self.dest
+
+    @property
+    def reads_empty_env(self) -> bool:
+        """Whether an env var set to "" is read (as "") rather than taken as unset."""
+        return self.empty == "value" or self.parse is v.parse_bool
 
     def problem_label(self, source: str) -> str:
         """What names a bad value that came from `source` (a flag or an env var)."""
@@ -58,12 +67,14 @@ def flag(
     *,
     target: str = "",
     label: Literal["flag and env", "given"] = "flag and env",
+    empty: Literal["unset", "value"] = "unset",
 ) -> Option:
     """An option from its flags and `$`-marked env vars, as a help line shows them:
     `flag("--driver-root --nvidia-driver-root $NVIDIA_DRIVER_ROOT", ...)`."""
     words = spec.split()
     envs = tuple(w[1:] for w in words if w.startswith("$"))
-    return Option(tuple(w for w in words if not w.startswith("$")), envs, parse, help, kind, target, label)
+    names = tuple(w for w in words if not w.startswith("$"))
+    return Option(names, envs, parse, help, kind, target, label, empty=empty)
 
 
 def under(prefix: str, options: Iterable[Option]) -> tuple[Option, ...]:
@@ -106,7 +117,7 @@ def read_options(
         if flag is not None:
             source, text = option.names[0], ",".join(flag) if isinstance(flag, list) else str(flag)
         else:
-            source = next((env for env in option.envs if env in environ), "")
+            source = next((env for env in option.envs if _is_set(option, environ.get(env))), "")
             if not source:
                 continue
             text = environ[source]
@@ -115,6 +126,10 @@ def read_options(
         except v.InvalidValue as error:
             problems.extend(f"{option.problem_label(source)}: {message}" for _, message in error.problems)
     return found, problems
+
+
+def _is_set(option: Option, value: str | None) -> bool:
+    return value is not None and (value != "" or option.reads_empty_env)
 
 
 def with_values(settings: T, found: Mapping[str, object]) -> T:

@@ -1,8 +1,15 @@
-"""Find the plugin process by name in /proc and signal it (shareProcessNamespace in the pod).
+"""Find the process to signal by name in /proc (shareProcessNamespace in the pod) and signal it.
 
-A process matches `name` when its executable's base name is `name`, when argv[0]'s base name is, or,
-for an interpreter running a script (our console scripts run as `python .../nvidia-device-plugin`),
-when the script's base name is. A name with a `/` must match the path exactly instead.
+A process goes by the names of its program: argv[0], its executable, and, for an interpreter running
+a script (a console script runs as `python3 /usr/local/bin/nvidia-device-plugin`), the script.
+`nvdp SUBCOMMAND` also goes by the console script that runs the same subcommand, beside `nvdp`
+(`nvdp plugin` is `nvidia-device-plugin`).
+
+A name without a `/` matches a program of that base name. A name with one matches argv[0] exactly
+(NVIDIA's config-manager's rule), or a program path that is the same file once symbolic links are
+followed: `--process-to-signal /usr/bin/mps-control-daemon` (NVIDIA's chart) finds the daemon started
+as `mps-control-daemon` or `nvdp mps-control-daemon`, since the image links /usr/bin to the console
+scripts. Links are followed in this container; the pod's containers run the same image.
 """
 
 from __future__ import annotations
@@ -12,19 +19,39 @@ from pathlib import Path
 
 PROC = Path("/proc")
 _INTERPRETERS = ("python", "sh", "bash", "dash")
+# `nvdp SUBCOMMAND` -> the console script that runs it (nvdp.cli, pyproject's [project.scripts]).
+NVDP_SUBCOMMANDS = {
+    "plugin": "nvidia-device-plugin",
+    "gfd": "gpu-feature-discovery",
+    "config-manager": "config-manager",
+    "mps-control-daemon": "mps-control-daemon",
+    "dra-kubelet-plugin": "gpu-kubelet-plugin",
+}
+
+
+def program_names(argv: list[str], exe: str | None) -> list[str]:
+    """The paths (or bare names, as argv[0] may be) that a process's program goes by."""
+    names = argv[:1] + ([exe] if exe is not None else [])
+    if not argv:
+        return names
+    program = 0  # argv[program] is the program, whose arguments follow it
+    if len(argv) > 1 and any(os.path.basename(n).startswith(_INTERPRETERS) for n in names):
+        names.append(argv[1])
+        program = 1
+    arguments = argv[program + 1 :]
+    if os.path.basename(argv[program]) == "nvdp" and arguments and arguments[0] in NVDP_SUBCOMMANDS:
+        names.append(os.path.join(os.path.dirname(argv[program]), NVDP_SUBCOMMANDS[arguments[0]]))
+    return names
 
 
 def matches(name: str, argv: list[str], exe: str | None) -> bool:
-    if not argv and exe is None:
-        return False
-    candidates = [argv[0]] if argv else []
-    if exe is not None:
-        candidates.append(exe)
-    if len(argv) > 1 and any(os.path.basename(c).startswith(_INTERPRETERS) for c in candidates):
-        candidates.append(argv[1])
-    if "/" in name:
-        return name in candidates
-    return any(os.path.basename(c) == name for c in candidates)
+    names = program_names(argv, exe)
+    if "/" not in name:
+        return any(os.path.basename(n) == name for n in names)
+    if name in names:
+        return True
+    target = os.path.realpath(name)
+    return any(os.path.isabs(n) and os.path.realpath(n) == target for n in names)
 
 
 def find(name: str, proc: Path = PROC) -> list[int]:

@@ -122,6 +122,7 @@ _DECLARED = (
         listen_address,
         'nvdp: listen address of /metrics, /healthz and /readyz ("" disables; /readyz fails while the'
         " node watch has been failing or silent for a minute, or the selected config is not in place)",
+        empty="value",
     ),
     flag(
         "--strict-config $STRICT_CONFIG",

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nvdp.bounded import loads_json
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
 from nvdp.logs import log_event
@@ -54,7 +55,7 @@ class Checkpoint:
         if not self.path.exists():
             return {}
         try:
-            data = json.loads(read_bounded(self.path, MAX_CHECKPOINT_BYTES))
+            data = loads_json(read_bounded(self.path, MAX_CHECKPOINT_BYTES), max_bytes=MAX_CHECKPOINT_BYTES)
             if not isinstance(data, dict) or data.get("version") != FORMAT:
                 raise ValueError(f"not an nvdp checkpoint (version {FORMAT})")
             return {uid: _claim(uid, entry) for uid, entry in dict(data["claims"]).items()}

@@ -4,6 +4,9 @@ device's nodes, and the driver's common edits (control nodes, libraries, binarie
 NVIDIA_VISIBLE_DEVICES=void) as the spec's edits: what the device plugin's specs hold, built by the
 same pure builder (`nvdp.cdi.spec.build_specs`), written the same way (`nvdp.files.write_atomic`).
 
+NVIDIA's DRA driver writes the same spec as YAML (`k8s.gpu.nvidia.com-claim_<uid>.yaml`): a claim
+it prepared keeps that file until unprepared here, and one no prepared claim owns is removed.
+
 The builder's `all` device is left out of a claim's spec: every claim would define it, and a runtime
 refuses a device name two spec files of one kind define. A device whose nodes are missing under the
 dev root keeps its claim from being prepared (the error names it).
@@ -27,7 +30,10 @@ from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device, claim_spec_file
 from nvdp.files import write_atomic
 
-_SPEC_FILE = re.compile(re.escape(claim_spec_file("X")).replace("X", "(?P<uid>[A-Za-z0-9-]+)") + "$")
+_SPEC_FILE = re.compile(
+    re.escape(claim_spec_file("X").removesuffix(".json")).replace("X", "(?P<uid>[A-Za-z0-9-]+)")
+    + r"\.(json|yaml)$"
+)
 
 
 class ClaimSpecs:
@@ -65,9 +71,12 @@ class ClaimSpecs:
         return {d.name: qualified_name(CLAIM_CDI_KIND, claim_cdi_device(uid, d.name)) for d in devices}
 
     def remove(self, uid: str) -> None:
-        """Remove the claim's spec (gone already: nothing to do). Raises OSError."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.root / claim_spec_file(uid))
+        """Remove the claim's spec, and NVIDIA's driver's (YAML, of a claim it prepared), where there
+        (gone already: nothing to do). Raises OSError."""
+        ours = self.root / claim_spec_file(uid)
+        for path in (ours, ours.with_suffix(".yaml")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def on_disk(self) -> set[str]:
         """The UIDs of the claims whose specs are in the spec directory."""

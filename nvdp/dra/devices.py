@@ -4,13 +4,17 @@ A GPU without MIG is one device of type `gpu`; a MIG-enabled GPU is its MIG devi
 `mig` (the GPU itself is not offered while MIG is on, as NVIDIA's driver does). The attribute names,
 value kinds and capacity names are NVIDIA's, so that its DeviceClasses and users' selectors match:
 
-- gpu: `type`, `uuid`, `index`, `minor`, `productName`, `brand`, `architecture`,
-  `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions as semver: `8.0.0`),
-  `pcieBusID` (NVML's bus id, lower case, domain of 4 digits: `0000:07:00.0`); capacity `memory`.
-- mig: `type`, `uuid`, `index` (the MIG device's), `parentUUID`, `parentIndex`, `parentMinor`,
-  `profile`, and the parent's product, brand, architecture, versions and bus id; capacities
-  `memory`, `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`
-  and `memorySlice<N>` (1 for each memory slice its GPU instance sits on).
+- gpu (NVIDIA's current driver, v25.12 on): `type`, `uuid`, `productName`, `brand`, `architecture`,
+  `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions as semver: `8.0.0`), and
+  the standard `resource.kubernetes.io/pciBusID` (lower case, domain of 4 digits: `0000:07:00.0`)
+  and `resource.kubernetes.io/pcieRoot` (`pci0000:00`; left out where the PCIe root is not known);
+  capacity `memory`.
+- mig: `type`, `uuid`, `parentUUID`, `profile`, and the parent's product, brand, architecture,
+  versions, PCI bus id and PCIe root; capacities `memory`, `multiprocessors`, `copyEngines`,
+  `decoders`, `encoders`, `jpegEngines`, `ofaEngines` and `memorySlice<N>` (1 for each memory slice
+  its GPU instance sits on).
+- kept from NVIDIA's earlier releases, so that claims written for them still select: `index`,
+  `minor` (gpu) and `index`, `parentIndex` (mig), v25.3's; `pcieBusID` (both), v25.3's and v25.8's.
 
 `brand` is read from the product name (NVML's brand query is not in the facade): Tesla, Quadro,
 QuadroRTX, GeForce, GeForceRTX, Titan, TitanRTX, NvidiaRTX, else Nvidia. `architecture` is the
@@ -24,10 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvdp.devices import gpu_device, mig_device
-from nvdp.dra.names import GPU_TYPE, MIG_TYPE, gpu_device_name, mig_device_name
+from nvdp.dra.names import GPU_TYPE, MIG_TYPE, former_mig_device_name, gpu_device_name, mig_device_name
+from nvdp.misfits import Misfit
+from nvdp.nvml.naming import sysfs_bus_id
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 Attributes = dict[str, dict[str, Any]]  # name -> {"string" | "int" | "bool" | "version": value}
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 _BRANDS = (  # product name prefix -> NVML brand, as go-nvlib names it; the first match counts
     ("Tesla", "Tesla"),
@@ -58,6 +66,7 @@ class DraDevice:
     paths: tuple[str, ...]
     attributes: Attributes = field(default_factory=dict)
     capacity: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> {"value": quantity}
+    former_name: str | None = None  # a MIG device's name before NVIDIA's v25.12 form
 
     @property
     def type(self) -> str:
@@ -87,9 +96,10 @@ def node_devices(
             attributes: Attributes = {
                 "type": {"string": GPU_TYPE},
                 "uuid": {"string": gpu.uuid},
+                **common,
                 "index": {"int": gpu.index},
                 "minor": {"int": gpu.minor},
-                **common,
+                "pcieBusID": common[PCI_BUS_ID],
             }
             capacity = {"memory": quantity(gpu.memory_bytes)}
             paths = gpu_device(gpu).paths
@@ -106,12 +116,12 @@ def _mig(
     attributes: Attributes = {
         "type": {"string": MIG_TYPE},
         "uuid": {"string": mig.uuid},
-        "index": {"int": mig.index},
         "parentUUID": {"string": gpu.uuid},
-        "parentIndex": {"int": gpu.index},
-        "parentMinor": {"int": gpu.minor},
         "profile": {"string": mig.profile},
         **common,
+        "index": {"int": mig.index},
+        "parentIndex": {"int": gpu.index},
+        "pcieBusID": common[PCI_BUS_ID],
     }
     capacity = {"memory": quantity(mig.memory_bytes)}
     if mig.engines is not None:
@@ -128,7 +138,8 @@ def _mig(
         for n in range(mig.placement.start, mig.placement.start + mig.placement.size):
             capacity[f"memorySlice{n}"] = quantity(1)
     paths = mig_device(gpu, mig, mig_minors).paths
-    return DraDevice(mig_device_name(gpu, mig), mig.uuid, gpu.uuid, paths, attributes, capacity)
+    name, former = mig_device_name(gpu, mig), former_mig_device_name(gpu, mig)
+    return DraDevice(name, mig.uuid, gpu.uuid, paths, attributes, capacity, former)
 
 
 def _common(gpu: GpuInfo, facts: DriverFacts) -> Attributes:
@@ -140,8 +151,43 @@ def _common(gpu: GpuInfo, facts: DriverFacts) -> Attributes:
         "cudaComputeCapability": {"version": semver(f"{major}.{minor}")},
         "driverVersion": {"version": semver(facts.driver_version)},
         "cudaDriverVersion": {"version": semver(facts.cuda_driver_version)},
-        "pcieBusID": {"string": pcie_bus_id(gpu.pci_bus_id)},
+        PCI_BUS_ID: {"string": pcie_bus_id(gpu.pci_bus_id)},
+        **({PCIE_ROOT: {"string": gpu.pcie_root}} if gpu.pcie_root else {}),
     }
+
+
+def device_misfits(gpus: Sequence[GpuInfo]) -> tuple[Misfit, ...]:
+    """What keeps the GPUs DRA serves from being published in full, each kind one misfit naming all
+    its GPUs: MIG enabled without MIG devices (no device at all), a PCIe root not known (no
+    `resource.kubernetes.io/pcieRoot`). A GPU lost at enumeration is left to the health monitor."""
+    ordered = sorted((g for g in gpus if g.fault is None), key=lambda g: g.index)
+    empty = [g for g in ordered if g.mig_enabled and not g.mig_devices]
+    rootless = [g for g in ordered if not g.pcie_root]
+    misfits = []
+    if empty:
+        misfits.append(
+            Misfit(
+                "MigWithoutDevices",
+                _gpus(empty),
+                f"{_gpus(empty)} ({', '.join(g.uuid for g in empty)}) have MIG enabled but no MIG "
+                "devices; they offer no DRA device until MIG devices are created",
+            )
+        )
+    if rootless:
+        paths = ", ".join(f"/sys/bus/pci/devices/{sysfs_bus_id(g.pci_bus_id)}" for g in rootless)
+        misfits.append(
+            Misfit(
+                "PcieRootUnknown",
+                _gpus(rootless),
+                f"{_gpus(rootless)}: no PCIe root in sysfs ({paths}); their devices are published "
+                f"without {PCIE_ROOT}",
+            )
+        )
+    return tuple(misfits)
+
+
+def _gpus(gpus: Sequence[GpuInfo]) -> str:
+    return f"GPU {gpus[0].index}" if len(gpus) == 1 else f"GPUs {','.join(str(g.index) for g in gpus)}"
 
 
 def brand(product: str) -> str:

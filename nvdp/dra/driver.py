@@ -33,11 +33,13 @@ from nvdp.dir_watch import DirWatcher
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
-from nvdp.dra.devices import DraDevice, DriverFacts, node_devices
+from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_state import NodeState
+from nvdp.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint
+from nvdp.dra.nvidia_checkpoint import current_boot_id
 from nvdp.dra.options import DraSettings, resolve_dra
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
@@ -110,7 +112,7 @@ class DraDriver:
         self._in_slices: frozenset[str] = frozenset()  # the GPUs the slices say, as last published
         self._minors: dict[str, int] | None = None
         self.registration = RegistrationService(
-            settings.plugin_socket, counters.registered if counters else None
+            settings.plugin_socket, counters.registered if counters else None, self.streams.expect_kubelet
         )
         self.preparer: ClaimPreparer | None = None
         self.gpus: list[GpuInfo] | None = None
@@ -244,12 +246,14 @@ class DraDriver:
             disabled_hooks=runtime.cdi_disable_hooks,
         )
         specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
+        checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
+        adopt_nvidia_checkpoint(checkpoint, current_boot_id())
         self.preparer = ClaimPreparer(
             self.api,
             self.node,
             self.state,
             specs,
-            Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE),
+            checkpoint,
             changed=lambda: self._wake("claims"),
         )
         self._enumerate()
@@ -307,24 +311,23 @@ class DraDriver:
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
         everything = node_devices(gpus, self._facts, self._minors)
-        gpu_of = {d.name: d.gpu_uuid for d in everything}
+        gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
-        for name, holder in self.preparer.holders().items():
-            if name in gpu_of:
-                holds.setdefault(gpu_of[name], holder)
+        for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
+            holds.setdefault(gpu_of[name], holder)
         self._serve = self.handoff.settle(owned, holds).serve
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._serve])
         records: list[Device] = []
-        for gpu in gpus:
-            if gpu.uuid in self._serve:
-                records += (
-                    [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                    if gpu.mig_enabled
-                    else [gpu_device(gpu)]
-                )
+        for gpu in (g for g in gpus if g.uuid in self._serve):
+            records += (
+                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
+                if gpu.mig_enabled
+                else [gpu_device(gpu)]
+            )
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update("handoff", (*missing, *self.handoff.misfits(labels)))
+        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._serve]))
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""

@@ -25,7 +25,11 @@ from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 
-MAX_STREAMS = 4  # kubelets watching at once (one per kubelet; room for a restart's overlap)
+# Streams open at once, one place of them kept for the kubelet: the first stream after the kubelet's
+# plugin watcher asked GetInfo (a registration), or after the kubelet's own stream ended (it dials
+# again), is the kubelet's and is always admitted; other clients (a debugging grpcurl, a monitor)
+# share the rest and are refused with RESOURCE_EXHAUSTED beyond it. No open stream is ended for a new one.
+MAX_STREAMS = 4
 HEALTH_MESSAGE_LIMIT = 1024
 
 
@@ -85,7 +89,9 @@ class HealthStreams:
         self._cond = threading.Condition()
         self._devices: tuple[DeviceHealth, ...] = ()
         self._version = 0
-        self._streams = 0
+        self._others = 0  # streams open that are not the kubelet's
+        self._kubelets = 0  # streams open that are the kubelet's (two across a kubelet restart)
+        self._kubelet_awaited = False  # the next stream is the kubelet's
         self._told: set[str] = set()  # services a kubelet watched through (said once each)
         self._stopping = False
 
@@ -101,13 +107,24 @@ class HealthStreams:
             self._stopping = True
             self._cond.notify_all()
 
+    def expect_kubelet(self) -> None:
+        """The kubelet is registering the plugin: its health stream comes next."""
+        with self._cond:
+            self._kubelet_awaited = True
+
     def stream(self, wire: Wire, context: grpc.ServicerContext) -> Iterator[Any]:
         with self._cond:
-            if self._streams >= MAX_STREAMS:
+            kubelet = self._kubelet_awaited
+            if kubelet:
+                self._kubelet_awaited = False
+                self._kubelets += 1
+            elif self._others >= MAX_STREAMS - 1:
                 context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_STREAMS} health streams open already"
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"at most {MAX_STREAMS} health streams (one kept for the kubelet); close another first",
                 )
-            self._streams += 1
+            else:
+                self._others += 1
             if wire.service not in self._told:
                 self._told.add(wire.service)
                 log_event(log, logging.INFO, "kubelet watches device health", service=wire.service)
@@ -124,7 +141,12 @@ class HealthStreams:
                 yield self._response(wire, devices)
         finally:
             with self._cond:
-                self._streams -= 1
+                if not kubelet:
+                    self._others -= 1
+                else:
+                    self._kubelets -= 1
+                    if not self._kubelets and not self._stopping:
+                        self._kubelet_awaited = True  # the kubelet dials again
 
     def _wake(self) -> None:
         with self._cond:

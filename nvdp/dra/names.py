@@ -1,13 +1,21 @@
 """The names a DRA driver is known by (pure): the driver, its devices, its sockets and files, and the
 CDI names of prepared claims, as NVIDIA's DRA driver (k8s-dra-driver-gpu) spells them.
 
-Devices are named after the GPU's minor number: `gpu-0`; a MIG device after its GPU and its GPU
-instance's profile id and placement: `gpu-0-mig-19-4-1` (a compute instance that shares its GPU
-instance adds `-ci<id>`; where NVML gives no placement: `gpu-0-mig-gi7-ci0`). A prepared claim's
-devices are CDI devices `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`, in a spec file of that claim.
+Devices are named after the GPU's minor number: `gpu-0`; a MIG device after its GPU, its profile
+(lower case, dots dropped, any other character but letters, digits and `-` made `-`), its GPU
+instance's profile id and the placement's first memory slice: `gpu-0-mig-1g5gb-19-4`,
+`gpu-0-mig-1g10gb-me-20-0` (NVIDIA's form from v25.12). nvdp's own cases, which NVIDIA's driver
+does not publish: a compute instance sharing its GPU instance adds `-ci<id>` to the profile
+(`gpu-0-mig-1c2g10gb-ci1-14-0`); where NVML gives no placement, the GPU and compute instance ids
+stand for the tail (`gpu-0-mig-2g10gb-gi1-ci0`). The form nvdp used before (`gpu-0-mig-19-4-1`,
+NVIDIA's up to v25.8) is still understood for claims prepared or allocated under it
+(`former_mig_device_name`). A prepared claim's devices are CDI devices
+`k8s.gpu.nvidia.com/claim=<claim uid>-<device>`, in a spec file of that claim.
 """
 
 from __future__ import annotations
+
+import re
 
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
@@ -17,8 +25,10 @@ MIG_TYPE = "mig"
 REGISTRATION_SOCKET = f"{DRIVER_NAME}-reg.sock"  # in the kubelet's plugins_registry directory
 PLUGIN_SOCKET = "dra.sock"  # in <kubelet plugins directory>/gpu.nvidia.com
 CHECKPOINT_FILE = "checkpoint.json"  # beside the plugin socket
+PLUGIN_LOCK_FILE = "dra-kubelet-plugin.lock"  # beside the plugin socket: one DRA plugin per node
 CDI_VENDOR = f"k8s.{DRIVER_NAME}"
 CLAIM_CDI_KIND = f"{CDI_VENDOR}/claim"
+_NOT_NAME_CHARACTERS = re.compile(r"[^a-z0-9-]")
 
 
 def gpu_device_name(gpu: GpuInfo) -> str:
@@ -26,12 +36,27 @@ def gpu_device_name(gpu: GpuInfo) -> str:
 
 
 def mig_device_name(gpu: GpuInfo, mig: MigDeviceInfo) -> str:
+    profile = _NOT_NAME_CHARACTERS.sub("-", mig.profile.replace(".", "").lower()).strip("-")
+    if _shares_its_gpu_instance(mig):
+        profile += f"-ci{mig.ci_id}"
+    if mig.placement is None:
+        return f"{gpu_device_name(gpu)}-mig-{profile}-gi{mig.gi_id}-ci{mig.ci_id}"
+    return f"{gpu_device_name(gpu)}-mig-{profile}-{mig.placement.profile_id}-{mig.placement.start}"
+
+
+def former_mig_device_name(gpu: GpuInfo, mig: MigDeviceInfo) -> str:
+    """The name nvdp gave a MIG device before NVIDIA's v25.12 form: `gpu-0-mig-19-4-1` (GPU instance
+    profile id, placement start and size), `-ci<id>` added for a compute instance sharing its GPU
+    instance, `gpu-0-mig-gi7-ci0` without a placement."""
     if mig.placement is None:
         return f"{gpu_device_name(gpu)}-mig-gi{mig.gi_id}-ci{mig.ci_id}"
     where = mig.placement
     name = f"{gpu_device_name(gpu)}-mig-{where.profile_id}-{where.start}-{where.size}"
-    compute_instance_profile = mig.profile.split(".", 1)[0].endswith("c")  # "1c.2g.10gb"
-    return f"{name}-ci{mig.ci_id}" if compute_instance_profile else name
+    return f"{name}-ci{mig.ci_id}" if _shares_its_gpu_instance(mig) else name
+
+
+def _shares_its_gpu_instance(mig: MigDeviceInfo) -> bool:
+    return mig.profile.split(".", 1)[0].endswith("c")  # "1c.2g.10gb"
 
 
 def claim_cdi_device(claim_uid: str, device: str) -> str:

@@ -3,7 +3,9 @@ taint and the kubelet health each gets (`nvdp.dra.prepare.Inventory` for the pre
 
 `set_devices` takes an enumeration's devices (after a rescan), `set_health` the Unhealthy GPU / MIG
 uuids and the router's reasons; both answer what changed for the publisher and the health streams.
-A device keeps the taint (and time) it got when it turned Unhealthy until it recovers.
+A device keeps the taint (and time) it got when it turned Unhealthy until it recovers. A MIG device
+is also found by its former name (`nvdp.dra.names.former_mig_device_name`): a claim allocated from the
+slice of the nvdp before an upgrade names it so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class NodeState:
         self._clock = clock
         self._lock = threading.Lock()
         self._devices: dict[str, DraDevice] = {}
+        self._former: dict[str, str] = {}  # a MIG device's former name -> its name
         self._taints: dict[str, Taint] = {}  # device name -> why it is Unhealthy
         self._reasons: dict[str, str] = {}  # device name -> why it is Unhealthy, in words
         self._since: dict[str, float] = {}  # device name -> unix time of its last health change
@@ -36,6 +39,7 @@ class NodeState:
         with self._lock:
             now = self._clock()
             self._devices = {d.name: d for d in devices}
+            self._former = {d.former_name: d.name for d in devices if d.former_name}
             for name in set(self._taints) - set(self._devices):
                 del self._taints[name]
             self._since = {n: self._since.get(n, now) for n in self._devices}
@@ -76,8 +80,11 @@ class NodeState:
     # ---- nvdp.dra.prepare.Inventory ----
     def device(self, name: str) -> DraDevice | None:
         with self._lock:
-            return self._devices.get(name)
+            return self._devices.get(self._current(name))
 
     def unhealthy(self, name: str) -> Taint | None:
         with self._lock:
-            return self._taints.get(name)
+            return self._taints.get(self._current(name))
+
+    def _current(self, name: str) -> str:
+        return name if name in self._devices else self._former.get(name, name)

@@ -101,7 +101,7 @@ class ClaimPreparer:
         try:
             claim = self._api.claims().get(ref.namespace, ref.name)
             allocated = allocated_devices(claim, ref, self.pool)
-            devices: dict[str, DraDevice] = {}
+            devices: dict[str, DraDevice] = {}  # by the name the allocation gives (maybe a former one)
             for result in allocated:
                 device = self._inventory.device(result.device)
                 if device is None:
@@ -111,10 +111,12 @@ class ClaimPreparer:
                     raise ClaimError(
                         f"device {result.device} is Unhealthy ({taint.value}); not handed to a new claim"
                     )
-                devices[device.name] = device
-            ids = self._specs.write(ref.uid, list(devices.values()))
+                devices[result.device] = device
+            ids = self._specs.write(ref.uid, list({d.name: d for d in devices.values()}.values()))
             answer = tuple(
-                PreparedDevice((r.request,) if r.request else (), self.pool, r.device, (ids[r.device],))
+                PreparedDevice(
+                    (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
+                )
                 for r in allocated
             )
             prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, answer)

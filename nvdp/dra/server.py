@@ -101,12 +101,18 @@ class UnixServer:
 
 
 class RegistrationService:
-    """pluginregistration.Registration for the kubelet's plugin watcher; `on_registered(first)` is told
-    each registration the kubelet reports."""
+    """pluginregistration.Registration for the kubelet's plugin watcher; `on_info()` is told each GetInfo
+    (a registration begins), `on_registered(first)` each registration the kubelet reports."""
 
-    def __init__(self, endpoint: Path, on_registered: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Path,
+        on_registered: Callable[[bool], None] | None = None,
+        on_info: Callable[[], None] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self._on_registered = on_registered
+        self._on_info = on_info
         self.registered = threading.Event()
         self.last_status: tuple[bool, str] | None = None  # what the kubelet said last (bounded: a
         # client calling NotifyRegistrationStatus over and over grows nothing)
@@ -119,6 +125,8 @@ class RegistrationService:
         return None if registered else f"the kubelet refused the registration: {error}"
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if self._on_info is not None:
+            self._on_info()
         return registration.pb.PluginInfo(
             type=PLUGIN_TYPE, name=DRIVER_NAME, endpoint=str(self.endpoint), supported_versions=list(SERVICES)
         )

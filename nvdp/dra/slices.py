@@ -2,7 +2,9 @@
 
 One pool per node, named after the node, in as many slices as its devices need (at most
 MAX_DEVICES_PER_SLICE each; `resourceSliceCount` says how many), all of one `generation`, which the
-publisher bumps whenever what they say changes. Slices are named `<node>-gpu.nvidia.com-<n>`.
+publisher bumps whenever what they say changes. Slices are named `<node>-gpu.nvidia.com-<n>`. A pool
+without devices is one slice with none (as NVIDIA's driver publishes it): the node is there, with
+nothing to give.
 
 An Unhealthy device is shown one of two ways, whichever the API server keeps (`nvdp.dra.publisher`
 finds out): a `NoSchedule` taint `gpu.nvidia.com/unhealthy` on the device (the scheduler then gives
@@ -66,7 +68,7 @@ def pool_slices(
 ) -> list[Slice]:
     """The pool's slices: `devices` (by name order of the inventory), those named in `unhealthy`
     tainted (`taints`) or left out (not `taints`); owned by `owner` (the Node: they go with it). No
-    devices: no slices."""
+    devices: one slice without any."""
     entries = []
     for device in devices:
         entry = device.slice_entry()
@@ -77,6 +79,7 @@ def pool_slices(
             entry = {**entry, "taints": [taint.entry()]}
         entries.append(entry)
     chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
+    chunks = chunks or [[]]
     return [
         {
             "apiVersion": f"{API_GROUP}/v1",

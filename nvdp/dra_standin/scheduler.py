@@ -16,10 +16,16 @@ claims use, and refuses any other with a line that says so (no CEL engine here):
 
 An attribute `device.attributes['D'].name` is the device's attribute `name` when D is its driver's
 name, else its attribute `D/name`; a device without it does not match.
+
+Extended resources through DRA (KEP-5004, resource.k8s.io/v1 `DeviceClass.spec.extendedResourceName`):
+`extended_resource_claim` is the claim the scheduler makes for a pod that asks an extended resource
+(`nvidia.com/gpu: 1`) a DeviceClass names, on a node whose allocatable does not have that resource (a
+device plugin that advertises it wins); `allocate` allocates it as any other claim.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -34,17 +40,28 @@ _DRIVER = re.compile(r"^device\.driver\s*(==|!=)\s*(.+)$")
 _ATTRIBUTE = re.compile(r"^device\.attributes\[\s*'([^']+)'\s*\]\.([A-Za-z][A-Za-z0-9_]*)\s*(==|!=)\s*(.+)$")
 
 
-def nvidia_device_classes(driver: str = "gpu.nvidia.com") -> dict[str, dict[str, Any]]:
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+IMPLICIT_EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+_GENERATED_NAME_LETTERS = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet
+
+
+def nvidia_device_classes(
+    driver: str = "gpu.nvidia.com", extended_resource_name: str = ""
+) -> dict[str, dict[str, Any]]:
     """NVIDIA's DeviceClasses `gpu.nvidia.com` (whole GPUs) and `mig.nvidia.com` (MIG devices), as its
-    chart installs them (and nvdp's chart, with `dra.enabled`)."""
+    chart installs them (and nvdp's chart, with `dra.enabled`); with `extended_resource_name`
+    (NVIDIA's chart for resource.k8s.io/v1: `nvidia.com/gpu`) the GPU class carries it."""
     classes = {}
     for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
         expression = f"device.driver == '{driver}' && device.attributes['{driver}'].type == '{kind}'"
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
+        if kind == "gpu" and extended_resource_name:
+            spec["extendedResourceName"] = extended_resource_name
         classes[name] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
             "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+            "spec": spec,
         }
     return classes
 
@@ -160,3 +177,90 @@ def taken_devices(claims: Iterable[Obj]) -> set[DeviceKey]:
         for c in claims
         for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
     }
+
+
+def extended_resource_classes(classes: Mapping[str, Obj]) -> dict[str, str]:
+    """Extended resource name -> the DeviceClass that serves it: each class's `extendedResourceName`,
+    and `deviceclass.resource.kubernetes.io/<class>` for every class. Two classes naming one resource:
+    the one created later (`metadata.creationTimestamp`), then the name sorted first."""
+    found = {IMPLICIT_EXTENDED_RESOURCE_PREFIX + name: name for name in classes}
+    naming: dict[str, list[tuple[str, str]]] = {}
+    for name in sorted(classes):
+        resource = (classes[name].get("spec") or {}).get("extendedResourceName")
+        if resource:
+            created = str((classes[name].get("metadata") or {}).get("creationTimestamp") or "")
+            naming.setdefault(resource, []).append((created, name))
+    for resource, named in naming.items():
+        found[resource] = max(named, key=lambda n: n[0])[1]  # the first of the newest: sorted by name
+    return found
+
+
+def extended_resource_claim(
+    pod: Obj, classes: Mapping[str, Obj], node: Obj
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The ResourceClaim the scheduler creates for the pod's extended resources that a DeviceClass
+    serves and the node's allocatable does not have (a device plugin's > 0 wins), and the pod's
+    `status.extendedResourceClaimStatus`; None when the pod asks none. One request per container
+    (init containers first) and resource: `container-<i>-request-<j>`, j the resource's place among
+    the container's sorted requests (limits stand for requests not given, as the API server defaults
+    them). The claim is named `<pod>-extended-resources-<5 letters>` (generateName), annotated
+    `resource.kubernetes.io/extended-resource-claim: "true"`, owned by the pod."""
+    served = extended_resource_classes(classes)
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    spec, metadata = pod.get("spec") or {}, pod["metadata"]
+    requests, mappings = [], []
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    for i, container in enumerate(containers):
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for j, resource in enumerate(sorted(wanted)):
+            if resource not in served or _count(allocatable.get(resource, 0)) > 0:
+                continue
+            count = _count(wanted[resource])
+            if count <= 0:
+                continue
+            name = f"container-{i}-request-{j}"
+            exactly = {"deviceClassName": served[resource], "allocationMode": "ExactCount", "count": count}
+            requests.append({"name": name, "exactly": exactly})
+            mappings.append(
+                {"containerName": container["name"], "resourceName": resource, "requestName": name}
+            )
+    if not requests:
+        return None
+    generate_name = f"{metadata['name']}-extended-resources-"
+    claim_name = generate_name + _generated_suffix(str(metadata.get("uid") or metadata["name"]))
+    owner = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": metadata["name"],
+        "uid": metadata.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": claim_name,
+            "generateName": generate_name,
+            "namespace": metadata.get("namespace", "default"),
+            "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+            "ownerReferences": [owner],
+        },
+        "spec": {"devices": {"requests": requests}},
+    }
+    return claim, {"requestMappings": mappings, "resourceClaimName": claim_name}
+
+
+def _count(quantity: object) -> int:
+    """An extended resource's quantity: a whole number."""
+    text = str(quantity)
+    if not re.fullmatch(r"[0-9]+", text):
+        raise AllocationError(f"extended resource quantity {text!r}: only whole numbers are supported")
+    return int(text)
+
+
+def _generated_suffix(seed: str) -> str:
+    """Five letters of the API server's generateName alphabet (the stand-in's: derived from `seed`)."""
+    digest = hashlib.sha256(seed.encode()).digest()
+    return "".join(_GENERATED_NAME_LETTERS[b % len(_GENERATED_NAME_LETTERS)] for b in digest[:5])

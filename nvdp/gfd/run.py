@@ -2,8 +2,9 @@
 
 SIGHUP (`request_reload`) re-reads the configuration and labels at once; SIGTERM / SIGINT
 (`request_stop`) end the loop, and the feature file is removed so stale labels do not outlive the
-DaemonSet pod (NVIDIA's behaviour). `--oneshot` labels once and returns; `--sleep-interval infinite`
-labels once and sleeps until a signal.
+DaemonSet pod. `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and
+sleeps until a signal. Both of them keep the labels at exit, as NVIDIA's gfd does: labels that are
+written once are meant to stay (`keeps_labels_at_exit`).
 
 A node fact never ends the loop. What of the config does not fit the node (a misfit) is reported
 through `nvdp.misfit_report.MisfitReport`: one WARNING line and one Node event (where the API server
@@ -128,7 +129,7 @@ class Gfd:
         """The stop did not finish (a labelling pass is blocked): remove the labels now, as the
         stop would have, so that they do not outlive the process. Any thread."""
         output = self._output
-        if output is not None and not self.settings.oneshot:
+        if output is not None and not keeps_labels_at_exit(self.settings):
             output.remove()
 
     # ---- loop ---------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ class Gfd:
                     waker.reload_requested = False
                     settings, output = self._apply_reload(settings, output)
         finally:
-            if not settings.oneshot:
+            if not keeps_labels_at_exit(settings):
                 output.remove()
             waker.close()
             if self._events is not None:
@@ -240,6 +241,13 @@ class Gfd:
         self._warned = frozenset(result.warnings)
         self.misfits.update(MISFIT_SOURCE, result.misfits)
         return dict(result.labels)
+
+
+def keeps_labels_at_exit(settings: GfdSettings) -> bool:
+    """Whether the labels stay when the process ends: with `--oneshot` and with `--sleep-interval
+    infinite` (labels written once, by a Job or a pod that is meant to label and wait), as NVIDIA's
+    gfd keeps them. A NodeFeature object always stays (`NodeFeatureOutput.remove`)."""
+    return settings.oneshot or settings.sleep_interval == math.inf
 
 
 def _open_nvml(settings: GfdSettings) -> Nvml:

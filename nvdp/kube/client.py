@@ -15,7 +15,6 @@ connection handed back with unread bytes makes the next request on it read them 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -23,11 +22,15 @@ from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent
+from nvdp.bounded import BoundExceeded, loads_json, loads_yaml
+from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent, UnreadableFile
+from nvdp.files import read_bounded
+from nvdp.units import MIB
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+MAX_ANSWER_BYTES = 64 * MIB  # an answer (a list of a node's pods, say) or a watch event, decoded
 
 
 def in_cluster(environ: Mapping[str, str], token_file: str = SERVICE_ACCOUNT_TOKEN) -> bool:
@@ -56,6 +59,7 @@ def new_api_client(
             raise KubeError(f"cannot load kubeconfig {kubeconfig}: no such file")
         try:
             if kubeconfig:
+                _check_kubeconfig(kubeconfig)
                 config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
             else:
                 config.load_incluster_config(client_configuration=configuration)
@@ -66,11 +70,22 @@ def new_api_client(
     return client.ApiClient(configuration)
 
 
+def _check_kubeconfig(path: str) -> None:
+    """Raises KubeError (one line) when the kubeconfig at `path` is no small regular file of bounded
+    YAML: the client would read `/dev/zero` for ever, and recurse out of its stack on deep nesting."""
+    import yaml
+
+    try:
+        loads_yaml(read_bounded(path))
+    except (UnreadableFile, BoundExceeded, yaml.YAMLError, ValueError) as error:
+        raise KubeError(f"cannot load kubeconfig {path}: {one_line(error)}") from error
+
+
 def get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: float) -> dict[str, Any]:
     """One GET and its JSON object (a list: `items` and `metadata.resourceVersion`). Raises
     KubeStatusError (KubeGone for 410) on an error status, else KubeError (one line)."""
     try:
-        data = json.loads(request(api_client, "GET", path, query, timeout))
+        data = loads_json(request(api_client, "GET", path, query, timeout), max_bytes=MAX_ANSWER_BYTES)
     except KubeError:
         raise
     except Exception as error:  # urllib3 / socket errors, a body that is no JSON
@@ -97,7 +112,7 @@ def watch(
                 heard = time.monotonic()
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = loads_json(line, max_bytes=MAX_ANSWER_BYTES)
                 if not isinstance(event, dict):
                     raise ValueError(f"not a watch event: {line[:100]}")
                 if event.get("type") == "ERROR":
@@ -210,7 +225,7 @@ def _released(raw: Any) -> Iterator[None]:
 def _status_error(status: int, body: object, reason: object) -> KubeStatusError:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
     try:
-        detail = json.loads(text).get("message") or reason
+        detail = loads_json(text, max_bytes=MAX_ANSWER_BYTES).get("message") or reason
     except (ValueError, AttributeError):
         detail = text or reason
     return (KubeGone if status == 410 else KubeStatusError)(status, str(detail), str(reason or ""))

@@ -11,12 +11,12 @@ one-line KubeError naming the slice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator, Mapping
 from typing import Any
 
+from nvdp.bounded import loads_json
 from nvdp.errors import KubeError, KubeStatusError
-from nvdp.kube.client import get_json, one_line, request, watch
+from nvdp.kube.client import MAX_ANSWER_BYTES, get_json, one_line, request, watch
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first: the first the server serves is used
@@ -138,7 +138,10 @@ class KubeResourceSlices:
         name = obj["metadata"]["name"]
         served = to_served(obj, self.version)
         try:
-            answer = json.loads(request(self._api_client, method, path, query, self._timeout, body=served))
+            answer = loads_json(
+                request(self._api_client, method, path, query, self._timeout, body=served),
+                max_bytes=MAX_ANSWER_BYTES,
+            )
         except KubeStatusError:
             raise
         except Exception as error:  # urllib3 / socket errors, a body that is no JSON

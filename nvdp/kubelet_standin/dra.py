@@ -2,6 +2,11 @@
 registered DRA plugin (through the service the plugin watcher chose), claims reference-counted by the
 pods that use them as the kubelet does (prepared for the first pod, unprepared after the last), and
 the plugin's DRAResourceHealth stream followed (what the kubelet shows in pods' status).
+
+A pod that asks an extended resource a DeviceClass serves (KEP-5004) names no claim in its spec: the
+scheduler wrote the claim it made into `status.extendedResourceClaimStatus`, with the request each
+container's resource maps to; `start_extended_resource_pod` prepares that claim and gives each container
+the CDI devices of its requests.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -98,6 +103,22 @@ class DraManager:
                 self.prepared[claim.uid].pods.add(pod_uid)
             return {c.uid: self.prepared[c.uid].devices for c in claims}
 
+    def start_extended_resource_pod(
+        self, pod: Mapping[str, Any], claim_uid: str, driver: str
+    ) -> dict[str, list[str]]:
+        """Prepare the claim the pod's `status.extendedResourceClaimStatus` names (its UID as the API
+        has it); container name -> the CDI device IDs the container gets. Raises KubeletError: no such
+        status, or the claim not prepared."""
+        status = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+        metadata = pod["metadata"]
+        if not status:
+            raise KubeletError(
+                f"pod {metadata['namespace']}/{metadata['name']}: no extendedResourceClaimStatus"
+            )
+        claim = Claim(metadata["namespace"], status["resourceClaimName"], claim_uid)
+        devices = self.start_pod(metadata["uid"], driver, [claim])[claim_uid]
+        return container_cdi_devices(pod, devices)
+
     def end_pod(self, pod_uid: str, driver: str, claims: Sequence[Claim]) -> list[str]:
         """Unprepare the pod's claims no other pod uses; the uids unprepared."""
         with self._lock:
@@ -157,3 +178,18 @@ class DraManager:
             channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             channel.close()
+
+
+def container_cdi_devices(pod: Mapping[str, Any], devices: Sequence[Any]) -> dict[str, list[str]]:
+    """Each container's CDI device IDs (every container of the pod): those of the prepared `devices`
+    (the plugin's Device messages) whose requests the pod's extendedResourceClaimStatus maps to the
+    container; a device that names no request belongs to every request."""
+    spec = pod.get("spec") or {}
+    found: dict[str, list[str]] = {
+        c["name"]: [] for c in (*(spec.get("initContainers") or []), *(spec.get("containers") or []))
+    }
+    for mapping in pod["status"]["extendedResourceClaimStatus"]["requestMappings"]:
+        for device in devices:
+            if not device.request_names or mapping["requestName"] in device.request_names:
+                found[mapping["containerName"]] += list(device.cdi_device_ids)
+    return found

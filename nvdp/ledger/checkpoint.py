@@ -12,11 +12,11 @@ cannot be read or parsed leaves the UIDs unknown.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from nvdp.bounded import loads_json
 from nvdp.errors import NvdpError
 from nvdp.files import read_bounded
 from nvdp.ledger.types import Holding
@@ -30,7 +30,7 @@ UidKey = tuple[str, str, str]  # (resource, device ID, container)
 def parse_pod_uids(text: str | bytes) -> dict[UidKey, str]:
     """(resource, device ID, container) -> pod UID, from the checkpoint's text. Raises ValueError
     when it is no checkpoint; entries of another shape are skipped."""
-    data = json.loads(text)
+    data = loads_json(text, max_bytes=MAX_CHECKPOINT_BYTES)
     entries = data.get("Data", {}).get("PodDeviceEntries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError("no Data.PodDeviceEntries")

@@ -6,7 +6,9 @@ happens when asked, never on a timer while nothing happens but a slow resync (RE
 - after each Allocate the plugin answered (the kubelet records the assignment as it gets the answer:
   reads follow at AFTER_ALLOCATE_S; a burst of Allocates shares them),
 - after each health change (`changed`), so the next questions get a fresh answer,
-- on demand, for a page that wants an answer at most so old (`fresh`: /allocations, /metrics).
+- on demand, for a page that wants an answer at most so old (`recent`: /allocations, /metrics); the
+  page waits for it at most PAGE_WAIT_S, and not at all while a read is under way: a kubelet that
+  hangs costs a page nothing, which then shows the last read (`read_at` says how old).
 Questions on the health path (`held`) are answered from memory and never wait for a read. When the
 socket is missing (an old kubelet, the feature gate off, a plugin run by hand) that is said once at
 start and every question gets an empty answer; the ledger starts reading when the socket appears.
@@ -36,6 +38,7 @@ RESYNC_S = 60.0  # a read at least this often, to let go of pods that ended
 AFTER_ALLOCATE_S = (0.2, 1.0, 3.0)  # reads after an Allocate, from its answer
 RESOURCE_PREFIX = "nvidia.com/"
 STOP_WAIT_S = 5.0
+PAGE_WAIT_S = 0.25  # a page waits at most this long for the read it asked for
 
 Reader = Callable[[str], list[Holding]]  # resource prefix -> holdings (PodResourcesClient.list)
 
@@ -58,10 +61,13 @@ class AllocationLedger:
         self._checkpoint = CheckpointUids(checkpoint) if checkpoint is not None else None
         self._resync = resync
         self._lock = threading.Lock()  # guards the snapshot and the reads asked for
+        self._read_done = threading.Condition(self._lock)
         self._reading = threading.Lock()  # one read at a time
         self._snapshot = LedgerSnapshot(str(socket_path))
         self._due: list[float] = []  # time.monotonic() of the reads asked for
         self._attempted: float | None = None  # time.monotonic() of the last read
+        self._reading_since: float | None = None  # time.monotonic() of the read under way
+        self._completed: float | None = None  # time.monotonic() the last finished read began
         self._next_resync = 0.0  # time.monotonic() of the next read on the slow timer
         self._answering: bool | None = None  # the last read worked (None: none yet)
         self._uid_problem: str | None = None  # the checkpoint's problem, as last said
@@ -155,6 +161,21 @@ class AllocationLedger:
                 self._read_locked()
         return self.snapshot()
 
+    def recent(self, max_age: float, wait: float = PAGE_WAIT_S) -> LedgerSnapshot:
+        """The record for a page: from memory when read at most `max_age` seconds ago; else a read is
+        asked of the ledger's thread and waited for at most `wait` seconds, or not at all while a read
+        is under way (the last read is served). Reads inline before `start`."""
+        if self._thread is None:
+            return self.fresh(max_age)
+        asked = time.monotonic()
+        with self._lock:
+            done = self._completed
+            if self._reading_since is None and (done is None or asked - done > max_age):
+                self._due.append(asked)
+                self._wake.set()
+                self._read_done.wait_for(lambda: (self._completed or -1.0) >= asked, wait)
+            return self._snapshot
+
     # ---- reading ------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -174,9 +195,18 @@ class AllocationLedger:
             self._wake.clear()
 
     def _read_locked(self) -> None:
-        self._attempted = time.monotonic()
+        started = self._attempted = time.monotonic()
         with self._lock:
-            self._next_resync = self._attempted + self._resync
+            self._next_resync = started + self._resync
+            self._reading_since = started
+        try:
+            self._read_and_keep()
+        finally:
+            with self._lock:
+                self._reading_since, self._completed = None, started
+                self._read_done.notify_all()
+
+    def _read_and_keep(self) -> None:
         try:
             holdings = self._reader(RESOURCE_PREFIX)
         except PodResourcesUnavailable as error:

@@ -22,7 +22,10 @@ from nvdp.ledger.types import Holding
 POD_RESOURCES_DIR = "pod-resources"
 POD_RESOURCES_SOCKET = "kubelet.sock"
 LIST_TIMEOUT_S = 2.0
-MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a node of a few hundred pods answers in well under 1 MiB
+# Bounds on one answer, so that a kubelet (or a process in its place) cannot grow the plugin: a node
+# of a few hundred pods answers in well under 1 MiB and names at most its GPUs x 1024 replicas.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+MAX_HOLDINGS = 16384
 
 
 def pod_resources_socket(kubelet_socket: Path) -> Path:
@@ -30,9 +33,10 @@ def pod_resources_socket(kubelet_socket: Path) -> Path:
     return kubelet_socket.parent.parent / POD_RESOURCES_DIR / POD_RESOURCES_SOCKET
 
 
-def holdings_of(answer: Any, prefix: str) -> list[Holding]:
+def holdings_of(answer: Any, prefix: str, limit: int = MAX_HOLDINGS) -> list[Holding]:
     """The device holdings of a ListPodResourcesResponse, for resources named `prefix`...; a device
-    listed twice for one container (the kubelet repeats init containers' devices) counts once."""
+    listed twice for one container (the kubelet repeats init containers' devices) counts once.
+    Raises PodResourcesUnavailable past `limit` holdings."""
     found: dict[Holding, None] = {}
     for pod in answer.pod_resources:
         for container in pod.containers:
@@ -44,6 +48,10 @@ def holdings_of(answer: Any, prefix: str) -> list[Holding]:
                         devices.resource_name, device_id, pod.namespace, pod.name, container.name
                     )
                     found[holding] = None
+                if len(found) > limit:
+                    raise PodResourcesUnavailable(
+                        f"PodResources answer names more than {limit} devices of {prefix}*; not read"
+                    )
     return list(found)
 
 

@@ -9,12 +9,12 @@ answers without the page, is one line of error.
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from nvdp.bounded import loads_json
 from nvdp.config.options import flag
 from nvdp.config.runtime import DEFAULT_METRICS_ADDRESS, listen_address
 from nvdp.errors import NvdpError
@@ -34,6 +34,7 @@ STATUS_OPTIONS = (
         "--metrics-address $METRICS_ADDRESS",
         listen_address,
         "the plugin's metrics address, where it serves /allocations (no host: 127.0.0.1)",
+        empty="value",  # as the plugin reads it: "" is its endpoint turned off
     ),
 )
 
@@ -68,7 +69,7 @@ def read_allocations(url: str, timeout: float = READ_TIMEOUT_S) -> dict[str, Any
             f"cannot read {url}: {reason} (is the plugin running with this metrics address?)"
         ) from error
     try:
-        document = json.loads(body) if len(body) <= MAX_PAGE_BYTES else None
+        document = loads_json(body, max_bytes=MAX_PAGE_BYTES)
     except ValueError:
         document = None
     if not isinstance(document, dict):

@@ -46,7 +46,7 @@ class AllocationPages:
         self._ledger, self._registrations, self._health, self._gpus = ledger, registrations, health, gpus
 
     def document(self, max_age: float = ALLOCATIONS_MAX_AGE_S) -> dict[str, Any]:
-        snapshot = self._ledger.fresh(max_age)
+        snapshot = self._ledger.recent(max_age)
         served = {
             name: Served(server.resource.devices, server.health())
             for name, server in dict(self._registrations.servers).items()

@@ -89,6 +89,7 @@ class LedgerView(Protocol):
     """The allocation ledger as /allocations and the metrics read it
     (`nvdp.ledger.ledger.AllocationLedger`)."""
 
-    def fresh(self, max_age: float) -> LedgerSnapshot:
-        """The kubelet's record, read at most `max_age` seconds ago."""
+    def recent(self, max_age: float) -> LedgerSnapshot:
+        """The kubelet's record, read at most `max_age` seconds ago where the kubelet answers at once,
+        else the last read."""
         ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 from nvdp.units import MIB
 
@@ -46,3 +47,18 @@ def sysfs_bus_id(bus_id: str) -> str:
     """The sysfs name of a PCI device: "00000000:07:00.0" -> "0000:07:00.0" (lower case)."""
     domain, _, rest = normalize_bus_id(bus_id).partition(":")
     return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def pcie_root_of(link: str, bus_id: str) -> str | None:
+    """The PCIe root complex (`pci0000:00`) of a PCI device from its sysfs link: the target of
+    `/sys/bus/pci/devices/<id>` (`../../../devices/pci0000:00/0000:00:01.1/0000:07:00.0`) is the
+    device's place in the hierarchy below /sys/devices, whose first element is the root. None for a
+    target that is no such path or names another device."""
+    if link.startswith("/"):
+        path = os.path.normpath(link).removeprefix("/sys/")
+    else:
+        path = os.path.normpath(os.path.join("bus/pci/devices", link))
+    parts = path.split("/")
+    if len(parts) < 3 or parts[0] != "devices" or not parts[1].startswith("pci"):
+        return None
+    return parts[1] if parts[-1] == sysfs_bus_id(bus_id) else None

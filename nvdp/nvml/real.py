@@ -22,7 +22,7 @@ from typing import Any
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported, nvml_error
 from nvdp.nvml.library import LIBRARY, preload
-from nvdp.nvml.naming import normalize_bus_id, sysfs_bus_id
+from nvdp.nvml.naming import normalize_bus_id, pcie_root_of, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
 from nvdp.nvml.real_mig import RealMig
 from nvdp.nvml.real_topology import RealTopology
@@ -262,6 +262,7 @@ class RealNvml:
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
             mig_devices=self._mig.devices(handle, uuid, index) if mig_enabled else (),
+            pcie_root=self._pcie_root(uuid, bus_id),
         )
 
     def _mig_mode(self, handle: Any, uuid: str) -> tuple[bool, bool]:
@@ -276,6 +277,19 @@ class RealNvml:
             info = self._call("nvmlDeviceGetPciInfo", handle, device=uuid)
             self._bus_ids[uuid] = normalize_bus_id(_text(info.busId))
         return self._bus_ids[uuid]
+
+    def _pcie_root(self, uuid: str, bus_id: str) -> str | None:
+        """The PCIe root complex from sysfs (where /sys/bus/pci/devices/<id> points); None when it
+        cannot be read (the DRA driver says so: it is the only user)."""
+        path = os.path.join(self._sysfs_root, "bus", "pci", "devices", sysfs_bus_id(bus_id))
+        try:
+            root = pcie_root_of(os.readlink(path), bus_id)
+        except OSError as e:
+            logger.debug("no PCIe root from sysfs gpu=%s path=%s error=%r", uuid, path, str(e))
+            return None
+        if root is None:
+            logger.debug("no PCIe root from sysfs gpu=%s path=%s (not a PCI hierarchy)", uuid, path)
+        return root
 
     def _numa_node(self, handle: Any, uuid: str, bus_id: str) -> int | None:
         """The CPU-side NUMA node: sysfs first (what the kubelet's topology manager aligns with, and

@@ -97,6 +97,7 @@ class GpuInfo:
     mig_enabled: bool = False
     mig_devices: tuple[MigDeviceInfo, ...] = field(default=())
     fault: str | None = None
+    pcie_root: str | None = None  # the PCIe root complex, "pci0000:00"; None when sysfs does not say
 
     @property
     def memory_mib(self) -> int:

@@ -51,14 +51,23 @@ STALE_MOUNT = (
 
 
 class DirClaim:
-    """Claims `directory` for this process: `acquire()` once, `refresh()` on wake-ups, `release()`."""
+    """Claims `directory` for this process: `acquire()` once, `refresh()` on wake-ups, `release()`.
+    `what` names the directory in messages; `lock_name` is the lock file's name in it (the DRA
+    plugin claims its own directory the same way: `nvdp.commands`)."""
 
     def __init__(
-        self, directory: Path, *, fail_if_held: bool, clock: Callable[[], float] = time.monotonic
+        self,
+        directory: Path,
+        *,
+        fail_if_held: bool,
+        clock: Callable[[], float] = time.monotonic,
+        what: str = "kubelet directory",
+        lock_name: str = LOCK_NAME,
     ) -> None:
         self.directory = directory
+        self.what = what
         self._clock = clock
-        self.path = directory / LOCK_NAME
+        self.path = directory / lock_name
         self._fail_if_held = fail_if_held
         self._fd: int | None = None
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
@@ -87,11 +96,11 @@ class DirClaim:
                 continue
             if holder is None:
                 if self._said is not None or said_held is not None:
-                    log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+                    log_event(log, logging.INFO, f"{self.what} claimed", path=str(self.path))
                 self._said, self._claimed = None, True
                 return True
             message = (
-                f"kubelet directory {self.directory} is in use by another nvdp "
+                f"{self.what} {self.directory} is in use by another nvdp "
                 f"(lock {self.path} held by pid={holder})"
             )
             if self._fail_if_held:
@@ -100,7 +109,7 @@ class DirClaim:
                 log_event(
                     log,
                     logging.WARNING,
-                    "kubelet directory in use by another instance; waiting (fail-on-init-error=false)",
+                    f"{self.what} in use by another instance; waiting (fail-on-init-error=false)",
                     path=str(self.path),
                     pid=holder,
                 )
@@ -132,11 +141,11 @@ class DirClaim:
             return delay
         if holder is not None:
             raise DirLockHeld(
-                f"kubelet directory {self.directory} was taken by another nvdp while the kubelet "
+                f"{self.what} {self.directory} was taken by another nvdp while the kubelet "
                 f"restarted (lock {self.path} held by pid={holder})"
             )
         if self._said is not None:
-            log_event(log, logging.INFO, "kubelet directory claimed", path=str(self.path))
+            log_event(log, logging.INFO, f"{self.what} claimed", path=str(self.path))
         else:
             log_event(log, logging.INFO, "lock file re-created", path=str(self.path))
         self._said, self._retry_at, self._stale = None, None, False
@@ -149,7 +158,7 @@ class DirClaim:
             log_event(
                 log,
                 logging.ERROR,
-                "kubelet directory unusable; retrying",
+                f"{self.what} unusable; retrying",
                 path=str(self.directory),
                 error=text,
             )

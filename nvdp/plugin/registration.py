@@ -13,6 +13,9 @@ from nvdp.backoff import Backoff
 from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import RegistrationError
 
+# Between two tries of a Register the kubelet answered UNAVAILABLE (it was going away).
+RETRY_UNAVAILABLE_S = 0.005
+
 
 def register(
     kubelet_socket: Path,
@@ -33,17 +36,29 @@ def register(
         resource_name=resource_name,
         options=pb.DevicePluginOptions(get_preferred_allocation_available=preferred_allocation),
     )
-    accepted = _wait_until_accepting(kubelet_socket, time.monotonic() + timeout, resource_name)
-    with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
-        try:
-            pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as error:
-            code = error.code().name if hasattr(error, "code") else "UNKNOWN"
-            details = error.details() if hasattr(error, "details") else str(error)
-            raise RegistrationError(
-                f"registering {resource_name} with the kubelet at {kubelet_socket} failed: {code}: {details}"
-            ) from error
-    return accepted
+    deadline = time.monotonic() + timeout
+    while True:
+        accepted = _wait_until_accepting(kubelet_socket, deadline, resource_name)
+        # A fresh channel per try, and no wait_for_ready: a kubelet that dies between the dial and
+        # the call (its restart wipes the directory) fails the call at once, and the next try dials
+        # the new kubelet's socket; gRPC's own reconnect would wait out its backoff (1 s and more).
+        with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+            try:
+                pb_grpc.RegistrationStub(channel).Register(
+                    request, timeout=max(0.001, deadline - time.monotonic())
+                )
+                return accepted
+            except grpc.RpcError as error:
+                code = error.code() if hasattr(error, "code") else None
+                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                    time.sleep(RETRY_UNAVAILABLE_S)
+                    continue
+                details = error.details() if hasattr(error, "details") else str(error)
+                name = code.name if code is not None else "UNKNOWN"
+                raise RegistrationError(
+                    f"registering {resource_name} with the kubelet at {kubelet_socket} failed: "
+                    f"{name}: {details}"
+                ) from error
 
 
 def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> FileId:

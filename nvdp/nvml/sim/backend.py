@@ -138,6 +138,7 @@ class SimNvml:
                         mig_capable=gpu.mig_capable,
                         mig_enabled=mig is not None,
                         mig_devices=mig or (),
+                        pcie_root=self.node.pcie_root(gpu.index),
                     )
                 )
         return gpus
@@ -182,6 +183,7 @@ class SimNvml:
             pci_bus_id=gpu.pci_bus_id,
             numa_node=None,
             fault=str(error),
+            pcie_root=self.node.pcie_root(gpu.index),
         )
 
     def link(self, uuid_a: str, uuid_b: str) -> GpuLink:

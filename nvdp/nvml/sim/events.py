@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from nvdp.bounded import BoundExceeded, loads_json
 from nvdp.nvml.types import EventType
 
 ECC_EVENTS = {"single-bit-ecc": EventType.SINGLE_BIT_ECC, "double-bit-ecc": EventType.DOUBLE_BIT_ECC}
@@ -32,7 +33,9 @@ def decode_event(event: Mapping[str, object] | str) -> Mapping[str, object]:
     """One events-file line (JSON text or decoded) checked for shape; SimEventError when it is off."""
     if isinstance(event, str):
         try:
-            event = json.loads(event)
+            event = loads_json(event)
+        except BoundExceeded as e:
+            raise SimEventError(str(e)) from e
         except json.JSONDecodeError as e:
             raise SimEventError(f"not JSON: {e}") from e
     if not isinstance(event, Mapping):

@@ -48,12 +48,36 @@ class SimNode:
     def nvlinks(self, i: int, j: int) -> int:
         return self.nvswitch_links + self.nvlink_bridges.get((min(i, j), max(i, j)), 0)
 
+    def pcie_root(self, i: int) -> str:
+        """GPU i's PCIe root complex, `pci<domain>:<bus>`, from the bus ids: the GPUs that `pcie` puts
+        behind one host bridge or closer (INTERNAL .. HOSTBRIDGE) share one root, whose bus is one
+        below the lowest bus among them (a GPU without such peers: one below its own)."""
+        group, todo = {i}, [i]
+        while todo:
+            k = todo.pop()
+            for (a, b), level in self.pcie_levels.items():
+                if (
+                    level <= PcieLevel.HOSTBRIDGE
+                    and k in (a, b)
+                    and (peer := b if k == a else a) not in group
+                ):
+                    group.add(peer)
+                    todo.append(peer)
+        domain, bus = min(_domain_bus(self.gpus[k].pci_bus_id) for k in group)
+        return f"pci{domain:04x}:{max(bus - 1, 0):02x}"
+
     def pcie(self, i: int, j: int) -> PcieLevel:
         level = self.pcie_levels.get((min(i, j), max(i, j)))
         if level is not None:
             return level
         a, b = self.gpus[i].numa_node, self.gpus[j].numa_node
         return PcieLevel.NODE if a is not None and a == b else PcieLevel.SYSTEM
+
+
+def _domain_bus(bus_id: str) -> tuple[int, int]:
+    """(domain, bus) of "00000000:07:00.0"."""
+    domain, bus = bus_id.split(":")[:2]
+    return int(domain, 16), int(bus, 16)
 
 
 def derived_uuid(prefix: str, key: str) -> str:

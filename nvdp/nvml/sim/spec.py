@@ -14,6 +14,7 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
+from nvdp.bounded import BoundExceeded, loads_yaml
 from nvdp.config.values import describe_keys
 from nvdp.errors import ConfigError, UnreadableFile
 from nvdp.files import read_bounded
@@ -93,7 +94,11 @@ def _load_yaml(text: str, source: str) -> object:
     import yaml  # only for a node file: a built-in profile is Python data
 
     try:
-        return yaml.safe_load(text)
+        return loads_yaml(text)
+    except BoundExceeded as e:
+        raise ConfigError(str(e), source=source) from e
+    except ValueError as e:  # an integer too long for int()
+        raise ConfigError(f"invalid YAML: {_clip(str(e))}", source=source) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
