@@ -126,7 +126,8 @@ def test_status_example_finds_the_plugin_pod_by_the_charts_names(render: Callabl
     names = status_names()
     assert names["field"] == "spec.nodeName=$NODE"
     key, value = names["label"].split("=")
-    out = render({"gfd": {"enabled": True}, "mps": {"enabled": True}}, namespace=names["namespace"])
+    values = {"gfd": {"enabled": True}, "nfd": {"enabled": False}, "mps": {"enabled": True}}
+    out = render(values, namespace=names["namespace"])
     daemonsets = {doc["metadata"]["name"]: doc for doc in out.docs if doc["kind"] == "DaemonSet"}
     plugin = daemonsets[names["daemonset"]]
     assert plugin["metadata"]["namespace"] == names["namespace"]
