@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from tests.test_chart_nvidia_keys import merged
+
 TAG = "v0.20.0"
 CHART_PATH = "deployments/helm/nvidia-device-plugin"
 RELEASE, NAMESPACE = "nvdp", "gpu-system"
@@ -51,16 +53,7 @@ def immutable_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
-
-
-def main(repo: str) -> None:
+def write_release_data(repo: str) -> None:
     import helm_python  # type: ignore[import-not-found]
 
     archive = subprocess.run(["git", "-C", repo, "archive", TAG, CHART_PATH], capture_output=True, check=True)
@@ -116,4 +109,4 @@ def main(repo: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    write_release_data(sys.argv[1])

@@ -63,7 +63,7 @@ def key_of(doc: Doc) -> Key:
     return doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"]
 
 
-def refusals(nvidia: list[Doc], nvdp: list[Doc]) -> list[str]:
+def immutable_field_changes(nvidia: list[Doc], nvdp: list[Doc]) -> list[str]:
     """What the API server would refuse, one line per field, when `nvdp`'s objects replace `nvidia`'s
     (each given as kind, namespace, name and its immutable fields)."""
     ours = {key_of(doc): immutable_fields(doc) for doc in nvdp}
@@ -102,7 +102,7 @@ def test_upgrade_of_nvidia_release_keeps_immutable_fields(
 ) -> None:
     nvidia = scenarios()[scenario]["objects"]
     out = render(nvdp_values(scenarios()[scenario]))
-    assert refusals(nvidia, out.docs) == []
+    assert immutable_field_changes(nvidia, out.docs) == []
     # Not vacuous: NVIDIA's DaemonSets that nvdp's chart keeps are the same objects (names), so their
     # selectors were compared above.
     ours = {doc["metadata"]["name"] for doc in out.docs if doc["kind"] == "DaemonSet"}
@@ -131,7 +131,7 @@ def test_refusals_are_found(render: Callable[..., Rendered]) -> None:
             "roleRef": {**binding["immutable"]["roleRef"], "name": "another-role"},
         }
     )
-    assert sorted(refusals(nvidia, docs)) == [
+    assert sorted(immutable_field_changes(nvidia, docs)) == [
         f"ClusterRoleBinding None/{binding['name']}: roleRef: field is immutable",
         f"DaemonSet gpu-system/{GFD}: spec.selector: field is immutable",
     ]
