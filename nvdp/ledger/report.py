@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nvdp.ledger.document import WITHHELD
 from nvdp.units import format_go_duration
 
 _HEADER = f"  {'DEVICE':<47} {'INDEX':<6} {'HEALTH':<10} HELD BY\n"
@@ -41,7 +42,7 @@ def _source_line(document: Mapping[str, Any]) -> str:
     line = f"Allocations ({where}, {read})\n"
     if problem:
         line += f"  last read failed: {problem}\n"
-    if document.get("podDetail") == "withheld":
+    if document.get("podDetail") == WITHHELD:
         line += "  pods withheld: the plugin names them to clients on its loopback only (--pod-detail)\n"
     return line
 
