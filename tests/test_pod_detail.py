@@ -30,7 +30,7 @@ from tests.test_config_options import errors, run
 from tests.test_deploy import Rendered, env_of
 
 # test_deploy's Helm fixtures, shared by name.
-renderer, render = test_deploy.renderer, test_deploy.render
+renderer, render, render_error = test_deploy.renderer, test_deploy.render, test_deploy.render_error
 
 GPU = "nvidia.com/gpu"
 WITHHELD_LINE = "  pods withheld: the plugin names them to clients on its loopback only (--pod-detail)"
@@ -227,6 +227,11 @@ def test_the_chart_passes_metrics_pod_detail(
     render: Callable[..., Rendered], values: dict[str, Any], expected: str | None
 ) -> None:
     assert env_of(render(values).daemonset).get("POD_DETAIL") == expected
+
+
+def test_the_chart_refuses_a_bad_pod_detail(render_error: Callable[..., str]) -> None:
+    said = render_error({"metrics": {"podDetail": "everyone"}})
+    assert 'metrics.podDetail: invalid value "everyone" (accepted: local, all)' in said
 
 
 # ---- a real plugin process ------------------------------------------------------------------------
