@@ -186,6 +186,7 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     from nvdp.configmanager import command
     from nvdp.configmanager.manager import ConfigManager
     from nvdp.configmanager.settings import resolve
+    from nvdp.uninstall import release_from_env
 
     try:
         settings = resolve(args, environ)
@@ -206,7 +207,8 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
             reconcile_now()
 
         handle_signals().attach(SignalTarget(stop_now, reconcile_now))
-        return command.serve(settings, stop, managers)
+        release = release_from_env(environ, kubeconfig=settings.kubeconfig or "")
+        return command.serve(settings, stop, managers, release)
     except NvdpError as error:
         log_event(log, logging.ERROR, "exiting", error=str(error))
         return 1
@@ -230,10 +232,12 @@ def run_config_check(args: argparse.Namespace) -> int:
 
 def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/dra). One per node: the plugin
-    directory is claimed first (a second plugin there exits 1, naming the holder's pid)."""
+    directory is claimed first (a second plugin there exits 1, naming the holder's pid), and held
+    while what an uninstall leaves is cleaned up (`nvdp.uninstall`)."""
     from nvdp.dra.driver import from_command_line
-    from nvdp.dra.names import PLUGIN_LOCK_FILE
+    from nvdp.dra.names import CHECKPOINT_FILE, PLUGIN_LOCK_FILE
     from nvdp.plugin.dir_lock import DirClaim
+    from nvdp.uninstall import clean_up_dra_node, release_from_env
 
     try:
         driver = from_command_line(args, environ)
@@ -260,6 +264,9 @@ def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str])
     try:
         if claimed:
             driver.run()
+            release = release_from_env(environ, kubeconfig=driver.settings.kubeconfig)
+            prepared = driver.preparer is None or bool(driver.preparer.prepared)
+            clean_up_dra_node(release, driver.handoff, driver.settings.plugin_dir / CHECKPOINT_FILE, prepared)
     finally:
         claim.release()
     return 0

@@ -37,6 +37,7 @@ from nvdp.plugin.status import AllocateNotice, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
+from nvdp.uninstall import Release, release_from_env, remove_handoff_record
 
 if TYPE_CHECKING:
     from nvdp.health.node_condition import NodeConditionReporter
@@ -140,6 +141,7 @@ class Daemon:
         self.node_events: NodeEventRecorder | None = None
         self.pod_events: PodEventRecorder | None = None
         self.node_condition: NodeConditionReporter | None = None
+        self.release: Release | None = None  # asked at stop whether this is an uninstall
         if node:  # each needs the node's name: without one, their Kubernetes modules stay unloaded
             from nvdp.health.node_condition import node_condition_from_env
             from nvdp.health.node_events import node_events_from_env
@@ -153,6 +155,7 @@ class Daemon:
                 recovery_quiet_period=lambda: self.health.recovery_quiet_period,
             )
             self.node_condition = node_condition_from_env(environ, node=node, kubeconfig=kubeconfig)
+            self.release = release_from_env(environ, kubeconfig=kubeconfig)
         self.misfits = MisfitReport(self.node_events)
         # The kubelet's record of which container holds which device (its PodResources API).
         settings = node_settings(options)
@@ -180,6 +183,7 @@ class Daemon:
         )
         if not self.health.checks_enabled:
             self.node_condition = None  # health checks off: nothing to say about the GPUs
+        self.handoff = Handoff(DEVICE_PLUGIN, device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME))
         self._servers = GrpcServers(AllocateNotice(self.ledger.allocated, observer))
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,
@@ -192,7 +196,7 @@ class Daemon:
             observer=observer,
             dir_claim=DirClaim(settings.kubelet_socket.parent, fail_if_held=settings.fail_on_init_error),
             misfits=self.misfits,
-            handoff=Handoff(DEVICE_PLUGIN, device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME)),
+            handoff=self.handoff,
             holds=self.ledger.gpu_holders,
         )
         self.metrics: Metrics | None = None
@@ -255,3 +259,18 @@ class Daemon:
                 self.node_events.close()
             if self.pod_events is not None:
                 self.pod_events.close()
+            self._clean_up_if_uninstalled()
+
+    def _clean_up_if_uninstalled(self) -> None:
+        """After an uninstall (not a restart, a rolling update or a drain: `nvdp.uninstall`), what this
+        plugin wrote for the node goes: the GPU health condition and taint, and the hand-over record
+        unless its pods hold GPUs. CDI specs stay: running containers use them."""
+        if self.release is None or not self.release.removed():
+            return
+        from nvdp import kube
+        from nvdp.health.node_condition import withdraw
+
+        node = self.options.runtime.node_name
+        timeout = self.release.timeout
+        withdraw(kube.KubeNodeStatus(node, api_client=self.release.api_client, request_timeout=timeout))
+        remove_handoff_record(self.handoff)

@@ -340,6 +340,10 @@ class Handoff:
         if self.directory.is_dir():
             self._write(serving)
 
+    def own_record(self) -> tuple[Record, Path, Path]:
+        """This API's record as on disk, its path and its lock's (`nvdp.uninstall` removes them)."""
+        return self._read(self.api), self._path(self.api, "json"), self._path(self.api, "lock")
+
     def close(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -424,7 +424,8 @@ MERGE_KEYS = {"conditions": "type"}  # lists a strategic merge patch merges by k
 
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """`target` with a strategic merge patch applied: a merge patch, but for the lists of MERGE_KEYS,
-    whose items are merged by their key (an item of a new key is appended)."""
+    whose items are merged by their key (an item of a new key is appended; `"$patch": "delete"`
+    removes the item of its key)."""
     if not isinstance(patch, dict) or not isinstance(target, dict):
         return copy.deepcopy(patch)
     merged = copy.deepcopy(target)
@@ -436,10 +437,15 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
             by_key = {item.get(MERGE_KEYS[key]): n for n, item in enumerate(items) if isinstance(item, dict)}
             for item in value:
                 n = by_key.get(item.get(MERGE_KEYS[key])) if isinstance(item, dict) else None
+                if isinstance(item, dict) and item.get("$patch") == "delete":
+                    if n is not None:  # the directive removes the item of that key
+                        items[n] = None
+                    continue
                 if n is None:
                     items.append(copy.deepcopy(item))
                 else:
                     items[n] = strategic_merge_patch(items[n], item)
+            merged[key] = [item for item in items if item is not None]
         else:
             merged[key] = strategic_merge_patch(merged.get(key), value)
     return merged

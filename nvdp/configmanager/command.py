@@ -1,6 +1,6 @@
 """Running `nvdp config-manager`: the Kubernetes client, the Node watch thread (and with
---configmap-name the ConfigMap watch thread), the record of the applied entry on the Node, and the
-loop.
+--configmap-name the ConfigMap watch thread), the record of the applied entry on the Node (removed
+when the release is uninstalled), and the loop.
 
 The CLI (nvdp/cli.py) parses, prints and installs signal handlers; this module does the work.
 """
@@ -19,6 +19,7 @@ from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from nvdp.kube.configmaps import read_configmap
 from nvdp.logs import log_event
+from nvdp.uninstall import Release
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,22 @@ class NodeAnnotationRecord:
 
     def write(self, entry: str) -> None:
         kube.patch_node_annotations(self._client, self._node, {APPLIED_ANNOTATION: entry})
+
+
+def remove_record(client: object, node_name: str, timeout: float) -> None:
+    """The release is uninstalled: the annotation leaves the Node (said; a failure is one WARNING)."""
+    try:
+        kube.patch_node_annotations(client, node_name, {APPLIED_ANNOTATION: None}, timeout=timeout)
+    except KubeError as error:
+        log_event(
+            log,
+            logging.WARNING,
+            "node annotation not removed at uninstall; remove it by hand",
+            annotation=APPLIED_ANNOTATION,
+            error=str(error),
+        )
+        return
+    log_event(log, logging.INFO, "node annotation removed", annotation=APPLIED_ANNOTATION)
 
 
 def connect(settings: Settings) -> tuple[object, ConfigManager]:
@@ -69,8 +86,14 @@ def _set_node(manager: ConfigManager, node: kube.NodeMeta | None) -> None:
     manager.set_labels(None if node is None else node.labels, None if node is None else node.annotations)
 
 
-def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigManager] | None = None) -> int:
-    """Watch the Node and reconcile until `stop` is set."""
+def serve(
+    settings: Settings,
+    stop: threading.Event,
+    manager_ready: list[ConfigManager] | None = None,
+    release: Release | None = None,
+) -> int:
+    """Watch the Node and reconcile until `stop` is set; then, when `release` says the pod's
+    DaemonSet goes (an uninstall, not a restart), remove the Node annotation."""
     _, manager = connect(settings)
     if manager_ready is not None:
         manager_ready.append(manager)
@@ -130,6 +153,8 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
     finally:
         if status is not None:
             status.stop()
+    if release is not None and release.removed():
+        remove_record(release.api_client, settings.node_name, release.timeout)
     return 0
 
 

@@ -58,6 +58,16 @@ class NodeStatusClient(Protocol):
     def replace_taints(self, taints: Sequence[Mapping[str, object]], resource_version: str) -> None: ...
 
 
+class NodeStatusRemover(Protocol):
+    """The Node's conditions and taints, for `withdraw` (`nvdp.kube.KubeNodeStatus`)."""
+
+    def read(self) -> kube.NodeConditionsAndTaints: ...
+
+    def remove_condition(self, condition_type: str) -> None: ...
+
+    def replace_taints(self, taints: Sequence[Mapping[str, object]], resource_version: str) -> None: ...
+
+
 class NodeHealthView(Protocol):
     """What the reporter reads of the node's health (`nvdp.health.node.NodeHealth`)."""
 
@@ -210,6 +220,30 @@ class NodeConditionReporter:
                 retry_in=round(wait, 1),
             )
         self._error = text
+
+
+def withdraw(client: NodeStatusRemover) -> None:
+    """The release is uninstalled: nvdp's condition and taint leave the Node (nothing writes them any
+    more, and a condition with no writer misleads). One GET, then a patch for each that is there
+    (no retry: the pod is stopping); a failure is one WARNING line (what stays is said)."""
+    try:
+        node = client.read()
+        taints = taints_with(node.taints, None, None, "")
+        if taints is not None:  # first: the condition's patch moves the resourceVersion on
+            client.replace_taints(taints, node.resource_version)
+            log_event(log, logging.INFO, "node taint removed", taint=TAINT_KEY)
+        if node.condition(CONDITION_TYPE) is not None:
+            client.remove_condition(CONDITION_TYPE)
+            log_event(log, logging.INFO, "node condition removed", condition=CONDITION_TYPE)
+    except Exception as error:  # the API server's problems: said, never raised at stop
+        log_event(
+            log,
+            logging.WARNING,
+            "node condition not removed at uninstall; remove it by hand",
+            condition=CONDITION_TYPE,
+            taint=TAINT_KEY,
+            error=one_line(error),
+        )
 
 
 def node_condition_from_env(

@@ -1,12 +1,13 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
 (lazily: importing this package costs nothing); `events` (Node events), `pod_events` (events on the
 pods a GPU fault hits), `nodes` (the Node's labels and annotations), `node_status` (the Node's
-conditions and taints), `nodefeature` (NFD's NodeFeature objects) and `pods` (this process's pod:
-owner references) are requests built on it. The package is a leaf: it imports nothing of nvdp but
-`nvdp.errors`; its callers reach it through small protocols of their own (e.g.
-`nvdp.health.node_events.NodeEventClient`)."""
+conditions and taints), `nodefeature` (NFD's NodeFeature objects), `pods` (this process's pod:
+owner references) and `daemonsets` (whether that pod's DaemonSet goes) are requests built on it.
+The package is a leaf: it imports nothing of nvdp but `nvdp.errors`; its callers reach it through
+small protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
+from nvdp.kube.daemonsets import owner_daemonset_removed
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
 from nvdp.kube.node_status import KubeNodeStatus, NodeConditionsAndTaints
 from nvdp.kube.nodefeature import (
@@ -43,6 +44,7 @@ __all__ = [
     "node_feature_api_served",
     "node_feature_body",
     "node_metadata",
+    "owner_daemonset_removed",
     "patch_node_annotations",
     "pod_owner_references",
     "watch",

@@ -2,10 +2,11 @@
 of the `nodes/status` subresource, the taints with a JSON merge patch of the Node.
 
 A condition is merged into `status.conditions` by its `type` (the list's merge key), so one patch sets
-nvdp's condition and leaves the kubelet's and node-problem-detector's as they are: node-problem-detector
-writes its conditions so, and the patch needs RBAC `nodes/status: patch` only. `spec.taints` has no
-merge key: the whole list is written, with the resourceVersion it was read at, so that a taint another
-client added in between is not lost (the server answers 409 Conflict; read again and retry).
+(or, with the `$patch: delete` directive, removes) nvdp's condition and leaves the kubelet's and
+node-problem-detector's as they are: node-problem-detector writes its conditions so, and the patch
+needs RBAC `nodes/status: patch` only. `spec.taints` has no merge key: the whole list is written, with
+the resourceVersion it was read at, so that a taint another client added in between is not lost (the
+server answers 409 Conflict; read again and retry).
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class KubeNodeStatus:
         """Set one condition (merged by its `type`): RBAC `nodes/status: patch`."""
         body = {"status": {"conditions": [dict(condition)]}}
         self._patch(f"/api/v1/nodes/{self._node}/status", body, STRATEGIC_MERGE_PATCH, "set a condition on")
+
+    def remove_condition(self, condition_type: str) -> None:
+        """Remove one condition (a strategic merge patch's `$patch: delete` by its `type`): RBAC
+        `nodes/status: patch`."""
+        body = {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}}
+        path = f"/api/v1/nodes/{self._node}/status"
+        self._patch(path, body, STRATEGIC_MERGE_PATCH, "remove a condition of")
 
     def replace_taints(self, taints: Sequence[Mapping[str, Any]], resource_version: str) -> None:
         """Write the whole taint list, if the Node is still at `resource_version`: RBAC `nodes: patch`."""

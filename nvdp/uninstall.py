@@ -1,0 +1,143 @@
+"""What a stopping process leaves on its node when its release is uninstalled, and how it knows.
+
+A SIGTERM is a restart, a rolling update, a node drain or an uninstall; only the last may take away
+what the process wrote for the node (the GPU health condition, the config-manager's annotation, the
+hand-over record, the DRA checkpoint): the others must keep it for the pod that follows. `Release`
+asks the API server at stop whether the DaemonSet that owns this pod is gone or being deleted
+(`helm uninstall` deletes it before its pods get SIGTERM); any doubt (no pod name, no API server,
+an error, a timeout) counts as a restart and everything stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from nvdp import kube
+from nvdp.errors import KubeError
+from nvdp.handoff import UNKNOWN_HOLDER, Handoff
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 3.0  # each request at stop: the pod's grace period (30 s) covers them all
+POD_NAME_ENV = "POD_NAME"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+
+
+class Release:
+    """This pod's DaemonSet (`namespace`/`pod_name`'s owner), asked once at stop whether it goes."""
+
+    def __init__(
+        self,
+        client_factory: Callable[[], Any],
+        namespace: str,
+        pod_name: str,
+        *,
+        timeout: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self._factory = client_factory
+        self._client: Any = None
+        self.namespace, self.pod_name, self.timeout = namespace, pod_name, timeout
+
+    @property
+    def api_client(self) -> Any:
+        """The API client, built at first use (not while the process runs)."""
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    def removed(self) -> bool:
+        """The DaemonSet is gone or being deleted (said in one INFO line); False on any doubt (one
+        WARNING line)."""
+        try:
+            gone = kube.owner_daemonset_removed(
+                self.api_client, self.namespace, self.pod_name, timeout=self.timeout
+            )
+        except KubeError as error:
+            log_event(
+                log,
+                logging.WARNING,
+                "cannot tell an uninstall from a restart; the node's records stay",
+                pod=f"{self.namespace}/{self.pod_name}",
+                error=str(error),
+            )
+            return False
+        if gone:
+            log_event(
+                log,
+                logging.INFO,
+                "DaemonSet removed (uninstall): cleaning up the node's records",
+                pod=f"{self.namespace}/{self.pod_name}",
+            )
+        return gone
+
+
+def release_from_env(
+    environ: Mapping[str, str], *, kubeconfig: str = "", token_file: str = kube.SERVICE_ACCOUNT_TOKEN
+) -> Release | None:
+    """The pod's release when POD_NAME and POD_NAMESPACE are set (the chart sets them from the
+    downward API) and the API server is reachable (`kubeconfig`, else in-cluster); None otherwise:
+    a process that cannot ask keeps everything at stop."""
+    pod, namespace = environ.get(POD_NAME_ENV, ""), environ.get(POD_NAMESPACE_ENV, "")
+    if not pod or not namespace:
+        return None
+    if not kubeconfig and not kube.in_cluster(environ, token_file):
+        return None
+    return Release(lambda: kube.new_api_client(kubeconfig=kubeconfig or None, retries=0), namespace, pod)
+
+
+def clean_up_dra_node(release: Release | None, handoff: Handoff, checkpoint: Path, prepared: bool) -> None:
+    """The DRA plugin stopped (its hand-over lock released, its plugin directory still claimed): after
+    an uninstall its hand-over record goes unless a claim holds a GPU, and its checkpoint unless a
+    claim is `prepared` (a pod being deleted with one stays Terminating until a DRA plugin unprepares
+    it, which needs the checkpoint). CDI specs of prepared claims stay: running containers use them."""
+    if release is None or not release.removed():
+        return
+    remove_handoff_record(handoff)
+    if prepared:
+        log_event(log, logging.INFO, "checkpoint kept: a claim is prepared", path=str(checkpoint))
+        return
+    try:
+        checkpoint.unlink(missing_ok=True)
+    except OSError as error:
+        log_event(log, logging.WARNING, "checkpoint not removed", path=str(checkpoint), error=str(error))
+        return
+    log_event(log, logging.INFO, "checkpoint removed: no claim is prepared", path=str(checkpoint))
+
+
+def remove_handoff_record(handoff: Handoff) -> bool:
+    """After an uninstall (the process's hand-over lock released): its record and lock go, unless the
+    record says its pods or claims hold a GPU, or cannot be read (it stays, so that the other API
+    keeps off those GPUs until they are free), or another process of the API took the lock (a new
+    pod). Whether they went."""
+    record, record_path, lock_path = handoff.own_record()
+    where = str(handoff.directory)
+    if not record.known or record.holds:
+        held = ",".join(sorted(record.holds)) if record.known else UNKNOWN_HOLDER
+        log_event(log, logging.INFO, "GPU hand-over record kept: GPUs are held", directory=where, holds=held)
+        return False
+    try:
+        fd: int | None = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = None
+    except OSError:
+        return False
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while another process holds it
+        for path in (record_path, lock_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+    log_event(log, logging.INFO, "GPU hand-over record removed", directory=where, api=handoff.api)
+    return True

@@ -1,0 +1,318 @@
+"""After `helm uninstall`, what the processes wrote for the node goes; after a restart, a rolling
+update or a drain it stays. A SIGTERMed process asks the API stand-in whether its pod's DaemonSet is
+gone or being deleted: the device plugin then removes its GPU health condition, its taint and its
+hand-over record, the config-manager its Node annotation, the DRA plugin its hand-over record and
+its checkpoint, each only where nothing holds a GPU or a prepared claim."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvdp import kube
+from nvdp.configmanager.settings import APPLIED_ANNOTATION
+from nvdp.errors import KubeError
+from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
+from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
+from nvdp.kubelet_standin import Kubelet
+from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.uninstall import Release, release_from_env, remove_handoff_record
+from tests import test_config_manager
+from tests.builders import append_sim_event, sim_gpus
+from tests.dra_support import dra_cluster, make_claim, schedule, slices_of
+from tests.kube_api_standin import KubeApiStandin
+from tests.test_config_manager import Setup
+
+setup = test_config_manager.setup  # the config-manager's fixtures, by name
+
+NAMESPACE = "gpu-system"
+POD = "nvdp-abcde"
+DAEMONSET = "nvdp"
+DAEMONSET_UID = "uid-daemonset"
+NODE_PATH = test_config_manager.NODE_PATH  # node-a
+POD_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}"
+DAEMONSET_PATH = f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{DAEMONSET}"
+POD_ENV = {"POD_NAME": POD, "POD_NAMESPACE": NAMESPACE}
+PCIE = sim_gpus("pcie-4")
+TAINTING = "version: v1\nhealth:\n  taintOnFatal: NoSchedule\n"
+# What the DaemonSet is when the pod gets SIGTERM, and whether that is an uninstall.
+STATES = [
+    pytest.param("present", False, id="restart-daemonset-present"),
+    pytest.param("deleting", True, id="uninstall-daemonset-being-deleted"),
+    pytest.param("gone", True, id="uninstall-daemonset-gone"),
+]
+
+
+def put_release(api: KubeApiStandin, daemonset: str, *, owned: bool = True) -> None:
+    """The pod (owned by the DaemonSet unless not `owned`) and the DaemonSet: "present", "deleting"
+    (a deletionTimestamp: foreground deletion), "gone", or "replaced" (the name, another UID)."""
+    owners = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": DAEMONSET, "uid": DAEMONSET_UID}]
+    metadata: dict[str, Any] = {"name": POD, "namespace": NAMESPACE, "uid": "uid-pod"}
+    api.put(POD_PATH, {"metadata": {**metadata, **({"ownerReferences": owners} if owned else {})}})
+    if daemonset == "gone":
+        if DAEMONSET_PATH in api.objects:
+            api.delete(DAEMONSET_PATH)
+        return
+    ds_meta: dict[str, Any] = {"name": DAEMONSET, "namespace": NAMESPACE}
+    ds_meta["uid"] = "uid-another" if daemonset == "replaced" else DAEMONSET_UID
+    if daemonset == "deleting":
+        ds_meta["deletionTimestamp"] = "2026-12-05T14:00:00Z"
+    api.put(DAEMONSET_PATH, {"metadata": ds_meta})
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiStandin]:
+    """The API stand-in serving node-a (also the config-manager's `setup`'s API)."""
+    with KubeApiStandin() as standin:
+        node = {"kind": "Node", "metadata": {"name": "node-a", "labels": {}}, "spec": {}, "status": {}}
+        standin.put(NODE_PATH, node)
+        yield standin
+
+
+# ---- telling an uninstall from a restart ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("daemonset", "owned", "removed"),
+    [
+        pytest.param("present", True, False, id="present"),
+        pytest.param("deleting", True, True, id="being-deleted"),
+        pytest.param("gone", True, True, id="gone"),
+        pytest.param("replaced", True, True, id="replaced-same-name-other-uid"),
+        pytest.param("gone", False, False, id="pod-owned-by-no-daemonset"),
+    ],
+)
+def test_the_pods_daemonset_says_whether_the_release_goes(
+    api: KubeApiStandin, daemonset: str, owned: bool, removed: bool
+) -> None:
+    put_release(api, daemonset, owned=owned)
+    client = kube.new_api_client(host=api.url)
+    assert kube.owner_daemonset_removed(client, NAMESPACE, POD, timeout=3) is removed
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        pytest.param("no-pod", f"cannot read pod {NAMESPACE}/{POD}: HTTP 404", id="pod-missing"),
+        pytest.param(
+            "daemonset-500", f"cannot read daemonset {NAMESPACE}/{DAEMONSET}: HTTP 500", id="api-failing"
+        ),
+    ],
+)
+def test_any_doubt_counts_as_a_restart(
+    api: KubeApiStandin, caplog: pytest.LogCaptureFixture, fault: str, error: str
+) -> None:
+    if fault == "daemonset-500":
+        put_release(api, "gone")
+        api.fail(500, 5, path_prefix=DAEMONSET_PATH)
+    release = Release(lambda: kube.new_api_client(host=api.url, retries=0), NAMESPACE, POD)
+    with pytest.raises(KubeError) as raised:
+        kube.owner_daemonset_removed(release.api_client, NAMESPACE, POD, timeout=3)
+    assert str(raised.value).startswith(error)
+    with caplog.at_level(logging.WARNING, logger="nvdp.uninstall"):
+        assert release.removed() is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot tell an uninstall from a restart; the node's records stay"
+    ]
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        pytest.param({"POD_NAMESPACE": NAMESPACE}, id="no-pod-name"),
+        pytest.param({"POD_NAME": POD}, id="no-namespace"),
+        pytest.param(POD_ENV, id="no-api-server"),
+    ],
+)
+def test_a_process_that_cannot_ask_keeps_everything(environ: dict[str, str], tmp_path: Path) -> None:
+    assert release_from_env(environ, token_file=str(tmp_path / "no-token")) is None
+
+
+# ---- the hand-over record ----------------------------------------------------------------------
+
+
+def stopped_record(directory: Path, api: str, holds: dict[str, str]) -> Handoff:
+    """A record as a stopped process leaves it: serving nothing, holding `holds`; its lock released."""
+    handoff = Handoff(api, directory)
+    handoff.settle(frozenset({PCIE[0].uuid}), holds)
+    handoff.served(frozenset({PCIE[0].uuid}))
+    handoff.served(frozenset())
+    handoff.close()
+    return handoff
+
+
+@pytest.mark.parametrize("api_name", [DEVICE_PLUGIN, DRA])
+@pytest.mark.parametrize(
+    ("holds", "removed"),
+    [
+        pytest.param({}, True, id="nothing-held"),
+        pytest.param({PCIE[0].uuid: "pod default/train"}, False, id="a-gpu-held"),
+    ],
+)
+def test_the_record_goes_unless_it_holds_a_gpu(
+    tmp_path: Path, api_name: str, holds: dict[str, str], removed: bool
+) -> None:
+    directory = tmp_path / "gpu.nvidia.com"
+    directory.mkdir()
+    handoff = stopped_record(directory, api_name, holds)
+    assert remove_handoff_record(handoff) is removed
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == ([] if removed else [f"served-by-{api_name}.json", f"served-by-{api_name}.lock"])
+    if not removed:
+        assert json.loads((directory / f"served-by-{api_name}.json").read_text())["holds"] == holds
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param("unreadable", id="record-unreadable"),
+        pytest.param("locked", id="another-process-holds-the-lock"),
+    ],
+)
+def test_a_record_in_doubt_stays(tmp_path: Path, case: str) -> None:
+    directory = tmp_path / "gpu.nvidia.com"
+    directory.mkdir()
+    handoff = stopped_record(directory, DEVICE_PLUGIN, {})
+    record, lock = directory / "served-by-device-plugin.json", directory / "served-by-device-plugin.lock"
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        if case == "unreadable":
+            record.write_text('{"serving": [')
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new pod of the same API runs
+        assert remove_handoff_record(handoff) is False
+        assert record.exists() and lock.exists()
+    finally:
+        os.close(fd)
+
+
+# ---- the device plugin --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("daemonset", "uninstalled"), STATES)
+def test_the_plugin_removes_its_condition_taint_and_record_only_at_uninstall(
+    sock_dir: Path, tmp_path: Path, api: KubeApiStandin, daemonset: str, uninstalled: bool
+) -> None:
+    """Fatal XIDs on every GPU leave the Node condition False and tainted; SIGTERM with the DaemonSet standing
+    (a restart) keeps both and the record for the next pod; with the DaemonSet deleted, they go."""
+    put_release(api, "present")
+    kubelet_dir = sock_dir / "device-plugins"
+    kubelet_dir.mkdir()
+    (sock_dir / "plugins").mkdir()  # the kubelet's plugins directory: the record's is made in it
+    records = sock_dir / "plugins" / "gpu.nvidia.com"
+    config, events = tmp_path / "config.yaml", tmp_path / "events.jsonl"
+    config.write_text(TAINTING)
+    events.touch()
+    env = {
+        **POD_ENV,
+        "NVDP_SIM_EVENTS": str(events),
+        "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+        "NODE_NAME": "node-a",
+    }
+    kubelet = Kubelet(kubelet_dir)
+    kubelet.start()
+    plugin: Process | None = None
+    try:
+        plugin = start_plugin(
+            kubelet_dir, "sim:pcie-4", config_file=config, env=env, log_path=tmp_path / "plugin.log"
+        )
+        kubelet.wait_for_registration("nvidia.com/gpu", timeout=30)
+        for gpu in PCIE:  # the taint comes when no GPU is left
+            append_sim_event(events, uuid=gpu.uuid, xid=79)
+
+        def node() -> dict[str, Any]:
+            return api.objects[NODE_PATH]
+
+        def ours() -> tuple[list[str], list[str]]:
+            conditions = [
+                c["status"] for c in node()["status"].get("conditions") or [] if c["type"] == CONDITION_TYPE
+            ]
+            taints = [t["effect"] for t in node()["spec"].get("taints") or [] if t["key"] == TAINT_KEY]
+            return conditions, taints
+
+        wait_until(lambda: ours() == (["False"], ["NoSchedule"]), 20, "condition False and the taint")
+        wait_until(lambda: (records / "served-by-device-plugin.json").exists(), 10, "the record")
+        put_release(api, daemonset)
+        assert plugin.stop(timeout=20) == 0
+        log = plugin.log()
+        if uninstalled:
+            assert ours() == ([], [])
+            assert sorted(p.name for p in records.iterdir()) == []
+            assert "DaemonSet removed (uninstall)" in log and "node condition removed" in log
+        else:
+            assert ours() == (["False"], ["NoSchedule"])
+            assert (records / "served-by-device-plugin.json").exists()
+            assert "DaemonSet removed" not in log
+    finally:
+        if plugin is not None:
+            plugin.stop()
+            print(plugin.log()[-6000:])
+        kubelet.stop()
+
+
+# ---- the config-manager -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("daemonset", "uninstalled"), STATES)
+def test_the_config_manager_removes_its_annotation_only_at_uninstall(
+    setup: Setup, daemonset: str, uninstalled: bool
+) -> None:
+    api = setup.api
+    put_release(api, "present")
+    setup.label("a")
+    manager = setup.manager(**POD_ENV)
+
+    def annotation() -> str | None:
+        return (api.objects[NODE_PATH]["metadata"].get("annotations") or {}).get(APPLIED_ANNOTATION)
+
+    wait_until(lambda: annotation() == "a", 20, "the applied entry recorded")
+    put_release(api, daemonset)
+    assert manager.stop(timeout=20) == 0
+    assert annotation() == (None if uninstalled else "a")
+    assert api.objects[NODE_PATH]["metadata"]["labels"] == {test_config_manager.LABEL: "a"}  # the user's
+
+
+# ---- the DRA kubelet plugin ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("daemonset", "prepared", "removed"),
+    [
+        pytest.param("present", False, False, id="restart"),
+        pytest.param("deleting", False, True, id="uninstall-nothing-prepared"),
+        pytest.param("gone", True, False, id="uninstall-a-claim-prepared"),
+    ],
+)
+def test_the_dra_plugin_removes_its_record_and_checkpoint_unless_a_claim_is_prepared(
+    tmp_path: Path, daemonset: str, prepared: bool, removed: bool
+) -> None:
+    with dra_cluster(tmp_path, env=POD_ENV) as cluster:
+        put_release(cluster.api, "present")
+        process = cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 10, "the slice")
+        claim = make_claim(cluster.api, "one-gpu")
+        assert schedule(cluster.api, claim) == ["gpu-0"]
+        cluster.kubelet.start_pod("pod-1", "gpu.nvidia.com", [claim])
+        if not prepared:
+            assert cluster.kubelet.end_pod("pod-1", "gpu.nvidia.com", [claim]) == [claim.uid]
+        directory = cluster.node.checkpoint.parent
+        wait_until(lambda: (directory / "served-by-dra.json").exists(), 10, "the record")
+        put_release(cluster.api, daemonset)
+        assert process.stop(timeout=20) == 0
+        left = sorted(p.name for p in directory.iterdir() if not p.name.endswith(".sock"))
+        if removed:
+            assert left == []
+        else:
+            assert left == ["checkpoint.json", "served-by-dra.json", "served-by-dra.lock"]
+        if prepared:  # the claim's CDI spec stays: the pod's containers may still run
+            assert cluster.specs() != {}
+            holds = json.loads((directory / "served-by-dra.json").read_text())["holds"]
+            assert list(holds.values()) == [f"claim {claim.namespace}/{claim.name}"]
