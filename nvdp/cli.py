@@ -19,6 +19,7 @@ from nvdp import __version__
 from nvdp.commands import (
     run_config_check,
     run_config_manager,
+    run_delete_daemonsets,
     run_dra_kubelet_plugin,
     run_gfd,
     run_mps_control_daemon,
@@ -80,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_mps_control_daemon(args, os.environ)
     if args.command == "dra-kubelet-plugin":
         return run_dra_kubelet_plugin(args, os.environ)
+    if args.command == "delete-daemonsets":
+        return run_delete_daemonsets(args, os.environ)
     try:  # the commands that print: `nvdp simulate | head` is no traceback
         if args.command == "status":
             return run_status(args, os.environ)
@@ -113,6 +116,11 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
             _add_status_arguments,
         ),
         ("dra-kubelet-plugin", "run the DRA kubelet plugin of the driver gpu.nvidia.com", _add_dra_arguments),
+        (
+            "delete-daemonsets",
+            "delete DaemonSets in the foreground and wait for their pods (the chart's uninstall hook)",
+            _add_delete_daemonsets_arguments,
+        ),
     ):
         if only in (None, name):
             command = sub.add_parser(name, help=help_text, allow_abbrev=False)
@@ -124,7 +132,8 @@ def build_parser(only: str | None = None) -> tuple[Parser, Mapping[str, argparse
 
 
 COMMANDS = tuple(
-    "plugin simulate gfd mps-control-daemon dra-kubelet-plugin status config-manager config".split()
+    "plugin simulate gfd mps-control-daemon dra-kubelet-plugin status config-manager config"
+    " delete-daemonsets".split()
 )
 
 
@@ -243,6 +252,15 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api", choices=("device-plugin", "dra"), default="device-plugin", help="GPU API")
     add_plugin_flags(parser)
+
+
+def _add_delete_daemonsets_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="+", metavar="DAEMONSET", help="the DaemonSets to delete")
+    parser.add_argument("--namespace", required=True, help="their namespace")
+    parser.add_argument(
+        "--wait", type=float, default=120.0, metavar="SECONDS", help="wait this long for them to go (120)"
+    )
+    parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster)")
 
 
 def _add_status_arguments(parser: argparse.ArgumentParser) -> None:

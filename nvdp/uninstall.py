@@ -6,6 +6,11 @@ hand-over record, the DRA checkpoint): the others must keep it for the pod that 
 asks the API server at stop whether the DaemonSet that owns this pod is gone or being deleted
 (`helm uninstall` deletes it before its pods get SIGTERM); any doubt (no pod name, no API server,
 an error, a timeout) counts as a restart and everything stays.
+
+`helm uninstall` deletes the DaemonSets and the RBAC and service accounts together, so a pod told to
+stop may no longer be let to ask or to clean up. The chart's pre-delete hook
+(`nvdp delete-daemonsets`, `delete_daemonsets`) deletes the release's DaemonSets in the foreground
+first and waits for their pods to stop, while their RBAC still stands.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +147,46 @@ def remove_handoff_record(handoff: Handoff) -> bool:
             os.close(fd)
     log_event(log, logging.INFO, "GPU hand-over record removed", directory=where, api=handoff.api)
     return True
+
+
+def delete_daemonsets(
+    api_client: Any,
+    namespace: str,
+    names: Sequence[str],
+    *,
+    deadline_s: float,
+    poll_s: float = 1.0,
+    timeout: float = REQUEST_TIMEOUT_S,
+) -> list[str]:
+    """Delete the DaemonSets `names` in the foreground and wait, up to `deadline_s`, until they are
+    gone (their pods stopped, each having cleaned up after itself). The names still there (or that
+    could not be deleted, said in one WARNING line each): never an error, the uninstall goes on."""
+    deadline = time.monotonic() + deadline_s
+    waiting: list[str] = []
+    for name in names:
+        try:
+            if kube.delete_daemonset(api_client, namespace, name, timeout=timeout):
+                waiting.append(name)
+        except KubeError as error:
+            log_event(log, logging.WARNING, "DaemonSet not deleted", error=str(error))
+    if waiting:
+        log_event(log, logging.INFO, "waiting for the DaemonSets' pods to stop", daemonsets=",".join(waiting))
+    while waiting:
+        try:
+            waiting = [n for n in waiting if kube.daemonset_exists(api_client, namespace, n, timeout=timeout)]
+        except KubeError as error:
+            log_event(log, logging.WARNING, "cannot follow the DaemonSets' deletion", error=str(error))
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    if waiting:
+        log_event(
+            log,
+            logging.WARNING,
+            "DaemonSets still there; their pods may not have cleaned up the node",
+            daemonsets=",".join(waiting),
+            waited_s=deadline_s,
+        )
+    else:
+        log_event(log, logging.INFO, "DaemonSets deleted", namespace=namespace)
+    return waiting

@@ -23,6 +23,9 @@ longer at, or a strategic merge patch (`status.conditions` merged by `type`, as 
 for Nodes); a PATCH of `<object>/status` changes only the object's `status`; DELETE removes one.
 `requests` logs (method, path, query) of every request. `drop_device_taints = True` drops the
 `taints` of ResourceSlice devices on writes, as a server without the DRADeviceTaints feature does.
+`foreground_deletes = True` answers a DELETE whose body asks `propagationPolicy: Foreground` by
+marking the object (`metadata.deletionTimestamp`) and keeping it, as the server does while the
+garbage collector deletes its dependents; the test `delete`s it when they are gone.
 
 Faults of the connection, as real servers and networks produce them: `late_bodies = seconds` sends
 every answer's headers first and its body (a stream: its final chunk) that much later, on a
@@ -78,6 +81,7 @@ class KubeApiStandin:
     gone_every_watch: bool = False
     stall_watches: bool = False
     drop_device_taints: bool = False
+    foreground_deletes: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -555,12 +559,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         path, _ = self._parse()
-        self._body()
+        body = self._body()
         if self._failed(path, False):
             return
+        foreground = body.get("propagationPolicy") == "Foreground" and self.api.foreground_deletes
         with self.api._lock:
             found = path in self.api.objects
-            if found:
+            if found and foreground:  # kept, marked, until the test deletes it (the pods went)
+                obj = copy.deepcopy(self.api.objects[path])
+                obj["metadata"].setdefault("deletionTimestamp", "2026-12-05T00:00:00Z")
+                self.api._store("MODIFIED", path, obj)
+            elif found:
                 self.api.delete(path)
         if not found:
             self._send_json(404, _status(404, f"{path} not found"))

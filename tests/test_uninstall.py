@@ -10,6 +10,8 @@ import fcntl
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from nvdp.errors import KubeError
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
 from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from nvdp.uninstall import Release, release_from_env, remove_handoff_record
 from tests import test_config_manager
 from tests.builders import append_sim_event, sim_gpus
@@ -316,3 +318,82 @@ def test_the_dra_plugin_removes_its_record_and_checkpoint_unless_a_claim_is_prep
             assert cluster.specs() != {}
             holds = json.loads((directory / "served-by-dra.json").read_text())["holds"]
             assert list(holds.values()) == [f"claim {claim.namespace}/{claim.name}"]
+
+
+# ---- the chart's pre-delete hook: `nvdp delete-daemonsets` -----------------------------------------
+
+
+def delete_daemonsets(api: KubeApiStandin, tmp_path: Path, *names: str, wait: str = "60") -> Process:
+    argv = [sys.executable, "-m", "nvdp.cli", "delete-daemonsets", "--namespace", NAMESPACE, *names]
+    argv += ["--wait", wait, "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig"))]
+    return Process(argv, tmp_path / "hook.log", clean_env())
+
+
+def test_the_hook_deletes_the_daemonsets_in_the_foreground_and_waits_for_their_pods(
+    api: KubeApiStandin, tmp_path: Path
+) -> None:
+    """The DaemonSets stay, marked, until their pods are gone (the stand-in: until the test deletes
+    them); only then does the hook end and Helm go on to delete the RBAC the pods cleaned up with."""
+    api.foreground_deletes = True
+    put_release(api, "present")
+    other = DAEMONSET_PATH + "-dra"
+    api.put(other, {"metadata": {"name": DAEMONSET + "-dra", "uid": "uid-dra"}})
+    hook = delete_daemonsets(api, tmp_path, DAEMONSET, DAEMONSET + "-dra", "not-rendered")
+    marked = [DAEMONSET_PATH, other]
+    wait_until(
+        lambda: all("deletionTimestamp" in api.objects[p]["metadata"] for p in marked), 20, "both marked"
+    )
+    client = kube.new_api_client(host=api.url)
+    assert kube.owner_daemonset_removed(client, NAMESPACE, POD, timeout=3)  # what the pods see
+    wait_until(lambda: "waiting for the DaemonSets' pods to stop" in hook.log(), 10, "the wait said")
+    assert hook.popen.poll() is None
+    api.delete(DAEMONSET_PATH)
+    api.delete(other)
+    assert hook.popen.wait(20) == 0
+    assert "DaemonSets deleted" in hook.log()
+
+
+def test_a_daemonset_that_does_not_go_is_said_and_the_uninstall_goes_on(
+    api: KubeApiStandin, tmp_path: Path
+) -> None:
+    api.foreground_deletes = True
+    put_release(api, "present")
+    hook = delete_daemonsets(api, tmp_path, DAEMONSET, wait="0.5")
+    assert hook.popen.wait(20) == 0
+    assert f"DaemonSets still there; their pods may not have cleaned up the node daemonsets={DAEMONSET}" in (
+        hook.log()
+    )
+
+
+def test_a_hook_without_rbac_says_so_and_the_uninstall_goes_on(api: KubeApiStandin, tmp_path: Path) -> None:
+    put_release(api, "present")
+    api.fail(403, 1, method="DELETE")
+    hook = delete_daemonsets(api, tmp_path, DAEMONSET, wait="5")
+    assert hook.popen.wait(20) == 0
+    assert f'DaemonSet not deleted error="cannot delete daemonset {NAMESPACE}/{DAEMONSET}: HTTP 403' in (
+        hook.log()
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        pytest.param(["--namespace", "ns"], "the following arguments are required: DAEMONSET", id="no-name"),
+        pytest.param(["x"], "the following arguments are required: --namespace", id="no-namespace"),
+        pytest.param(
+            ["x", "--namespace", "ns", "--wait", "-1"],
+            "error: --wait: -1 is negative; give seconds >= 0",
+            id="negative-wait",
+        ),
+    ],
+)
+def test_the_hooks_command_line_is_checked(argv: list[str], error: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "delete-daemonsets", *argv],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert error in done.stderr and len(done.stderr.strip().splitlines()) == 1

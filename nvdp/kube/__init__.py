@@ -7,7 +7,7 @@ The package is a leaf: it imports nothing of nvdp but `nvdp.errors`; its callers
 small protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
-from nvdp.kube.daemonsets import owner_daemonset_removed
+from nvdp.kube.daemonsets import daemonset_exists, delete_daemonset, owner_daemonset_removed
 from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
 from nvdp.kube.node_status import KubeNodeStatus, NodeConditionsAndTaints
 from nvdp.kube.nodefeature import (
@@ -38,6 +38,8 @@ __all__ = [
     "NodeMeta",
     "OwnerReference",
     "apply_node_feature",
+    "daemonset_exists",
+    "delete_daemonset",
     "get_json",
     "in_cluster",
     "new_api_client",
