@@ -21,6 +21,7 @@ from tests.test_deploy import (
     ENTRY_B,
     Doc,
     Rendered,
+    apart_from_uninstall,
     check_plugin_daemonset,
     check_schema,
     container_env,
@@ -38,7 +39,8 @@ STATIC = (
     / "static"
     / "nvidia-device-plugin-config-manager.yml"
 )
-MANAGER_ENV = frozenset(env for option in OPTIONS for env in option.envs)
+# The config-manager's options, and the sidecar's pod name and namespace (nvdp.uninstall, at stop).
+MANAGER_ENV = frozenset(env for option in OPTIONS for env in option.envs) | {"POD_NAME", "POD_NAMESPACE"}
 SIDECAR = "nvidia-device-plugin-sidecar"
 INIT = "nvidia-device-plugin-init"
 
@@ -101,7 +103,7 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
     # patch: the applied entry is recorded in a Node annotation (a restarted pod falls back to it)
     assert [sorted(r["verbs"]) for r in nodes] == [["get", "list", "patch", "watch"]]
     # the one ConfigMap, watched by name (list and watch with the field selector metadata.name)
-    configmaps = only(docs, "Role")
+    configmaps = only(apart_from_uninstall(docs), "Role")
     assert configmaps["metadata"]["namespace"] == namespace
     assert configmaps["rules"] == [
         {
@@ -111,7 +113,7 @@ def check_config_manager(docs: list[Doc], configmap: str) -> dict[str, Any]:
             "verbs": ["get", "list", "watch"],
         }
     ]
-    binding = only(docs, "RoleBinding")
+    binding = only(apart_from_uninstall(docs), "RoleBinding")
     assert binding["metadata"]["namespace"] == namespace
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

@@ -29,6 +29,7 @@ from tests.readings import http_get
 from tests.test_chart_gfd import console_script_argv, env_value, plugin_daemonset
 from tests.test_deploy import (
     NAMESPACE,
+    UNINSTALL_RBAC,
     Doc,
     Rendered,
     _find_renderer,
@@ -42,7 +43,8 @@ from tests.test_dra_config_manager import ENTRIES
 
 renderer, render_error = deploy.renderer, deploy.render_error  # fixtures shared with the chart's tests
 DRA_ENV = frozenset(
-    {env for o in DRA_OPTIONS for env in o.envs} | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+    {env for o in DRA_OPTIONS for env in o.envs}
+    | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "POD_NAME", "POD_NAMESPACE"}
 )
 ENABLED = {"dra": {"enabled": True}}
 # NVIDIA's DRA chart's DeviceClasses, rendered (the file names its source).
@@ -338,8 +340,8 @@ def test_the_kubelet_plugins_config_manager_may_read_the_node_and_the_config_map
     plugin_role = next(r for name, r in roles.items() if name != account)
     # What the device plugin's config-manager may do with its Node: watch its label, note the entry.
     assert nodes_verbs(roles[account]) == nodes_verbs(plugin_role) == ["get", "list", "watch", "patch"]
-    (binding,) = named(out, "RoleBinding").values()
-    (role,) = named(out, "Role").values()
+    (binding,) = [b for name, b in named(out, "RoleBinding").items() if name != UNINSTALL_RBAC]
+    (role,) = [r for name, r in named(out, "Role").items() if name != UNINSTALL_RBAC]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert role["rules"][0]["resources"] == ["configmaps"]
     assert binding["subjects"] == [
@@ -410,7 +412,11 @@ def test_the_dra_container_runs_as_rendered(render: Callable[..., Rendered], tmp
             value = (
                 var["value"]
                 if "value" in var
-                else {"spec.nodeName": node.name}[var["valueFrom"]["fieldRef"]["fieldPath"]]
+                else {
+                    "spec.nodeName": node.name,
+                    "metadata.name": "dra-pod",
+                    "metadata.namespace": "gpu-system",
+                }[var["valueFrom"]["fieldRef"]["fieldPath"]]
             )
             env[var["name"]] = str(linked) if value == "/config/config.yaml" else value
         (command,) = ctr["command"]

@@ -22,9 +22,11 @@ from tests.test_deploy import (
     Doc,
     Rendered,
     _find_renderer,
+    apart_from_uninstall,
     chart_values,
     check_schema,
     container_env,
+    kinds,
     load_docs,
     only,
     without,
@@ -115,7 +117,7 @@ def check_gfd_daemonset(daemonset: Doc, plugin_pod: Doc) -> None:
 def test_gfd_disabled_by_default(render: Callable[..., Rendered]) -> None:
     out = render()
     assert len(daemonsets(out)) == 1
-    assert "Role" not in out.kinds()
+    assert "Role" not in kinds(apart_from_uninstall(out.docs))
 
 
 def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -> None:
@@ -128,7 +130,7 @@ def test_gfd_enabled_writes_the_features_file(render: Callable[..., Rendered]) -
     assert mounts["output-dir"] == FEATURES_DIR
     env = gfd_env_of(daemonset)
     assert env["GFD_SLEEP_INTERVAL"] == "30s" and env["GFD_USE_NODE_FEATURE_API"] == "false"
-    assert "Role" not in out.kinds() and "RoleBinding" not in out.kinds()
+    assert not {"Role", "RoleBinding"} & set(kinds(apart_from_uninstall(out.docs)))
     for doc in out.docs:
         check_schema(doc)
 
@@ -139,7 +141,7 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
     check_gfd_daemonset(daemonset, plugin_daemonset(out)["spec"]["template"]["spec"])
     assert gfd_env_of(daemonset)["GFD_USE_NODE_FEATURE_API"] == "true"
     assert "volumes" not in daemonset["spec"]["template"]["spec"], "no features.d with the API"
-    role = only(out.docs, "Role")
+    role = only(apart_from_uninstall(out.docs), "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [
         {
@@ -149,7 +151,7 @@ def test_gfd_with_the_node_feature_api_gets_a_role(render: Callable[..., Rendere
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},  # the owners: its pod, DaemonSet
     ]
-    binding = only(out.docs, "RoleBinding")
+    binding = only(apart_from_uninstall(out.docs), "RoleBinding")
     account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -237,7 +239,7 @@ def test_node_feature_role_follows_rbac_create(render: Callable[..., Rendered], 
             "rbac": {"create": rbac},
         }
     )
-    assert ("Role" in out.kinds()) is rbac
+    assert ("Role" in kinds(apart_from_uninstall(out.docs))) is rbac
 
 
 def test_gfd_with_everything_on_is_valid(render: Callable[..., Rendered]) -> None:
@@ -335,9 +337,9 @@ def test_gfd_standalone(render: Callable[..., Rendered], config: dict[str, Any])
     ((name, daemonset),) = daemonsets(out).items()
     assert name == "nvdp-nvidia-device-plugin-gpu-feature-discovery"
     assert GFD_CONTAINER in [c["name"] for c in daemonset["spec"]["template"]["spec"]["containers"]]
-    kinds = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    expected = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
     if config:
-        kinds += ["Role", "RoleBinding"] + (["ConfigMap"] if "map" in config["config"] else [])
-    assert out.kinds() == sorted(kinds)
+        expected += ["Role", "RoleBinding"] + (["ConfigMap"] if "map" in config["config"] else [])
+    assert kinds(apart_from_uninstall(out.docs)) == sorted(expected)
     for doc in out.docs:
         check_schema(doc)

@@ -36,10 +36,12 @@ CONTAINER = "nvidia-device-plugin-ctr"
 
 # Env vars the program reads as settings (flags' env vars), from the package itself.
 PROGRAM_ENV = frozenset(env for option in PLUGIN_OPTIONS for env in option.envs)
-# Env vars a manifest may set besides those: NODE_NAME is read by nvdp.kube for Node Events; the
-# NVIDIA_* ones are read by the NVIDIA container toolkit when it sets up the container.
+# Env vars a manifest may set besides those: NODE_NAME is read by nvdp.kube for Node Events;
+# POD_NAME and POD_NAMESPACE by nvdp.uninstall at stop; the NVIDIA_* ones are read by the NVIDIA
+# container toolkit when it sets up the container.
 OTHER_ENV = frozenset(
-    {"NODE_NAME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
+    {"NODE_NAME", "POD_NAME", "POD_NAMESPACE"}
+    | {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
 )
 
 Doc = dict[str, Any]
@@ -47,6 +49,15 @@ Doc = dict[str, Any]
 
 def load_docs(text: str) -> list[Doc]:
     return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def is_hook(doc: Doc) -> bool:
+    return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
+
+
+def apart_from_uninstall(docs: list[Doc]) -> list[Doc]:
+    """`docs` less uninstall-cleanup.yml's Role and RoleBinding (tests of another Role)."""
+    return [d for d in docs if (d.get("metadata") or {}).get("name") != UNINSTALL_RBAC]
 
 
 def only(docs: list[Doc], kind: str) -> Doc:
@@ -526,6 +537,8 @@ def test_dockerfile_copies_what_the_context_keeps() -> None:
 # ---- the chart, rendered ------------------------------------------------------------------------
 
 RELEASE = "nvdp"
+# uninstall-cleanup.yml's Role and RoleBinding: the pods' read of their own DaemonSet at stop.
+UNINSTALL_RBAC = f"{RELEASE}-nvidia-device-plugin-uninstall"
 NAMESPACE = "gpu-system"
 
 
@@ -604,14 +617,19 @@ def renderer() -> Renderer:
 
 
 class Rendered:
+    """The release's objects (`docs`) and, apart, its Helm hooks' (`hooks`: made and deleted around
+    an install or uninstall, never part of the release)."""
+
     def __init__(self, manifests: dict[str, str]) -> None:
         self.manifests = manifests
-        self.docs = [
+        rendered = [
             doc
             for path, text in sorted(manifests.items())
             if not path.endswith("NOTES.txt")
             for doc in load_docs(text)
         ]
+        self.docs = [doc for doc in rendered if not is_hook(doc)]
+        self.hooks = [doc for doc in rendered if is_hook(doc)]
 
     def only(self, kind: str) -> Doc:
         return only(self.docs, kind)
@@ -664,7 +682,15 @@ def render_error(renderer: Renderer) -> Callable[..., str]:
 
 def test_chart_defaults(render: Callable[..., Rendered]) -> None:
     out = render()
-    assert out.kinds() == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceAccount"]
+    assert out.kinds() == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
     daemonset = out.daemonset
     check_plugin_daemonset(daemonset)
     assert daemonset["metadata"]["name"] == f"{RELEASE}-nvidia-device-plugin"
@@ -678,6 +704,8 @@ def test_chart_defaults(render: Callable[..., Rendered]) -> None:
     assert set(env_of(daemonset)) == {
         "METRICS_ADDRESS",
         "NODE_NAME",
+        "POD_NAME",
+        "POD_NAMESPACE",
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
     }
@@ -723,6 +751,8 @@ def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> N
         "DaemonSet",
         "PodMonitor",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
@@ -736,14 +766,17 @@ def test_chart_with_everything_on_is_valid(render: Callable[..., Rendered]) -> N
 def test_chart_defaults_match_the_static_manifest(
     render: Callable[..., Rendered], static_docs: list[Doc]
 ) -> None:
-    """The static manifest is the chart's default DaemonSet, but for its names and labels and for the
-    chart's node affinity (the static manifest schedules as NVIDIA's static manifest does)."""
+    """The static manifest is the chart's default DaemonSet, but for its names and labels, for the
+    chart's node affinity (the static manifest schedules as NVIDIA's static manifest does) and for
+    the pod's name and namespace (the static manifest has no RBAC to read its DaemonSet at stop)."""
     values = {"image": {"repository": "nvdp"}}  # the static manifests' image
     rendered = render(values, namespace="kube-system").daemonset["spec"]["template"]["spec"]
     static = only(static_docs, "DaemonSet")["spec"]["template"]["spec"]
     for pod in (rendered, static):
         pod.pop("serviceAccountName")
     assert rendered.pop("affinity") == chart_values()["affinity"]
+    (ctr,) = rendered["containers"]
+    ctr["env"] = [e for e in ctr["env"] if e["name"] not in ("POD_NAME", "POD_NAMESPACE")]
     assert rendered == static
 
 
@@ -1013,7 +1046,14 @@ def test_chart_accepts_nvidia_default_values(render: Callable[..., Rendered]) ->
 
 def test_chart_metrics_disabled(render: Callable[..., Rendered]) -> None:
     out = render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}, "forceMonitors": True}})
-    assert out.kinds() == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert out.kinds() == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
     ctr = container(out.daemonset)
     assert env_of(out.daemonset)["METRICS_ADDRESS"] == ""
     assert not {"ports", "livenessProbe", "readinessProbe"} & set(ctr)

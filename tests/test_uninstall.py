@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,12 @@ from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from nvdp.uninstall import Release, release_from_env, remove_handoff_record
-from tests import test_config_manager
+from tests import test_chart_all_on, test_config_manager, test_deploy
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import dra_cluster, make_claim, schedule, slices_of
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import Setup
+from tests.test_deploy import Rendered
 
 setup = test_config_manager.setup  # the config-manager's fixtures, by name
 
@@ -397,3 +398,122 @@ def test_the_hooks_command_line_is_checked(argv: list[str], error: str) -> None:
     )
     assert done.returncode != 0
     assert error in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# ---- the chart ----------------------------------------------------------------------------------
+
+renderer = test_deploy.renderer  # fixtures shared with the chart's main tests
+render = test_deploy.render
+EVERYTHING: dict[str, Any] = {  # every DaemonSet of the chart: plugin, GFD, MPS daemon, DRA plugin
+    **test_chart_all_on.VALUES,
+    "dra": {"enabled": True},
+}
+HOOK = {
+    "helm.sh/hook": "pre-delete",
+    "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+}
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_the_pods_may_read_their_daemonset_and_nothing_more(render: Callable[..., Rendered]) -> None:
+    out = render(EVERYTHING)
+    daemonsets = sorted(by_kind(out.docs, "DaemonSet"))
+    assert len(daemonsets) == 4
+    role = by_kind(out.docs, "Role")[test_deploy.UNINSTALL_RBAC]
+    assert role["metadata"]["namespace"] == test_deploy.NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},  # its own pod: the owner
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": daemonsets, "verbs": ["get"]},
+    ]
+    binding = by_kind(out.docs, "RoleBinding")[test_deploy.UNINSTALL_RBAC]
+    accounts = {
+        d["spec"]["template"]["spec"]["serviceAccountName"] for d in by_kind(out.docs, "DaemonSet").values()
+    }
+    assert {s["name"] for s in binding["subjects"]} == accounts
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    # Each process that cleans up at stop knows its pod and namespace; the init containers do not stop so.
+    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    cleaning = {
+        name: ctr
+        for name, ctr in test_chart_all_on.containers(out).items()
+        if ctr["command"][-1] in ("nvidia-device-plugin", "gpu-kubelet-plugin") or name.endswith("-sidecar")
+    }
+    assert len(cleaning) == 2 + 4  # the two plugins; the config-manager sidecar of each of the 4 pods
+    for name, ctr in cleaning.items():
+        env = test_deploy.container_env(ctr)
+        assert {k: env[k]["fieldRef"]["fieldPath"] for k in fields} == fields, name
+    for doc in out.docs + out.hooks:
+        test_deploy.check_schema(doc)
+
+
+def test_the_hook_may_delete_the_releases_daemonsets_and_goes_after(render: Callable[..., Rendered]) -> None:
+    out = render(EVERYTHING)
+    daemonsets = sorted(by_kind(out.docs, "DaemonSet"))
+    assert [d["kind"] for d in out.hooks] == ["ServiceAccount", "Role", "RoleBinding", "Job"]
+    for doc in out.hooks:
+        annotations = doc["metadata"]["annotations"]
+        assert {k: annotations[k] for k in HOOK} == HOOK
+        # the RBAC first, the Job after it
+        assert annotations["helm.sh/hook-weight"] == ("0" if doc["kind"] == "Job" else "-10")
+    account, role, binding, job = out.hooks
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": daemonsets,
+            "verbs": ["get", "delete"],
+        }
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": test_deploy.NAMESPACE}
+    ]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    (ctr,) = pod["containers"]
+    assert ctr["command"][:2] == ["nvdp", "delete-daemonsets"] and ctr["args"] == daemonsets
+
+
+def test_the_rendered_hook_deletes_the_rendered_daemonsets(
+    render: Callable[..., Rendered], api: KubeApiStandin, tmp_path: Path
+) -> None:
+    """The Job's command line, run against the API stand-in holding the release's DaemonSets."""
+    out = render(EVERYTHING)
+    api.foreground_deletes = True
+    paths = []
+    for name in by_kind(out.docs, "DaemonSet"):
+        paths.append(f"/apis/apps/v1/namespaces/{test_deploy.NAMESPACE}/daemonsets/{name}")
+        api.put(paths[-1], {"metadata": {"name": name, "uid": f"uid-{name}"}})
+    (ctr,) = out.hooks[-1]["spec"]["template"]["spec"]["containers"]
+    argv = [sys.executable, "-m", "nvdp.cli", *ctr["command"][1:], *ctr["args"]]
+    argv += ["--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig"))]
+    hook = Process(argv, tmp_path / "hook.log", clean_env())
+    wait_until(
+        lambda: all("deletionTimestamp" in api.objects[p]["metadata"] for p in paths), 20, "all marked"
+    )
+    for path in paths:
+        api.delete(path)
+    assert hook.popen.wait(20) == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "role", "hooks"),
+    [
+        pytest.param({}, True, True, id="default"),
+        pytest.param({"uninstallCleanup": False}, True, False, id="no-hook"),
+        pytest.param({"rbac": {"create": False}}, False, False, id="no-rbac"),
+    ],
+)
+def test_the_cleanup_follows_the_values(
+    render: Callable[..., Rendered], values: dict[str, Any], role: bool, hooks: bool
+) -> None:
+    out = render(values)
+    assert (test_deploy.UNINSTALL_RBAC in by_kind(out.docs, "Role")) is role
+    assert bool(out.hooks) is hooks

@@ -39,6 +39,18 @@ pod mps-control-daemon, the DRA kubelet plugin's pod gpu-kubelet-plugin); the co
       valueFrom:
         fieldRef:
           fieldPath: spec.nodeName
+    {{- if not .oneshot }}
+    # At stop the sidecar asks whether its DaemonSet is being deleted (an uninstall: it removes the
+    # Node annotation it wrote; uninstall-cleanup.yml).
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    {{- end }}
     - name: NODE_LABEL
       value: "nvidia.com/device-plugin.config"
     - name: CONFIG_FILE_SRCDIR
