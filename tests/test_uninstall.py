@@ -2,7 +2,10 @@
 update or a drain it stays. A SIGTERMed process asks the API stand-in whether its pod's DaemonSet is
 gone or being deleted: the device plugin then removes its GPU health condition, its taint and its
 hand-over record, the config-manager its Node annotation, the DRA plugin its hand-over record and
-its checkpoint, each only where nothing holds a GPU or a prepared claim."""
+its checkpoint, each only where nothing holds a GPU or a prepared claim. The chart's pre-delete hook
+(`nvdp delete-daemonsets`) deletes the DaemonSets in the foreground and waits for their pods, so that
+they clean up while their RBAC stands; the chart gives the pods their name, namespace and a Role to
+read their DaemonSet, and the hook a Role to delete those DaemonSets alone."""
 
 from __future__ import annotations
 
@@ -517,3 +520,20 @@ def test_the_cleanup_follows_the_values(
     out = render(values)
     assert (test_deploy.UNINSTALL_RBAC in by_kind(out.docs, "Role")) is role
     assert bool(out.hooks) is hooks
+
+
+def test_a_config_manager_that_stays_records_its_entry_again(setup: Setup) -> None:
+    """Another pod's config-manager removed the annotation (its DaemonSet alone was deleted: GFD
+    turned off by an upgrade); this one, whose DaemonSet stays, records the entry again."""
+    api = setup.api
+    put_release(api, "present")
+    setup.label("a")
+    setup.manager(**POD_ENV)
+
+    def annotation() -> str | None:
+        return (api.objects[NODE_PATH]["metadata"].get("annotations") or {}).get(APPLIED_ANNOTATION)
+
+    wait_until(lambda: annotation() == "a", 20, "the applied entry recorded")
+    api.merge_patch(NODE_PATH, {"metadata": {"annotations": {APPLIED_ANNOTATION: None}}})
+    assert annotation() is None
+    wait_until(lambda: annotation() == "a", 20, "the applied entry recorded again")

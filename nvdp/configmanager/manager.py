@@ -115,15 +115,19 @@ class ConfigManager:
 
     def set_labels(self, labels: dict[str, str] | None, annotations: dict[str, str] | None = None) -> None:
         """The node's labels and annotations (labels None: the Node is gone). Wakes the loop when the
-        label's value changed."""
+        label's value changed, or when the applied-entry annotation went (another pod's config-manager
+        removed it at an uninstall of its own DaemonSet: this one records it again)."""
         value = (labels or {}).get(self.settings.node_label) or None
+        recorded = (annotations or {}).get(APPLIED_ANNOTATION)
         with self._lock:
             changed = not self._label_known or value != self._label
+            removed = self._recorded is not None and recorded is None
             self._label, self._label_known = value, True
             self._node_present = labels is not None
-            self._recorded = (annotations or {}).get(APPLIED_ANNOTATION)
+            self._recorded = recorded
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
+        if changed or removed:
             self.wake()
 
     @property
