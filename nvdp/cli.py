@@ -255,12 +255,11 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_delete_daemonsets_arguments(parser: argparse.ArgumentParser) -> None:
+    from nvdp.config.options import add_options
+    from nvdp.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
+
     parser.add_argument("names", nargs="+", metavar="DAEMONSET", help="the DaemonSets to delete")
-    parser.add_argument("--namespace", required=True, help="their namespace")
-    parser.add_argument(
-        "--wait", type=float, default=120.0, metavar="SECONDS", help="wait this long for them to go (120)"
-    )
-    parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster)")
+    add_options(parser, DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags)
 
 
 def _add_status_arguments(parser: argparse.ArgumentParser) -> None:

@@ -216,18 +216,21 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 def run_delete_daemonsets(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """`nvdp delete-daemonsets`: the chart's pre-delete hook (`nvdp.uninstall.delete_daemonsets`). 0
-    unless no API client can be built: a DaemonSet left is said, and the uninstall goes on."""
+    unless its settings are bad or no API client can be built: a DaemonSet left is said, and the
+    uninstall goes on."""
     from nvdp import kube
-    from nvdp.uninstall import delete_daemonsets
+    from nvdp.uninstall import delete_daemonsets, resolve_delete_daemonsets
 
-    setup_logging("text", "info")
-    if args.wait < 0:
-        return _exit_on_error(ConfigError([f"--wait: {args.wait:g} is negative; give seconds >= 0"]))
     try:
-        client = kube.new_api_client(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG") or None)
+        flags = resolve_delete_daemonsets(args, environ)
+    except ConfigError as error:
+        return _exit_on_error(error)
+    setup_logging("text", "info")
+    try:
+        client = kube.new_api_client(kubeconfig=flags.kubeconfig or None)
     except NvdpError as error:
         return _exit_on_error(error)
-    delete_daemonsets(client, args.namespace, args.names, deadline_s=args.wait)
+    delete_daemonsets(client, flags.namespace, args.names, deadline_s=flags.wait)
     return 0
 
 

@@ -37,13 +37,13 @@ from nvdp.plugin.status import AllocateNotice, RpcObserver
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings, StatusObserver
 from nvdp.resources import Resource
-from nvdp.uninstall import Release, release_from_env, remove_handoff_record
 
 if TYPE_CHECKING:
     from nvdp.health.node_condition import NodeConditionReporter
     from nvdp.health.node_events import NodeEventRecorder
     from nvdp.health.pod_events import PodEventRecorder
     from nvdp.metrics import MetricFamilies, Metrics
+    from nvdp.uninstall import Release
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class Daemon:
             from nvdp.health.node_condition import node_condition_from_env
             from nvdp.health.node_events import node_events_from_env
             from nvdp.health.pod_events import pod_events_from_env
+            from nvdp.uninstall import release_from_env
 
             self.node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
             self.pod_events = pod_events_from_env(
@@ -269,6 +270,7 @@ class Daemon:
             return
         from nvdp import kube
         from nvdp.health.node_condition import withdraw
+        from nvdp.uninstall import remove_handoff_record
 
         node = self.options.runtime.node_name
         timeout = self.release.timeout

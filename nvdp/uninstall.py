@@ -21,11 +21,15 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nvdp import kube
-from nvdp.errors import KubeError
+from nvdp.config import values as v
+from nvdp.config.groups import KUBECONFIG, SERVICE_ACCOUNT_NAMESPACE, pod_namespace
+from nvdp.config.options import Option, flag, read_options, with_values
+from nvdp.errors import ConfigError, KubeError
 from nvdp.handoff import UNKNOWN_HOLDER, Handoff
 from nvdp.logs import log_event
 
@@ -34,6 +38,57 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 3.0  # each request at stop: the pod's grace period (30 s) covers them all
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
+
+
+@dataclass(frozen=True)
+class DeleteDaemonSetsFlags:
+    """`nvdp delete-daemonsets`'s settings (the DaemonSets' names are its arguments)."""
+
+    namespace: str = ""  # "": the pod's, from its service account
+    wait: float = 180.0
+    kubeconfig: str = ""
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = v.parse_go_duration(text)
+    if not 0 <= seconds < float("inf"):
+        raise v.InvalidValue(f"must be >= 0, got {v.show(text)}")
+    return seconds
+
+
+DELETE_DAEMONSETS_OPTIONS: tuple[Option, ...] = (
+    flag(
+        "--namespace $POD_NAMESPACE",
+        v.string,
+        "the DaemonSets' namespace (when unset: the pod's, from its service account)",
+    ),
+    flag(
+        "--wait $DELETE_WAIT",
+        _wait_seconds,
+        "how long to wait for the DaemonSets to go, their pods stopped (seconds or Go duration)",
+        "seconds",
+    ),
+    KUBECONFIG,
+)
+
+
+def resolve_delete_daemonsets(
+    args: Any, environ: Mapping[str, str], *, namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+) -> DeleteDaemonSetsFlags:
+    """The settings from flags and env, the namespace defaulting to the pod's. Raises ConfigError
+    (every problem, one line each)."""
+    given, problems = read_options(DELETE_DAEMONSETS_OPTIONS, args, environ)
+    flags = with_values(DeleteDaemonSetsFlags(), given)
+    if not flags.namespace:
+        flags = DeleteDaemonSetsFlags(pod_namespace(namespace_file), flags.wait, flags.kubeconfig)
+        if not flags.namespace:
+            problems.append("--namespace: not given, and no pod namespace to default to")
+    if problems:
+        raise ConfigError(problems)
+    return flags
 
 
 class Release:

@@ -31,6 +31,7 @@ from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
 from nvdp.mps.command import MPS_OPTIONS, MpsOptions
 from nvdp.mps.command import add_arguments as add_mps_arguments
 from nvdp.mps.command import resolve as resolve_mps
+from nvdp.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
 
 # command -> (its options, its settings class)
 COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
@@ -42,6 +43,7 @@ COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {
     "dra-kubelet-plugin": (DRA_OPTIONS, DraSettings),
     "config-manager": (MANAGER_OPTIONS, ManagerSettings),
     "config check": (CHECK_OPTIONS, CheckFlags),
+    "delete-daemonsets": (DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags),
 }
 NO_ENV = {"config check"}  # nvdp's own command: flags only, an operator's env must not change a check
 DEMO_FLAGS = {

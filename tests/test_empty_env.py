@@ -27,6 +27,7 @@ from nvdp.mps.command import resolve as resolve_mps
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
 from nvdp.testing import Process, clean_env, wait_until
+from nvdp.uninstall import resolve_delete_daemonsets
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_command_options import COMMANDS, NO_ENV, parsers
 from tests.test_config_manager import ConfigMapDir, console_script
@@ -54,6 +55,10 @@ RESOLVERS: dict[str, tuple[list[str], Resolve]] = {
     "config-manager": (
         ["--node-name", "node-a", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config.yaml"],
         lambda args, env: resolve_manager(args, env, namespace_file=NO_FILE),
+    ),
+    "delete-daemonsets": (
+        ["nvdp", "--namespace", "gpu-system"],
+        lambda args, env: resolve_delete_daemonsets(args, env, namespace_file=NO_FILE),
     ),
 }
 

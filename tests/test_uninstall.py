@@ -383,11 +383,18 @@ def test_a_hook_without_rbac_says_so_and_the_uninstall_goes_on(api: KubeApiStand
     ("argv", "error"),
     [
         pytest.param(["--namespace", "ns"], "the following arguments are required: DAEMONSET", id="no-name"),
-        pytest.param(["x"], "the following arguments are required: --namespace", id="no-namespace"),
+        pytest.param(
+            ["x"], "error: --namespace: not given, and no pod namespace to default to", id="no-namespace"
+        ),
         pytest.param(
             ["x", "--namespace", "ns", "--wait", "-1"],
-            "error: --wait: -1 is negative; give seconds >= 0",
+            'error: --wait / DELETE_WAIT: must be >= 0, got "-1"',
             id="negative-wait",
+        ),
+        pytest.param(
+            ["x", "--namespace", "ns", "--wait", "soon"],
+            'error: --wait / DELETE_WAIT: invalid duration "soon"',
+            id="wait-not-a-duration",
         ),
     ],
 )
