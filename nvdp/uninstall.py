@@ -8,7 +8,7 @@ asks the API server at stop whether the DaemonSet that owns this pod is gone or 
 an error, a timeout) counts as a restart and everything stays.
 
 `helm uninstall` deletes the DaemonSets and the RBAC and service accounts together, so a pod told to
-stop may no longer be let to ask or to clean up. The chart's pre-delete hook
+stop may no longer be allowed to ask or to clean up. The chart's pre-delete hook
 (`nvdp delete-daemonsets`, `delete_daemonsets`) deletes the release's DaemonSets in the foreground
 first and waits for their pods to stop, while their RBAC still stands.
 """
