@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -66,10 +67,11 @@ class UnixServer:
             raise NvdpError(f"cannot listen on {self.path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
-        old_umask = os.umask(0o077)
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
             server.add_insecure_port(f"unix://{self.path}")
-            os.chmod(self.path, SOCKET_MODE)
+            if stat.S_IMODE(os.stat(self.path).st_mode) != SOCKET_MODE:  # a thread's umask meanwhile
+                os.chmod(self.path, SOCKET_MODE)
         except (RuntimeError, OSError) as error:
             server.stop(None)
             raise NvdpError(f"cannot listen on {self.path}: {error}") from error

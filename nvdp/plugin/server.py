@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -178,7 +179,9 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._socket_id = file_id(self.socket_path)
 
     def _listen(self, server: grpc.Server) -> None:
-        old_umask = os.umask(0o077)  # bind() creates the socket file: owner-only from the start
+        # bind() creates the socket file with its mode from the umask: owner-only from the start, and
+        # no chmod after it, which would change the file's ctime (its identity to a watching kubelet).
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as error:  # gRPC does not say why: a plain bind() does
@@ -186,7 +189,8 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         finally:
             os.umask(old_umask)
         try:
-            os.chmod(self.socket_path, SOCKET_MODE)
+            if stat.S_IMODE(os.stat(self.socket_path).st_mode) != SOCKET_MODE:  # a thread's umask meanwhile
+                os.chmod(self.socket_path, SOCKET_MODE)
         except OSError as error:
             server.stop(None)
             raise self._cannot_listen(error) from error
