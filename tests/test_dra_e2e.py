@@ -22,6 +22,12 @@ from tests.test_cdi import strict_schema
 GOLDEN = Path(__file__).parent / "data" / "dra"
 
 
+def remove_directory(path: Path) -> None:
+    """Remove a directory the plugin is writing in at once: renamed away, then removed (an rmtree in
+    place fails when the plugin serves its socket again in the directory meanwhile)."""
+    shutil.rmtree(path.rename(path.with_name(f"{path.name}.removed")))
+
+
 def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
     with dra_cluster(tmp_path) as cluster:
         cluster.start()
@@ -44,14 +50,14 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         cluster.api.delete(path)  # ... and wipes the node's slices
         wait_until(lambda: path in cluster.api.objects, 5, "the slice published again")
 
-        shutil.rmtree(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
-        cluster.node.registry.mkdir()
+        remove_directory(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
+        cluster.node.registry.mkdir(exist_ok=True)  # the plugin may have made it first
         cluster.registered(after=2)
         assert (cluster.node.registry / REGISTRATION_SOCKET).is_socket()
         assert "socket removed or replaced; serving it again" in cluster.log()
 
         dra_socket = cluster.node.plugins / "gpu.nvidia.com" / "dra.sock"
-        for remove in (dra_socket.unlink, lambda: shutil.rmtree(dra_socket.parent), dra_socket.unlink):
+        for remove in (dra_socket.unlink, lambda: remove_directory(dra_socket.parent), dra_socket.unlink):
             remove()  # the file, its directory, then the file in the directory made again
             wait_until(lambda: dra_socket.is_socket(), 5, "the DRA socket served again")
         claim = make_claim(cluster.api, "after")
