@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -70,7 +69,7 @@ class UnixServer:
         old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
             server.add_insecure_port(f"unix://{self.path}")
-            if stat.S_IMODE(os.stat(self.path).st_mode) != SOCKET_MODE:  # a thread's umask meanwhile
+            if os.stat(self.path).st_mode & 0o777 != SOCKET_MODE:  # a thread's umask meanwhile
                 os.chmod(self.path, SOCKET_MODE)
         except (RuntimeError, OSError) as error:
             server.stop(None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -179,17 +178,15 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._socket_id = file_id(self.socket_path)
 
     def _listen(self, server: grpc.Server) -> None:
-        # bind() creates the socket file with its mode from the umask: owner-only from the start, and
-        # no chmod after it, which would change the file's ctime (its identity to a watching kubelet).
-        old_umask = os.umask(0o777 & ~SOCKET_MODE)
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as error:  # gRPC does not say why: a plain bind() does
             raise self._cannot_listen(_bind_error(self.socket_path) or error) from error
         finally:
             os.umask(old_umask)
-        try:
-            if stat.S_IMODE(os.stat(self.socket_path).st_mode) != SOCKET_MODE:  # a thread's umask meanwhile
+        try:  # another thread's umask meanwhile
+            if os.stat(self.socket_path).st_mode & 0o777 != SOCKET_MODE:
                 os.chmod(self.socket_path, SOCKET_MODE)
         except OSError as error:
             server.stop(None)
