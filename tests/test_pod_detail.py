@@ -263,7 +263,7 @@ IPV6 = _outward_address(socket.AF_INET6, "2001:db8::1")
 NO_IPV6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 on this host")
 
 
-def _get(source: str, target: str, port: int, path: str) -> tuple[int, str]:
+def _get_from(source: str, target: str, port: int, path: str) -> tuple[int, str]:
     """GET `path` from `target`:`port` over a connection from `source` (the peer the plugin sees)."""
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as client:
@@ -278,7 +278,7 @@ def _get(source: str, target: str, port: int, path: str) -> tuple[int, str]:
     return int(head.split()[1]), body.decode()
 
 
-class Node:
+class ServingNode:
     """A kubelet stand-in with PodResources and a plugin listening on `address` (port `port`), with pod
     ml/train-0 holding one GPU."""
 
@@ -286,7 +286,7 @@ class Node:
         self.kubelet, self.plugin, self.port, self.device_id = kubelet, plugin, port, device_id
 
     def allocations(self, source: str, target: str) -> dict[str, Any]:
-        status, body = _get(source, target, self.port, "/allocations")
+        status, body = _get_from(source, target, self.port, "/allocations")
         assert status == 200, body
         document: dict[str, Any] = json.loads(body)
         return document
@@ -297,7 +297,7 @@ class Node:
         return next(d for d in devices if d["device"] == self.device_id)
 
     def allocated(self, source: str, target: str) -> list[str]:
-        status, body = _get(source, target, self.port, "/metrics")
+        status, body = _get_from(source, target, self.port, "/metrics")
         assert status == 200
         return [line for line in body.splitlines() if line.startswith("nvdp_device_allocated{")]
 
@@ -306,7 +306,7 @@ class Node:
 def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[Callable[..., Node]]:
     kubelets: list[Kubelet] = []
 
-    def start(listen: str, env: Mapping[str, str] | None = None) -> Node:
+    def start(listen: str, env: Mapping[str, str] | None = None) -> ServingNode:
         plugin_dir = sock_dir / "device-plugins"
         kubelet = Kubelet(plugin_dir, pod_resources=True)
         kubelet.start()
@@ -318,7 +318,7 @@ def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[C
         processes.append(plugin)
         kubelet.wait_for_devices(GPU, timeout=20)
         pod = kubelet.admit_pod("ml", "train-0", {"main": {GPU: 1}}, uid="uid-train")
-        started = Node(kubelet, plugin, port, pod.assignments[0].device_ids[0])
+        started = ServingNode(kubelet, plugin, port, pod.assignments[0].device_ids[0])
         wait_until(
             lambda: started.held("127.0.0.1", "127.0.0.1").get("pods"), timeout=10, what="the pod held"
         )
