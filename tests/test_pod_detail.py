@@ -303,7 +303,7 @@ class ServingNode:
 
 
 @pytest.fixture
-def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[Callable[..., Node]]:
+def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[Callable[..., ServingNode]]:
     kubelets: list[Kubelet] = []
 
     def start(listen: str, env: Mapping[str, str] | None = None) -> ServingNode:
@@ -366,7 +366,7 @@ REMOTE_V4 = [(IPV4, IPV4)] if IPV4 else []
     ids=["ipv4-every-interface", "dual-stack"],
 )
 def test_the_plugin_names_pods_to_loopback_clients_only(
-    node: Callable[..., Node], listen: str, local: list[tuple[str, str]], remote: list[tuple[str, str]]
+    node: Callable[..., ServingNode], listen: str, local: list[tuple[str, str]], remote: list[tuple[str, str]]
 ) -> None:
     plugin = node(listen)
     device_id = plugin.device_id
@@ -385,7 +385,7 @@ def test_the_plugin_names_pods_to_loopback_clients_only(
 
 
 @pytest.mark.skipif(IPV4 is None, reason="this host has no IPv4 address but loopback")
-def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., Node]) -> None:
+def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., ServingNode]) -> None:
     assert IPV4 is not None
     plugin = node("", env={"POD_DETAIL": "all"})
     assert plugin.held(IPV4, IPV4)["pods"] == POD
@@ -393,7 +393,7 @@ def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., Node]) 
 
 
 @pytest.mark.skipif(IPV4 is None, reason="this host has no IPv4 address but loopback")
-def test_status_from_a_remote_address_counts_the_holders(node: Callable[..., Node]) -> None:
+def test_status_from_a_remote_address_counts_the_holders(node: Callable[..., ServingNode]) -> None:
     assert IPV4 is not None
     plugin = node("")
     done = subprocess.run(
