@@ -221,3 +221,23 @@ def test_the_scheduler_never_sees_a_gpu_in_both_apis(tmp_path: Path) -> None:
     assert to_dra >= STATUS_DELAY_S * 0.9 and to_dra_again >= STATUS_DELAY_S * 0.9
     dra_log = (tmp_path / "dra.log").read_text()
     assert dra_log.count("GPUs offered once the Node stopped counting them") == 2
+
+
+def test_a_gpu_goes_back_to_the_plugin_only_once_the_api_server_took_it_out_of_the_slices(
+    tmp_path: Path,
+) -> None:
+    """The DRA driver's record lets a GPU go once the API server answered the slice write that
+    withdrew it: while those writes fail, the device plugin waits."""
+    with one_node(tmp_path) as node:
+        api = node.cluster.api
+        node.serving(UUIDS[:2], UUIDS[2:], 20, "GPUs 0, 1 by the plugin, 2, 3 by DRA")
+        (path,) = (p for p in api.objects if p.startswith(f"{V1}/resourceslices/"))
+        api.fail(500, 1000, method="PUT", path_prefix=path)
+        tried = api.count("PUT", path)
+        node.switch(NO_DRA)
+        api.wait_for(lambda: api.count("PUT", path) >= tried + 2, 20, "two failed slice writes")
+        assert (node.by_plugin(), node.by_dra()) == (frozenset(UUIDS[:2]), frozenset(UUIDS[2:]))
+        api.clear_failures()
+        node.serving(UUIDS, [], 20, "every GPU by the plugin once the slice was written")
+        timeline = node.timeline()
+    assert overlaps(timeline) == []
