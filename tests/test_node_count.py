@@ -174,3 +174,15 @@ def test_a_record_with_bad_units_is_unknown(tmp_path: Path, units: object) -> No
         assert dra.other == Record(alive=False, known=False)
     finally:
         dra.close()
+
+
+def test_after_a_failed_read_the_node_is_read_again_slowly() -> None:
+    api = FakeNodeApi(None)
+    api.counts = KubeError("cannot read node node-a: timed out")
+    node_count = gate(api, poll=0.5, slow_poll=3600.0)
+    assert node_count.offer(frozenset({A}), frozenset(), {GPU: 0}) == frozenset()
+    assert (node_count.retry_in() or 0) > 3000
+    api.counts = NodeCounts({GPU: "1"}, {GPU: "1"})  # read: counted still, the poll is quick again
+    node_count._next_check = 0.0
+    assert node_count.offer(frozenset({A}), frozenset(), {GPU: 0}) == frozenset()
+    assert (node_count.retry_in() or 0) <= 0.5

@@ -11,7 +11,8 @@ allocatable is 0 (a stopped plugin's devices stay in capacity, unhealthy, for mi
 
 `NodeCountGate` reads the Node while a GPU waits on this (every POLL_S; after WARN_S it says so once,
 reports each GPU as a misfit and reads every SLOW_POLL_S) and lets the GPUs through once the rule
-holds. A Node that cannot be read keeps them waiting; without a Node nothing counts them.
+holds. A Node that cannot be read keeps them waiting (read again after SLOW_POLL_S: the main loop
+makes the read); without a Node nothing counts them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class NodeCountGate:
         self._poll, self._slow_poll, self._warn_after = poll, slow_poll, warn_after
         self._waiting: dict[str, float] = {}  # GPU uuid -> time.monotonic() it began to wait
         self._why: list[str] = []  # what the Node still counts, as last read
+        self._unread = False  # the last read failed
         self._next_check = 0.0
         self._warned = False
 
@@ -102,14 +104,16 @@ class NodeCountGate:
                 waited=f"{now - min(self._waiting.values()):.0f}s",
             )
             self._warned = True
-        self._next_check = now + (self._slow_poll if late else self._poll)
+        self._next_check = now + (self._slow_poll if late or self._unread else self._poll)
         return serve & offered
 
     def _read(self, units: Mapping[str, int]) -> list[str]:
         try:
             node = self._api.node_counts(self.node)
         except KubeError as error:
+            self._unread = True
             return [str(error)]
+        self._unread = False
         return [] if node is None else still_counted(node, units)
 
     def _done(self, now: float, serve: frozenset[str]) -> None:
