@@ -208,7 +208,7 @@ class Daemon:
                 restart_needed=self.supervisor.restart_needed,
             )
             allocations = AllocationPages(
-                self.ledger, self.supervisor, self.health, self.supervisor.served_gpus
+                self.ledger, self.supervisor, self.health, self.supervisor.served_gpus, runtime.pod_detail
             )
             self.metrics = Metrics(runtime.metrics_address, families, probes, allocations=allocations)
         registry = families.registry if families is not None else None

@@ -11,13 +11,15 @@ the kubelet's probes out (a probe sends its request at once).
 
 It imports neither http.server nor http.client, ssl or email, which would cost the plugin process
 megabytes of RSS. What it serves comes from `Pages` (a command may add pages of its own: the plugin's
-/allocations); `ServedPages` is the one shape of a command's
+/allocations), told the client's address (`peer`; `is_loopback` says whether it is on this host's
+loopback, as `nvdp status` in the plugin's container is); `ServedPages` is the one shape of a command's
 status pages with their endpoint (the plugin's `nvdp.metrics.Metrics`, the config-manager's
 `nvdp.configmanager.status.StatusServer`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import socketserver
@@ -54,9 +56,9 @@ _REASONS = {
 
 
 class Pages(Protocol):
-    """What the endpoint serves."""
+    """What the endpoint serves; `peer` is the client's IP address, as its connection says."""
 
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, peer: str) -> bytes:
         """The exposition, text format 0.0.4."""
         ...
 
@@ -68,7 +70,7 @@ class Pages(Protocol):
         """None when ready (/readyz 200), else why not (503)."""
         ...
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         """Another page at `path` (the plugin's /allocations): its content type and body; None: not
         found (404)."""
         ...
@@ -116,6 +118,19 @@ class ServedPages:
 
     def stop(self) -> None:
         self._endpoint.stop()
+
+
+def is_loopback(peer: str) -> bool:
+    """Whether the client address `peer` is on this host's loopback: 127.0.0.0/8, ::1, or an
+    IPv4-mapped 127.x (a dual-stack socket's IPv4 client). Any other address, the node's own
+    included, is remote."""
+    try:
+        address = ipaddress.ip_address(peer.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -194,8 +209,9 @@ class _Refusal(Exception):
 class _Connection:
     """One client connection: its request read within the deadline, then answered."""
 
-    def __init__(self, sock: socket.socket, pages: Pages) -> None:
+    def __init__(self, sock: socket.socket, peer: str, pages: Pages) -> None:
         self.sock = sock
+        self.peer = peer  # the client's IP address
         self.pages = pages
         self.reading = True  # still sending its request: the one to close when connections run out
 
@@ -259,12 +275,12 @@ class _Connection:
         head_only = method == "HEAD"
         path = target.partition("?")[0]
         if path == "/metrics":
-            self._reply(200, self.pages.render_metrics(), CONTENT_TYPE, head=head_only)
+            self._reply(200, self.pages.render_metrics(self.peer), CONTENT_TYPE, head=head_only)
         elif path in ("/healthz", "/readyz"):
             pages = self.pages
             problem = pages.liveness_problem() if path == "/healthz" else pages.readiness_problem()
             self._reply(200 if problem is None else 503, f"{problem or 'ok'}\n".encode(), head=head_only)
-        elif (page := self.pages.extra_page(path)) is not None:
+        elif (page := self.pages.extra_page(path, self.peer)) is not None:
             self._reply(200, page[1], page[0], head=head_only)
         else:
             self._reply(404, b"not found: try /metrics, /healthz or /readyz\n", head=head_only)
@@ -310,7 +326,8 @@ class _HttpServer(socketserver.TCPServer):
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         """Serve the connection on a thread of its own; over MAX_CONNECTIONS, first close the oldest
         one still sending its request (or, with none, this one)."""
-        connection = _Connection(request, self.pages)
+        peer = client_address[0] if isinstance(client_address, tuple) and client_address else ""
+        connection = _Connection(request, str(peer), self.pages)
         with self._lock:
             if len(self._open) >= MAX_CONNECTIONS:
                 slowest = next((c for c in self._open if c.reading), None)

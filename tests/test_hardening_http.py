@@ -28,7 +28,7 @@ class Pages:
         self.hold = threading.Event()
         self.hold.set()
 
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, peer: str) -> bytes:
         return b"x 1\n"
 
     def liveness_problem(self) -> str | None:
@@ -38,7 +38,7 @@ class Pages:
         self.hold.wait(10)
         return None
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         return None
 
 

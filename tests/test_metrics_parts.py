@@ -76,7 +76,7 @@ def test_metrics_serve_through_the_endpoint_protocol() -> None:
     assert metrics.port == 4242
     metrics.stop()
     assert endpoint.calls == ["start", "stop"]
-    assert b'\nnvdp_build_info{version="9.9"} 1\n' in endpoint.pages.render_metrics()
+    assert b'\nnvdp_build_info{version="9.9"} 1\n' in endpoint.pages.render_metrics("127.0.0.1")
     assert endpoint.pages.readiness_problem() == "starting: no resources served yet"
 
 
@@ -86,11 +86,11 @@ def test_failed_nvml_calls_are_counted_by_call() -> None:
     for _ in range(2):
         with pytest.raises(NvmlError):
             nvml.init()
-    assert b'\nnvdp_nvml_errors_total{call="nvmlInit_v2"} 2\n' in metrics.render_metrics()
+    assert b'\nnvdp_nvml_errors_total{call="nvmlInit_v2"} 2\n' in metrics.render_metrics("127.0.0.1")
 
 
 class FixedPages:
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, peer: str) -> bytes:
         return b"x 1\n"
 
     def liveness_problem(self) -> str | None:
@@ -99,7 +99,7 @@ class FixedPages:
     def readiness_problem(self) -> str | None:
         return "waiting"
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         return {"/page": ("application/json", b"{}\n")}.get(path)
 
 

@@ -20,7 +20,14 @@ from nvdp.config.model import (
     imex_channel_ids,
 )
 from nvdp.config.options import Option, flag, under
-from nvdp.config.runtime import CDI_HOOKS, CDI_KINDS, listen_address, nvml_spec, rescan_interval
+from nvdp.config.runtime import (
+    CDI_HOOKS,
+    CDI_KINDS,
+    POD_DETAILS,
+    listen_address,
+    nvml_spec,
+    rescan_interval,
+)
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.logs import LOG_FORMATS, LOG_LEVELS
@@ -257,6 +264,13 @@ PLUGIN_OPTIONS: tuple[Option, ...] = (
         'listen address of /metrics, /healthz and /readyz ("" disables)',
         target="runtime.metrics_address",
         empty="value",
+    ),
+    flag(
+        "--pod-detail $POD_DETAIL",
+        v.choice(*POD_DETAILS),
+        "who sees the pods holding devices (namespace, pod, container, UID) on /allocations and"
+        f" nvdp_device_allocated: {_alts(POD_DETAILS)} (local: loopback clients only, as nvdp status)",
+        target="runtime.pod_detail",
     ),
     flag(
         "--device-rescan-interval $DEVICE_RESCAN_INTERVAL",

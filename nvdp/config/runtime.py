@@ -17,6 +17,9 @@ DEFAULT_METRICS_ADDRESS = ":2112"
 DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's plugin's, nvidia-ctk's
+# Who sees which pod holds which device on the metrics endpoint (--pod-detail): clients on the
+# loopback only, or every client.
+POD_DETAILS = ("local", "all")
 # NVIDIA's CDI hook names (--cdi-disable-hooks): those nvdp's specs run (nvdp.cdi.edits.HOOKS),
 # NVIDIA's deprecated `chmod` (which neither NVIDIA's spec nor nvdp's writes), and `all`.
 CDI_HOOKS = (
@@ -64,6 +67,7 @@ class RuntimeOptions:
     log_format: str = "text"
     log_level: str = "info"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    pod_detail: str = POD_DETAILS[0]  # /allocations and nvdp_device_allocated name pods to: local | all
     device_rescan_interval: float = DEFAULT_DEVICE_RESCAN_INTERVAL  # seconds; 0: no live rescans
     cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR
     cdi_kind: str = CDI_KINDS[0]
@@ -90,6 +94,7 @@ class PluginOptions:
             "logFormat": runtime.log_format,
             "logLevel": runtime.log_level,
             "metricsAddress": runtime.metrics_address,
+            "podDetail": runtime.pod_detail,
             "deviceRescanInterval": format_go_duration(runtime.device_rescan_interval),
             "cdiSpecDir": runtime.cdi_spec_dir,
             "cdiKind": runtime.cdi_kind,

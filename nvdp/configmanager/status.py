@@ -75,7 +75,7 @@ class StatusServer(ServedPages):
         super().__init__(address, self)
 
     # ---- Pages ----------------------------------------------------------------------------------
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, peer: str) -> bytes:
         return render(self._read(), self._alarm_after)
 
     def liveness_problem(self) -> str | None:
@@ -84,7 +84,7 @@ class StatusServer(ServedPages):
     def readiness_problem(self) -> str | None:
         return not_ready(self._read(), self._alarm_after)
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         return None
 
 

@@ -372,6 +372,8 @@ class DraDriver:
                 return  # the registration waits for the DRA socket
             if server is self._plugin_server:
                 self._watcher.add(self.settings.plugin_dir)  # a directory made again: watched again
+                if not server.is_ours():  # removed before the watch was there: no event will say so
+                    self._watcher.wake()
 
     def _shutdown(self) -> None:
         if self.rescanner is not None:

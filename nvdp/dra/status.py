@@ -127,7 +127,7 @@ class DraStatus(ServedPages):
         super().__init__(address, self)
 
     # ---- Pages ----------------------------------------------------------------------------------
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, peer: str) -> bytes:
         return self.registry.render()
 
     def liveness_problem(self) -> str | None:
@@ -152,7 +152,7 @@ class DraStatus(ServedPages):
             problems.append(monitor)
         return "\n".join(problems) or None
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         return None
 
 

@@ -12,6 +12,9 @@ holding it. A device ID is located among the served devices first, else among th
         {"device": "GPU-...::1", "gpu": "GPU-...", "uuid": "GPU-...", "index": "3",
          "advertised": true, "health": "Unhealthy", "reason": "GPU has fallen off the bus",
          "pods": [{"namespace": "ml", "name": "train-0", "uid": "...", "container": "main"}]}]}}
+
+Without the pods (a client --pod-detail does not allow): `"podDetail": "withheld"` at the top, and
+each device says how many containers hold it, `"holders": 1`, in place of its `pods`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nvdp.ledger.types import Holding, LedgerSnapshot
 from nvdp.nvml.types import GpuInfo
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+WITHHELD = "withheld"  # "podDetail": the pods holding devices are not told to this client
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,11 @@ def allocations_document(
     reasons: Mapping[str, str],
     gpus: Sequence[GpuInfo],
     now: float,
+    *,
+    pods: bool = True,
 ) -> dict[str, Any]:
     """The document of `snapshot` over the `served` resources; `reasons`: GPU/MIG uuid -> why it is
-    Unhealthy; `now`: time.time()."""
+    Unhealthy; `now`: time.time(); without `pods`, only how many containers hold each device."""
     held: dict[str, dict[str, list[Holding]]] = {}
     for holding in snapshot.holdings:
         held.setdefault(holding.resource, {}).setdefault(holding.device_id, []).append(holding)
@@ -55,13 +61,14 @@ def allocations_document(
         resource = served.get(name, Served({}, {}))
         holders = held.get(name, {})
         ids = [*resource.devices, *(i for i in holders if i not in resource.devices)]
-        resources[name] = [_device(i, resource, holders.get(i, []), reasons, gpus) for i in ids]
+        resources[name] = [_device(i, resource, holders.get(i, []), reasons, gpus, pods) for i in ids]
     read_at = snapshot.read_at
     return {
         "source": snapshot.source,
         "readAt": _timestamp(read_at) if read_at is not None else None,
         "ageSeconds": round(max(now - read_at, 0.0), 3) if read_at is not None else None,
         "problem": snapshot.problem,
+        **({} if pods else {"podDetail": WITHHELD}),
         "resources": resources,
     }
 
@@ -72,6 +79,7 @@ def _device(
     holders: list[Holding],
     reasons: Mapping[str, str],
     gpus: Sequence[GpuInfo],
+    pods: bool,
 ) -> dict[str, Any]:
     where = locate(device_id, resource.devices, gpus)
     advertised = device_id in resource.health
@@ -86,6 +94,9 @@ def _device(
     }
     if health == UNHEALTHY:
         entry["reason"] = reasons.get(where.uuid, "unknown") if where else "unknown"
+    if not pods:
+        entry["holders"] = len(holders)
+        return entry
     entry["pods"] = [
         {"namespace": h.namespace, "name": h.pod, "uid": h.uid, "container": h.container} for h in holders
     ]

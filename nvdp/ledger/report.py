@@ -3,8 +3,9 @@ simulate` shows after its Allocate.
 
 Each resource gets a line of counts; every device that a container holds or that is not Healthy gets
 a line of its own (who holds it, why it is Unhealthy); the free, Healthy rest are counted, so a node
-with hundreds of shared replicas still fits a screen. The document may come from another nvdp
-version: what it lacks is shown as unknown, never a traceback.
+with hundreds of shared replicas still fits a screen. Where the plugin withholds the pods from this
+client (--pod-detail), a held device shows how many containers hold it. The document may come from
+another nvdp version: what it lacks is shown as unknown, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nvdp.ledger.document import WITHHELD
 from nvdp.units import format_go_duration
 
 _HEADER = f"  {'DEVICE':<47} {'INDEX':<6} {'HEALTH':<10} HELD BY\n"
@@ -40,22 +42,23 @@ def _source_line(document: Mapping[str, Any]) -> str:
     line = f"Allocations ({where}, {read})\n"
     if problem:
         line += f"  last read failed: {problem}\n"
+    if document.get("podDetail") == WITHHELD:
+        line += "  pods withheld: the plugin names them to clients on its loopback only (--pod-detail)\n"
     return line
 
 
 def _resource(name: str, devices: list[Mapping[str, Any]]) -> str:
-    held = [d for d in devices if d.get("pods")]
+    held = [d for d in devices if _is_held(d)]
     unhealthy = [d for d in devices if d.get("health") != "Healthy"]
-    free = len(devices) - len([d for d in devices if d.get("pods") or d.get("health") != "Healthy"])
+    free = len(devices) - len([d for d in devices if _is_held(d) or d.get("health") != "Healthy"])
     noun = "device" if len(devices) == 1 else "devices"
     counts = f"{len(devices)} {noun}: {len(held)} held, {len(unhealthy)} not healthy, {free} free"
     lines = [f"\n{name}  {counts}\n"]
-    shown = [d for d in devices if d.get("pods") or d.get("health") != "Healthy"]
+    shown = [d for d in devices if _is_held(d) or d.get("health") != "Healthy"]
     if shown:
         lines.append(_HEADER)
     for device in shown:
-        pods = device.get("pods") or []
-        holders = ", ".join(_pod(p) for p in pods if isinstance(p, Mapping)) or "-"
+        holders = _holders(device)
         index = device.get("index") or "?"
         lines.append(
             f"  {device.get('device', '?'):<47} {index:<6} {device.get('health', '?'):<10} {holders}\n"
@@ -63,6 +66,22 @@ def _resource(name: str, devices: list[Mapping[str, Any]]) -> str:
         if device.get("reason"):
             lines.append(f"  {'':<47} {'':<6} why: {device['reason']}\n")
     return "".join(lines)
+
+
+def _is_held(device: Mapping[str, Any]) -> bool:
+    holders = device.get("holders")
+    return bool(device.get("pods")) or (isinstance(holders, int) and holders > 0)
+
+
+def _holders(device: Mapping[str, Any]) -> str:
+    """The containers holding `device`: named, or counted where the pods are withheld."""
+    pods = device.get("pods")
+    if isinstance(pods, list):
+        return ", ".join(_pod(p) for p in pods if isinstance(p, Mapping)) or "-"
+    count = device.get("holders")
+    if isinstance(count, int) and count > 0:
+        return f"{count} container{'' if count == 1 else 's'} (pods withheld)"
+    return "-"
 
 
 def _pod(pod: Mapping[str, Any]) -> str:

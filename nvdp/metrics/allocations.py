@@ -6,6 +6,11 @@ bound (ALLOCATIONS_MAX_AGE_S for /allocations, METRICS_MAX_AGE_S for a scrape), 
 staler than that, and a node nobody asks costs no reads. The family has one sample per device held,
 1 while held: its label set is bounded by the node's devices and the pods holding them, and a series
 ends with its pod's hold.
+
+Which pod holds a device is told to clients on the loopback only (`nvdp status` in the plugin's
+container), unless `pod_detail` is "all" (--pod-detail): any other client gets the devices, their
+health and how many containers hold each, and the family without its namespace, pod and container
+labels (one sample per device held).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nvdp.health.types import HealthChange
+from nvdp.http_endpoint import is_loopback
 from nvdp.ledger.document import Served, allocations_document
 from nvdp.metrics.sources import HealthView, LedgerView, RegistrationState
 from nvdp.nvml.types import GpuInfo
@@ -34,7 +40,8 @@ def unhealthy_reason(change: HealthChange) -> str:
 
 class AllocationPages:
     """Builds /allocations and the allocated-device samples from the ledger, the supervisor's servers
-    (`registrations`), the node's health and the GPUs served (`gpus`)."""
+    (`registrations`), the node's health and the GPUs served (`gpus`); the pods holding devices are
+    shown as `pod_detail` says (local: to loopback clients only; all)."""
 
     def __init__(
         self,
@@ -42,10 +49,17 @@ class AllocationPages:
         registrations: RegistrationState,
         health: HealthView | None,
         gpus: Callable[[], Sequence[GpuInfo] | None],
+        pod_detail: str = "local",
     ) -> None:
         self._ledger, self._registrations, self._health, self._gpus = ledger, registrations, health, gpus
+        self.pod_detail = pod_detail
 
-    def document(self, max_age: float = ALLOCATIONS_MAX_AGE_S) -> dict[str, Any]:
+    def shows_pods(self, peer: str) -> bool:
+        """Whether the client at `peer` (its IP address) is told which pods hold the devices."""
+        return self.pod_detail == "all" or is_loopback(peer)
+
+    def document(self, max_age: float = ALLOCATIONS_MAX_AGE_S, *, pods: bool = True) -> dict[str, Any]:
+        """The /allocations document; without `pods`, how many containers hold each device only."""
         snapshot = self._ledger.recent(max_age)
         served = {
             name: Served(server.resource.devices, server.health())
@@ -53,21 +67,30 @@ class AllocationPages:
         }
         unhealthy: Mapping[str, HealthChange] = self._health.unhealthy() if self._health is not None else {}
         reasons = {uuid: unhealthy_reason(change) for uuid, change in unhealthy.items()}
-        return allocations_document(snapshot, served, reasons, self._gpus() or [], time.time())
+        gpus = self._gpus() or []
+        return allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
 
-    def render(self) -> bytes:
-        return json.dumps(self.document(), indent=1).encode() + b"\n"
+    def render(self, peer: str) -> bytes:
+        """/allocations for the client at `peer`."""
+        return json.dumps(self.document(pods=self.shows_pods(peer)), indent=1).encode() + b"\n"
 
-    def collect(self) -> list[MetricFamily]:
+    def collect(self, peer: str) -> list[MetricFamily]:
+        """nvdp_device_allocated for the client at `peer`."""
+        pods = self.shows_pods(peer)
         family = MetricFamily(
             "nvdp_device_allocated",
-            "1 while a container holds the device (from the kubelet's PodResources API).",
+            "1 while a container holds the device (from the kubelet's PodResources API); labelled with"
+            " the pod only for clients --pod-detail allows.",
             "gauge",
-            ["resource", "device", "gpu_uuid", "namespace", "pod", "container"],
+            ["resource", "device", "gpu_uuid", *(["namespace", "pod", "container"] if pods else [])],
         )
-        for resource, devices in self.document(METRICS_MAX_AGE_S)["resources"].items():
+        for resource, devices in self.document(METRICS_MAX_AGE_S, pods=pods)["resources"].items():
             for device in devices:
+                labels = [resource, device["device"], device["gpu"] or ""]
+                if not pods:
+                    if device["holders"]:
+                        family.add(labels, 1.0)
+                    continue
                 for pod in device["pods"]:
-                    labels = [resource, device["device"], device["gpu"] or "", pod["namespace"], pod["name"]]
-                    family.add([*labels, pod["container"]], 1.0)
+                    family.add([*labels, pod["namespace"], pod["name"], pod["container"]], 1.0)
         return [family]

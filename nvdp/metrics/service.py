@@ -9,6 +9,7 @@ from nvdp.http_endpoint import EndpointFactory, ServedPages
 from nvdp.metrics.allocations import JSON_CONTENT_TYPE, AllocationPages
 from nvdp.metrics.families import MetricFamilies, StateCollector
 from nvdp.metrics.readiness import Probes
+from nvdp.promtext import render
 
 
 class Metrics(ServedPages):
@@ -30,14 +31,13 @@ class Metrics(ServedPages):
         self.registry = self.families.registry
         p = self.probes
         self.registry.register(StateCollector(p.registrations, p.health, p.misfits))
-        self.allocations = allocations
-        if allocations is not None:
-            self.registry.register(allocations)
+        self.allocations = allocations  # rendered per client: pod detail is the client's to see or not
         super().__init__(address, self, endpoint)
 
     # ---- Pages: what the endpoint serves -------------------------------------------------------
-    def render_metrics(self) -> bytes:
-        return self.registry.render()
+    def render_metrics(self, peer: str) -> bytes:
+        allocated = render(self.allocations.collect(peer)) if self.allocations is not None else b""
+        return self.registry.render() + allocated
 
     def liveness_problem(self) -> str | None:
         return self.probes.liveness_problem()
@@ -45,7 +45,7 @@ class Metrics(ServedPages):
     def readiness_problem(self) -> str | None:
         return self.probes.readiness_problem()
 
-    def extra_page(self, path: str) -> tuple[str, bytes] | None:
+    def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
         if path == "/allocations" and self.allocations is not None:
-            return JSON_CONTENT_TYPE, self.allocations.render()
+            return JSON_CONTENT_TYPE, self.allocations.render(peer)
         return None
