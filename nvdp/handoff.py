@@ -9,7 +9,9 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
 - `served-by-<api>.json`: `{"serving": [GPU uuid, ...], "holds": {GPU uuid: holder}}`, written
   atomically; `serving` always includes every GPU the API advertises (it names a GPU before the API
   advertises it, and stops naming it after the API withdrew it); `holds` names the GPUs the API's pods
-  or claims hold now.
+  or claims hold now. The device plugin's adds `"units": {resource name: devices}`, what its
+  ListAndWatch streams list now, every resource it listed since it started (0 once none): the DRA
+  driver offers a GPU only once the Node counts no more than that (`nvdp.dra.node_count`).
 - `served-by-<api>.lock`: flock'ed for the life of the process. A record whose lock is free is a
   stopped process's: what it served is not advertised any more, what it held is still held (its pods
   run on), until it runs again.
@@ -81,6 +83,12 @@ class Record:
     holds: Mapping[str, str] = field(default_factory=dict)
     alive: bool = False
     known: bool = True
+    units: Mapping[str, int] = field(default_factory=dict)
+
+    def advertised(self) -> dict[str, int]:
+        """The devices per resource name the API advertises now: its `units`, none while its process
+        is not running."""
+        return {name: count if self.alive else 0 for name, count in self.units.items()}
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,9 @@ class Handoff:
         self._lock_said = False
         self._serving: frozenset[str] = frozenset()
         self._holds: dict[str, str] = {}
+        self._units: dict[str, int] = {}  # resource name -> devices advertised (the device plugin's)
         self._last = Settled(frozenset())
+        self.other = Record()  # the other API's record as last read by settle
         self._retry_at: float | None = None
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
@@ -248,11 +258,12 @@ class Handoff:
             data = loads_json(read_bounded(path, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
             serving = frozenset(str(u) for u in data["serving"])
             holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
+            units = {str(name): _count(n) for name, n in dict(data.get("units") or {}).items()}
         except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
             self._say_unreadable(path, str(error))
             return Record(alive=self._alive(api), known=False)
         self._unreadable_said = False
-        return Record(serving, holds, self._alive(api))
+        return Record(serving, holds, self._alive(api), units=units)
 
     def _say_unreadable(self, path: Path, error: str) -> None:
         if not self._unreadable_said:
@@ -283,7 +294,10 @@ class Handoff:
 
     def _write(self, serving: frozenset[str]) -> None:
         """The record, when it says something new (the other side is woken by each write)."""
-        body = json.dumps({"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}) + "\n"
+        said: dict[str, object] = {"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}
+        if self._units:
+            said["units"] = dict(sorted(self._units.items()))
+        body = json.dumps(said) + "\n"
         if body == self._written:
             return
         try:
@@ -314,12 +328,12 @@ class Handoff:
             self._retry_at = None
             return self._last
         self._other_seen = self._stat_other()
-        other = self.read_other()
+        other = self.other = self.read_other()
         settled = settle(mine, self._serving, self._holds, other)
         gained = settled.serve - self._serving
         self._write(self._serving | settled.serve)  # named before advertised; the holds as they are
         if gained:
-            again = self.read_other()
+            again = self.other = self.read_other()
             lost = {u for u in gained if u in again.holds or (again.alive and u in again.serving)}
             if lost:
                 waiting = {**settled.waiting, **{u: again.holds.get(u, "") for u in sorted(lost)}}
@@ -334,9 +348,13 @@ class Handoff:
         )
         return settled
 
-    def served(self, serving: frozenset[str]) -> None:
-        """The API advertises exactly `serving` now (after withdrawing what it no longer serves)."""
+    def served(self, serving: frozenset[str], units: Mapping[str, int] | None = None) -> None:
+        """The API advertises exactly `serving` now (after withdrawing what it no longer serves); the
+        device plugin says with `units` how many devices each of its resources lists now (a resource
+        listed before and not now: 0)."""
         self._serving = serving
+        if units is not None:
+            self._units = {**dict.fromkeys(self._units, 0), **units}
         if self.directory.is_dir():
             self._write(serving)
 
@@ -414,3 +432,10 @@ def _stat(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (found.st_ino, found.st_mtime_ns)
+
+
+def _count(value: object) -> int:
+    """A record's device count: a whole number, not negative."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"units: {value!r} is no count of devices")
+    return value

@@ -4,7 +4,7 @@ stand-in's objects, and a whole node (API stand-in, kubelet stand-in, plugin pro
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,3 +161,21 @@ def dra_cluster(
                     cluster.process.stop()
                 cluster.kubelet.close()
                 cluster.watcher.stop()
+
+
+def node_status_writer(
+    api: KubeApiStandin, node: str = "node-a"
+) -> Callable[[dict[str, int], dict[str, int]], None]:
+    """Write device counts into the Node's `status.capacity` and `status.allocatable` (a merge patch
+    that also drops the resources no longer counted), as the kubelet's status update does."""
+    path = f"/api/v1/nodes/{node}"
+
+    def write(capacity: dict[str, int], allocatable: dict[str, int]) -> None:
+        current = api.objects[path].get("status") or {}
+        status = {
+            key: {**dict.fromkeys(current.get(key) or {}), **{name: str(n) for name, n in counts.items()}}
+            for key, counts in (("capacity", capacity), ("allocatable", allocatable))
+        }
+        api.merge_patch(path, {"status": status})
+
+    return write

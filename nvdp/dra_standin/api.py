@@ -12,6 +12,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+from nvdp.dra.cluster import NodeCounts
 from nvdp.errors import KubeStatusError
 
 Obj = dict[str, Any]
@@ -40,6 +41,10 @@ class MemoryResourceApi:
             return None
         uid = found["metadata"]["uid"]
         return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+    def node_counts(self, node: str) -> NodeCounts | None:
+        found = self.get("Node", node)
+        return None if found is None else NodeCounts.of(found)
 
     # ---- objects ----
     def put(self, kind: str, obj: Obj) -> Obj:
