@@ -43,7 +43,6 @@ import os
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvdp.bounded import loads_json
@@ -51,70 +50,27 @@ from nvdp.dir_watch import Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
+from nvdp.handoff.rule import (
+    API_WORDS,
+    DEVICE_PLUGIN,
+    DRA,
+    UNKNOWN_HOLDER,
+    Record,
+    Settled,
+    settle,
+    unit_count,
+)
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 
 log = logging.getLogger(__name__)
 
-DEVICE_PLUGIN = "device-plugin"
-DRA = "dra"
-API_WORDS = {DEVICE_PLUGIN: "the device plugin", DRA: "the DRA driver"}
 RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
 SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it) is said after this
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
 LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for this long (rewritten in ms)
-UNKNOWN_HOLDER = "an unreadable hand-over record"
-
-
-def device_plugin_record_dir(kubelet_socket: Path, driver: str) -> Path:
-    """Where the device plugin finds the records: the DRA driver `driver`'s directory in the kubelet's
-    plugins directory, beside the device plugins' (`<kubelet dir>/../plugins/<driver>`)."""
-    return kubelet_socket.parent.parent / "plugins" / driver
-
-
-@dataclass(frozen=True)
-class Record:
-    """What one API's record says; `alive` whether its process runs (holds the lock); `known` False
-    when the record cannot be trusted (then the API may hold any GPU)."""
-
-    serving: frozenset[str] = frozenset()
-    holds: Mapping[str, str] = field(default_factory=dict)
-    alive: bool = False
-    known: bool = True
-    units: Mapping[str, int] = field(default_factory=dict)
-
-    def advertised(self) -> dict[str, int]:
-        """The devices per resource name the API advertises now: its `units`, none while its process
-        is not running."""
-        return {name: count if self.alive else 0 for name, count in self.units.items()}
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What an API may serve now: `serve` (GPU uuids); `kept`: GPUs the config gives the other API
-    that a pod holds here (uuid -> holder); `waiting`: GPUs the config gives this API that the other
-    API still serves or holds (uuid -> holder, or "" while it only advertises it)."""
-
-    serve: frozenset[str]
-    kept: Mapping[str, str] = field(default_factory=dict)
-    waiting: Mapping[str, str] = field(default_factory=dict)
-
-
-def settle(mine: frozenset[str], serving: frozenset[str], holds: Mapping[str, str], other: Record) -> Settled:
-    """The rule (pure): `mine` are the GPUs the config gives this API, `serving` those it serves now,
-    `holds` those its pods hold (uuid -> holder); `other` the other API's record."""
-    kept = {u: holds[u] for u in sorted(serving - mine) if u in holds}
-    waiting: dict[str, str] = {}
-    for uuid in sorted(mine - serving):
-        if not other.known:
-            waiting[uuid] = UNKNOWN_HOLDER
-        elif uuid in other.holds:
-            waiting[uuid] = other.holds[uuid]
-        elif other.alive and uuid in other.serving:
-            waiting[uuid] = ""
-    return Settled(frozenset((mine - waiting.keys()) | kept.keys()), kept, waiting)
 
 
 class Handoff:
@@ -258,7 +214,7 @@ class Handoff:
             data = loads_json(read_bounded(path, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
             serving = frozenset(str(u) for u in data["serving"])
             holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
-            units = {str(name): _count(n) for name, n in dict(data.get("units") or {}).items()}
+            units = {str(name): unit_count(n) for name, n in dict(data.get("units") or {}).items()}
         except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
             self._say_unreadable(path, str(error))
             return Record(alive=self._alive(api), known=False)
@@ -432,10 +388,3 @@ def _stat(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (found.st_ino, found.st_mtime_ns)
-
-
-def _count(value: object) -> int:
-    """A record's device count: a whole number, not negative."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"units: {value!r} is no count of devices")
-    return value
