@@ -6,15 +6,27 @@ JSON objects: the logic is checked, not the API server's schema typing of `objec
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nvdp.configmanager.command import NodeAnnotationRecord
 from nvdp.configmanager.settings import APPLIED_ANNOTATION
-from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
+from nvdp.health.condition import (
+    CONDITION_TYPE,
+    FATAL_XID,
+    HEALTHY,
+    TAINT_KEY,
+    GpuHealthCondition,
+    condition_body,
+    taints_with,
+)
+from nvdp.kube import KubeNodeStatus, new_api_client
 from tests import test_deploy as deploy
+from tests.kube_api_standin import KubeApiStandin
 from tests.test_chart_dra import named
 from tests.test_deploy import NAMESPACE, RELEASE, Doc, Rendered, check_schema, load_docs
 
@@ -225,6 +237,7 @@ def test_policy_matches_node_updates_by_the_charts_accounts(
 # ---- the policy: its CEL evaluated ---------------------------------------------------------------
 
 OWN, OTHER = "gpu-node-1", "gpu-node-2"
+NOW = "2026-01-01T00:00:00Z"
 
 
 def gpu_node(name: str = OWN) -> Doc:
@@ -395,6 +408,46 @@ def test_policy_admits_what_nvdp_writes_on_its_own_node_only(
     old = gpu_node(new["metadata"]["name"])
     said = admission(spec, {"request": request, "object": new, "oldObject": old})
     assert said is None if denial is None else denial in (said or ""), said
+
+
+def test_policy_admits_the_writes_nvdp_sends(render: Callable[..., Rendered]) -> None:
+    """The Node writes as nvdp's code sends them (the health condition and taint of
+    nvdp.health.node_condition, the config-manager's annotation), applied by the API stand-in: each
+    admitted on the pod's own Node."""
+    spec = named(render({"rbac": {"ownNodePolicy": True}}), "ValidatingAdmissionPolicy")[POLICY]["spec"]
+    path = f"/api/v1/nodes/{OWN}"
+    with KubeApiStandin() as api:
+        api.put(path, gpu_node())
+        client = new_api_client(host=api.url, retries=0)
+        status = KubeNodeStatus(OWN, api_client=client)
+
+        def health(condition: GpuHealthCondition, effect: str | None) -> None:
+            body = condition_body(condition, status.read().condition(CONDITION_TYPE), NOW)
+            assert body is not None
+            admitted(lambda: status.patch_condition(body), "status")
+            node = status.read()  # the status patch moved the Node's resourceVersion
+            taints = taints_with(node.taints, condition.taint, effect, NOW)
+            assert taints is not None
+            admitted(lambda: status.replace_taints(taints, node.resource_version), "")
+
+        def admitted(write: Callable[[], object], subresource: str) -> None:
+            old = copy.deepcopy(api.objects[path])
+            write()
+            request = {
+                "operation": "UPDATE",
+                "subResource": subresource,
+                "userInfo": {
+                    "username": PLUGIN_ACCOUNT,
+                    "extra": {"authentication.kubernetes.io/node-name": [OWN]},
+                },
+            }
+            new = api.objects[path]
+            assert new != old
+            assert admission(spec, {"request": request, "object": new, "oldObject": old}) is None
+
+        health(GpuHealthCondition("False", FATAL_XID, "GPU-0: XID 79", taint=FATAL_XID), "NoExecute")
+        health(GpuHealthCondition("True", HEALTHY, "8 GPUs healthy"), None)
+        admitted(lambda: NodeAnnotationRecord(client, OWN).write("a100"), "")
 
 
 def admission(spec: Doc, data: dict[str, Any]) -> str | None:
