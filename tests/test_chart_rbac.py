@@ -410,6 +410,37 @@ def test_policy_admits_what_nvdp_writes_on_its_own_node_only(
     assert said is None if denial is None else denial in (said or ""), said
 
 
+@pytest.mark.parametrize(
+    ("subresource", "withdrawn"),
+    [
+        pytest.param(
+            "status",
+            lambda n: n["status"]["conditions"].append({"type": CONDITION_TYPE, "status": "False"}),
+            id="condition",
+        ),
+        pytest.param("", add_taint(TAINT_KEY), id="taint"),
+        pytest.param("", annotate(APPLIED_ANNOTATION), id="annotation"),
+    ],
+)
+def test_policy_admits_nvdp_taking_its_marks_off_its_own_node(
+    render: Callable[..., Rendered], subresource: str, withdrawn: Callable[[Doc], object]
+) -> None:
+    """At uninstall each pod removes the condition, taint and annotation it wrote on its Node."""
+    spec = named(render({"rbac": {"ownNodePolicy": True}}), "ValidatingAdmissionPolicy")[POLICY]["spec"]
+    new = gpu_node()
+    new["status"]["conditions"] = [c for c in new["status"]["conditions"] if c["type"] != CONDITION_TYPE]
+    token = {"username": PLUGIN_ACCOUNT, "extra": {"authentication.kubernetes.io/node-name": [OWN]}}
+    for name in (OWN, OTHER):
+        old = copy.deepcopy(new)
+        old["metadata"]["name"] = name
+        withdrawn(old)
+        mine = copy.deepcopy(new)
+        mine["metadata"]["name"] = name
+        request = {"operation": "UPDATE", "subResource": subresource, "userInfo": token}
+        said = admission(spec, {"request": request, "object": mine, "oldObject": old})
+        assert (said is None) is (name == OWN), said
+
+
 def test_policy_admits_the_writes_nvdp_sends(render: Callable[..., Rendered]) -> None:
     """The Node writes as nvdp's code sends them (the health condition and taint of
     nvdp.health.node_condition, the config-manager's annotation), applied by the API stand-in: each
