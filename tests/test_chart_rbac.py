@@ -7,6 +7,7 @@ JSON objects: the logic is checked, not the API server's schema typing of `objec
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from tests.kube_api_standin import KubeApiStandin
 from tests.test_chart_dra import named
 from tests.test_deploy import NAMESPACE, RELEASE, Doc, Rendered, check_schema, load_docs
 
-renderer, render = deploy.renderer, deploy.render  # the Helm fixtures shared with the chart's tests
+# the Helm fixtures shared with the chart's tests
+renderer, render, render_error = deploy.renderer, deploy.render, deploy.render_error
 
 STATIC = Path(__file__).resolve().parent.parent / "deployments" / "static"
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
@@ -191,6 +193,13 @@ def test_policy_rendered_where_the_cluster_serves_it(
     out = render(values, api_versions=api_versions)
     assert set(named(out, "ValidatingAdmissionPolicy")) == ({POLICY} if rendered else set())
     assert set(named(out, "ValidatingAdmissionPolicyBinding")) == ({POLICY} if rendered else set())
+
+
+@pytest.mark.parametrize("value", ["yes", 1, {"enabled": True}], ids=["string", "number", "map"])
+def test_policy_switch_refuses_what_is_no_boolean(render_error: Callable[..., str], value: object) -> None:
+    said = render_error({"rbac": {"ownNodePolicy": value}})
+    given = json.dumps(value, separators=(",", ":"))
+    assert f"rbac.ownNodePolicy: invalid value {given} (accepted: null, true, false)" in said
 
 
 @pytest.mark.parametrize(
