@@ -514,7 +514,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.api._lock:
             obj = copy.deepcopy(self.api.objects.get(path))
-            items = self.api._collection(path, query)
+            items = self.api._collection(path, query) if obj is None else []
             version = str(self.api._version)
         if obj is not None:
             self._send_json(200, obj)
