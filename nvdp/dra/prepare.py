@@ -89,13 +89,10 @@ class ClaimPreparer:
         self._busy: set[str] = set()  # UIDs a call is preparing or unpreparing now
         self._save_lock = threading.Lock()  # checkpoint writes, each of the state as it is then
         loaded = checkpoint.load()
-        if loaded is None:
-            self.prepared = self._rebuild()
-            if unsaved := self._save():
-                log_event(log, logging.WARNING, "cannot write the rebuilt checkpoint", error=unsaved)
-        else:
-            self.prepared = loaded
-            self._forget_orphan_specs()
+        self.prepared: dict[str, PreparedClaim] = loaded or {}
+        orphans = self._specs.on_disk() - set(self.prepared)
+        if loaded is None or orphans:
+            self._rebuild(orphans, everything_here=loaded is None)
 
     # ---- the calls ----------------------------------------------------------------------------------
 
@@ -281,48 +278,55 @@ class ClaimPreparer:
 
     # ---- start ----------------------------------------------------------------------------------------
 
-    def _forget_orphan_specs(self) -> None:
-        """Remove claim specs no prepared claim owns (written just before a crash, never checkpointed:
-        the kubelet was not answered; it prepares such a claim again, or never will)."""
-        for uid in self._specs.on_disk() - set(self.prepared):
+    def _rebuild(self, orphans: set[str], *, everything_here: bool) -> None:
+        """Claims the checkpoint does not name: those whose spec is on disk (`orphans`) and, with
+        `everything_here` (no checkpoint could be read), those the API says are allocated here and
+        reserved for a pod, are prepared (held). With a checkpoint read, an orphan's spec is removed
+        where the API says its claim is not allocated here (written just before a crash, the kubelet
+        not answered); without one, every spec is kept."""
+        from_api = self._allocated_here()
+        keep = orphans if from_api is None or everything_here else orphans & set(from_api)
+        for uid in sorted(orphans - keep):
             try:
                 self._specs.remove(uid)
                 log_event(log, logging.INFO, "removed the CDI spec of a claim not prepared", uid=uid)
             except OSError as error:
                 log_event(log, logging.WARNING, "cannot remove a claim's CDI spec", uid=uid, error=str(error))
-
-    def _rebuild(self) -> dict[str, PreparedClaim]:
-        """The prepared claims without a checkpoint: the claims with a CDI spec on disk, and the claims
-        the API says are allocated here and reserved for a pod (every spec kept)."""
-        on_disk = self._specs.on_disk()
-        from_api: dict[str, tuple[ClaimRef, list[Allocated]]] = {}
-        try:
-            for obj in self._api.claims().list_all():
-                if allocated_here(obj, self.pool):
-                    meta = obj.get("metadata") or {}
-                    ref = ClaimRef(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
-                    try:
-                        from_api[ref.uid] = (ref, allocated_devices(obj, ref, self.pool))
-                    except ClaimError:
-                        from_api[ref.uid] = (ref, [])
-        except (KubeError, AttributeError) as error:
+        rebuilt = keep | (set(from_api or ()) - set(self.prepared) if everything_here else set())
+        found = from_api or {}
+        self.prepared.update({uid: self._rebuilt(uid, found.get(uid)) for uid in sorted(rebuilt)})
+        if everything_here or rebuilt:
+            devices = {d.device_name for uid in rebuilt for d in self.prepared[uid].devices}
             log_event(
                 log,
                 logging.WARNING,
-                "cannot list ResourceClaims; rebuilding the prepared claims from their CDI specs only",
-                error=str(error),
+                "prepared claims rebuilt from their CDI specs and the API",
+                claims=len(rebuilt),
+                api="unreadable" if from_api is None else "read",
+                devices=",".join(sorted(devices)) or "none",
             )
-        claims = {uid: self._rebuilt(uid, from_api.get(uid)) for uid in sorted(on_disk | set(from_api))}
-        log_event(
-            log,
-            logging.WARNING,
-            "prepared claims rebuilt",
-            claims=len(claims),
-            from_specs=len(on_disk),
-            from_api=len(from_api),
-            devices=",".join(sorted({d.device_name for c in claims.values() for d in c.devices})) or "none",
-        )
-        return claims
+            if unsaved := self._save():
+                log_event(log, logging.WARNING, "cannot write the rebuilt checkpoint", error=unsaved)
+
+    def _allocated_here(self) -> dict[str, tuple[ClaimRef, list[Allocated]]] | None:
+        """The claims the API says are allocated in this pool and reserved for a pod, by UID, with
+        their results here; None when they cannot be listed (said once)."""
+        found: dict[str, tuple[ClaimRef, list[Allocated]]] = {}
+        try:
+            for obj in self._api.claims().list_all():
+                if allocated_here(obj, self.pool):
+                    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+                    ref = ClaimRef(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+                    try:
+                        found[ref.uid] = (ref, allocated_devices(obj, ref, self.pool))
+                    except ClaimError:
+                        found[ref.uid] = (ref, [])
+        except KubeError as error:
+            log_event(
+                log, logging.WARNING, "cannot list ResourceClaims; every claim spec kept", error=str(error)
+            )
+            return None
+        return found
 
     def _rebuilt(self, uid: str, api: tuple[ClaimRef, list[Allocated]] | None) -> PreparedClaim:
         in_spec = self._specs.devices(uid) or []
@@ -345,9 +349,9 @@ class ClaimPreparer:
 
 
 def _complete(claim: PreparedClaim) -> bool:
-    """Whether a prepared claim's answer is whole: a rebuilt one may lack its namespace, a request or
-    a CDI device (answered through the API again)."""
-    return bool(claim.namespace) and all(d.request_names and d.cdi_device_ids for d in claim.devices)
+    """Whether a prepared claim's answer is whole: a rebuilt one may lack a request or a CDI device
+    (answered through the API again)."""
+    return all(d.request_names and d.cdi_device_ids for d in claim.devices)
 
 
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
