@@ -171,6 +171,22 @@ def test_without_the_api_the_specs_alone_hold_and_the_api_completes_them_later(t
         assert make().holders() == {"gpu-1": "claim ns/train"}  # the fresh checkpoint says so
 
 
+def test_a_rebuilt_claim_stays_held_when_the_checkpoint_cannot_be_written(tmp_path: Path) -> None:
+    with preparer_on(tmp_path) as (api, make):
+        ref = allocated(api, "train", "gpu-1")
+        assert not make().prepare([ref])[ref.uid].error
+        checkpoint = tmp_path / "checkpoint.json"
+        checkpoint.write_text("{")
+        api.fail(503, 1, path_prefix=CLAIMS)
+        rebuilt = make()
+        checkpoint.unlink()
+        checkpoint.mkdir()  # no checkpoint can be written over a directory with a file in it
+        (checkpoint / "x").touch()
+        error = rebuilt.prepare([ref])[ref.uid].error
+        assert error.startswith("ResourceClaim ns/train: ") and "Is a directory" in error
+        assert rebuilt.holders() == {"gpu-1": "claim uid-train"}
+
+
 def test_a_claim_the_api_says_is_reserved_here_is_held_without_a_spec(tmp_path: Path) -> None:
     with preparer_on(tmp_path) as (api, make):
         allocated(api, "running", "gpu-2")

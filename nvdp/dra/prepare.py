@@ -66,6 +66,7 @@ class _Decided:
     ref: ClaimRef
     allocated: list[Allocated]
     devices: dict[str, DraDevice]  # by the name the allocation gives (maybe a former one)
+    before: PreparedClaim | None  # a rebuilt claim's entry, kept if this one is not saved
 
 
 class ClaimPreparer:
@@ -124,7 +125,8 @@ class ClaimPreparer:
                         answers[ref.uid] = ClaimAnswer(known.devices)
                     else:
                         try:
-                            decided.append(_Decided(ref, allocated, self._devices(allocated)))
+                            devices = self._devices(allocated)
+                            decided.append(_Decided(ref, allocated, devices, known))
                         except ClaimError as error:
                             answers[ref.uid] = self._refused(ref, str(error))
                 self._busy |= {d.ref.uid for d in decided}
@@ -143,7 +145,10 @@ class ClaimPreparer:
                 if isinstance(claim, ClaimAnswer):
                     answers[d.ref.uid] = claim
                 elif unsaved:
-                    self.prepared.pop(claim.uid, None)
+                    if d.before is None:
+                        self.prepared.pop(claim.uid, None)
+                    else:
+                        self.prepared[claim.uid] = d.before
                     answers[d.ref.uid] = self._refused(d.ref, f"ResourceClaim {d.ref}: {unsaved}")
                 else:
                     answers[d.ref.uid] = ClaimAnswer(claim.devices)
