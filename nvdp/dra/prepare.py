@@ -360,4 +360,5 @@ def _complete(claim: PreparedClaim) -> bool:
 
 
 def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
-    return list({ref.uid: ref for ref in reversed(claims)}.values())[::-1]
+    """One per UID (a UID named twice in a call is one claim)."""
+    return list({ref.uid: ref for ref in claims}.values())
