@@ -78,6 +78,7 @@ class KubeApiStandin:
     gone_every_watch: bool = False
     stall_watches: bool = False
     drop_device_taints: bool = False
+    slow_gets: dict[str, float] = field(default_factory=dict)  # path -> seconds a GET of it waits
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -302,13 +303,18 @@ class KubeApiStandin:
     def _collection(self, path: str, query: Mapping[str, str]) -> list[Obj]:
         name = _field_name(query)
         prefix = path.rstrip("/") + "/"
+        head, _, plural = path.rstrip("/").rpartition("/")
+
+        def listed(p: str) -> bool:
+            if p.startswith(prefix):
+                return "/" not in p[len(prefix) :]
+            every_namespace = head + "/namespaces/"  # a namespaced kind listed across namespaces
+            return p.startswith(every_namespace) and p[len(every_namespace) :].split("/")[1:2] == [plural]
+
         return [
             copy.deepcopy(obj)
             for p, obj in sorted(self.objects.items())
-            if p.startswith(prefix)
-            and "/" not in p[len(prefix) :]
-            and (name is None or p.endswith("/" + name))
-            and _fields_match(obj, query)
+            if listed(p) and (name is None or p.endswith("/" + name)) and _fields_match(obj, query)
         ]
 
     def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:
@@ -499,6 +505,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, query = self._parse()
+        time.sleep(self.api.slow_gets.get(path, 0.0))
         watch = query.get("watch") in ("true", "1")
         if self._failed(path, watch):
             return
@@ -507,7 +514,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.api._lock:
             obj = copy.deepcopy(self.api.objects.get(path))
-            items = self.api._collection(path, query)
+            items = self.api._collection(path, query) if obj is None else []
             version = str(self.api._version)
         if obj is not None:
             self._send_json(200, obj)

@@ -182,12 +182,13 @@ def test_an_unreadable_dra_checkpoint_is_set_aside(
         error = f"{path}: larger than 16 MiB"
     with caplog.at_level(logging.WARNING):
         adopt_nvidia_checkpoint(Checkpoint(path), "")  # read first at start: not NVIDIA's either
-        assert Checkpoint(path).load() == {}
+        assert Checkpoint(path).load() is None
+    (aside,) = tmp_path.glob("checkpoint.json.bad-*")
     assert log_lines(caplog) == [
-        f'checkpoint unreadable; starting with no prepared claims path={path} error="{error}" '
-        f"kept_as={path}.unreadable"
+        "checkpoint unreadable; rebuilding the prepared claims from their CDI specs and the API "
+        f'path={path} error="{error}" kept_as={aside}'
     ]
-    assert (tmp_path / "checkpoint.json.unreadable").exists() and not path.exists()
+    assert not path.exists()
 
 
 def test_an_unreadable_kubelet_checkpoint_is_one_line(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ class SliceApi(Protocol):
 
 class ClaimApi(Protocol):
     def get(self, namespace: str, name: str) -> Obj | None: ...
+    def list_all(self) -> list[Any]: ...
 
 
 class ResourceApi(Protocol):

@@ -137,6 +137,9 @@ class _Claims:
     def get(self, namespace: str, name: str) -> Obj | None:
         return self._api.get("ResourceClaim", name, namespace)
 
+    def list_all(self) -> list[Any]:
+        return list(self._api.objects("ResourceClaim"))
+
 
 def _selected(obj: Obj, node: str, driver: str) -> bool:
     spec = obj.get("spec") or {}
