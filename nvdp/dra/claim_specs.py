@@ -28,11 +28,14 @@ from pathlib import Path
 from nvdp.bounded import loads_json
 from nvdp.cdi.names import CdiSettings, qualified_name
 from nvdp.cdi.node_files import DevNode, DriverFiles, NodeFiles
+from nvdp.cdi.roots import visible_roots
+from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import CdiDevice, build_specs, render
 from nvdp.dirs import make_dirs
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device, claim_spec_file
+from nvdp.dra.options import DraSettings
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
 
@@ -58,6 +61,23 @@ class ClaimSpecs:
         self.root = Path(settings.spec_dir)
         self._driver = driver
         self._dev_nodes = dev_nodes
+
+    @classmethod
+    def of_node(cls, settings: DraSettings, driver_version: str) -> ClaimSpecs:
+        """The specs of `nvdp dra-kubelet-plugin`: in its CDI root, the driver's files and device nodes
+        as this container sees them under the driver and dev roots its settings name."""
+        flags = settings.config.flags
+        container_root = flags.plugin.container_driver_root
+        driver_here, dev_here = visible_roots(flags.nvidia_driver_root, flags.dev_root, container_root)
+        cdi = CdiSettings(
+            spec_dir=settings.cdi_root,
+            driver_root=flags.nvidia_driver_root,
+            container_driver_root=container_root,
+            dev_root=flags.dev_root,
+            hook_path=flags.plugin.nvidia_ctk_path,
+            disabled_hooks=settings.runtime.cdi_disable_hooks,
+        )
+        return cls(cdi, scan_driver(driver_here, driver_version), lambda: scan_dev(dev_here))
 
     def dev_nodes(self) -> Mapping[str, DevNode | None]:
         """The device nodes under the dev root now (one read for a call's claims)."""

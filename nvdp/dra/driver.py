@@ -23,9 +23,6 @@ from functools import partial
 from typing import Any
 
 from nvdp.backoff import Backoff
-from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.roots import visible_roots
-from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
@@ -236,22 +233,9 @@ class DraDriver:
         return False
 
     def _start(self) -> None:
-        config, runtime = self.settings.config, self.settings.runtime
-        flags = config.flags
         facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
         self._facts = facts
-        driver_here, dev_here = visible_roots(
-            flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root
-        )
-        cdi = CdiSettings(
-            spec_dir=self.settings.cdi_root,
-            driver_root=flags.nvidia_driver_root,
-            container_driver_root=flags.plugin.container_driver_root,
-            dev_root=flags.dev_root,
-            hook_path=flags.plugin.nvidia_ctk_path,
-            disabled_hooks=runtime.cdi_disable_hooks,
-        )
-        specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
+        specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
         self.preparer = ClaimPreparer(
