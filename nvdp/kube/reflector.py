@@ -7,8 +7,8 @@ at once when it ran (an event, or at least `short_watch_s`), after a wait when i
 410 Gone ("too old resource version") is answered by a list again, after a wait. The waits are
 client-go's: 0.8 s doubling to 30 s, each stretched by a random factor in [1, 2), starting over once
 two minutes passed without one. Every other failure (connection refused, an error status, a silent
-stream) is retried with the same doubling, started over by a success. Nothing ends the loop but its
-`stop`.
+stream) is retried with the same doubling, started over by a success, by a list again (a silent
+stream: by a watch again). Nothing ends the loop but its `stop`.
 
 Each watch asks the server to end it after a time drawn from [timeout_s, 2 timeout_s) (client-go
 draws from [5, 10) min; nvdp asks less because HTTP/1.1 has no pings: a stream silent for longer
@@ -20,7 +20,8 @@ metadata.resourceVersion, is of another kind, or is about another object than th
 proxy that does not honour the field selector); `on_event` failing to decode it (KeyError, TypeError,
 ValueError) skips it too. Each kind of problem is said once per `warn_every_s` at WARNING, with how
 many were skipped since. A watch failing (or ending at once) for `alarm_after_s` says so at ERROR
-once and `problem()` names it until a list or an event succeeds: the owner's /readyz shows it.
+once and `problem()` names it until a list succeeds, an event comes or a watch runs: the owner's
+/readyz shows it.
 """
 
 from __future__ import annotations
@@ -154,7 +155,9 @@ class Reflector:
                 if version is None:
                     version = self._list()
                 version, ran = self._watch(version, stop)
-                if ran:
+                if ran:  # it worked: resumed from where it ended, at once
+                    self._recovered()
+                    self._retries.reset()
                     continue
                 wait = self._waits.next()
                 self._failed(
@@ -174,10 +177,10 @@ class Reflector:
                 version = None
                 stop.wait(wait)
                 continue
-            except KubeWatchSilent as error:
+            except KubeWatchSilent as error:  # watched again from where it was
                 message, since = str(error), error.last_heard
-            except KubeError as error:  # connection refused, timeouts, error statuses: retry, never stop
-                message = str(error)
+            except KubeError as error:  # connection refused, error statuses: listed again, as client-go does
+                message, version = str(error), None
             except (KeyError, TypeError, ValueError, AttributeError) as error:  # a list without what one has
                 message = f"unexpected answer: {type(error).__name__} {error}"
             delay = self._retries.next()
