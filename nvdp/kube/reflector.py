@@ -4,11 +4,12 @@ config-manager's Node and ConfigMap, the DRA plugin's ResourceSlices).
 A `Reflector` lists, hands the items to `on_list`, then watches from the list's resourceVersion and
 hands each event to `on_event`. A watch the server ends is resumed from the last resourceVersion seen,
 at once when it ran (an event, or at least `short_watch_s`), after a wait when it ended at once. A
-410 Gone ("too old resource version") is answered by a list again, after a wait. The waits are
-client-go's: 0.8 s doubling to 30 s, each stretched by a random factor in [1, 2), starting over once
-two minutes passed without one. Every other failure (connection refused, an error status, a silent
-stream) is retried with the same doubling, started over by a success, by a list again (a silent
-stream: by a watch again). Nothing ends the loop but its `stop`.
+410 Gone ("too old resource version") is answered by a list again, after a wait; every other failure
+(connection refused, an error status) too, and a silent stream by a watch again. The waits are
+client-go's reflector's, one sequence for all of them: 0.8 s doubling to 30 s, each stretched by a
+random factor in [1, 2), starting over once two minutes passed without one (a success does not
+start it over: a server failing every other request still gets one every 30-60 s). Nothing ends
+the loop but its `stop`.
 
 Each watch asks the server to end it after a time drawn from [timeout_s, 2 timeout_s) (client-go
 draws from [5, 10) min; nvdp asks less because HTTP/1.1 has no pings: a stream silent for longer
@@ -126,8 +127,7 @@ class Reflector:
         self._on_failure, self._on_recovered = on_failure, on_recovered
         self._log = logger
         self._clock, self._uniform = clock, uniform
-        self._waits = relist_backoff(timers, clock, uniform)  # re-lists, re-watches after a short one
-        self._retries = Backoff(timers.backoff_initial_s, timers.backoff_max_s, jitter=1.0, uniform=uniform)
+        self._waits = relist_backoff(timers, clock, uniform)  # every wait: one backoff, as client-go's
         self.failing_since: float | None = None  # clock of the first failure in a row
         self.last_error = ""
         self._alarmed = False
@@ -157,7 +157,6 @@ class Reflector:
                 version, ran = self._watch(version, stop)
                 if ran:  # it worked: resumed from where it ended, at once
                     self._recovered()
-                    self._retries.reset()
                     continue
                 wait = self._waits.next()
                 self._failed(
@@ -183,7 +182,7 @@ class Reflector:
                 message, version = str(error), None
             except (KeyError, TypeError, ValueError, AttributeError) as error:  # a list without what one has
                 message = f"unexpected answer: {type(error).__name__} {error}"
-            delay = self._retries.next()
+            delay = self._waits.next()
             self._failed(message, since, delay)
             stop.wait(delay)
 
@@ -203,7 +202,6 @@ class Reflector:
                 self._skip(problem, item)
         self._on_list(kept)  # type: ignore[arg-type]
         self._recovered()
-        self._retries.reset()
         return version
 
     def _watch(self, version: str, stop: threading.Event) -> tuple[str, bool]:
@@ -224,7 +222,6 @@ class Reflector:
                 kind, obj, version, ours = checked
                 heard = True
                 self._recovered()
-                self._retries.reset()
                 if kind != "BOOKMARK" and ours:
                     self._apply(kind, obj)
                 if stop.is_set():
