@@ -78,6 +78,7 @@ class Running:
     path: str
     api: KubeApiStandin
     stop: Callable[[], None]
+    publisher: SlicePublisher | None = None
 
     def watches(self) -> int:
         return self.api.count("GET", self.path, watch=True)
@@ -118,7 +119,7 @@ def running(
             api.end_watches()
 
         stops.append(stop_publisher)
-        return Running(publisher._reflector, SLICES, api, stop_publisher)
+        return Running(publisher.reflector, SLICES, api, stop_publisher, publisher)
 
     yield start
     for stop in stops:
@@ -294,22 +295,50 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
         status.stop()
 
 
-def test_the_dra_slice_watch_dead_is_named_and_clears(
+class Registered:
+    def problem(self) -> str | None:
+        return None
+
+
+@dataclass
+class DraParts:
+    """What the DRA plugin's /readyz reads (`nvdp.dra.status.DraSources`): registered, its sockets
+    served, NVML still starting, and a real publisher."""
+
+    publisher: SlicePublisher
+    registration: Registered = field(default_factory=Registered)
+    preparer: None = None
+    nvml_failure: None = None
+    sockets: tuple[()] = ()
+
+
+def test_the_dra_readyz_names_a_dead_slice_watch_and_clears(
     api: KubeApiStandin, running: Callable[[str, WatchTimers], Running]
 ) -> None:
-    """The DRA plugin's /readyz adds `publisher.watch_problem()`: the slice watch failing (500s)
-    for its alarm time is named with the error, and clears once a list succeeds."""
-    run = running(
-        "resourceslices", WatchTimers(timeout_s=5, silence_s=10, alarm_after_s=1.0, backoff_initial_s=0.1)
+    """The DRA plugin's /readyz: the slice watch failing (500s) for its alarm time is a 503 naming the
+    watch and the error; a list that succeeds clears it."""
+    from nvdp.dra.status import DraStatus
+
+    timers = WatchTimers(
+        timeout_s=5, silence_s=10, alarm_after_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.2
     )
+    run = running("resourceslices", timers)
     wait_until(lambda: run.watches() >= 1, 10, "the watch")
-    api.fail(500, 10_000, path_prefix=SLICES, method="GET")
-    api.end_watches()
-    wait_until(run.reflector.problem, 10, "the watch counted as dead")
-    assert str(run.reflector.problem()).startswith("resourceslice watch failing for ")
-    assert "HTTP 500 injected failure 500" in str(run.reflector.problem())
-    api.clear_failures()
-    wait_until(lambda: run.reflector.problem() is None, 10, "the watch working again")
+    publisher = run.publisher
+    assert publisher is not None
+    status = DraStatus("127.0.0.1:0", DraParts(publisher)).start()  # type: ignore[arg-type]
+    try:
+        assert http_get(status.port, "/readyz")[1].splitlines() == ["starting"]
+        api.fail(500, 10_000, path_prefix=SLICES, method="GET")
+        api.end_watches()
+        wait_until(lambda: len(http_get(status.port, "/readyz")[1].splitlines()) == 2, 10, "the watch dead")
+        code, body = http_get(status.port, "/readyz")
+        assert code == 503 and body.splitlines()[1].startswith("resourceslice watch failing for ")
+        assert body.splitlines()[1].endswith("s: HTTP 500 injected failure 500")
+        api.clear_failures()
+        wait_until(lambda: http_get(status.port, "/readyz")[1].splitlines() == ["starting"], 10, "cleared")
+    finally:
+        status.stop()
 
 
 def test_a_node_watch_skips_another_node(api: KubeApiStandin) -> None:

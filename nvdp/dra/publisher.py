@@ -66,7 +66,7 @@ class SlicePublisher:
         self._own: dict[str, str] = {}  # name -> resourceVersion of our last write
         self._synced = False  # the publisher's first sync is done (the watcher starts then)
         self._stop = threading.Event()
-        self._reflector = Reflector(
+        self.reflector = Reflector(
             _NodeSlices(api, node),
             kind="resourceslice",
             subject=f"{node}/{DRIVER_NAME}",
@@ -255,12 +255,12 @@ class SlicePublisher:
 
     def watch_problem(self) -> str | None:
         """Why the slice watch counts as dead (failing for its alarm time); None while it works."""
-        return self._reflector.problem()
+        return self.reflector.problem()
 
     def _watch_loop(self) -> None:
         with self._cond:  # the watcher judges against what the publisher wanted: wait for its first sync
             self._cond.wait_for(lambda: self._synced or self._stopping)
-        self._reflector.run(self._stop)
+        self.reflector.run(self._stop)
 
     def _ours(self, obj: Slice) -> bool:
         spec = obj.get("spec")
