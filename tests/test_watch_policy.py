@@ -276,7 +276,15 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
     watch = ConfigMapWatch(client(api), NS, NAME, Seen().add, timers=timers)
     status = StatusServer(
         "127.0.0.1:0",
-        lambda: Snapshot(True, 1, 0, 0, 0.0, configmap_watch_failing_for=failing_for(watch.failing_since)),
+        lambda: Snapshot(
+            True,
+            1,
+            0,
+            0,
+            0.0,
+            configmap_watch_failing_for=failing_for(watch.failing_since),
+            configmap_watch_error=watch.last_error,
+        ),
         alarm_after=timers.alarm_after_s,
     ).start()
     stop = threading.Event()
@@ -285,7 +293,9 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
         api.end_every_watch = True
         thread.start()
         wait_until(lambda: http_get(status.port, "/readyz")[0] == 503, 10, "503")
-        assert http_get(status.port, "/readyz")[1].startswith("configmap watch failing for ")
+        reason = http_get(status.port, "/readyz")[1].strip()
+        assert reason.startswith("configmap watch failing for ")
+        assert reason.endswith("s: watch ended at once (no event within 1s)")
         api.end_every_watch = False
         wait_until(lambda: http_get(status.port, "/readyz")[0] == 200, 10, "200 again")
     finally:

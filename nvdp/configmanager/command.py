@@ -103,6 +103,8 @@ def serve(settings: Settings, stop: threading.Event, manager_ready: list[ConfigM
                 configmap_watch_failing_for=failing_for(
                     configmap_watch.failing_since if configmap_watch else None
                 ),
+                watch_error=watch.last_error,
+                configmap_watch_error=configmap_watch.last_error if configmap_watch else "",
             )
 
         status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()

@@ -98,6 +98,11 @@ class ObjectWatch(Generic[T]):
         return self.reflector.failing_since
 
     @property
+    def last_error(self) -> str:
+        """The last failure's message, while failing."""
+        return self.reflector.last_error if self.reflector.failing_since is not None else ""
+
+    @property
     def lists(self) -> int:
         return self.reflector.lists
 
