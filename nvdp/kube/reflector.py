@@ -200,8 +200,8 @@ class Reflector:
                 kept.append(item)
             else:
                 self._skip(problem, item)
+        self._recovered()  # before the items are handed on: who sees them sees the watch working
         self._on_list(kept)  # type: ignore[arg-type]
-        self._recovered()
         return version
 
     def _watch(self, version: str, stop: threading.Event) -> tuple[str, bool]:
