@@ -297,16 +297,14 @@ def answering(body: str) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.mark.parametrize("call", ["get", "watch"])
-def test_a_deep_api_answer_or_watch_event_is_one_kube_error(call: str) -> None:
+def test_a_deep_api_answer_is_one_kube_error_and_a_deep_watch_event_a_bad_line() -> None:
     with answering('{"type": "ADDED", "object": ' + DEEP_ARRAY + "}\n") as url:
         api_client = kube_client.new_api_client(host=url, retries=0)
         with pytest.raises(KubeError) as raised:
-            if call == "get":
-                kube_client.get_json(api_client, "/api/v1/nodes/a", {}, 5)
-            else:
-                list(kube_client.watch(api_client, "/api/v1/nodes", {"watch": "true"}, silence=5))
-    assert str(raised.value) == TOO_DEEP_JSON
+            kube_client.get_json(api_client, "/api/v1/nodes/a", {}, 5)
+        assert str(raised.value) == TOO_DEEP_JSON
+        (event,) = kube_client.watch(api_client, "/api/v1/nodes", {"watch": "true"}, silence=5)
+    assert event == kube_client.BadLine(TOO_DEEP_JSON, '{"type": "ADDED", "object": ' + DEEP_ARRAY[:72])
 
 
 def test_an_api_answer_over_the_size_bound_is_one_kube_error(monkeypatch: pytest.MonkeyPatch) -> None:

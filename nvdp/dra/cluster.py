@@ -50,7 +50,9 @@ class SliceApi(Protocol):
     def delete(self, name: str) -> None: ...
     def watch(
         self, node: str, driver: str, since: str, *, timeout_seconds: int, silence: float
-    ) -> Generator[tuple[str, Obj], None, None]: ...
+    ) -> Generator[object, None, None]:
+        """Raw watch events (`{"type": ..., "object": ...}`), checked by `nvdp.kube.reflector`."""
+        ...
 
 
 class ClaimApi(Protocol):

@@ -97,7 +97,7 @@ class MemoryResourceApi:
 
     def watch(
         self, node: str, driver: str, since: str, *, timeout_seconds: int, silence: float
-    ) -> Generator[tuple[str, Obj], None, None]:
+    ) -> Generator[object, None, None]:
         deadline = time.monotonic() + timeout_seconds
         seen = int(since or 0)
         while True:
@@ -112,7 +112,7 @@ class MemoryResourceApi:
             for version, kind, obj in pending:
                 seen = version
                 if _selected(obj, node, driver):
-                    yield kind, copy.deepcopy(obj)
+                    yield {"type": kind, "object": copy.deepcopy(obj)}
 
     # ---- internals ----
     @staticmethod
