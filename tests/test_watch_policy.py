@@ -38,7 +38,7 @@ SLICES = f"{GROUP}/v1/resourceslices"
 FAST = WatchTimers(timeout_s=5, silence_s=10)  # production's backoff, short server timeouts
 
 
-def configmap(name: str, value: str) -> dict[str, object]:
+def configmap_of(name: str, value: str) -> dict[str, object]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -48,7 +48,7 @@ def configmap(name: str, value: str) -> dict[str, object]:
 
 
 @dataclass
-class Seen:
+class SeenData:
     data: list[dict[str, bytes] | None] = field(default_factory=list)
 
     def add(self, data: ConfigMapData | None, listed: bool) -> None:
@@ -62,16 +62,16 @@ class Seen:
 def api() -> Iterator[KubeApiStandin]:
     with KubeApiStandin() as standin:
         standin.put(GROUP, discovery("v1"))
-        standin.put(f"{CONFIGMAPS}/{NAME}", configmap(NAME, "1"))
+        standin.put(f"{CONFIGMAPS}/{NAME}", configmap_of(NAME, "1"))
         yield standin
 
 
-def client(api: KubeApiStandin) -> object:
+def api_client(api: KubeApiStandin) -> object:
     return kube.new_api_client(host=api.url, retries=0)
 
 
 @dataclass
-class Running:
+class RunningWatch:
     """One watch running on its thread; `watches()` counts its watch requests, `lists()` its lists."""
 
     reflector: Reflector
@@ -90,12 +90,12 @@ class Running:
 @pytest.fixture
 def running(
     api: KubeApiStandin, request: pytest.FixtureRequest
-) -> Iterator[Callable[[str, WatchTimers], Running]]:
+) -> Iterator[Callable[[str, WatchTimers], RunningWatch]]:
     stops: list[Callable[[], None]] = []
 
-    def start(which: str, timers: WatchTimers) -> Running:
+    def start(which: str, timers: WatchTimers) -> RunningWatch:
         if which == "configmap":
-            watch = ConfigMapWatch(client(api), NS, NAME, Seen().add, timers=timers)
+            watch = ConfigMapWatch(api_client(api), NS, NAME, SeenData().add, timers=timers)
             stop = threading.Event()
             thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
             thread.start()
@@ -106,9 +106,9 @@ def running(
                 thread.join(5)
 
             stops.append(stopped)
-            return Running(watch.reflector, CONFIGMAPS, api, stopped)
+            return RunningWatch(watch.reflector, CONFIGMAPS, api, stopped)
         publisher = SlicePublisher(
-            KubeResourceApi(client(api)), "node-a", watch_timers=timers, backoff=Backoff(0.05, 0.2)
+            KubeResourceApi(api_client(api)), "node-a", watch_timers=timers, backoff=Backoff(0.05, 0.2)
         )
         publisher.update(node_devices(sim_gpus("pcie-4"), FACTS), {})
         publisher.start()
@@ -119,14 +119,14 @@ def running(
             api.end_watches()
 
         stops.append(stop_publisher)
-        return Running(publisher.reflector, SLICES, api, stop_publisher, publisher)
+        return RunningWatch(publisher.reflector, SLICES, api, stop_publisher, publisher)
 
     yield start
     for stop in stops:
         stop()
 
 
-def requests_in(run: Running, seconds: float, first: Callable[[], int]) -> tuple[int, int]:
+def requests_in(run: RunningWatch, seconds: float, first: Callable[[], int]) -> tuple[int, int]:
     """(watches, lists) made in the `seconds` after the watch's first request of that kind."""
     wait_until(lambda: first() >= 1, 10, "the first request")
     start_watches, start_lists = run.watches(), run.lists()
@@ -136,7 +136,7 @@ def requests_in(run: Running, seconds: float, first: Callable[[], int]) -> tuple
 
 @pytest.mark.parametrize("which", ["configmap", "resourceslices"])
 def test_a_410_storm_is_backed_off_with_client_gos_waits(
-    api: KubeApiStandin, running: Callable[[str, WatchTimers], Running], which: str
+    api: KubeApiStandin, running: Callable[[str, WatchTimers], RunningWatch], which: str
 ) -> None:
     """Every watch answered by 410 Gone: a list then a watch, then waits of 0.8 s, 1.6 s, 3.2 s...
     each stretched by up to 2x. In the 3 s after the first watch: the re-lists at >= 0.8 s and
@@ -151,7 +151,7 @@ def test_a_410_storm_is_backed_off_with_client_gos_waits(
 
 @pytest.mark.parametrize("which", ["configmap", "resourceslices"])
 def test_watches_that_end_at_once_are_backed_off_and_show_as_failing(
-    api: KubeApiStandin, running: Callable[[str, WatchTimers], Running], which: str
+    api: KubeApiStandin, running: Callable[[str, WatchTimers], RunningWatch], which: str
 ) -> None:
     """Every watch answered and ended at once: re-watched from the last resourceVersion (no list)
     after 0.8 s, 1.6 s, 3.2 s... stretched by up to 2x, so at most 2 more in 3 s (they used to be
@@ -213,8 +213,8 @@ def test_a_malformed_event_is_skipped_with_one_warning_and_the_watch_goes_on(
     /readyz 200. Now it is skipped, said once (the same problem again within `warn_every_s` only
     counted), and the next good event on the same stream is applied."""
     caplog.set_level(logging.WARNING)
-    seen = Seen()
-    watch = ConfigMapWatch(client(api), NS, NAME, seen.add, timers=FAST)
+    seen = SeenData()
+    watch = ConfigMapWatch(api_client(api), NS, NAME, seen.add, timers=FAST)
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     thread.start()
@@ -222,7 +222,7 @@ def test_a_malformed_event_is_skipped_with_one_warning_and_the_watch_goes_on(
         wait_until(lambda: api.count("GET", CONFIGMAPS, watch=True) == 1, 10, "the watch")
         api.inject(CONFIGMAPS, event)
         api.inject(CONFIGMAPS, event)
-        api.put(f"{CONFIGMAPS}/{NAME}", configmap(NAME, "2"))
+        api.put(f"{CONFIGMAPS}/{NAME}", configmap_of(NAME, "2"))
         wait_until(lambda: seen.last() == {"a": b"2"}, 10, "the next good event applied")
         assert api.count("GET", CONFIGMAPS, watch=True) == 1  # the same stream went on
         assert thread.is_alive() and watch.failing_since is None
@@ -244,17 +244,17 @@ def test_an_event_for_another_configmap_is_ignored(
     items too, and the watched one's changes still apply."""
     caplog.set_level(logging.WARNING)
     api.ignore_name_selector = True
-    api.put(f"{CONFIGMAPS}/aaa-first", configmap("aaa-first", "listed first"))
-    seen = Seen()
-    watch = ConfigMapWatch(client(api), NS, NAME, seen.add, timers=FAST)
+    api.put(f"{CONFIGMAPS}/aaa-first", configmap_of("aaa-first", "listed first"))
+    seen = SeenData()
+    watch = ConfigMapWatch(api_client(api), NS, NAME, seen.add, timers=FAST)
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     thread.start()
     try:
         wait_until(lambda: api.count("GET", CONFIGMAPS, watch=True) == 1, 10, "the watch")
         assert seen.data == [{"a": b"1"}]  # the list's other item skipped
-        api.put(f"{CONFIGMAPS}/other", configmap("other", "not ours"))
-        api.put(f"{CONFIGMAPS}/{NAME}", configmap(NAME, "2"))
+        api.put(f"{CONFIGMAPS}/other", configmap_of("other", "not ours"))
+        api.put(f"{CONFIGMAPS}/{NAME}", configmap_of(NAME, "2"))
         wait_until(lambda: seen.last() == {"a": b"2"}, 10, "the watched one's change")
     finally:
         stop.set()
@@ -273,7 +273,7 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
     timers = WatchTimers(
         timeout_s=2, silence_s=5, alarm_after_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.2
     )
-    watch = ConfigMapWatch(client(api), NS, NAME, Seen().add, timers=timers)
+    watch = ConfigMapWatch(api_client(api), NS, NAME, SeenData().add, timers=timers)
     status = StatusServer(
         "127.0.0.1:0",
         lambda: Snapshot(
@@ -323,7 +323,7 @@ class DraParts:
 
 
 def test_the_dra_readyz_names_a_dead_slice_watch_and_clears(
-    api: KubeApiStandin, running: Callable[[str, WatchTimers], Running]
+    api: KubeApiStandin, running: Callable[[str, WatchTimers], RunningWatch]
 ) -> None:
     """The DRA plugin's /readyz: the slice watch failing (500s) for its alarm time is a 503 naming the
     watch and the error; a list that succeeds clears it."""
@@ -356,7 +356,7 @@ def test_a_node_watch_skips_another_node(api: KubeApiStandin) -> None:
     api.put("/api/v1/nodes/node-a", {"kind": "Node", "metadata": {"name": "node-a", "labels": {"x": "a"}}})
     labels: list[dict[str, str] | None] = []
     watch = NodeWatch(
-        client(api), "node-a", lambda node: labels.append(None if node is None else node.labels)
+        api_client(api), "node-a", lambda node: labels.append(None if node is None else node.labels)
     )
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
