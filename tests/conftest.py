@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,16 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.logs import JsonFormatter, TextFormatter
-from nvdp.testing import Process
+from nvdp.testing import Process, short_temp_dir
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """Pytest's `tmp_path`, made short: tests bind unix sockets in it, and sun_path holds 107 bytes,
+    which pytest's own directory (deeper still under pytest-xdist) leaves too little of. Removed after
+    the test; what a failed test's processes said is printed (`processes`)."""
+    with short_temp_dir() as path:
+        yield path
 
 
 @pytest.fixture(autouse=True)
@@ -30,10 +37,9 @@ def root_logger_restored() -> Iterator[None]:
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    """A fresh, short directory for unix sockets: sun_path holds 107 bytes, tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="nvdp-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """A second fresh, short directory, for unix sockets apart from the test's files."""
+    with short_temp_dir() as path:
+        yield path
 
 
 @pytest.fixture
@@ -44,9 +50,10 @@ def kubelet(sock_dir: Path) -> Iterator[Kubelet]:
 
 
 @pytest.fixture
-def processes() -> Iterator[list[Process]]:
+def processes(tmp_path: Path, sock_dir: Path) -> Iterator[list[Process]]:
     """Plugin processes a test starts; whatever is still running at the end is killed. Their logs are
-    printed, which pytest shows when the test failed."""
+    printed, which pytest shows when the test failed (set up after the directories the logs are in,
+    so torn down before them)."""
     started: list[Process] = []
     yield started
     for process in started:

@@ -4,9 +4,7 @@ stand-in's objects, and a whole node (API stand-in, kubelet stand-in, plugin pro
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
-from nvdp.testing import DraNode, Process, start_dra_plugin
+from nvdp.testing import DraNode, Process, short_temp_dir, start_dra_plugin
 from tests.builders import sim_gpus
 from tests.cdi_support import make_node
 from tests.kube_api_standin import KubeApiStandin
@@ -142,27 +140,42 @@ def dra_cluster(
 ) -> Iterator[DraCluster]:
     """A DraCluster (not started) torn down after the block. The plugin reads `config` (CONFIG_FILE,
     unless `env` names another); by default it gives DRA every GPU. The node's directories live in a short
-    directory of their own: the sockets' paths must fit sun_path's 107 bytes, which a deep `tmp_path`
-    (`/tmp/pytest-of-root/pytest-NNN/test_a_long_name0/...`) does not. `tmp_path` is kept for the
-    test's own files."""
-    short = Path(tempfile.mkdtemp(prefix="nvdp-dra-", dir="/tmp"))
-    node = DraNode(short / "node")
-    make_node(node.driver_root, sim_gpus(nvml.removeprefix("sim:")))
-    env = dict(env or {})
-    if "CONFIG_FILE" not in env:
-        (node.root / "config.yaml").write_text(config)
-        env["CONFIG_FILE"] = str(node.root / "config.yaml")
-    with KubeApiStandin() as api:
-        serve_dra(api)
-        watcher = PluginWatcher(node.registry)
-        watcher.start()
-        kubelet = DraManager(watcher)
-        cluster = DraCluster(api, node, nvml, watcher, kubelet, env, extra)
-        try:
-            yield cluster
-        finally:  # the cluster's kubelet parts: a test may have replaced them
-            if cluster.process is not None:
-                cluster.process.stop()
-            cluster.kubelet.close()
-            cluster.watcher.stop()
-            shutil.rmtree(short, ignore_errors=True)
+    directory of their own (`tmp_path` is kept for the test's own files)."""
+    with short_temp_dir("nvdp-dra-") as short:
+        node = DraNode(short / "node")
+        make_node(node.driver_root, sim_gpus(nvml.removeprefix("sim:")))
+        env = dict(env or {})
+        if "CONFIG_FILE" not in env:
+            (node.root / "config.yaml").write_text(config)
+            env["CONFIG_FILE"] = str(node.root / "config.yaml")
+        with KubeApiStandin() as api:
+            serve_dra(api)
+            watcher = PluginWatcher(node.registry)
+            watcher.start()
+            kubelet = DraManager(watcher)
+            cluster = DraCluster(api, node, nvml, watcher, kubelet, env, extra)
+            try:
+                yield cluster
+            finally:  # the cluster's kubelet parts: a test may have replaced them
+                if cluster.process is not None:
+                    cluster.process.stop()
+                cluster.kubelet.close()
+                cluster.watcher.stop()
+
+
+def node_status_writer(
+    api: KubeApiStandin, node: str = "node-a"
+) -> Callable[[dict[str, int], dict[str, int]], None]:
+    """Write device counts into the Node's `status.capacity` and `status.allocatable` (a merge patch
+    that also drops the resources no longer counted), as the kubelet's status update does."""
+    path = f"/api/v1/nodes/{node}"
+
+    def write(capacity: dict[str, int], allocatable: dict[str, int]) -> None:
+        current = api.objects[path].get("status") or {}
+        status = {
+            key: {**dict.fromkeys(current.get(key) or {}), **{name: str(n) for name, n in counts.items()}}
+            for key, counts in (("capacity", capacity), ("allocatable", allocatable))
+        }
+        api.merge_patch(path, {"status": status})
+
+    return write

@@ -32,7 +32,11 @@ every answer's headers first and its body (a stream: its final chunk) that much 
 keep-alive connection (a client that hands the connection back without reading the body then reads
 it as the next answer's status line); `gone_every_watch = True` answers every watch with an
 in-stream ERROR 410 event; `stall_watches = True` answers new watches with their headers and then
-nothing (a half-open connection), until `end_watches()`.
+nothing (a half-open connection), until `end_watches()`; `end_every_watch = True` answers every
+watch with its headers and the stream's end at once (a proxy that cuts streams); `ignore_name_selector
+= True` lists and watches every object of a collection whatever `metadata.name` the field selector
+names (a proxy that drops it); `inject(collection, event)` sends `event` as is (any JSON value; bytes:
+the line itself, no JSON) to the watches of `collection`, in order with the stored changes.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class _Event:
     path: str
     obj: Obj
     at: float = field(default_factory=time.monotonic)  # when it was stored
+    raw: object = None  # an injected event, sent as is
 
 
 @dataclass
@@ -80,8 +85,11 @@ class KubeApiStandin:
     late_bodies: float = 0.0
     gone_every_watch: bool = False
     stall_watches: bool = False
+    end_every_watch: bool = False
+    ignore_name_selector: bool = False
     drop_device_taints: bool = False
     foreground_deletes: bool = False
+    slow_gets: dict[str, float] = field(default_factory=dict)  # path -> seconds a GET of it waits
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -239,6 +247,13 @@ class KubeApiStandin:
             self._oldest = self._version
             self._events.clear()
 
+    def inject(self, collection: str, event: object) -> None:
+        """Send `event` as is to the watches of `collection` (after the changes stored before it)."""
+        with self._lock:
+            self._version += 1
+            self._events.append(_Event(self._version, "RAW", collection.rstrip("/") + "/", {}, raw=event))
+            self._lock.notify_all()
+
     def end_watches(self) -> None:
         """Close every open watch stream (the client sees the connection end)."""
         with self._lock:
@@ -304,21 +319,28 @@ class KubeApiStandin:
         return None
 
     def _collection(self, path: str, query: Mapping[str, str]) -> list[Obj]:
-        name = _field_name(query)
+        name = None if self.ignore_name_selector else _field_name(query)
         prefix = path.rstrip("/") + "/"
+        head, _, plural = path.rstrip("/").rpartition("/")
+
+        def listed(p: str) -> bool:
+            if p.startswith(prefix):
+                return "/" not in p[len(prefix) :]
+            every_namespace = head + "/namespaces/"  # a namespaced kind listed across namespaces
+            return p.startswith(every_namespace) and p[len(every_namespace) :].split("/")[1:2] == [plural]
+
         return [
             copy.deepcopy(obj)
             for p, obj in sorted(self.objects.items())
-            if p.startswith(prefix)
-            and "/" not in p[len(prefix) :]
-            and (name is None or p.endswith("/" + name))
-            and _fields_match(obj, query)
+            if listed(p) and (name is None or p.endswith("/" + name)) and _fields_match(obj, query)
         ]
 
-    def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[Obj]:
+    def _watch(self, path: str, query: Mapping[str, str]) -> Iterator[object]:
         """Events for the collection at `path` after `resourceVersion`, until the timeout."""
         if self.gone_every_watch:
             yield {"type": "ERROR", "object": _status(410, "too old resource version (injected)")}
+            return
+        if self.end_every_watch:
             return
         if self.stall_watches:
             with self._lock:
@@ -326,7 +348,7 @@ class KubeApiStandin:
                 while generation == self._generation:
                     self._lock.wait()
             return
-        name = _field_name(query)
+        name = None if self.ignore_name_selector else _field_name(query)
         prefix = path.rstrip("/") + "/"
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
@@ -349,6 +371,10 @@ class KubeApiStandin:
                     continue
             for event in pending:
                 since = event.version
+                if event.raw is not None:
+                    if event.path == prefix:
+                        yield event.raw
+                    continue
                 rest = event.path[len(prefix) :] if event.path.startswith(prefix) else None
                 if rest is None or "/" in rest or (name is not None and rest != name):
                     continue
@@ -509,6 +535,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, query = self._parse()
+        time.sleep(self.api.slow_gets.get(path, 0.0))
         watch = query.get("watch") in ("true", "1")
         if self._failed(path, watch):
             return
@@ -517,7 +544,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.api._lock:
             obj = copy.deepcopy(self.api.objects.get(path))
-            items = self.api._collection(path, query)
+            items = self.api._collection(path, query) if obj is None else []
             version = str(self.api._version)
         if obj is not None:
             self._send_json(200, obj)
@@ -594,7 +621,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             for event in self.api._watch(path, query):
-                line = json.dumps(event).encode() + b"\n"
+                line = (event if isinstance(event, bytes) else json.dumps(event).encode()) + b"\n"
                 self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
                 self.wfile.flush()
             self._late()

@@ -260,7 +260,6 @@ def test_rbac_writes_slices_reads_claims_and_the_policy_keeps_it_to_its_node(
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): r["verbs"] for r in role["rules"]}
     assert rules[(("",), ("nodes",))] == ["get"]  # no config-manager in its pod: no list, watch, patch
     assert rules[(("resource.k8s.io",), ("resourceslices",))] == [
-        "get",
         "list",
         "watch",
         "create",

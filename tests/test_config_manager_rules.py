@@ -446,6 +446,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
     from nvdp import kube
     from nvdp.configmanager import object_watch
     from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
+    from nvdp.kube.reflector import WatchTimers
     from tests.kube_api_standin import KubeApiStandin
 
     with KubeApiStandin() as api:
@@ -460,9 +461,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
             "n",
             lambda node: seen.append(None if node is None else node.labels),
             on_failure=lambda message, _: failures.append(message),
-            backoff_initial=0.01,
-            backoff_max=0.05,
-            alarm_after=0.3,
+            timers=WatchTimers(backoff_initial_s=0.01, backoff_max_s=0.05, alarm_after_s=0.3),
         )
         server = StatusServer(
             "127.0.0.1:0",

@@ -22,15 +22,10 @@ from tests.test_cdi import strict_schema
 GOLDEN = Path(__file__).parent / "data" / "dra"
 
 
-def remove_tree(path: Path) -> None:
-    """`rm -rf` until the directory is gone: the plugin serves its sockets and writes its hand-over
-    record and lock there again as soon as it sees them go, so one pass can find it filled again."""
-
-    def removed() -> bool:
-        shutil.rmtree(path, ignore_errors=True)
-        return not path.exists()
-
-    wait_until(removed, 5, f"{path} removed")
+def remove_directory(path: Path) -> None:
+    """Remove a directory the plugin is writing in at once: renamed away, then removed (an rmtree in
+    place fails when the plugin serves its socket again in the directory meanwhile)."""
+    shutil.rmtree(path.rename(path.with_name(f"{path.name}.removed")))
 
 
 def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
@@ -55,14 +50,14 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         cluster.api.delete(path)  # ... and wipes the node's slices
         wait_until(lambda: path in cluster.api.objects, 5, "the slice published again")
 
-        remove_tree(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
-        cluster.node.registry.mkdir(exist_ok=True)  # the plugin may have made it again first
+        remove_directory(cluster.node.registry)  # a kubelet reinstall: the directory goes and comes back
+        cluster.node.registry.mkdir(exist_ok=True)  # the plugin may have made it first
         cluster.registered(after=2)
         wait_until(lambda: (cluster.node.registry / REGISTRATION_SOCKET).is_socket(), 5, "served again")
         assert "socket removed or replaced; serving it again" in cluster.log()
 
         dra_socket = cluster.node.plugins / "gpu.nvidia.com" / "dra.sock"
-        for remove in (dra_socket.unlink, lambda: remove_tree(dra_socket.parent), dra_socket.unlink):
+        for remove in (dra_socket.unlink, lambda: remove_directory(dra_socket.parent), dra_socket.unlink):
             remove()  # the file, its directory, then the file in the directory made again
             wait_until(lambda: dra_socket.is_socket(), 5, "the DRA socket served again")
         claim = make_claim(cluster.api, "after")

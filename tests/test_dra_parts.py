@@ -146,10 +146,11 @@ def test_checkpoint_round_trip_and_a_file_not_ours(tmp_path: Path, caplog: pytes
     nvidias = {"checksum": 1, "v2": {"preparedClaims": {}}}  # NVIDIA's driver's own format
     (tmp_path / "checkpoint.json").write_text(json.dumps(nvidias))
     caplog.set_level(logging.WARNING)
-    assert checkpoint.load() == {}
-    assert json.loads((tmp_path / "checkpoint.json.unreadable").read_text()) == nvidias
+    assert checkpoint.load() is None  # unreadable: the preparer rebuilds the claims
+    (aside,) = tmp_path.glob("checkpoint.json.bad-*")
+    assert json.loads(aside.read_text()) == nvidias
     (line,) = log_lines(caplog)
-    assert line.startswith("checkpoint unreadable; starting with no prepared claims path=")
+    assert line.startswith("checkpoint unreadable; rebuilding the prepared claims from their CDI specs")
 
 
 def test_a_claims_spec_and_a_device_without_its_nodes(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from nvdp.dra.devices import node_devices
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.slices import Taint
 from nvdp.kube import new_api_client
+from nvdp.kube.reflector import WatchTimers
 from nvdp.testing import wait_until
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
@@ -40,7 +41,8 @@ def api() -> Iterator[KubeApiStandin]:
 
 def publisher(api: KubeApiStandin, **kwargs: object) -> SlicePublisher:
     resources = KubeResourceApi(new_api_client(host=api.url, retries=0))
-    return SlicePublisher(resources, "node-a", watch_timeout=5, backoff=Backoff(0.05, 0.2), **kwargs)  # type: ignore[arg-type]
+    timers = WatchTimers(timeout_s=5, silence_s=10)
+    return SlicePublisher(resources, "node-a", watch_timers=timers, backoff=Backoff(0.05, 0.2), **kwargs)  # type: ignore[arg-type]
 
 
 def stored(api: KubeApiStandin, version: str = "v1") -> dict[str, object]:

@@ -8,11 +8,8 @@ and the driver in this process where its main loop must be held."""
 from __future__ import annotations
 
 import re
-import shutil
 import socket
-import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -129,6 +126,10 @@ def test_prepare_unprepare_errors_and_an_xid_move_the_metrics(tmp_path: Path) ->
         assert value(text, "nvdp_dra_device_healthy", device="gpu-2", type="gpu", reason="") == 1
         append_sim_event(events, uuid=gpu2, xid=79)
         wait_until(lambda: published(cluster.api)["gpu-2"].get("taints"), 5, "gpu-2 tainted")
+        # the publisher counts its write once the API server has answered it: after the taint is there
+        wait_until(
+            lambda: (value(metrics(port), "nvdp_dra_slice_writes_total") or 0) >= 2, 5, "the write counted"
+        )
         text = metrics(port)
         (sample,) = [s for s in parse_families(text)["nvdp_dra_device_healthy"].samples if s[2] == 0]
         assert sample[1]["device"] == "gpu-2" and sample[1]["reason"].startswith("XID 79: ")
@@ -215,28 +216,20 @@ def test_a_taken_port_is_one_error_line_and_claims_are_still_served(tmp_path: Pa
 # ---- the main loop's liveness ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory whose sockets' paths fit sun_path (a deep tmp_path does not)."""
-    path = Path(tempfile.mkdtemp(prefix="nvdp-dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_a_stuck_main_loop_fails_healthz_and_recovers(
-    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(loop_watch, "STUCK_AFTER_S", 0.5)
-    (short_dir / "driver").mkdir()
+    (tmp_path / "driver").mkdir()
     config = Config()
-    config = replace(config, flags=replace(config.flags, nvidia_driver_root=str(short_dir / "driver")))
+    config = replace(config, flags=replace(config.flags, nvidia_driver_root=str(tmp_path / "driver")))
     settings = DraSettings(
         config=config,
         runtime=RuntimeOptions(nvml="sim:pcie-4", metrics_address="127.0.0.1:0", device_rescan_interval=0),
         node_name="node-a",
-        cdi_root=str(short_dir / "cdi"),
-        kubelet_registrar_directory_path=str(short_dir / "registry"),
-        kubelet_plugins_directory_path=str(short_dir / "plugins"),
+        cdi_root=str(tmp_path / "cdi"),
+        kubelet_registrar_directory_path=str(tmp_path / "registry"),
+        kubelet_plugins_directory_path=str(tmp_path / "plugins"),
     )
     entered, release = threading.Event(), threading.Event()
 

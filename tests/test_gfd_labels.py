@@ -32,6 +32,7 @@ from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
+from nvdp.testing import short_temp_dir
 from tests.builders import full_gpu, mig_enabled_gpu
 
 DATA = Path(__file__).resolve().parent / "data" / "gfd"
@@ -122,13 +123,9 @@ def test_golden_label_file(case: tuple[str, str, str | None]) -> None:
 
 
 @pytest.fixture(scope="module")
-def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="nvdp-gfd-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def short_dir() -> Iterator[Path]:
+    with short_temp_dir("nvdp-gfd-") as path:
+        yield path
 
 
 def _advertised(config: PluginOptions, plugin_dir: Path) -> dict[str, list[str]]:

@@ -182,12 +182,13 @@ def test_an_unreadable_dra_checkpoint_is_set_aside(
         error = f"{path}: larger than 16 MiB"
     with caplog.at_level(logging.WARNING):
         adopt_nvidia_checkpoint(Checkpoint(path), "")  # read first at start: not NVIDIA's either
-        assert Checkpoint(path).load() == {}
+        assert Checkpoint(path).load() is None
+    (aside,) = tmp_path.glob("checkpoint.json.bad-*")
     assert log_lines(caplog) == [
-        f'checkpoint unreadable; starting with no prepared claims path={path} error="{error}" '
-        f"kept_as={path}.unreadable"
+        "checkpoint unreadable; rebuilding the prepared claims from their CDI specs and the API "
+        f'path={path} error="{error}" kept_as={aside}'
     ]
-    assert (tmp_path / "checkpoint.json.unreadable").exists() and not path.exists()
+    assert not path.exists()
 
 
 def test_an_unreadable_kubelet_checkpoint_is_one_line(tmp_path: Path) -> None:
@@ -296,16 +297,14 @@ def answering(body: str) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.mark.parametrize("call", ["get", "watch"])
-def test_a_deep_api_answer_or_watch_event_is_one_kube_error(call: str) -> None:
+def test_a_deep_api_answer_is_one_kube_error_and_a_deep_watch_event_a_bad_line() -> None:
     with answering('{"type": "ADDED", "object": ' + DEEP_ARRAY + "}\n") as url:
         api_client = kube_client.new_api_client(host=url, retries=0)
         with pytest.raises(KubeError) as raised:
-            if call == "get":
-                kube_client.get_json(api_client, "/api/v1/nodes/a", {}, 5)
-            else:
-                list(kube_client.watch(api_client, "/api/v1/nodes", {"watch": "true"}, silence=5))
-    assert str(raised.value) == TOO_DEEP_JSON
+            kube_client.get_json(api_client, "/api/v1/nodes/a", {}, 5)
+        assert str(raised.value) == TOO_DEEP_JSON
+        (event,) = kube_client.watch(api_client, "/api/v1/nodes", {"watch": "true"}, silence=5)
+    assert event == kube_client.BadLine(TOO_DEEP_JSON, '{"type": "ADDED", "object": ' + DEEP_ARRAY[:72])
 
 
 def test_an_api_answer_over_the_size_bound_is_one_kube_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,8 +130,10 @@ def test_list_and_watch_select_by_node_and_driver(api: KubeApiStandin) -> None:
     done = threading.Event()
 
     def follow() -> None:
-        for kind, obj in slices.watch("node-a", "gpu.nvidia.com", since, timeout_seconds=2, silence=10):
-            seen.append((kind, obj["metadata"]["name"]))
+        for event in slices.watch("node-a", "gpu.nvidia.com", since, timeout_seconds=2, silence=10):
+            assert isinstance(event, dict)
+            kind = event["type"]
+            seen.append((kind, event["object"]["metadata"]["name"]))
             if kind == "DELETED":
                 break
         done.set()

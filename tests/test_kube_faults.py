@@ -19,6 +19,7 @@ from nvdp import kube
 from nvdp.configmanager import object_watch
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
+from nvdp.kube.reflector import DEFAULT_TIMERS, WatchTimers, relist_backoff
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import LABEL, NODE, NODE_PATH
@@ -140,17 +141,16 @@ def test_a_watch_answered_by_410_every_time_backs_off_its_relists(
 
 def test_relist_waits_grow_cap_and_start_over_after_two_quiet_minutes() -> None:
     now = [0.0]
-    backoff = object_watch.relist_backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # stretched by 1.5
+    backoff = relist_backoff(clock=lambda: now[0], uniform=lambda: 0.5)  # stretched by 1.5
     waits = []
     for _ in range(8):
         waits.append(backoff.next())
         now[0] += waits[-1]
     assert waits == pytest.approx([1.2, 2.4, 4.8, 9.6, 19.2, 38.4, 45.0, 45.0])
-    now[0] += object_watch.RELIST_RESET_S + 1
+    now[0] += DEFAULT_TIMERS.backoff_reset_s + 1
     assert backoff.next() == pytest.approx(1.2)
-    assert object_watch.relist_backoff(uniform=lambda: 0.0).next() == pytest.approx(
-        object_watch.RELIST_INITIAL_S
-    )
+    assert relist_backoff(uniform=lambda: 0.0).next() == pytest.approx(DEFAULT_TIMERS.backoff_initial_s)
+    assert (DEFAULT_TIMERS.backoff_initial_s, DEFAULT_TIMERS.backoff_max_s) == (0.8, 30.0)
 
 
 def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(
@@ -164,9 +164,9 @@ def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(
     api.end_watches()
     thread.join(5)
     (query,) = [q for m, p, q in api.requests if p == "/api/v1/nodes" and q.get("watch") == "true"]
-    assert query["timeoutSeconds"] == "45" and query["allowWatchBookmarks"] == "true"
-    with pytest.raises(ValueError):
-        object_watch.NodeWatch(None, NODE, lambda node: None, timeout_seconds=60, silence_timeout=60)
+    assert 45 <= int(query["timeoutSeconds"]) < 90 and query["allowWatchBookmarks"] == "true"
+    with pytest.raises(ValueError, match="silence_s must exceed timeout_s"):
+        WatchTimers(timeout_s=60, silence_s=60)
 
 
 def test_a_watch_stalled_after_its_headers_is_dropped_and_readyz_fails(
@@ -183,11 +183,14 @@ def test_a_watch_stalled_after_its_headers_is_dropped_and_readyz_fails(
         NODE,
         seen.nodes.append,
         on_failure=lambda m, f: seen.failures.append((m, f)),
-        timeout_seconds=1,
-        silence_timeout=silence,
-        backoff_initial=0.05,
-        backoff_max=0.2,
-        alarm_after=silence,
+        timers=WatchTimers(
+            timeout_s=1,
+            silence_s=silence,
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            alarm_after_s=silence,
+            short_watch_s=0.0,  # end_watches() may end a watch just begun: no "ended at once" here
+        ),
     )
     status = StatusServer(
         "127.0.0.1:0", lambda: Snapshot(True, 1, 0, 0, failing_for(watch.failing_since)), alarm_after=silence

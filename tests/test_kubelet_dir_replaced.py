@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.plugin.dir_lock import LOCK_NAME
-from nvdp.testing import Process, free_port, start_plugin, wait_until
+from nvdp.testing import Process, free_port, short_temp_dir, start_plugin, wait_until
 from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"
@@ -28,9 +27,8 @@ DEADLINE_S = 10.0  # from kubelet.sock appearing to the registration; it takes w
 @pytest.fixture
 def other_dir() -> Iterator[Path]:
     """A second short directory (unix socket paths hold 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="nvdp-other-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_temp_dir("nvdp-other-") as path:
+        yield path
 
 
 @pytest.fixture

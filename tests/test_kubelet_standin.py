@@ -24,6 +24,7 @@ from nvdp.kubelet_standin import (
     PluginNotConnected,
     is_extended_resource_name,
 )
+from nvdp.kubelet_standin.node_status import NodeStatusMirror
 
 RESOURCE = "example.com/gpu"
 TWO_GPUS = {"GPU-0": (HEALTHY, 0), "GPU-1": (HEALTHY, 1)}
@@ -424,3 +425,32 @@ def test_stop_is_idempotent_and_leaks_no_threads_or_fds(sock_dir: Path) -> None:
     threads, fds = _counts()
     assert threads <= baseline[0], [t.name for t in threading.enumerate()]
     assert fds <= baseline[1], os.listdir("/proc/self/fd")
+
+
+def test_the_node_status_counts_devices_and_reaches_the_node_late(
+    kubelet: Kubelet, make_plugin: Callable[..., StubPlugin]
+) -> None:
+    """Capacity: every device; allocatable: the healthy ones, none once the plugin disconnected; the
+    mirror writes them `delay` seconds after they changed, as the kubelet's status update."""
+    written: list[tuple[float, dict[str, int], dict[str, int]]] = []
+    done = threading.Event()
+
+    def write(capacity: dict[str, int], allocatable: dict[str, int]) -> None:
+        written.append((time.monotonic(), capacity, allocatable))
+        if allocatable == {RESOURCE: 0}:
+            done.set()
+
+    with NodeStatusMirror(kubelet, write, 0.3):
+        plugin = make_plugin()
+        register(kubelet, "stub.sock")
+        kubelet.wait_for_devices(RESOURCE)
+        plugin.set_devices({"GPU-0": (HEALTHY, 0), "GPU-1": (UNHEALTHY, 1)})
+        kubelet.wait_for_devices(RESOURCE, lambda devices: devices["GPU-1"].health == UNHEALTHY)
+        assert kubelet.node_counts() == ({RESOURCE: 2}, {RESOURCE: 1})
+        changed = time.monotonic()
+        plugin.stop()
+        kubelet.wait_for_stream_closed(RESOURCE)
+        assert kubelet.node_counts() == ({RESOURCE: 2}, {RESOURCE: 0})
+        assert done.wait(10)
+    assert written[-1][1:] == ({RESOURCE: 2}, {RESOURCE: 0})
+    assert written[-1][0] - changed >= 0.3

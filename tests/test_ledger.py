@@ -235,9 +235,11 @@ def test_the_ledger_reads_after_allocates_and_health_changes_not_on_a_timer(tmp_
         for _ in range(5):  # a burst of Allocates shares its reads
             ledger.allocated()
         wait_until(lambda: len(reads.times) == 1 + len(AFTER_ALLOCATE_S), timeout=10, what="the reads after")
-        assert [round(t - asked, 1) for t in reads.times[1:]] == pytest.approx(
-            list(AFTER_ALLOCATE_S), abs=0.15
-        )
+        # Each read comes no earlier than its time after the burst, and each before the next one's time
+        # (so not all at once at the end); how late a read is depends on the machine's load, not asserted.
+        after = [t - asked for t in reads.times[1:]]
+        assert all(a >= due for a, due in zip(after, AFTER_ALLOCATE_S, strict=True)), after
+        assert all(a < due for a, due in zip(after, AFTER_ALLOCATE_S[1:], strict=False)), after
         assert ledger.held(GPU, ["GPU-0", "GPU-1"]) == reads.holdings
         ledger.changed()
         wait_until(lambda: len(reads.times) == 5, timeout=5, what="the read after a health change")

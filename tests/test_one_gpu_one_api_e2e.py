@@ -8,14 +8,26 @@ A GPU a pod holds through one API stays with it (one WARNING line on each side) 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from nvdp.kubelet_standin import Kubelet
+from nvdp.kubelet_standin.node_status import NodeStatusMirror
 from nvdp.testing import Process, start_plugin, wait_until
 from tests.builders import sim_gpus
-from tests.dra_support import DRIVER, V1, DraCluster, dra_cluster, make_claim, published, schedule
+from tests.dra_support import (
+    DRIVER,
+    V1,
+    DraCluster,
+    dra_cluster,
+    make_claim,
+    node_status_writer,
+    published,
+    schedule,
+)
+from tests.kube_api_standin import KubeApiStandin
 
 GPU = "nvidia.com/gpu"
 UUIDS = [g.uuid for g in sim_gpus("pcie-4")]
@@ -76,11 +88,17 @@ def overlaps(timeline: list[tuple[float, str, frozenset[str]]]) -> list[tuple[fl
 
 
 @contextmanager
-def one_node(tmp_path: Path) -> Iterator[TwoApiNode]:
+def one_node(tmp_path: Path, status_delay: float | None = None) -> Iterator[TwoApiNode]:
+    """Both plugins on one node; with `status_delay` the kubelet's device counts reach the Node's
+    status that many seconds late (the kubelet's status update)."""
     with dra_cluster(tmp_path, config=SPLIT) as cluster:
         plugin_dir = cluster.node.root / "device-plugins"  # beside plugins/: the records are found
         kubelet = Kubelet(plugin_dir, pod_resources=True)
         kubelet.start()
+        mirror = None
+        if status_delay is not None:
+            mirror = NodeStatusMirror(kubelet, node_status_writer(cluster.api), status_delay)
+            mirror.start()
         plugin = start_plugin(
             plugin_dir,
             cluster.nvml,
@@ -94,6 +112,8 @@ def one_node(tmp_path: Path) -> Iterator[TwoApiNode]:
             yield TwoApiNode(cluster, kubelet, plugin, dra)
         finally:
             plugin.stop()
+            if mirror is not None:
+                mirror.stop()
             kubelet.stop()
             if cluster.process is not None:
                 cluster.process.stop()
@@ -142,3 +162,82 @@ def test_gpus_move_between_the_apis_and_never_are_advertised_by_both(tmp_path: P
     # each hold said once on each side, however many times the hand-over looked again
     assert plugin_log.count(kept) == 1
     assert dra_log.count(waits) == 1
+
+
+STATUS_DELAY_S = 2.0  # the kubelet's status update lags its device manager (3.8-9.0 s seen on a cluster)
+
+
+def api_view(api: KubeApiStandin) -> list[tuple[float, int, frozenset[str]]]:
+    """What the scheduler sees of the node after each write: the Node's allocatable nvidia.com/gpu and
+    the GPUs the ResourceSlices offer."""
+    view, allocatable, slices = [], 0, dict[str, frozenset[str]]()
+    for at, path, obj in api.writes("/"):
+        if path == "/api/v1/nodes/node-a":
+            allocatable = int(((obj or {}).get("status") or {}).get("allocatable", {}).get(GPU, "0"))
+        elif path.startswith(f"{V1}/resourceslices/"):
+            devices = (obj or {}).get("spec", {}).get("devices") or []
+            slices[path] = frozenset(d["attributes"]["uuid"]["string"] for d in devices)
+        else:
+            continue
+        view.append((at, allocatable, frozenset().union(*slices.values())))
+    return view
+
+
+def offered_at(view: list[tuple[float, int, frozenset[str]]], gpus: list[str], after: float) -> float:
+    return next(at for at, _, offered in view if at > after and set(gpus) <= offered)
+
+
+def test_the_scheduler_never_sees_a_gpu_in_both_apis(tmp_path: Path) -> None:
+    """The Node's allocatable lags the device plugin's ListAndWatch: a GPU moved to DRA is offered in a
+    slice only once the Node no longer counts it; one moved back is counted only once no slice offers it."""
+    with one_node(tmp_path, status_delay=STATUS_DELAY_S) as node:
+        api = node.cluster.api
+        node.serving(UUIDS[:2], UUIDS[2:], 20, "GPUs 0, 1 by the plugin, 2, 3 by DRA")
+        api.wait_for(lambda: api_view(api)[-1][1] == 2, 20, "the Node counting GPUs 0, 1")
+
+        moved = node.kubelet.updates(GPU)[-1].time
+        node.switch(ALL_DRA)  # GPUs 0, 1: the plugin's stream ends; the Node counts them for 2 s more
+        node.serving([], UUIDS, 20, "every GPU by DRA")
+        node.kubelet.wait_for(lambda: node.kubelet.stream_ends(GPU) or None, 10, "the stream's end")
+        withdrawn = node.kubelet.stream_ends(GPU)[-1].time
+        to_dra = offered_at(api_view(api), UUIDS[:2], moved) - withdrawn
+
+        back = time.monotonic()
+        node.switch(NO_DRA)  # every GPU back: counted by the Node only after the slices let them go
+        node.serving(UUIDS, [], 20, "every GPU by the plugin")
+        api.wait_for(lambda: api_view(api)[-1][1] == 4, 20, "the Node counting every GPU")
+
+        node.switch(SPLIT)  # GPUs 2, 3 to DRA while the plugin keeps 0, 1: the Node's capacity decides
+        node.serving(UUIDS[:2], UUIDS[2:], 20, "GPUs 0, 1 by the plugin, 2, 3 by DRA again")
+        split = node.kubelet.updates(GPU)[-1].time
+        to_dra_again = offered_at(api_view(api), UUIDS[2:], back) - split
+        view = api_view(api)
+        timeline = node.timeline()
+    twice = [
+        (at, allocatable, offered) for at, allocatable, offered in view if allocatable + len(offered) > 4
+    ]
+    assert twice == []
+    assert overlaps(timeline) == []
+    assert to_dra >= STATUS_DELAY_S * 0.9 and to_dra_again >= STATUS_DELAY_S * 0.9
+    dra_log = (tmp_path / "dra.log").read_text()
+    assert dra_log.count("GPUs offered once the Node stopped counting them") == 2
+
+
+def test_a_gpu_goes_back_to_the_plugin_only_once_the_api_server_took_it_out_of_the_slices(
+    tmp_path: Path,
+) -> None:
+    """The DRA driver's record lets a GPU go once the API server answered the slice write that
+    withdrew it: while those writes fail, the device plugin waits."""
+    with one_node(tmp_path) as node:
+        api = node.cluster.api
+        node.serving(UUIDS[:2], UUIDS[2:], 20, "GPUs 0, 1 by the plugin, 2, 3 by DRA")
+        (path,) = (p for p in api.objects if p.startswith(f"{V1}/resourceslices/"))
+        api.fail(500, 1000, method="PUT", path_prefix=path)
+        tried = api.count("PUT", path)
+        node.switch(NO_DRA)
+        api.wait_for(lambda: api.count("PUT", path) >= tried + 2, 20, "two failed slice writes")
+        assert (node.by_plugin(), node.by_dra()) == (frozenset(UUIDS[:2]), frozenset(UUIDS[2:]))
+        api.clear_failures()
+        node.serving(UUIDS, [], 20, "every GPU by the plugin once the slice was written")
+        timeline = node.timeline()
+    assert overlaps(timeline) == []

@@ -263,7 +263,7 @@ IPV6 = _outward_address(socket.AF_INET6, "2001:db8::1")
 NO_IPV6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 on this host")
 
 
-def _get(source: str, target: str, port: int, path: str) -> tuple[int, str]:
+def _get_from(source: str, target: str, port: int, path: str) -> tuple[int, str]:
     """GET `path` from `target`:`port` over a connection from `source` (the peer the plugin sees)."""
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as client:
@@ -278,7 +278,7 @@ def _get(source: str, target: str, port: int, path: str) -> tuple[int, str]:
     return int(head.split()[1]), body.decode()
 
 
-class Node:
+class ServingNode:
     """A kubelet stand-in with PodResources and a plugin listening on `address` (port `port`), with pod
     ml/train-0 holding one GPU."""
 
@@ -286,7 +286,7 @@ class Node:
         self.kubelet, self.plugin, self.port, self.device_id = kubelet, plugin, port, device_id
 
     def allocations(self, source: str, target: str) -> dict[str, Any]:
-        status, body = _get(source, target, self.port, "/allocations")
+        status, body = _get_from(source, target, self.port, "/allocations")
         assert status == 200, body
         document: dict[str, Any] = json.loads(body)
         return document
@@ -297,16 +297,16 @@ class Node:
         return next(d for d in devices if d["device"] == self.device_id)
 
     def allocated(self, source: str, target: str) -> list[str]:
-        status, body = _get(source, target, self.port, "/metrics")
+        status, body = _get_from(source, target, self.port, "/metrics")
         assert status == 200
         return [line for line in body.splitlines() if line.startswith("nvdp_device_allocated{")]
 
 
 @pytest.fixture
-def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[Callable[..., Node]]:
+def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[Callable[..., ServingNode]]:
     kubelets: list[Kubelet] = []
 
-    def start(listen: str, env: Mapping[str, str] | None = None) -> Node:
+    def start(listen: str, env: Mapping[str, str] | None = None) -> ServingNode:
         plugin_dir = sock_dir / "device-plugins"
         kubelet = Kubelet(plugin_dir, pod_resources=True)
         kubelet.start()
@@ -318,7 +318,7 @@ def node(sock_dir: Path, tmp_path: Path, processes: list[Process]) -> Iterator[C
         processes.append(plugin)
         kubelet.wait_for_devices(GPU, timeout=20)
         pod = kubelet.admit_pod("ml", "train-0", {"main": {GPU: 1}}, uid="uid-train")
-        started = Node(kubelet, plugin, port, pod.assignments[0].device_ids[0])
+        started = ServingNode(kubelet, plugin, port, pod.assignments[0].device_ids[0])
         wait_until(
             lambda: started.held("127.0.0.1", "127.0.0.1").get("pods"), timeout=10, what="the pod held"
         )
@@ -366,7 +366,7 @@ REMOTE_V4 = [(IPV4, IPV4)] if IPV4 else []
     ids=["ipv4-every-interface", "dual-stack"],
 )
 def test_the_plugin_names_pods_to_loopback_clients_only(
-    node: Callable[..., Node], listen: str, local: list[tuple[str, str]], remote: list[tuple[str, str]]
+    node: Callable[..., ServingNode], listen: str, local: list[tuple[str, str]], remote: list[tuple[str, str]]
 ) -> None:
     plugin = node(listen)
     device_id = plugin.device_id
@@ -385,7 +385,7 @@ def test_the_plugin_names_pods_to_loopback_clients_only(
 
 
 @pytest.mark.skipif(IPV4 is None, reason="this host has no IPv4 address but loopback")
-def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., Node]) -> None:
+def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., ServingNode]) -> None:
     assert IPV4 is not None
     plugin = node("", env={"POD_DETAIL": "all"})
     assert plugin.held(IPV4, IPV4)["pods"] == POD
@@ -393,7 +393,7 @@ def test_pod_detail_all_names_pods_to_remote_clients(node: Callable[..., Node]) 
 
 
 @pytest.mark.skipif(IPV4 is None, reason="this host has no IPv4 address but loopback")
-def test_status_from_a_remote_address_counts_the_holders(node: Callable[..., Node]) -> None:
+def test_status_from_a_remote_address_counts_the_holders(node: Callable[..., ServingNode]) -> None:
     assert IPV4 is not None
     plugin = node("")
     done = subprocess.run(

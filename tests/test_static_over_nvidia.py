@@ -35,6 +35,7 @@ COUNTERPARTS: dict[str, tuple[str, ...]] = {
         "gpu-feature-discovery-daemonset-with-mig-mixed.yaml",
     ),
     "nvidia-device-plugin-mps.yml": (),  # NVIDIA's MPS control daemon comes only with its chart
+    "nvidia-device-plugin-own-node-policy.yml": (),  # nvdp's: NVIDIA's static manifests have no RBAC
 }
 PAIRS = [(ours, theirs) for ours, all_theirs in COUNTERPARTS.items() for theirs in all_theirs]
 # Pod fields that keep a pod off nodes (besides nodeSelector and required node affinity).

@@ -18,13 +18,14 @@ from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from nvdp.kube.configmaps import read_configmap
+from nvdp.kube.reflector import WatchTimers
 from nvdp.logs import log_event
 from nvdp.uninstall import Release
 
 log = logging.getLogger(__name__)
 
 EVENT_COMPONENT = "nvidia-device-plugin-config-manager"
-ALARM_AFTER = 60.0  # seconds of failing watch before the ERROR line and /readyz 503
+ALARM_AFTER = WatchTimers.alarm_after_s  # seconds of failing watch: the ERROR line and /readyz 503
 
 
 class NodeAnnotationRecord:
@@ -100,9 +101,7 @@ def serve(
     # The watch's own client makes no retries: it retries with backoff, and a retry of a request
     # stalled before its headers would double the time its silence takes to be noticed.
     watch_client = kube.new_api_client(kubeconfig=settings.kubeconfig, retries=0)
-    watch = NodeWatch(
-        watch_client, settings.node_name, lambda node: _set_node(manager, node), alarm_after=ALARM_AFTER
-    )
+    watch = NodeWatch(watch_client, settings.node_name, lambda node: _set_node(manager, node))
     configmap_watch = None
     if settings.configmap_name:
         configmap_watch = ConfigMapWatch(
@@ -112,7 +111,6 @@ def serve(
             manager.sources.set_api,
             on_failure=manager.sources.api_failed,
             on_recovered=manager.sources.api_recovered,
-            alarm_after=ALARM_AFTER,
         )
     status = None
     if settings.metrics_address:
@@ -128,6 +126,8 @@ def serve(
                 configmap_watch_failing_for=failing_for(
                     configmap_watch.failing_since if configmap_watch else None
                 ),
+                watch_error=watch.last_error,
+                configmap_watch_error=configmap_watch.last_error if configmap_watch else "",
             )
 
         status = StatusServer(settings.metrics_address, snapshot, ALARM_AFTER).start()

@@ -1,67 +1,64 @@
-"""The config-manager's list+watch of one named object (its own Node; the ConfigMap it reads):
-resumed, re-listed with client-go's backoff, dropped when silent, retried on every failure, never
-stopped (the requests: `nvdp.kube`).
+"""The config-manager's list+watch of one named object (its own Node; the ConfigMap it reads), on
+nvdp's one watch loop (`nvdp.kube.reflector.Reflector`: client-go's backoff, malformed events and other
+objects' events skipped, never stopped).
 
-Each watch asks the server to end it after WATCH_TIMEOUT_S (it is then resumed from the last
+Each watch asks the server to end it after about WATCH_TIMEOUT_S (then resumed from the last
 resourceVersion, no list), so a healthy server always says something within WATCH_SILENCE_S; a
 stream silent that long is taken for dead (a half-open connection, a stalled server) and dropped.
-HTTP/1.1 has no pings: this read timeout is how silence is told from quiet, where client-go's HTTP/2
-transport sends a ping after 30 s of silence and gives up 15 s later.
-
-Between one list+watch cycle and the next (after a 410 Gone) the wait is client-go's reflector's:
-0.8 s doubling to 30 s, each wait stretched by a random factor in [1, 2), starting over at 0.8 s
-once two minutes passed without a wait.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from nvdp import kube
-from nvdp.backoff import Backoff
-from nvdp.errors import KubeError, KubeGone, KubeWatchSilent
 from nvdp.kube.configmaps import ConfigMapData, configmaps_path
+from nvdp.kube.reflector import DEFAULT_TIMERS, Reflector, WatchTimers
 
 log = logging.getLogger(__name__)
 
-WATCH_TIMEOUT_S = 45
-WATCH_SILENCE_S = 60.0
-RELIST_INITIAL_S = 0.8
-RELIST_MAX_S = 30.0
-RELIST_RESET_S = 120.0
+WATCH_TIMEOUT_S = WatchTimers.timeout_s
+WATCH_SILENCE_S = WatchTimers.silence_s
 
 T = TypeVar("T")
 
 
-def relist_backoff(
-    clock: Callable[[], float] = time.monotonic, uniform: Callable[[], float] = random.random
-) -> Backoff:
-    """The waits between list+watch cycles, as client-go's reflector makes them (see the module)."""
-    return Backoff(
-        RELIST_INITIAL_S, RELIST_MAX_S, jitter=1.0, reset_after=RELIST_RESET_S, clock=clock, uniform=uniform
-    )
+class _NamedObject:
+    """The list and watch requests of the object `name` of the collection at `path` (field selector
+    metadata.name=<name>)."""
+
+    def __init__(self, api_client: Any, path: str, name: str) -> None:
+        self._api_client, self._path = api_client, path
+        self.selector = f"metadata.name={name}"
+
+    def list(self) -> tuple[list[object], str]:
+        found = kube.get_json(self._api_client, self._path, {"fieldSelector": self.selector}, 30)
+        items = found.get("items")
+        return list(items) if isinstance(items, list) else [], str(found["metadata"]["resourceVersion"])
+
+    def watch(self, since: str, *, timeout_seconds: int, silence: float) -> Any:
+        query = {
+            "fieldSelector": self.selector,
+            "resourceVersion": since,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            "watch": "true",
+        }
+        return kube.watch(self._api_client, self._path, query, silence=silence)
 
 
 class ObjectWatch(Generic[T]):
-    """List+watch the object `name` of the collection at `path` (field selector metadata.name=<name>)
-    and hand it, decoded, to `on_object(obj, listed)` (obj None when there is no such object; `listed`:
-    it comes from a list, so it is the object's state now, not an event a resumed watch replays).
-    Resumes from the last resourceVersion after the server ends a watch; re-lists on 410 Gone after a
-    wait from `relist_backoff()` (a server that answers every watch with 410 gets a list every 30-60 s,
-    not dozens a second); drops a stream silent for `silence_timeout` s; retries every other failure
-    with capped exponential backoff and never stops until `stop` is set. `on_failure(message,
-    failing_for_seconds)` hears each failure, and `on_recovered()` the first success after; a line
-    is logged at WARNING, and at ERROR once the watch has been failing (or silent) for `alarm_after`
-    s. The client should make no retries of its own (`kube.new_api_client(retries=0)`): each would
-    add a whole `silence_timeout` before a failure is seen. `kind` names the object in log lines
-    (`<kind> watch failed <kind>=<subject> ...`), and `consequence` says in the alarm line what does
-    not work meanwhile.
-    """
+    """List+watch the object `name` of the collection at `path` and hand it, decoded, to
+    `on_object(obj, listed)` (obj None when there is no such object; `listed`: it comes from a list,
+    so it is the object's state now, not an event a resumed watch replays); events about other
+    objects are skipped. `on_failure(message, failing_for_seconds)` hears each failure (a watch
+    ending at once is one), and `on_recovered()` the first success after. The client should make no
+    retries of its own (`kube.new_api_client(retries=0)`): each would add a whole silence bound
+    before a failure is seen. `kind` names the object in log lines, `consequence` says in the alarm
+    line what does not work meanwhile; `timers`: see `WatchTimers`."""
 
     def __init__(
         self,
@@ -72,138 +69,55 @@ class ObjectWatch(Generic[T]):
         on_object: Callable[[T | None, bool], None],
         *,
         kind: str,
+        object_kind: str,
         subject: str,
         consequence: str,
         on_failure: Callable[[str, float], None] | None = None,
         on_recovered: Callable[[], None] | None = None,
-        timeout_seconds: int = WATCH_TIMEOUT_S,
-        silence_timeout: float = WATCH_SILENCE_S,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        alarm_after: float = 60.0,
+        timers: WatchTimers = DEFAULT_TIMERS,
     ) -> None:
-        if not silence_timeout > timeout_seconds:
-            raise ValueError("silence_timeout must exceed timeout_seconds (a healthy watch ends before it)")
-        self._api_client = api_client
-        self._path, self._name, self._decode, self._on_object = path, name, decode, on_object
-        self.kind, self._subject, self._consequence = kind, subject, consequence
-        self._on_failure, self._on_recovered = on_failure, on_recovered
-        self._timeout_seconds = timeout_seconds
-        self._silence = silence_timeout
-        self._retries = Backoff(backoff_initial, backoff_max)  # after a failure; reset by a success
-        self._relists = relist_backoff()
-        self._alarm_after = alarm_after
-        self.failing_since: float | None = None  # monotonic time of the first failure in a row
-        self.lists = 0  # full lists done (the first, and one after each 410 Gone)
+        self._name, self._decode, self._on_object = name, decode, on_object
+        self.kind = kind
+        self.reflector = Reflector(
+            _NamedObject(api_client, path, name),
+            kind=kind,
+            subject=subject,
+            consequence=consequence,
+            ours=self._ours,
+            on_list=self._listed,
+            on_event=self._event,
+            object_kind=object_kind,
+            timers=timers,
+            on_failure=on_failure,
+            on_recovered=on_recovered,
+            logger=log,
+        )
 
     @property
-    def selector(self) -> str:
-        return f"metadata.name={self._name}"
+    def failing_since(self) -> float | None:
+        return self.reflector.failing_since
+
+    @property
+    def last_error(self) -> str:
+        """The last failure's message, while failing."""
+        return self.reflector.last_error if self.reflector.failing_since is not None else ""
+
+    @property
+    def lists(self) -> int:
+        return self.reflector.lists
 
     def run(self, stop: threading.Event) -> None:
         """Watch until `stop` is set (checked between requests and events)."""
-        version: str | None = None
-        alarmed = False
-        while not stop.is_set():
-            since: float | None = None  # when the failure began, where known before now
-            try:
-                if version is None:
-                    found = kube.get_json(self._api_client, self._path, {"fieldSelector": self.selector}, 30)
-                    self.lists += 1
-                    items = found.get("items") or []
-                    self._on_object(self._decode(items[0]) if items else None, True)
-                    version = str(found["metadata"]["resourceVersion"])
-                    self._recovered()
-                    alarmed = False
-                    self._retries.reset()
-                version = self._watch(version, stop)
-                self._recovered()
-                alarmed = False
-                self._retries.reset()
-                continue
-            except KubeGone:
-                wait = self._relists.next()
-                log.info(
-                    "%s watch expired (410 Gone); listing again %s=%s in=%.1fs",
-                    self.kind,
-                    self.kind,
-                    self._subject,
-                    wait,
-                )
-                version = None
-                stop.wait(wait)
-                continue
-            except KubeWatchSilent as error:
-                message, since = str(error), error.last_heard
-            except KubeError as error:  # connection refused, timeouts, error statuses: retry, never stop
-                message = str(error)
-            except (KeyError, TypeError, ValueError) as error:  # an answer without what a list has
-                message = f"unexpected answer: {type(error).__name__} {error}"
-            now, delay = time.monotonic(), self._retries.next()
-            if self.failing_since is None:
-                self.failing_since = since if since is not None else now
-            failing_for = now - self.failing_since
-            if failing_for >= self._alarm_after and not alarmed:
-                alarmed = True
-                log.error(
-                    "%s watch has been failing %s=%s for=%.0fs error=%r; %s",
-                    self.kind,
-                    self.kind,
-                    self._subject,
-                    failing_for,
-                    message,
-                    self._consequence,
-                )
-            else:
-                log.warning(
-                    "%s watch failed %s=%s error=%r retry_in=%.1fs",
-                    self.kind,
-                    self.kind,
-                    self._subject,
-                    message,
-                    delay,
-                )
-            if self._on_failure is not None:
-                self._on_failure(message, failing_for)
-            stop.wait(delay)
+        self.reflector.run(stop)
 
-    def _watch(self, version: str, stop: threading.Event) -> str:
-        """One watch request from `version` until the server ends it; the last version seen."""
-        query = {
-            "fieldSelector": self.selector,
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._timeout_seconds),
-            "watch": "true",
-        }
-        events = kube.watch(self._api_client, self._path, query, silence=self._silence)
-        try:
-            for event in events:
-                kind, obj = event.get("type"), event.get("object") or {}
-                self._recovered()
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind == "DELETED":
-                    self._on_object(None, False)
-                elif kind in ("ADDED", "MODIFIED"):
-                    self._on_object(self._decode(obj), False)
-                if stop.is_set():
-                    break
-        finally:
-            events.close()  # left early: the stream's connection is closed, not reused
-        return version
+    def _ours(self, obj: dict[str, Any]) -> bool:
+        return bool((obj.get("metadata") or {}).get("name") == self._name)
 
-    def _recovered(self) -> None:
-        if self.failing_since is not None:
-            log.info(
-                "%s watch recovered %s=%s after=%.1fs",
-                self.kind,
-                self.kind,
-                self._subject,
-                time.monotonic() - self.failing_since,
-            )
-            self.failing_since = None
-            if self._on_recovered is not None:
-                self._on_recovered()
+    def _listed(self, items: list[dict[str, Any]]) -> None:
+        self._on_object(self._decode(items[0]) if items else None, True)
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._on_object(None if kind == "DELETED" else self._decode(obj), False)
 
 
 class NodeWatch(ObjectWatch[kube.NodeMeta]):
@@ -219,6 +133,7 @@ class NodeWatch(ObjectWatch[kube.NodeMeta]):
             kube.NodeMeta.of,
             lambda node, _listed: on_node(node),
             kind="node",
+            object_kind="Node",
             subject=node_name,
             consequence="the config is not following the node label until it recovers",
             **options,
@@ -244,6 +159,7 @@ class ConfigMapWatch(ObjectWatch[ConfigMapData]):
             ConfigMapData.of,
             on_configmap,
             kind="configmap",
+            object_kind="ConfigMap",
             subject=f"{namespace}/{name}",
             consequence="ConfigMap edits reach this node only through its mounted copy until it recovers",
             **options,

@@ -28,6 +28,8 @@ class Snapshot:
     watch_failing_for: float  # seconds; 0 when the watch is fine
     retrying: str | None = None  # why the selected config is not in place (being retried)
     configmap_watch_failing_for: float = 0.0  # seconds; 0 when fine or not watched
+    watch_error: str = ""  # the Node watch's last failure, while it fails
+    configmap_watch_error: str = ""  # the ConfigMap watch's
 
 
 _FAMILIES: tuple[tuple[str, MetricType, str], ...] = (  # name (after nvdp_config_manager_), type, help
@@ -59,9 +61,12 @@ def not_ready(s: Snapshot, alarm_after: float) -> str | None:
     if s.retrying is not None:
         return f"config not in place, retrying: {s.retrying}"
     if s.watch_failing_for >= alarm_after:
-        return f"node watch failing for {s.watch_failing_for:.0f}s"
+        return f"node watch failing for {s.watch_failing_for:.0f}s" + (
+            f": {s.watch_error}" if s.watch_error else ""
+        )
     if s.configmap_watch_failing_for >= alarm_after:
-        return f"configmap watch failing for {s.configmap_watch_failing_for:.0f}s"
+        why = f": {s.configmap_watch_error}" if s.configmap_watch_error else ""
+        return f"configmap watch failing for {s.configmap_watch_failing_for:.0f}s{why}"
     return None
 
 

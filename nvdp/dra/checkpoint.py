@@ -2,16 +2,21 @@
 restarted plugin answers a repeated NodePrepareResources the same and can still unprepare.
 
 One JSON object `{"version": "nvdp/v1", "claims": {uid: {namespace, name, devices: [...]}}}`, written
-atomically (`nvdp.files.write_atomic`) after every change. A file that cannot be read or is not ours
-(NVIDIA's driver writes its own format under the same name) is one WARNING line and is set aside as
-`checkpoint.json.unreadable`; the plugin starts with no prepared claims.
+atomically (`nvdp.files.write_atomic`) once per change (a NodePrepareResources call's claims together),
+never larger than the reader takes (MAX_CHECKPOINT_BYTES: a save over it is refused, one line). A file
+that cannot be read or is not ours (truncated, not JSON, too large, a symlink, FIFO or directory) is one
+WARNING line and is set aside as `checkpoint.json.bad-<unix time>` (the last KEPT_BAD of them kept);
+`load` then says None and the claim preparer rebuilds the prepared claims from the claims' CDI specs and
+the API (`nvdp.dra.prepare`): nothing a running container uses is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +31,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "nvdp/v1"
 MAX_CHECKPOINT_BYTES = 16 << 20
+BAD_SUFFIX = ".bad-"
+KEPT_BAD = 3
 
 
 @dataclass(frozen=True)
@@ -50,9 +57,10 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> dict[str, PreparedClaim]:
-        """The prepared claims by UID; none when there is no file or it is unreadable (said once)."""
-        if not self.path.exists():
+    def load(self) -> dict[str, PreparedClaim] | None:
+        """The prepared claims by UID; none when there is no file; None when it is unreadable (said
+        once, the file set aside)."""
+        if not os.path.lexists(self.path):
             return {}
         try:
             data = loads_json(read_bounded(self.path, MAX_CHECKPOINT_BYTES), max_bytes=MAX_CHECKPOINT_BYTES)
@@ -60,28 +68,49 @@ class Checkpoint:
                 raise ValueError(f"not an nvdp checkpoint (version {FORMAT})")
             return {uid: _claim(uid, entry) for uid, entry in dict(data["claims"]).items()}
         except (UnreadableFile, ValueError, KeyError, TypeError) as error:
-            aside = self.path.with_name(self.path.name + ".unreadable")
+            aside = self._set_aside()
             log_event(
                 log,
                 logging.WARNING,
-                "checkpoint unreadable; starting with no prepared claims",
+                "checkpoint unreadable; rebuilding the prepared claims from their CDI specs and the API",
                 path=str(self.path),
                 error=str(error),
-                kept_as=str(aside),
+                kept_as=aside,
             )
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
-            return {}
+            return None
+
+    def _set_aside(self) -> str:
+        """Rename the unreadable file to `<name>.bad-<unix time>`, keeping the last KEPT_BAD such
+        files; what it was renamed to (or why it could not be)."""
+        aside = self.path.with_name(f"{self.path.name}{BAD_SUFFIX}{int(time.time())}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as error:
+            return f"not set aside: {error.strerror or error}"
+        kept = sorted(
+            (p for p in self.path.parent.glob(self.path.name + BAD_SUFFIX + "*") if p.name[-1:].isdigit()),
+            key=lambda p: int(p.name.rpartition("-")[2]),
+        )
+        for old in kept[:-KEPT_BAD]:
+            if old.is_symlink() or not old.is_dir():  # a directory is someone's: left alone
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        return str(aside)
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Write the prepared claims (atomically). Raises OSError."""
+        """Write the prepared claims (atomically). Raises OSError: not written, or refused as larger
+        than the reader takes."""
         entries = {
             uid: {k: v for k, v in asdict(c).items() if k != "uid"} for uid, c in sorted(claims.items())
         }
         text = json.dumps({"version": FORMAT, "claims": entries}, indent=1, sort_keys=True) + "\n"
-        write_atomic(self.path, text.encode(), 0o600)
+        data = text.encode()
+        if len(data) > MAX_CHECKPOINT_BYTES:
+            raise OSError(
+                f"checkpoint of {len(claims)} claims would be {len(data)} bytes, over the "
+                f"{MAX_CHECKPOINT_BYTES} it is read back with; not written"
+            )
+        write_atomic(self.path, data, 0o600)
 
 
 def _claim(uid: str, entry: Any) -> PreparedClaim:

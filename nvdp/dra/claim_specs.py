@@ -7,6 +7,10 @@ same pure builder (`nvdp.cdi.spec.build_specs`), written the same way (`nvdp.fil
 NVIDIA's DRA driver writes the same spec as YAML (`k8s.gpu.nvidia.com-claim_<uid>.yaml`): a claim
 it prepared keeps that file until unprepared here, and one no prepared claim owns is removed.
 
+A spec names its claim (the file name) and the claim's devices (`<uid>-<device>`), which is what
+`devices` reads back when the checkpoint is unreadable: the prepared claims are rebuilt from the
+specs (and the API), never removed with it.
+
 The builder's `all` device is left out of a claim's spec: every claim would define it, and a runtime
 refuses a device name two spec files of one kind define. A device whose nodes are missing under the
 dev root keeps its claim from being prepared (the error names it).
@@ -21,19 +25,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from nvdp.bounded import loads_json
 from nvdp.cdi.names import CdiSettings, qualified_name
 from nvdp.cdi.node_files import DevNode, DriverFiles, NodeFiles
+from nvdp.cdi.roots import visible_roots
+from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import CdiDevice, build_specs, render
 from nvdp.dirs import make_dirs
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device, claim_spec_file
-from nvdp.files import write_atomic
+from nvdp.dra.options import DraSettings
+from nvdp.errors import UnreadableFile
+from nvdp.files import read_bounded, write_atomic
 
 _SPEC_FILE = re.compile(
     re.escape(claim_spec_file("X").removesuffix(".json")).replace("X", "(?P<uid>[A-Za-z0-9-]+)")
     + r"\.(json|yaml)$"
 )
+MAX_SPEC_BYTES = 1 << 20
 
 
 class ClaimSpecs:
@@ -52,13 +62,38 @@ class ClaimSpecs:
         self._driver = driver
         self._dev_nodes = dev_nodes
 
-    def write(self, uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
+    @classmethod
+    def of_node(cls, settings: DraSettings, driver_version: str) -> ClaimSpecs:
+        """The specs of `nvdp dra-kubelet-plugin`: in its CDI root, the driver's files and device nodes
+        as this container sees them under the driver and dev roots its settings name."""
+        flags = settings.config.flags
+        container_root = flags.plugin.container_driver_root
+        driver_here, dev_here = visible_roots(flags.nvidia_driver_root, flags.dev_root, container_root)
+        cdi = CdiSettings(
+            spec_dir=settings.cdi_root,
+            driver_root=flags.nvidia_driver_root,
+            container_driver_root=container_root,
+            dev_root=flags.dev_root,
+            hook_path=flags.plugin.nvidia_ctk_path,
+            disabled_hooks=settings.runtime.cdi_disable_hooks,
+        )
+        return cls(cdi, scan_driver(driver_here, driver_version), lambda: scan_dev(dev_here))
+
+    def dev_nodes(self) -> Mapping[str, DevNode | None]:
+        """The device nodes under the dev root now (one read for a call's claims)."""
+        return self._dev_nodes()
+
+    def write(
+        self, uid: str, devices: Sequence[DraDevice], dev_nodes: Mapping[str, DevNode | None] | None = None
+    ) -> dict[str, str]:
         """Write the claim's spec; device name -> its qualified CDI name. No devices: no spec.
-        Raises ClaimError (a device left out of the spec, and why) or OSError (not written)."""
+        `dev_nodes`: as `dev_nodes()` said (read now when not given). Raises ClaimError (a device left
+        out of the spec, and why) or OSError (not written)."""
         if not devices:
             return {}
         cdi = [CdiDevice(claim_cdi_device(uid, d.name), d.paths) for d in devices]
-        built = build_specs(cdi, NodeFiles(self._driver, self._dev_nodes()), self.settings)
+        nodes = self._dev_nodes() if dev_nodes is None else dev_nodes
+        built = build_specs(cdi, NodeFiles(self._driver, nodes), self.settings)
         if built.left_out:
             why = "; ".join(
                 f"{name.removeprefix(uid + '-')}: {reason}" for name, reason in built.left_out.items()
@@ -77,6 +112,19 @@ class ClaimSpecs:
         for path in (ours, ours.with_suffix(".yaml")):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+    def devices(self, uid: str) -> list[str] | None:
+        """The device names nvdp's spec of the claim names; None when there is none or it cannot be
+        read (NVIDIA's YAML spec is not read)."""
+        path = self.root / claim_spec_file(uid)
+        try:
+            spec = loads_json(read_bounded(path, MAX_SPEC_BYTES), max_bytes=MAX_SPEC_BYTES)
+        except (UnreadableFile, ValueError):
+            return None
+        found = spec.get("devices") if isinstance(spec, dict) else None
+        names = [d.get("name") for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+        prefix = claim_cdi_device(uid, "")
+        return [n.removeprefix(prefix) for n in names if isinstance(n, str) and n.startswith(prefix)]
 
     def on_disk(self) -> set[str]:
         """The UIDs of the claims whose specs are in the spec directory."""

@@ -3,16 +3,25 @@ the one the API has (its UID), allocated, and its `status.allocation.devices.res
 `gpu.nvidia.com` and this node's pool are the devices to prepare. Results of other drivers and pools
 are someone else's (a claim may span drivers). An opaque device config for this driver (NVIDIA's
 GpuConfig / MigDeviceConfig: time-slicing, MPS) is refused: nvdp does not apply them, and a claim
-must not get a device without the sharing it asked for."""
+must not get a device without the sharing it asked for.
+
+A claim's names are checked before they name a file or an API path (`ref_problem`: the namespace a DNS
+label, the name a DNS subdomain, the UID letters, digits and `-`), and a claim whose shape is not a
+ResourceClaim's (a list where a map belongs) is that claim's one-line error."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.errors import NvdpError
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
 
 class ClaimError(NvdpError):
@@ -39,32 +48,92 @@ class Allocated:
     device: str
 
 
-def allocated_devices(claim: Mapping[str, Any] | None, ref: ClaimRef, pool: str) -> list[Allocated]:
+def ref_problem(ref: ClaimRef) -> str | None:
+    """Why the kubelet's name of a claim cannot be one (one line), or None."""
+    if not _DNS_LABEL.fullmatch(ref.namespace):
+        return f"ResourceClaim namespace {ref.namespace!r} is not a DNS label"
+    if len(ref.name) > 253 or not _DNS_SUBDOMAIN.fullmatch(ref.name):
+        return f"ResourceClaim name {ref.name!r} (namespace {ref.namespace}) is not a DNS subdomain"
+    if not _UID.fullmatch(ref.uid):
+        return f"ResourceClaim {ref}: UID {ref.uid!r} is not letters, digits and '-'"
+    return None
+
+
+def allocated_devices(claim: object, ref: ClaimRef, pool: str) -> list[Allocated]:
     """The devices of `claim` (as the API has it; None: not found) that this driver prepares in `pool`.
-    Raises ClaimError when the claim is gone, is another claim of the same name, or is not allocated."""
+    Raises ClaimError when the claim is gone, is another claim of the same name, is not allocated or
+    is not shaped as a ResourceClaim."""
     if claim is None:
         raise ClaimError(f"ResourceClaim {ref} not found")
-    uid = (claim.get("metadata") or {}).get("uid")
+    obj = _map(claim, ref, "")
+    uid = _map(obj.get("metadata"), ref, "metadata").get("uid")
     if uid != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: deleted and created again?")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
+    allocation = _map(obj.get("status"), ref, "status").get("allocation")
+    if allocation is None:
         raise ClaimError(f"ResourceClaim {ref} is not allocated")
-    devices = allocation.get("devices") or {}
+    devices = _map(
+        _map(allocation, ref, "status.allocation").get("devices"), ref, "status.allocation.devices"
+    )
     ours = [
-        Allocated(str(r.get("request") or ""), str(r.get("device")))
-        for r in devices.get("results") or []
+        Allocated(_text(r.get("request"), ref, "request"), _text(r.get("device"), ref, "device"))
+        for r in _list(devices.get("results"), ref, "status.allocation.devices.results")
         if isinstance(r, Mapping) and r.get("driver") == DRIVER_NAME and r.get("pool") == pool
     ]
-    for config in devices.get("config") or []:
-        opaque = config.get("opaque") if isinstance(config, Mapping) else None
-        requests = set(config.get("requests") or []) if isinstance(config, Mapping) else set()
+    for config in _list(devices.get("config"), ref, "status.allocation.devices.config"):
+        config = _map(config, ref, "status.allocation.devices.config[]")
+        opaque = config.get("opaque")
+        requests = set(
+            map(str, _list(config.get("requests"), ref, "status.allocation.devices.config[].requests"))
+        )
         if isinstance(opaque, Mapping) and opaque.get("driver") == DRIVER_NAME and ours:
             if not requests or any(
                 a.request in requests or a.request.split("/")[0] in requests for a in ours
             ):
-                kind = (opaque.get("parameters") or {}).get("kind", "opaque parameters")
+                parameters = opaque.get("parameters")
+                kind = parameters.get("kind") if isinstance(parameters, Mapping) else None
                 raise ClaimError(
-                    f"ResourceClaim {ref}: its {kind} config for {DRIVER_NAME} is not supported by nvdp"
+                    f"ResourceClaim {ref}: its {kind or 'opaque parameters'} config for {DRIVER_NAME} "
+                    "is not supported by nvdp"
                 )
     return ours
+
+
+def allocated_here(claim: object, pool: str) -> bool:
+    """Whether the API's `claim` is allocated devices of this driver in `pool` and reserved for a pod
+    (a claim a pod of this node may be running with)."""
+    if not isinstance(claim, Mapping):
+        return False
+    status = claim.get("status")
+    if not isinstance(status, Mapping) or not status.get("reservedFor"):
+        return False
+    allocation = status.get("allocation")
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    return isinstance(results, list) and any(
+        isinstance(r, Mapping) and r.get("driver") == DRIVER_NAME and r.get("pool") == pool for r in results
+    )
+
+
+def _map(value: object, ref: ClaimRef, field: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ClaimError(f"ResourceClaim {ref}: {field or 'the object'} is not a map")
+    return value
+
+
+def _list(value: object, ref: ClaimRef, field: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ClaimError(f"ResourceClaim {ref}: {field} is not a list")
+    return value
+
+
+def _text(value: object, ref: ClaimRef, field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ClaimError(f"ResourceClaim {ref}: an allocation result's {field} is not a string")
+    return value

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nvdp.errors import KubeError
+from nvdp.errors import KubeError, KubeStatusError
+from nvdp.kube.client import get_json, strings
 from nvdp.kube.nodes import node_uid
 from nvdp.kube.resourceclaims import KubeResourceClaims
 from nvdp.kube.resourceslices import RESOURCE_VERSIONS, KubeResourceSlices, served_resource_version
@@ -21,6 +23,22 @@ from nvdp.logs import log_event
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+
+
+NODE_READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeCounts:
+    """A Node's `status.capacity` and `status.allocatable` (resource name -> quantity, as written)."""
+
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> NodeCounts:
+        status = node.get("status") or {}
+        return cls(strings(status.get("capacity")), strings(status.get("allocatable")))
 
 
 class SliceApi(Protocol):
@@ -32,21 +50,26 @@ class SliceApi(Protocol):
     def delete(self, name: str) -> None: ...
     def watch(
         self, node: str, driver: str, since: str, *, timeout_seconds: int, silence: float
-    ) -> Generator[tuple[str, Obj], None, None]: ...
+    ) -> Generator[object, None, None]:
+        """Raw watch events (`{"type": ..., "object": ...}`), checked by `nvdp.kube.reflector`."""
+        ...
 
 
 class ClaimApi(Protocol):
     def get(self, namespace: str, name: str) -> Obj | None: ...
+    def list_all(self) -> list[Any]: ...
 
 
 class ResourceApi(Protocol):
     """Both, once the server's version is known; KubeError while it cannot be (unreachable, or no
     resource.k8s.io version nvdp speaks): the caller retries. `node_owner` is the ownerReference
-    that makes a node's slices go with its Node (None: no such Node)."""
+    that makes a node's slices go with its Node, `node_counts` what the Node counts of each resource
+    (both None: no such Node; KubeError: it cannot be read)."""
 
     def slices(self) -> SliceApi: ...
     def claims(self) -> ClaimApi: ...
     def node_owner(self, node: str) -> Obj | None: ...
+    def node_counts(self, node: str) -> NodeCounts | None: ...
 
 
 class KubeResourceApi:
@@ -81,3 +104,14 @@ class KubeResourceApi:
             if uid is None
             else {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
         )
+
+    def node_counts(self, node: str) -> NodeCounts | None:
+        try:
+            found = get_json(self._api_client, f"/api/v1/nodes/{node}", {}, NODE_READ_TIMEOUT_S)
+        except KubeStatusError as error:
+            if error.status == 404:
+                return None
+            raise KubeError(f"cannot read node {node}: {error}") from error
+        except KubeError as error:
+            raise KubeError(f"cannot read node {node}: {error}") from error
+        return NodeCounts.of(found)

@@ -23,9 +23,6 @@ from functools import partial
 from typing import Any
 
 from nvdp.backoff import Backoff
-from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.roots import visible_roots
-from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
@@ -37,6 +34,7 @@ from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_device
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
+from nvdp.dra.node_count import NodeCountGate
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint
 from nvdp.dra.nvidia_checkpoint import current_boot_id
@@ -109,6 +107,9 @@ class DraDriver:
         # One GPU, one API: the GPUs the config gives DRA, handed over by the device plugin.
         self.handoff = Handoff(DRA, settings.plugin_dir)
         self._serve: frozenset[str] = frozenset()  # the GPUs the hand-over lets DRA serve
+        # of them, those offered: a GPU taken from the device plugin once the Node no longer counts it
+        self.node_count = NodeCountGate(api, self.node)
+        self._offered: frozenset[str] = frozenset()
         self._in_slices: frozenset[str] = frozenset()  # the GPUs the slices say, as last published
         self._minors: dict[str, int] | None = None
         self.registration = RegistrationService(
@@ -181,7 +182,9 @@ class DraDriver:
             self._start()
             while not self._stop.is_set():
                 self.loop.idle()
-                self._watcher.wait(_sooner(self._listen.retry_in(), self.handoff.retry_in()))
+                self._watcher.wait(
+                    _sooner(self._listen.retry_in(), self.handoff.retry_in(), self.node_count.retry_in())
+                )
                 with self._lock:
                     pending, self._pending = self._pending, set()
                 self.loop.busy(",".join(sorted(pending)) or "a directory change")
@@ -192,7 +195,7 @@ class DraDriver:
                 settled = True
                 if pending & {"reload", "rescan"}:
                     self._enumerate()
-                elif "claims" in pending or self.handoff.due():
+                elif "claims" in pending or self.handoff.due() or self.node_count.due():
                     self._settle()
                 else:
                     settled = False
@@ -230,22 +233,9 @@ class DraDriver:
         return False
 
     def _start(self) -> None:
-        config, runtime = self.settings.config, self.settings.runtime
-        flags = config.flags
         facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
         self._facts = facts
-        driver_here, dev_here = visible_roots(
-            flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root
-        )
-        cdi = CdiSettings(
-            spec_dir=self.settings.cdi_root,
-            driver_root=flags.nvidia_driver_root,
-            container_driver_root=flags.plugin.container_driver_root,
-            dev_root=flags.dev_root,
-            hook_path=flags.plugin.nvidia_ctk_path,
-            disabled_hooks=runtime.cdi_disable_hooks,
-        )
-        specs = ClaimSpecs(cdi, scan_driver(driver_here, facts.driver_version), lambda: scan_dev(dev_here))
+        specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
         self.preparer = ClaimPreparer(
@@ -300,13 +290,14 @@ class DraDriver:
             "GPUs enumerated",
             gpus=len(gpus),
             dra_devices=_said(self.settings.config.dra.devices),
-            served=len(self._serve),
+            served=len(self._offered),
             devices=len(self.state.devices()),
         )
 
     def _settle(self) -> None:
         """Serve the GPUs the config gives DRA, as the hand-over with the device plugin allows (a GPU
-        it still serves or its pod holds waits; one a prepared claim holds stays until unprepared)."""
+        it still serves or its pod holds waits; one a prepared claim holds stays until unprepared); a
+        GPU newly served is offered once the Node no longer counts it among the device plugin's."""
         assert self.preparer is not None
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
@@ -316,9 +307,10 @@ class DraDriver:
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
         self._serve = self.handoff.settle(owned, holds).serve
-        self.state.set_devices([d for d in everything if d.gpu_uuid in self._serve])
+        self._offered = self.node_count.offer(self._serve, self._offered, self.handoff.other.advertised())
+        self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []
-        for gpu in (g for g in gpus if g.uuid in self._serve):
+        for gpu in (g for g in gpus if g.uuid in self._offered):
             records += (
                 [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
                 if gpu.mig_enabled
@@ -326,8 +318,10 @@ class DraDriver:
             )
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
-        self.misfits.update("handoff", (*missing, *self.handoff.misfits(labels)))
-        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._serve]))
+        self.misfits.update(
+            "handoff", (*missing, *self.handoff.misfits(labels), *self.node_count.misfits(labels))
+        )
+        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._offered]))
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""
@@ -362,6 +356,8 @@ class DraDriver:
                 return  # the registration waits for the DRA socket
             if server is self._plugin_server:
                 self._watcher.add(self.settings.plugin_dir)  # a directory made again: watched again
+                if not server.is_ours():  # removed before the watch was there: no event will say so
+                    self._watcher.wake()
 
     def _shutdown(self) -> None:
         if self.rescanner is not None:
@@ -404,8 +400,8 @@ class _Named:
         self._server.start()
 
 
-def _sooner(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
+def _sooner(*delays: float | None) -> float | None:
+    return min((d for d in delays if d is not None), default=None)
 
 
 def _said(devices: DraDevices) -> str:

@@ -6,9 +6,10 @@ Two threads, both asleep while nothing changes. The publisher waits for `update(
 health) or for the watcher, then lists the node's slices of this driver, and creates, replaces and
 deletes until they say what it wants, bumping the pool's generation when their content changes (slices
 that already say it are left alone, generation and all: a restart writes nothing). A failure is
-retried with capped backoff. The watcher follows the same slices from the publisher's list: an event
-that is not one of our own writes and leaves a slice saying something else (or gone) wakes the
-publisher; the server ends each watch after `watch_timeout` s and it is resumed.
+retried with capped backoff. The watcher (`nvdp.kube.reflector.Reflector`: client-go's list+watch and
+backoff, malformed events skipped) follows the same slices once the publisher synced: a listed slice
+or an event that is not one of our own writes and leaves a slice saying something else (or gone)
+wakes the publisher.
 
 Before the first slice with devices is written, a dry-run create of one with a tainted device tells
 whether the API server keeps device taints (resource.k8s.io/v1 with DRADeviceTaints). The answer is
@@ -20,20 +21,19 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 
 from nvdp.backoff import Backoff
 from nvdp.dra.cluster import ResourceApi, SliceApi
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.slices import Slice, Taint, generation_of, pool_slices, same_content, slice_name
-from nvdp.errors import KubeError, KubeGone
+from nvdp.errors import KubeError
+from nvdp.kube.reflector import DEFAULT_TIMERS, Reflector, WatchTimers
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 
-WATCH_TIMEOUT_S = 45
-WATCH_SILENCE_S = 60.0
 PROBE_TIME = "1970-01-01T00:00:00Z"
 
 
@@ -48,18 +48,14 @@ class SlicePublisher:
         api: ResourceApi,
         node: str,
         *,
-        watch_timeout: int = WATCH_TIMEOUT_S,
-        silence: float = WATCH_SILENCE_S,
+        watch_timers: WatchTimers = DEFAULT_TIMERS,
         backoff: Backoff | None = None,
         on_published: Callable[[Sequence[DraDevice]], None] | None = None,
     ) -> None:
         self._api = api
         self._on_published = on_published  # told the devices the slices say, after each sync
         self.node = node
-        self._watch_timeout = watch_timeout
-        self._silence = silence
         self._retries = backoff or Backoff(0.5, 30.0)
-        self._watch_retries = Backoff(0.5, 30.0)
         self._cond = threading.Condition()
         self._devices: list[DraDevice] = []
         self._unhealthy: dict[str, Taint] = {}
@@ -68,7 +64,20 @@ class SlicePublisher:
         self._stopping = False
         self._wanted: dict[str, Slice] = {}  # name -> the slice as last written or found right
         self._own: dict[str, str] = {}  # name -> resourceVersion of our last write
-        self._since: str | None = None  # where the watcher starts (the publisher's last list)
+        self._synced = False  # the publisher's first sync is done (the watcher starts then)
+        self._stop = threading.Event()
+        self.reflector = Reflector(
+            _NodeSlices(api, node),
+            kind="resourceslice",
+            subject=f"{node}/{DRIVER_NAME}",
+            consequence="slices someone else edits or deletes are not published again until it recovers",
+            ours=self._ours,
+            on_list=self._listed,
+            on_event=self._event,
+            object_kind="ResourceSlice",
+            timers=watch_timers,
+            logger=log,
+        )
         self.taints: bool | None = None
         self._owner: dict[str, object] | None = None  # the Node's ownerReference, once read
         self._owner_said = False
@@ -102,6 +111,7 @@ class SlicePublisher:
 
     def stop(self) -> None:
         """Stop both threads; the watcher is left to end with its request (the process is ending)."""
+        self._stop.set()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -156,14 +166,14 @@ class SlicePublisher:
         if self.taints is None and devices:
             self.taints = self._probe(slices, devices[0])
         taints, owner = bool(self.taints), self._node_owner()
-        existing, since = slices.list(self.node, DRIVER_NAME)
+        existing, _ = slices.list(self.node, DRIVER_NAME)
         found = {s["metadata"]["name"]: s for s in existing}
         wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
         if set(found) == {w["metadata"]["name"] for w in wanted} and all(
             same_content(found[w["metadata"]["name"]], w) for w in wanted
         ):
             self.generation = max([self.generation, *map(generation_of, existing)])
-            self._settled(since, {n: found[n] for n in found}, {})
+            self._settled({n: found[n] for n in found}, {})
             return
         self.generation = max([self.generation, *map(generation_of, existing)]) + 1
         wanted = pool_slices(self.node, self.generation, devices, unhealthy, taints=taints, owner=owner)
@@ -191,7 +201,7 @@ class SlicePublisher:
             devices=len(devices),
             unhealthy=len(unhealthy),
         )
-        self._settled(since, {w["metadata"]["name"]: w for w in wanted}, written)
+        self._settled({w["metadata"]["name"]: w for w in wanted}, written)
 
     def _node_owner(self) -> dict[str, object] | None:
         """The Node's ownerReference (read until found); None, said once, while it cannot be read: the
@@ -213,11 +223,11 @@ class SlicePublisher:
                 self._owner_said = True
         return self._owner
 
-    def _settled(self, since: str, wanted: dict[str, Slice], written: dict[str, str]) -> None:
+    def _settled(self, wanted: dict[str, Slice], written: dict[str, str]) -> None:
         with self._cond:
             self._wanted, self._own = wanted, written
-            if self._since is None:
-                self._since = since
+            if not self._synced:
+                self._synced = True
                 self._cond.notify_all()
 
     def _probe(self, slices: SliceApi, device: DraDevice) -> bool:
@@ -243,52 +253,41 @@ class SlicePublisher:
 
     # ---- watching ---------------------------------------------------------------------------------
 
-    def _watch_loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._since is None and not self._stopping:
-                    self._cond.wait()
-                if self._stopping or self._since is None:
-                    return
-                since = self._since
-            try:
-                self._since_after(self._watch_once(since))
-                self._watch_retries.reset()
-            except KubeGone:
-                with self._cond:  # too old: the publisher lists again, and the watch starts from there
-                    self._since, self._dirty = None, True
-                    self._cond.notify_all()
-            except KubeError as error:
-                delay = self._watch_retries.next()
-                log_event(
-                    log,
-                    logging.WARNING,
-                    "ResourceSlice watch failed; will retry",
-                    error=str(error),
-                    retry_in=f"{delay:.1f}s",
-                )
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
+    def watch_problem(self) -> str | None:
+        """Why the slice watch counts as dead (failing for its alarm time); None while it works."""
+        return self.reflector.problem()
 
-    def _watch_once(self, since: str) -> str:
-        events = self._api.slices().watch(
-            self.node, DRIVER_NAME, since, timeout_seconds=self._watch_timeout, silence=self._silence
+    def _watch_loop(self) -> None:
+        with self._cond:  # the watcher judges against what the publisher wanted: wait for its first sync
+            self._cond.wait_for(lambda: self._synced or self._stopping)
+        self.reflector.run(self._stop)
+
+    def _ours(self, obj: Slice) -> bool:
+        spec = obj.get("spec")
+        return isinstance(spec, Mapping) and (spec.get("nodeName"), spec.get("driver")) == (
+            self.node,
+            DRIVER_NAME,
         )
-        try:
-            for kind, obj in events:
-                metadata = obj.get("metadata") or {}
-                since = str(metadata.get("resourceVersion") or since)
-                self._judge(kind, str(metadata.get("name")), since, obj)
-                if self._stopping:
-                    break
-        finally:
-            events.close()
-        return since
+
+    def _listed(self, slices: list[Slice]) -> None:
+        """A list (the first, or one after 410 Gone): each slice judged as an event, and a wanted slice
+        missing from it as deleted."""
+        found = {str(s["metadata"].get("name")): s for s in slices}
+        for name, obj in found.items():
+            self._judge("ADDED", name, str(obj["metadata"].get("resourceVersion")), obj)
+        with self._cond:
+            missing = [name for name in self._wanted if name not in found]
+        for name in missing:
+            self._judge("DELETED", name, "", {})
+
+    def _event(self, kind: str, obj: Slice) -> None:
+        metadata = obj["metadata"]
+        self._judge(kind, str(metadata.get("name")), str(metadata.get("resourceVersion")), obj)
 
     def _judge(self, kind: str, name: str, version: str, obj: Slice) -> None:
         """Wake the publisher when someone else left one of our slices saying something else."""
         with self._cond:
-            if kind == "BOOKMARK" or self._own.get(name) == version:
+            if self._own.get(name) == version:
                 return
             wanted = self._wanted.get(name)
             if wanted is None and kind == "DELETED":
@@ -305,7 +304,17 @@ class SlicePublisher:
             self._dirty = True
             self._cond.notify_all()
 
-    def _since_after(self, since: str) -> None:
-        with self._cond:
-            if self._since is not None:
-                self._since = since
+
+class _NodeSlices:
+    """The list and watch requests of one node's slices of this driver (`nvdp.kube.reflector.ListWatch`)."""
+
+    def __init__(self, api: ResourceApi, node: str) -> None:
+        self._api, self._node = api, node
+
+    def list(self) -> tuple[list[Slice], str]:
+        return self._api.slices().list(self._node, DRIVER_NAME)
+
+    def watch(self, since: str, *, timeout_seconds: int, silence: float) -> Generator[object, None, None]:
+        return self._api.slices().watch(
+            self._node, DRIVER_NAME, since, timeout_seconds=timeout_seconds, silence=silence
+        )

@@ -66,10 +66,11 @@ class UnixServer:
             raise NvdpError(f"cannot listen on {self.path}: {error.strerror or error}") from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
-        old_umask = os.umask(0o077)
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
             server.add_insecure_port(f"unix://{self.path}")
-            os.chmod(self.path, SOCKET_MODE)
+            if os.stat(self.path).st_mode & 0o777 != SOCKET_MODE:  # a thread's umask meanwhile
+                os.chmod(self.path, SOCKET_MODE)
         except (RuntimeError, OSError) as error:
             server.stop(None)
             raise NvdpError(f"cannot listen on {self.path}: {error}") from error

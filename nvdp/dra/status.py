@@ -12,8 +12,9 @@ prepared claims, the slice writes and failed publishes. Labels are bounded by th
 /healthz: the main loop takes up what wakes it and goes back to waiting in good time (`LoopWatch`);
 nothing ticks while nothing happens. NVML failing at start is not a liveness failure: the plugin
 retries it (a restart would not help), and /readyz says it. /readyz: started (NVML initialised),
-registered with the kubelet, both sockets served, the slices published at least once, the health
-monitor running; else every reason, one line each.
+registered with the kubelet, both sockets served, the slices published at least once, their watch
+not failing for its alarm time (`nvdp.kube.reflector`), the health monitor running; else every
+reason, one line each.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ class DraStatus(ServedPages):
         if not s.publisher.published.is_set():
             failing = s.publisher.failing
             problems.append("ResourceSlices not published yet" + (f": {failing}" if failing else ""))
+        watch = s.publisher.watch_problem()
+        if watch is not None:
+            problems.append(watch)
         monitor = monitor_problem(s.health) if s.preparer is not None else None
         if monitor is not None:
             problems.append(monitor)

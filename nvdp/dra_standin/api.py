@@ -12,6 +12,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+from nvdp.dra.cluster import NodeCounts
 from nvdp.errors import KubeStatusError
 
 Obj = dict[str, Any]
@@ -40,6 +41,10 @@ class MemoryResourceApi:
             return None
         uid = found["metadata"]["uid"]
         return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+    def node_counts(self, node: str) -> NodeCounts | None:
+        found = self.get("Node", node)
+        return None if found is None else NodeCounts.of(found)
 
     # ---- objects ----
     def put(self, kind: str, obj: Obj) -> Obj:
@@ -92,7 +97,7 @@ class MemoryResourceApi:
 
     def watch(
         self, node: str, driver: str, since: str, *, timeout_seconds: int, silence: float
-    ) -> Generator[tuple[str, Obj], None, None]:
+    ) -> Generator[object, None, None]:
         deadline = time.monotonic() + timeout_seconds
         seen = int(since or 0)
         while True:
@@ -107,7 +112,7 @@ class MemoryResourceApi:
             for version, kind, obj in pending:
                 seen = version
                 if _selected(obj, node, driver):
-                    yield kind, copy.deepcopy(obj)
+                    yield {"type": kind, "object": copy.deepcopy(obj)}
 
     # ---- internals ----
     @staticmethod
@@ -131,6 +136,9 @@ class _Claims:
 
     def get(self, namespace: str, name: str) -> Obj | None:
         return self._api.get("ResourceClaim", name, namespace)
+
+    def list_all(self) -> list[Any]:
+        return list(self._api.objects("ResourceClaim"))
 
 
 def _selected(obj: Obj, node: str, driver: str) -> bool:

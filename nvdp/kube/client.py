@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from nvdp.bounded import BoundExceeded, loads_json, loads_yaml
@@ -95,11 +96,20 @@ def get_json(api_client: Any, path: str, query: Mapping[str, str], timeout: floa
     return data
 
 
+@dataclass(frozen=True)
+class BadLine:
+    """A watch stream's line that could not be decoded: why, and its start."""
+
+    reason: str
+    text: str
+
+
 def watch(
     api_client: Any, path: str, query: Mapping[str, str], *, silence: float
-) -> Generator[dict[str, Any], None, None]:
-    """The events of one watch request (`query` has `watch=true`), decoded, until the server ends
-    the stream; `close()` the generator to leave early (its connection is then closed, not reused).
+) -> Generator[object, None, None]:
+    """The events of one watch request (`query` has `watch=true`), decoded JSON, unchecked (a line that
+    is no JSON: a BadLine), until the server ends the stream; `close()` the generator to leave early
+    (its connection is then closed, not reused).
     An ERROR event raises KubeStatusError (KubeGone for 410); a stream that says nothing, not even
     its headers, for `silence` s (a half-open connection, a stalled server) raises KubeWatchSilent;
     any other failure KubeError (one line)."""
@@ -112,11 +122,14 @@ def watch(
                 heard = time.monotonic()
                 if not line.strip():
                     continue
-                event = loads_json(line, max_bytes=MAX_ANSWER_BYTES)
-                if not isinstance(event, dict):
-                    raise ValueError(f"not a watch event: {line[:100]}")
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
+                try:
+                    event = loads_json(line, max_bytes=MAX_ANSWER_BYTES)
+                except ValueError as error:  # no JSON, too big or deep, no UTF-8
+                    yield BadLine(one_line(error), line[:100])
+                    continue
+                if isinstance(event, dict) and event.get("type") == "ERROR":
+                    status = event.get("object")
+                    status = status if isinstance(status, dict) else {}
                     raise _status_error(int(status.get("code") or 0), status.get("message") or status, "")
                 yield event
     except KubeError:

@@ -59,11 +59,15 @@ def to_served(obj: Obj, version: str) -> Obj:
 
 def from_served(obj: Obj) -> Obj:
     """A ResourceSlice as the server sent it, in v1's shape."""
-    spec = dict(obj.get("spec") or {})
-    devices = spec.get("devices") or []
-    if any(isinstance(d, Mapping) and "basic" in d for d in devices):
+    spec = dict(obj["spec"]) if isinstance(obj.get("spec"), Mapping) else {}
+    listed = spec.get("devices")
+    devices: list[Any] = listed if isinstance(listed, list) else []
+    if any(isinstance(d, Mapping) and isinstance(d.get("basic"), Mapping) for d in devices):
         spec["devices"] = [
-            {**{k: v for k, v in d.items() if k != "basic"}, **(d.get("basic") or {})} for d in devices
+            {**{k: v for k, v in d.items() if k != "basic"}, **d["basic"]}
+            if isinstance(d, Mapping) and isinstance(d.get("basic"), Mapping)
+            else d
+            for d in devices
         ]
     return {**obj, "apiVersion": f"{RESOURCE_GROUP}/v1", "spec": spec}
 
@@ -114,10 +118,11 @@ class KubeResourceSlices:
 
     def watch(
         self, node: str, driver: str, since: str, *, timeout_seconds: int, silence: float
-    ) -> Generator[tuple[str, Obj], None, None]:
-        """(event type, v1 object) of the slices of `node` and `driver` from resourceVersion `since`,
-        until the server ends the watch after `timeout_seconds`; `close()` to leave early. Raises
-        KubeGone (410: list again), KubeWatchSilent, KubeError."""
+    ) -> Generator[object, None, None]:
+        """The raw events (unchecked: `nvdp.kube.reflector` checks them) of the slices of `node` and
+        `driver` from resourceVersion `since`, each object in v1's shape, until the server ends the
+        watch after `timeout_seconds`; `close()` to leave early. Raises KubeGone (410: list again),
+        KubeWatchSilent, KubeError."""
         query = {
             "fieldSelector": self.selector(node, driver),
             "resourceVersion": since,
@@ -128,9 +133,11 @@ class KubeResourceSlices:
         events = watch(self._api_client, self.collection, query, silence=silence)
         try:
             for event in events:
-                obj = event.get("object")
-                if isinstance(obj, Mapping):
-                    yield str(event.get("type")), from_served(dict(obj))
+                obj = event.get("object") if isinstance(event, Mapping) else None
+                if isinstance(event, Mapping) and isinstance(obj, Mapping):
+                    yield {**event, "object": from_served(dict(obj))}
+                else:
+                    yield event
         finally:
             events.close()
 

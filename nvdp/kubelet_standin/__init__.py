@@ -3,7 +3,8 @@
 Used by the test suite, `nvdp simulate` and the benchmarks. `Kubelet` (manager) puts together the
 Registration server (registration), one endpoint per plugin (endpoint) and the device state (state),
 which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiver`; it admits pods
-(admission) and serves their devices on the PodResources API (pod_resources). For DRA drivers:
+(admission) and serves their devices on the PodResources API (pod_resources); `node_status` writes its
+device counts into a Node's status, late, as the kubelet's status update. For DRA drivers:
 `plugin_watcher` (the plugins_registry watcher: GetInfo, NotifyRegistrationStatus) and `dra` (the DRA
 manager: NodePrepareResources / NodeUnprepareResources, the resource-health stream).
 """

@@ -164,6 +164,10 @@ class Kubelet:
         """The latest device list of `resource` ({} before the first update or after a restart)."""
         return self.device_state.devices(resource)
 
+    def node_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The Node status's capacity and allocatable of the device plugins' resources, as now."""
+        return self.device_state.node_counts()
+
     def updates(self, resource: str) -> list[Update]:
         return self.device_state.updates(resource)
 

@@ -7,13 +7,15 @@ absolute endpoint and a DRAPlugin service this kubelet speaks is registered, wit
 services and the newest DRAResourceHealth service it names, and told so through
 NotifyRegistrationStatus; anything else is told why not. A socket that does not answer GetInfo yet
 is asked again (every RETRY_S, as the kubelet's reconciler does). A socket that goes away (or is
-replaced) deregisters its plugin. `restart()` is a kubelet restart: everything is forgotten and the directory
-read again, so every plugin whose socket is there registers again.
+replaced) deregisters its plugin; a chmod of it does not. `restart()` is a kubelet restart:
+everything is forgotten and the directory read again, so every plugin whose socket is there registers
+again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -23,11 +25,13 @@ from typing import Any, NamedTuple
 import grpc
 
 from nvdp.api.dra import DRA_PLUGIN, PLUGIN_TYPE, RESOURCE_HEALTH, registration
-from nvdp.dir_watch import DirWatcher, FileId, file_id
+from nvdp.dir_watch import DirWatcher
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.1
+
+SocketId = tuple[int, int]  # socket_id(): inode number, modification time
 
 
 class DraRegistration(NamedTuple):
@@ -58,7 +62,7 @@ class PluginWatcher:
         self.registrations: list[DraRegistration] = []
         self.refusals: list[tuple[str, str]] = []
         self.plugins: dict[str, DraRegistration] = {}
-        self._seen: dict[str, FileId | None] = {}  # socket path -> the file registered from it
+        self._seen: dict[str, SocketId | None] = {}  # socket path -> the file registered from it
         self._cond = threading.Condition()
         self._watcher: DirWatcher | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +116,7 @@ class PluginWatcher:
 
     def _scan(self) -> bool:
         """Register new sockets, deregister gone ones; True when a socket did not answer."""
-        present = {str(p): file_id(p) for p in self.registry_dir.glob("*.sock")}
+        present = {str(p): socket_id(p) for p in self.registry_dir.glob("*.sock")}
         with self._cond:
             gone = [path for path, fid in self._seen.items() if present.get(path) != fid]
             for path in gone:
@@ -177,3 +181,14 @@ class PluginWatcher:
             offered = list(info.supported_versions)
             return f"none of the services {offered} is one of {list(self.dra_services)}"
         return ""
+
+
+def socket_id(path: Path) -> SocketId | None:
+    """The socket file at `path` as made: inode number and modification time (set by bind(); a chmod
+    changes the change time only, and the kubelet, which follows creations and removals, ignores a
+    chmod too). None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)

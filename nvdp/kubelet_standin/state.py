@@ -151,6 +151,18 @@ class DeviceManagerState:
         with self._cond:
             return dict(self._devices.get(resource, {}))
 
+    def node_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What the kubelet writes to its Node's status for the device plugins' resources: capacity
+        (every device listed) and allocatable (the healthy ones; none of a disconnected plugin's,
+        which the kubelet marks unhealthy)."""
+        with self._cond:
+            capacity = {name: len(devices) for name, devices in self._devices.items()}
+            allocatable = {
+                name: sum(d.health == HEALTHY for d in devices.values()) if name in self._endpoints else 0
+                for name, devices in self._devices.items()
+            }
+        return capacity, allocatable
+
     def updates(self, resource: str) -> list[Update]:
         with self._cond:
             return list(self._updates.get(resource, []))

@@ -73,10 +73,11 @@ class NodeGates:
         self.report("handoff", misfits)
         return [g for g in gpus if g.uuid in self._settled]
 
-    def served(self) -> None:
-        """The servers advertise what `own_gpus` allowed (and no GPU it left out): the record says so."""
+    def served(self, resources: Sequence[Resource]) -> None:
+        """The servers advertise `resources`, of the GPUs `own_gpus` allowed (and no GPU it left out):
+        the record says so, with how many devices each resource lists."""
         if self._handoff is not None:
-            self._handoff.served(self._settled)
+            self._handoff.served(self._settled, {r.name: len(r.devices) for r in resources})
 
     def admit(self, settings: DaemonSettings, resources: Sequence[Resource]) -> NodeResources:
         """`resources` without an MPS resource whose daemon is not ready and without the devices
@@ -145,7 +146,7 @@ class NodeGates:
         plugin serves nothing and holds what its pods hold, and its lock goes."""
         self.close()
         if self._handoff is not None:
-            self._handoff.served(frozenset())
+            self._handoff.served(frozenset(), {})
             self._handoff.close()
 
     def report(self, source: str, misfits: tuple[Misfit, ...]) -> None:

@@ -178,15 +178,16 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._socket_id = file_id(self.socket_path)
 
     def _listen(self, server: grpc.Server) -> None:
-        old_umask = os.umask(0o077)  # bind() creates the socket file: owner-only from the start
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as error:  # gRPC does not say why: a plain bind() does
             raise self._cannot_listen(_bind_error(self.socket_path) or error) from error
         finally:
             os.umask(old_umask)
-        try:
-            os.chmod(self.socket_path, SOCKET_MODE)
+        try:  # another thread's umask meanwhile
+            if os.stat(self.socket_path).st_mode & 0o777 != SOCKET_MODE:
+                os.chmod(self.socket_path, SOCKET_MODE)
         except OSError as error:
             server.stop(None)
             raise self._cannot_listen(error) from error

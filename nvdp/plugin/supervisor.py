@@ -306,7 +306,7 @@ class Supervisor(Generic[S]):
                 socket=str(server.socket_path),
                 sharing=resource.sharing,
             )
-        self._gates.served()
+        self._gates.served(resources)
         self._gates.say_nothing_served(not wanted, len(self.gpus), (*built.misfits, *cdi_misfits))
         self.ready.clear()
         if self._health is not None:

@@ -1,7 +1,8 @@
 """Helpers for the test suite and the benchmarks: the plugin (and the DRA kubelet plugin) as a real
-process, /proc readings, and files that make large device sets. Not used by the plugin itself (it
-never imports this package)."""
+process, /proc readings, files that make large device sets, short directories for unix sockets. Not
+used by the plugin itself (it never imports this package)."""
 
+from nvdp.testing.dirs import short_temp_dir
 from nvdp.testing.dra import DraNode, start_dra_plugin
 from nvdp.testing.nodes import write_node_file, write_time_slicing_config
 from nvdp.testing.processes import (
@@ -23,6 +24,7 @@ __all__ = [
     "clean_env",
     "free_port",
     "plugin_argv",
+    "short_temp_dir",
     "start_dra_plugin",
     "start_plugin",
     "wait_until",

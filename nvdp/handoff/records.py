@@ -9,7 +9,9 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
 - `served-by-<api>.json`: `{"serving": [GPU uuid, ...], "holds": {GPU uuid: holder}}`, written
   atomically; `serving` always includes every GPU the API advertises (it names a GPU before the API
   advertises it, and stops naming it after the API withdrew it); `holds` names the GPUs the API's pods
-  or claims hold now.
+  or claims hold now. The device plugin's adds `"units": {resource name: devices}`, what its
+  ListAndWatch streams list now, every resource it listed since it started (0 once none): the DRA
+  driver offers a GPU only once the Node counts no more than that (`nvdp.dra.node_count`).
 - `served-by-<api>.lock`: flock'ed for the life of the process. A record whose lock is free is a
   stopped process's: what it served is not advertised any more, what it held is still held (its pods
   run on), until it runs again.
@@ -41,7 +43,6 @@ import os
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvdp.bounded import loads_json
@@ -49,64 +50,27 @@ from nvdp.dir_watch import Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
+from nvdp.handoff.rule import (
+    API_WORDS,
+    DEVICE_PLUGIN,
+    DRA,
+    UNKNOWN_HOLDER,
+    Record,
+    Settled,
+    settle,
+    unit_count,
+)
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 
 log = logging.getLogger(__name__)
 
-DEVICE_PLUGIN = "device-plugin"
-DRA = "dra"
-API_WORDS = {DEVICE_PLUGIN: "the device plugin", DRA: "the DRA driver"}
 RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
 SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it) is said after this
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
 LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for this long (rewritten in ms)
-UNKNOWN_HOLDER = "an unreadable hand-over record"
-
-
-def device_plugin_record_dir(kubelet_socket: Path, driver: str) -> Path:
-    """Where the device plugin finds the records: the DRA driver `driver`'s directory in the kubelet's
-    plugins directory, beside the device plugins' (`<kubelet dir>/../plugins/<driver>`)."""
-    return kubelet_socket.parent.parent / "plugins" / driver
-
-
-@dataclass(frozen=True)
-class Record:
-    """What one API's record says; `alive` whether its process runs (holds the lock); `known` False
-    when the record cannot be trusted (then the API may hold any GPU)."""
-
-    serving: frozenset[str] = frozenset()
-    holds: Mapping[str, str] = field(default_factory=dict)
-    alive: bool = False
-    known: bool = True
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What an API may serve now: `serve` (GPU uuids); `kept`: GPUs the config gives the other API
-    that a pod holds here (uuid -> holder); `waiting`: GPUs the config gives this API that the other
-    API still serves or holds (uuid -> holder, or "" while it only advertises it)."""
-
-    serve: frozenset[str]
-    kept: Mapping[str, str] = field(default_factory=dict)
-    waiting: Mapping[str, str] = field(default_factory=dict)
-
-
-def settle(mine: frozenset[str], serving: frozenset[str], holds: Mapping[str, str], other: Record) -> Settled:
-    """The rule (pure): `mine` are the GPUs the config gives this API, `serving` those it serves now,
-    `holds` those its pods hold (uuid -> holder); `other` the other API's record."""
-    kept = {u: holds[u] for u in sorted(serving - mine) if u in holds}
-    waiting: dict[str, str] = {}
-    for uuid in sorted(mine - serving):
-        if not other.known:
-            waiting[uuid] = UNKNOWN_HOLDER
-        elif uuid in other.holds:
-            waiting[uuid] = other.holds[uuid]
-        elif other.alive and uuid in other.serving:
-            waiting[uuid] = ""
-    return Settled(frozenset((mine - waiting.keys()) | kept.keys()), kept, waiting)
 
 
 class Handoff:
@@ -125,7 +89,9 @@ class Handoff:
         self._lock_said = False
         self._serving: frozenset[str] = frozenset()
         self._holds: dict[str, str] = {}
+        self._units: dict[str, int] = {}  # resource name -> devices advertised (the device plugin's)
         self._last = Settled(frozenset())
+        self.other = Record()  # the other API's record as last read by settle
         self._retry_at: float | None = None
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
@@ -248,11 +214,12 @@ class Handoff:
             data = loads_json(read_bounded(path, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
             serving = frozenset(str(u) for u in data["serving"])
             holds = {str(u): str(h) for u, h in dict(data["holds"]).items()}
+            units = {str(name): unit_count(n) for name, n in dict(data.get("units") or {}).items()}
         except (UnreadableFile, OSError, ValueError, KeyError, TypeError) as error:
             self._say_unreadable(path, str(error))
             return Record(alive=self._alive(api), known=False)
         self._unreadable_said = False
-        return Record(serving, holds, self._alive(api))
+        return Record(serving, holds, self._alive(api), units=units)
 
     def _say_unreadable(self, path: Path, error: str) -> None:
         if not self._unreadable_said:
@@ -283,7 +250,10 @@ class Handoff:
 
     def _write(self, serving: frozenset[str]) -> None:
         """The record, when it says something new (the other side is woken by each write)."""
-        body = json.dumps({"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}) + "\n"
+        said: dict[str, object] = {"serving": sorted(serving), "holds": dict(sorted(self._holds.items()))}
+        if self._units:
+            said["units"] = dict(sorted(self._units.items()))
+        body = json.dumps(said) + "\n"
         if body == self._written:
             return
         try:
@@ -314,12 +284,12 @@ class Handoff:
             self._retry_at = None
             return self._last
         self._other_seen = self._stat_other()
-        other = self.read_other()
+        other = self.other = self.read_other()
         settled = settle(mine, self._serving, self._holds, other)
         gained = settled.serve - self._serving
         self._write(self._serving | settled.serve)  # named before advertised; the holds as they are
         if gained:
-            again = self.read_other()
+            again = self.other = self.read_other()
             lost = {u for u in gained if u in again.holds or (again.alive and u in again.serving)}
             if lost:
                 waiting = {**settled.waiting, **{u: again.holds.get(u, "") for u in sorted(lost)}}
@@ -334,9 +304,13 @@ class Handoff:
         )
         return settled
 
-    def served(self, serving: frozenset[str]) -> None:
-        """The API advertises exactly `serving` now (after withdrawing what it no longer serves)."""
+    def served(self, serving: frozenset[str], units: Mapping[str, int] | None = None) -> None:
+        """The API advertises exactly `serving` now (after withdrawing what it no longer serves); the
+        device plugin says with `units` how many devices each of its resources lists now (a resource
+        listed before and not now: 0)."""
         self._serving = serving
+        if units is not None:
+            self._units = {**dict.fromkeys(self._units, 0), **units}
         if self.directory.is_dir():
             self._write(serving)
 
