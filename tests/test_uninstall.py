@@ -9,27 +9,30 @@ read their DaemonSet, and the hook a Role to delete those DaemonSets alone."""
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvdp import kube
+from nvdp.configmanager.command import remove_record
 from nvdp.configmanager.settings import APPLIED_ANNOTATION
 from nvdp.errors import KubeError
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
 from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
+from nvdp.health.node_condition import withdraw
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, clean_env, start_plugin, wait_until
 from nvdp.uninstall import Release, release_from_env, remove_handoff_record
-from tests import test_chart_all_on, test_config_manager, test_deploy
+from tests import test_chart_all_on, test_chart_rbac, test_config_manager, test_deploy
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import dra_cluster, make_claim, schedule, slices_of
 from tests.kube_api_standin import KubeApiStandin
@@ -544,3 +547,55 @@ def test_a_config_manager_that_stays_records_its_entry_again(setup: Setup) -> No
     api.merge_patch(NODE_PATH, {"metadata": {"annotations": {APPLIED_ANNOTATION: None}}})
     assert annotation() is None
     wait_until(lambda: annotation() == "a", 20, "the applied entry recorded again")
+
+
+def test_the_own_node_policy_admits_the_cleanup_as_the_code_sends_it(render: Callable[..., Rendered]) -> None:
+    """The taint, condition and annotation removals, as `withdraw` and the config-manager send them
+    and the API stand-in applies them, each admitted by the chart's own-Node policy."""
+    spec = by_kind(render({"rbac": {"ownNodePolicy": True}}).docs, "ValidatingAdmissionPolicy")
+    policy = spec[test_chart_rbac.POLICY]["spec"]
+    own = test_chart_rbac.OWN
+    path = f"/api/v1/nodes/{own}"
+    node = test_chart_rbac.gpu_node()
+    (condition,) = [c for c in node["status"]["conditions"] if c["type"] == CONDITION_TYPE]
+    condition.update(status="False", reason="FatalXid")
+    test_chart_rbac.add_taint(TAINT_KEY)(node)
+    test_chart_rbac.annotate(APPLIED_ANNOTATION)(node)
+    token = {
+        "username": test_chart_rbac.PLUGIN_ACCOUNT,
+        "extra": {"authentication.kubernetes.io/node-name": [own]},
+    }
+    with KubeApiStandin() as api:
+        api.put(path, node)
+        client = kube.new_api_client(host=api.url, retries=0)
+        status = kube.KubeNodeStatus(own, api_client=client)
+        subresources: list[str] = []
+
+        class Admitted:
+            """KubeNodeStatus, each write checked against the policy."""
+
+            def read(self) -> kube.NodeConditionsAndTaints:
+                return status.read()
+
+            def remove_condition(self, condition_type: str) -> None:
+                self._checked(lambda: status.remove_condition(condition_type), "status")
+
+            def replace_taints(self, taints: Sequence[Mapping[str, object]], resource_version: str) -> None:
+                self._checked(lambda: status.replace_taints(taints, resource_version), "")
+
+            def _checked(self, write: Callable[[], None], subresource: str) -> None:
+                old = copy.deepcopy(api.objects[path])
+                write()
+                request = {"operation": "UPDATE", "subResource": subresource, "userInfo": token}
+                data = {"request": request, "object": api.objects[path], "oldObject": old}
+                assert test_chart_rbac.admission(policy, data) is None
+                subresources.append(subresource)
+
+        checked = Admitted()
+        withdraw(checked)
+        checked._checked(lambda: remove_record(client, own, 3.0), "")
+        assert subresources == ["", "status", ""]  # the taint, the condition, the annotation
+        stored = api.objects[path]
+        assert [c["type"] for c in stored["status"]["conditions"]] == ["Ready"]
+        assert stored["spec"]["taints"] == [t for t in node["spec"]["taints"] if t["key"] != TAINT_KEY]
+        assert stored["metadata"]["annotations"] == {"node.alpha.kubernetes.io/ttl": "0"}
