@@ -279,14 +279,13 @@ def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str])
     handle_signals().attach(SignalTarget(stop_now, driver.request_reload, abandon))
     try:
         claimed = claim.acquire(stop)
-    except DirLockHeld as error:
-        return _exit_on_error(error)
-    try:
         if claimed:
-            driver.run()
+            driver.run(claim.refresh)
             release = release_from_env(environ, kubeconfig=driver.settings.kubeconfig)
             prepared = driver.preparer is None or bool(driver.preparer.prepared)
             clean_up_dra_node(release, driver.handoff, driver.settings.plugin_dir / CHECKPOINT_FILE, prepared)
+    except DirLockHeld as error:  # at start, or taken by another while the directory was gone
+        return _exit_on_error(error)
     finally:
         claim.release()
     return 0

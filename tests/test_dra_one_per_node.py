@@ -49,3 +49,23 @@ def test_a_second_dra_plugin_on_the_node_exits_naming_the_first(tmp_path: Path) 
         third = cluster.start()
         cluster.registered(after=1)
         wait_until(lambda: lock.exists() and lock.read_text() == f"pid={third.pid}\n", 20, "the lock taken")
+
+
+def test_a_removed_lock_is_taken_again_so_a_second_plugin_is_still_refused(tmp_path: Path) -> None:
+    with dra_cluster(tmp_path) as cluster:
+        first = cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 20, "the slices")
+        lock = cluster.node.plugins / DRIVER / PLUGIN_LOCK_FILE
+        lock.unlink()  # a kubelet reinstall cleaning the directory
+        wait_until(lambda: lock.exists() and lock.read_text() == f"pid={first.pid}\n", 20, "the lock again")
+        with start_dra_plugin(
+            cluster.node,
+            cluster.nvml,
+            cluster.node.root / "kubeconfig",
+            env=cluster.env,
+            log_path=tmp_path / "second.log",
+        ) as second:
+            assert second.wait(30) == 1
+        assert f"held by pid={first.pid}" in second.log()
+        assert first.alive()

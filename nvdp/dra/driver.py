@@ -169,7 +169,8 @@ class DraDriver:
 
     # ---- the main loop ------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, keep_claim: Callable[[], float | None] = lambda: None) -> None:
+        """Serve until `request_stop()`; `keep_claim()` (`DirClaim.refresh`) on every wake-up."""
         log_event(
             log, logging.INFO, "starting nvdp dra-kubelet-plugin", config=json.loads(self.settings.to_json())
         )
@@ -182,9 +183,8 @@ class DraDriver:
             self._start()
             while not self._stop.is_set():
                 self.loop.idle()
-                self._watcher.wait(
-                    _sooner(self._listen.retry_in(), self.handoff.retry_in(), self.node_count.retry_in())
-                )
+                retries = (self._listen, self.handoff, self.node_count)
+                self._watcher.wait(_sooner(keep_claim(), *(r.retry_in() for r in retries)))
                 with self._lock:
                     pending, self._pending = self._pending, set()
                 self.loop.busy(",".join(sorted(pending)) or "a directory change")
