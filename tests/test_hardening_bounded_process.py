@@ -9,6 +9,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+from nvdp.files import write_atomic
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import start_plugin, wait_until
 from tests.dra_support import DRIVER, dra_cluster, make_claim, schedule, slices_of
@@ -38,7 +39,7 @@ def test_the_device_plugin_keeps_serving_past_a_deeply_nested_dra_record(tmp_pat
         ) as plugin:
             kubelet.wait_for_registration(GPU, timeout=20)
             devices = kubelet.wait_for_devices(GPU, lambda d: len(d) == 4, timeout=20)
-            (records / "served-by-dra.json").write_text(DEEP_ARRAY)  # read at once: the directory is watched
+            write_atomic(records / "served-by-dra.json", DEEP_ARRAY.encode(), 0o644)  # whole
             wait_until(lambda: "GPU hand-over record unreadable" in plugin.log(), 10, "the record said")
             line = the_line(plugin.log(), "GPU hand-over record unreadable")
             assert line.endswith(f'path={records / "served-by-dra.json"} error="{TOO_DEEP_JSON}"')
@@ -63,7 +64,7 @@ def test_the_dra_plugin_serves_past_a_deeply_nested_checkpoint_and_record(tmp_pa
         published = wait_until(lambda: slices_of(cluster.api), 20, "the slices")
         line = the_line(process.log(), "checkpoint unreadable")
         assert f'error="{TOO_DEEP_JSON}" kept_as={cluster.node.checkpoint}.bad-' in line
-        (directory / "served-by-device-plugin.json").write_text(DEEP_ARRAY)
+        write_atomic(directory / "served-by-device-plugin.json", DEEP_ARRAY.encode(), 0o644)  # read whole
         wait_until(lambda: "GPU hand-over record unreadable" in process.log(), 10, "the record said")
         line = the_line(process.log(), "GPU hand-over record unreadable")
         assert line.endswith(f'error="{TOO_DEEP_JSON}"')
