@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from nvdp.handoff import DEVICE_PLUGIN, DRA
@@ -80,7 +81,7 @@ class CrossedNode:
         claim_free = next(u for u in UUIDS[:2] if u != self.by_pod)
         self.node.serving([self.by_pod, pod_free], [self.by_claim, claim_free], timeout, "the crossed split")
         for api in HOLDERS:
-            wait_until(lambda api=api: self.rewritten(api), timeout, f"{api}'s record")  # type: ignore[misc]
+            wait_until(partial(self.rewritten, api), timeout, f"{api}'s record")
 
     def held_by(self, api: str) -> str:
         return self.by_pod if api == DEVICE_PLUGIN else self.by_claim

@@ -20,7 +20,8 @@ The records fail closed. A record that cannot be read (truncated, not JSON, a sy
 or that is missing while its lock file is there or its process runs, or that this process saw and
 that vanished with its lock (a cleaned directory) less than LOST_GRACE_S ago, is *unknown*: the other
 API may hold every GPU, so none of them is taken from it (said once, with the file). Each process
-writes its own record and lock again when it finds them changed or gone (its directory is watched).
+writes its own record and lock again when it finds them changed or gone (its directory is watched,
+for a record written in place too).
 
 `settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
 serves or holds it (waiting, looked at again on the other record's change and every RETRY_S; said
@@ -46,7 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from nvdp.bounded import loads_json
-from nvdp.dir_watch import Watcher
+from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
@@ -338,10 +339,11 @@ class Handoff:
 
     def watch(self, watcher: Watcher) -> None:
         """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
-        or while it is missing the nearest of its two parents there is (it appears with the DRA driver)."""
+        or while it is missing the nearest of its two parents there is (it appears with the DRA driver);
+        a record written in place (not replaced) wakes it too."""
         for directory in (self.directory, self.directory.parent, self.directory.parent.parent):
             if directory.is_dir():
-                watcher.add(directory)
+                watcher.add(directory, IN_CLOSE_WRITE if directory == self.directory else 0)
                 return
 
     # ---- what to say ---------------------------------------------------------------------------------
