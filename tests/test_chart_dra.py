@@ -131,9 +131,12 @@ def test_the_kubelet_plugin_daemonset(render: Callable[..., Rendered]) -> None:
         "plugins": "/var/lib/kubelet/plugins",
         "cdi-root": "/var/run/cdi",
         "driver-root": "/driver-root",
+        "kubelet-pod-resources-dir": "/var/lib/kubelet/pod-resources",  # the device plugin's holds, read
     }
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert volumes["plugins"] == "/var/lib/kubelet/plugins" and volumes["driver-root"] == "/run/nvidia/driver"
+    assert volumes["kubelet-pod-resources-dir"] == "/var/lib/kubelet/pod-resources"
+    assert {m["name"]: m.get("readOnly") for m in ctr["volumeMounts"]}["kubelet-pod-resources-dir"] is True
     assert ctr["securityContext"] == {"privileged": True}
     plugin_pod = plugin_daemonset(out)["spec"]["template"]["spec"]
     assert (pod["affinity"], pod["tolerations"]) == (plugin_pod["affinity"], plugin_pod["tolerations"])

@@ -101,8 +101,9 @@ def test_a_directory_cleaned_while_the_other_side_is_stopped_is_unknown_for_a_gr
         for name in ("served-by-device-plugin.json", "served-by-device-plugin.lock"):
             (tmp_path / name).unlink()
         assert taker.settle(frozenset({B}), {}).waiting == {B: UNKNOWN_HOLDER}
-        monkeypatch.setattr(handoff, "LOST_GRACE_S", 0.0)  # nobody wrote them again for that long
-        assert taker.settle(frozenset({B}), {}).serve == {B}
+        monkeypatch.setattr(handoff, "LOST_GRACE_S", 0.0)  # nobody wrote them again for that long:
+        # its holds are what can be proven (tests/test_handoff_proofs.py), here nothing
+        assert taker.settle(frozenset({B}), {}).waiting == {B: UNKNOWN_HOLDER}
     finally:
         taker.close()
 

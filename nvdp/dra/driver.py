@@ -306,7 +306,7 @@ class DraDriver:
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
-        self._serve = self.handoff.settle(owned, holds).serve
+        self._serve = self.handoff.settle(owned, holds, gpus).serve
         self._offered = self.node_count.offer(self._serve, self._offered, self.handoff.other.advertised())
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []

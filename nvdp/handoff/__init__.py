@@ -3,6 +3,7 @@ that no GPU is ever advertised by both.
 
 - `rule`: what a record says and what an API may serve given the other's (pure).
 - `records`: the records and locks both processes keep in the DRA driver's directory, failing closed.
+- `proofs`: a stopped side's holds, once its record and lock are gone, from what the other can prove.
 """
 
 from nvdp.handoff.records import LOST_GRACE_S, MAX_RECORD_BYTES, SWITCH_GRACE_S, Handoff

@@ -19,8 +19,11 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
 The records fail closed. A record that cannot be read (truncated, not JSON, a symlink, over 1 MiB),
 or that is missing while its lock file is there or its process runs, or that this process saw and
 that vanished with its lock (a cleaned directory) less than LOST_GRACE_S ago, is *unknown*: the other
-API may hold every GPU, so none of them is taken from it (said once, with the file). Each process
-writes its own record and lock again when it finds them changed or gone (its directory is watched).
+API may hold every GPU, so none of them is taken from it (said once, with the file). Past that grace,
+with the other process stopped, its holds are what this side can prove (`nvdp.handoff.proofs`: the
+kubelet's PodResources for the DRA driver, the DRA checkpoint for the device plugin), else unknown.
+Each process writes its own record and lock again when it finds them changed or gone (its directory
+is watched, for a record written in place too).
 
 `settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
 serves or holds it (waiting, looked at again on the other record's change and every RETRY_S; said
@@ -42,14 +45,15 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from nvdp.bounded import loads_json
-from nvdp.dir_watch import Watcher
+from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
+from nvdp.handoff.proofs import Proven, device_plugin_holds, dra_holds
 from nvdp.handoff.rule import (
     API_WORDS,
     DEVICE_PLUGIN,
@@ -62,6 +66,7 @@ from nvdp.handoff.rule import (
 )
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
+from nvdp.nvml.types import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +100,12 @@ class Handoff:
         self._retry_at: float | None = None
         self._other_seen: tuple[int, int] | None = None
         self._unreadable_said = False
+        self._unproven_said = False
         self._written = ""  # the record as last written by this process
         self._written_id: tuple[int, int] | None = None  # its (inode, mtime) once written
         self._other_last_seen: float | None = None  # time.monotonic() the other record was last there
         self._advertised_since: dict[str, float] = {}  # GPUs waiting only for the other to withdraw
+        self._gpus: Sequence[GpuInfo] = ()  # the node's, as of the last settle (for the proofs)
 
     # ---- the records ------------------------------------------------------------------------------
     def _path(self, api: str, suffix: str) -> Path:
@@ -202,7 +209,27 @@ class Handoff:
         if alive or lock_there or lost:
             self._say_unreadable(path, "missing" if not lost or lock_there else "missing with its lock")
             return Record(alive=alive, known=False)
-        return Record()
+        if self._other_last_seen is None:
+            return Record()  # never there while this process ran
+        proven = self._prove()
+        if isinstance(proven, str):
+            if not self._unproven_said:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "GPU hand-over record gone with its lock and the other API's holds cannot be proven;"
+                    " no GPU is taken from it",
+                    path=str(path),
+                    error=proven,
+                )
+                self._unproven_said = True
+            return Record(known=False)
+        self._unproven_said = False
+        return Record(holds=proven)
+
+    def _prove(self) -> Proven:
+        prove = dra_holds if self.api == DEVICE_PLUGIN else device_plugin_holds
+        return prove(self.directory, self._gpus)
 
     def _read(self, api: str) -> Record:
         path = self._path(api, "json")
@@ -270,10 +297,13 @@ class Handoff:
             )
 
     # ---- the protocol ------------------------------------------------------------------------------
-    def settle(self, mine: frozenset[str], holds: Mapping[str, str] | None) -> Settled:
+    def settle(
+        self, mine: frozenset[str], holds: Mapping[str, str] | None, gpus: Sequence[GpuInfo] = ()
+    ) -> Settled:
         """What this API may serve now, given the GPUs the config gives it and what its pods hold
-        (None: not known yet; a previous run's record stands for it). The caller advertises exactly
-        `serve`, then calls `served`."""
+        (None: not known yet; a previous run's record stands for it); `gpus`: the node's (a stopped
+        side's holds are proven on them). The caller advertises exactly `serve`, then calls `served`."""
+        self._gpus = gpus
         usable = self._usable()
         if holds is not None:
             self._holds = dict(holds)
@@ -342,10 +372,11 @@ class Handoff:
 
     def watch(self, watcher: Watcher) -> None:
         """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
-        or while it is missing the nearest of its two parents there is (it appears with the DRA driver)."""
+        or while it is missing the nearest of its two parents there is (it appears with the DRA driver);
+        a record written in place (not replaced) wakes it too."""
         for directory in (self.directory, self.directory.parent, self.directory.parent.parent):
             if directory.is_dir():
-                watcher.add(directory)
+                watcher.add(directory, IN_CLOSE_WRITE if directory == self.directory else 0)
                 return
 
     # ---- what to say ---------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class NodeGates:
         self._all_dra = bool(gpus) and not mine
         if self._handoff is not None:
             holds = self._holds(gpus, withdrawing) if self._holds is not None else {}
-            self._settled = self._handoff.settle(mine, holds).serve
+            self._settled = self._handoff.settle(mine, holds, gpus).serve
             misfits += self._handoff.misfits({g.uuid: f"GPU {g.index}" for g in gpus})
         self.report("handoff", misfits)
         return [g for g in gpus if g.uuid in self._settled]
