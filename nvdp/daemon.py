@@ -19,6 +19,7 @@ from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import PluginOptions
 from nvdp.config.notices import migration_notices
 from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
+from nvdp.dra.checkpoint import dra_holds
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
@@ -184,7 +185,9 @@ class Daemon:
         )
         if not self.health.checks_enabled:
             self.node_condition = None  # health checks off: nothing to say about the GPUs
-        self.handoff = Handoff(DEVICE_PLUGIN, device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME))
+        self.handoff = Handoff(
+            DEVICE_PLUGIN, device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME), prove=dra_holds
+        )
         self._servers = GrpcServers(AllocateNotice(self.ledger.allocated, observer))
         self.supervisor: Supervisor[DevicePluginServer] = Supervisor(
             counted,

@@ -29,7 +29,7 @@ SAMPLE_S = 0.005
 Tamper = Callable[[Path], None]
 
 
-def clean_the_directory(path: Path) -> None:
+def remove_the_directory(path: Path) -> None:
     """The DRA driver's whole directory removed, as a kubelet reinstall does (its owner makes it again;
     a file the processes make again meanwhile may leave it not empty)."""
     shutil.rmtree(path.parent, ignore_errors=True)
@@ -42,7 +42,7 @@ TAMPERS = [
     symlink_to_a_forged_copy,
     grow,
     nest,
-    clean_the_directory,
+    remove_the_directory,
 ]
 HOLDERS = [DEVICE_PLUGIN, DRA]
 

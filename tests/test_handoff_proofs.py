@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
+from nvdp.dra.checkpoint import dra_holds
 from nvdp.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff
 from nvdp.handoff import records as handoff
-from nvdp.handoff.proofs import dra_holds
 from nvdp.logs import FIELDS_ATTR
 from tests.builders import sim_gpus
 
@@ -27,7 +27,7 @@ A, B = GPUS[0].uuid, GPUS[1].uuid
 UNPROVEN = "GPU hand-over record gone with its lock and the other API's holds cannot be proven"
 
 
-class _Lister(podresources_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class _HeldLister(podresources_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def __init__(self, held: Sequence[tuple[str, str, str]]) -> None:
         self.held = held  # (resource, device ID, pod name in namespace ml)
 
@@ -50,7 +50,7 @@ def records(sock_dir: Path) -> Path:
 def serve_pod_resources(kubelet_root: Path, held: Sequence[tuple[str, str, str]]) -> grpc.Server:
     (kubelet_root / "pod-resources").mkdir()
     server = grpc.server(ThreadPoolExecutor(2))
-    podresources_grpc.add_PodResourcesListerServicer_to_server(_Lister(held), server)
+    podresources_grpc.add_PodResourcesListerServicer_to_server(_HeldLister(held), server)
     server.add_insecure_port(f"unix:{kubelet_root / 'pod-resources' / 'kubelet.sock'}")
     server.start()
     return server
@@ -117,7 +117,7 @@ def checkpoint(directory: Path, *device_names: str) -> None:
 def test_the_device_plugin_proves_the_dra_drivers_holds_from_its_checkpoint(
     records: Path, no_grace: None
 ) -> None:
-    taker = Handoff(DEVICE_PLUGIN, records)
+    taker = Handoff(DEVICE_PLUGIN, records, prove=dra_holds)
     try:
         checkpoint(records, f"gpu-{GPUS[1].minor}")
         stopped_and_cleaned(records, DRA, {B: "claim ns/c1"}, taker)
@@ -142,7 +142,7 @@ def test_the_device_plugin_proves_the_dra_drivers_holds_from_its_checkpoint(
 def test_without_a_readable_checkpoint_the_stopped_dra_driver_stays_unknown(
     records: Path, no_grace: None, caplog: pytest.LogCaptureFixture, content: str | None, error: str
 ) -> None:
-    taker = Handoff(DEVICE_PLUGIN, records)
+    taker = Handoff(DEVICE_PLUGIN, records, prove=dra_holds)
     try:
         if content is not None:
             (records / "checkpoint.json").write_text(content)

@@ -16,16 +16,19 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nvdp.bounded import loads_json
+from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
 from nvdp.logs import log_event
+from nvdp.nvml.types import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +127,33 @@ def _claim(uid: str, entry: Any) -> PreparedClaim:
         for d in entry["devices"]
     )
     return PreparedClaim(uid, str(entry["namespace"]), str(entry["name"]), devices)
+
+
+_GPU_OF_DEVICE = re.compile(r"gpu-(\d+)(?:-|$)")
+
+
+def dra_holds(directory: Path, gpus: Sequence[GpuInfo]) -> dict[str, str] | str:
+    """For the device plugin: the claims holding GPUs through the DRA driver whose directory is
+    `directory`, as its checkpoint says."""
+    path = directory / CHECKPOINT_FILE
+    by_minor = {gpu.minor: gpu.uuid for gpu in gpus}
+    try:
+        data = loads_json(read_bounded(path, MAX_CHECKPOINT_BYTES), max_bytes=MAX_CHECKPOINT_BYTES)
+        if not isinstance(data, dict) or data.get("version") != FORMAT:
+            raise ValueError(f"not an nvdp checkpoint (version {FORMAT})")
+        holds: dict[str, str] = {}
+        for uid, claim in dict(data["claims"]).items():
+            holder = (
+                f"claim {claim['namespace']}/{claim['name']}" if claim.get("namespace") else f"claim {uid}"
+            )
+            for device in claim["devices"]:
+                name = str(device["device_name"])
+                found = _GPU_OF_DEVICE.match(name)
+                if found is None or int(found[1]) not in by_minor:
+                    return f"{path}: device {name} names no GPU of this node"
+                holds.setdefault(by_minor[int(found[1])], holder)
+    except UnreadableFile as error:
+        return str(error)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{path}: {error}"
+    return holds

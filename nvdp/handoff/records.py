@@ -17,22 +17,16 @@ directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`
   run on), until it runs again.
 
 The records fail closed. A record that cannot be read (truncated, not JSON, a symlink, over 1 MiB),
-or that is missing while its lock file is there or its process runs, or that this process saw and
-that vanished with its lock (a cleaned directory) less than LOST_GRACE_S ago, is *unknown*: the other
-API may hold every GPU, so none of them is taken from it (said once, with the file). Past that grace,
-with the other process stopped, its holds are what this side can prove (`nvdp.handoff.proofs`: the
-kubelet's PodResources for the DRA driver, the DRA checkpoint for the device plugin), else unknown.
+missing beside its lock file or while its process runs, or gone with its lock (a cleaned directory)
+less than LOST_GRACE_S ago, is *unknown*: the other API may hold every GPU, so none is taken from it
+(said once). Past that grace, with the other process stopped, its holds are what this side can prove
+(`prove`, `nvdp.handoff.proofs`), else unknown.
 Each process writes its own record and lock again when it finds them changed or gone (its directory
 is watched, for a record written in place too).
 
-`settle` is the rule, pure: a GPU the config gives this API is served unless the other API still
-serves or holds it (waiting, looked at again on the other record's change and every RETRY_S; said
-once when a pod holds it, or when the other side has not withdrawn it after SWITCH_GRACE_S: during a
-switch both sides read the new config within moments, which is no misfit); a GPU the config gives
-the other API is withdrawn, unless a pod holds it here (kept, said once, until it is released).
-`Handoff` is the protocol around it: a GPU newly taken is checked against the other record *after*
-this record names it, so two processes that take one GPU at once both see the other and both back
-off (and try again at a random moment).
+`settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` is the protocol around it: a
+GPU newly taken is checked against the other record *after* this record names it, so two processes
+that take one GPU at once both back off (and try again at a random moment, every RETRY_S).
 """
 
 from __future__ import annotations
@@ -53,7 +47,7 @@ from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
 from nvdp.dirs import DIR_MODE, make_dirs
 from nvdp.errors import UnreadableFile
 from nvdp.files import read_bounded, write_atomic
-from nvdp.handoff.proofs import Proven, device_plugin_holds, dra_holds
+from nvdp.handoff.proofs import Proven, Prover, device_plugin_holds
 from nvdp.handoff.rule import (
     API_WORDS,
     DEVICE_PLUGIN,
@@ -79,14 +73,14 @@ LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for th
 
 
 class Handoff:
-    """This process's side of the hand-over for `api` (DEVICE_PLUGIN or DRA), its records in
-    `directory`. The DRA driver's own directory is made with its parents when missing; the device
-    plugin makes it only where its parent is there: without it (the device plugin's container without
-    the DRA directory: no DRA driver can run here) there are no records, and the directory is looked
-    for again at each `settle`."""
+    """This process's side for `api` (DEVICE_PLUGIN or DRA), its records in `directory`; `prove`: what
+    proves a stopped other side's holds (default: PodResources for DRA, nothing for the device plugin).
+    The DRA driver makes its directory when missing; the device plugin only where its parent is (else
+    no DRA driver can run here: no records, looked for again at each `settle`)."""
 
-    def __init__(self, api: str, directory: Path) -> None:
+    def __init__(self, api: str, directory: Path, prove: Prover | None = None) -> None:
         self.api = api
+        self._prove_other = prove or (device_plugin_holds if api == DRA else None)
         self.other_api = DRA if api == DEVICE_PLUGIN else DEVICE_PLUGIN
         self.directory = directory
         self._lock_fd: int | None = None
@@ -228,8 +222,9 @@ class Handoff:
         return Record(holds=proven)
 
     def _prove(self) -> Proven:
-        prove = dra_holds if self.api == DEVICE_PLUGIN else device_plugin_holds
-        return prove(self.directory, self._gpus)
+        if self._prove_other is None:
+            return "nothing here can prove the other API's holds"
+        return self._prove_other(self.directory, self._gpus)
 
     def _read(self, api: str) -> Record:
         path = self._path(api, "json")
