@@ -21,7 +21,7 @@ from nvdp.handoff import records as handoff
 from nvdp.handoff.records import RETRY_S
 from nvdp.testing import wait_until
 from tests.builders import sim_gpus
-from tests.handoff_tamper_node import CrossedNode, clean_the_directory, crossed_node
+from tests.handoff_tamper_node import CrossedNode, crossed_node, remove_the_directory
 from tests.test_one_gpu_one_api_e2e import UUIDS
 
 GPUS = sim_gpus("pcie-4")
@@ -67,7 +67,7 @@ def test_a_stopped_sides_holds_are_proven_once_its_records_are_cleaned_away(
     assert UNPROVEN not in node.node.plugin.log()
 
     # The whole directory cleaned: the checkpoint is gone, nothing proves the claim; it stays unknown.
-    outcome = node.tamper(DRA, clean_the_directory, 2 * RETRY_S)
+    outcome = node.tamper(DRA, remove_the_directory, 2 * RETRY_S)
     assert outcome.both == frozenset() and outcome.overlapping == []
     wait_until(lambda: UNPROVEN in node.node.plugin.log(), 10, "the device plugin saying so")
     assert node.node.plugin.log().count(UNPROVEN) == 1
