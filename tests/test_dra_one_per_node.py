@@ -8,8 +8,21 @@ import signal
 from pathlib import Path
 
 from nvdp.dra.names import PLUGIN_LOCK_FILE
-from nvdp.testing import start_dra_plugin, wait_until
-from tests.dra_support import DRIVER, dra_cluster, make_claim, schedule, slices_of
+from nvdp.testing import Process, start_dra_plugin, wait_until
+from tests.dra_support import DRIVER, DraCluster, dra_cluster, make_claim, schedule, slices_of
+
+
+def second_plugin(cluster: DraCluster, tmp_path: Path) -> Process:
+    """Another `nvdp dra-kubelet-plugin` on the node, run until it exits 1."""
+    with start_dra_plugin(
+        cluster.node,
+        cluster.nvml,
+        cluster.node.root / "kubeconfig",
+        env=cluster.env,
+        log_path=tmp_path / "second.log",
+    ) as second:
+        assert second.wait(30) == 1
+    return second
 
 
 def test_a_second_dra_plugin_on_the_node_exits_naming_the_first(tmp_path: Path) -> None:
@@ -21,14 +34,7 @@ def test_a_second_dra_plugin_on_the_node_exits_naming_the_first(tmp_path: Path) 
         lock = directory / PLUGIN_LOCK_FILE
         writes = len(cluster.api.writes("/apis/resource.k8s.io/"))
 
-        with start_dra_plugin(
-            cluster.node,
-            cluster.nvml,
-            cluster.node.root / "kubeconfig",
-            env=cluster.env,
-            log_path=tmp_path / "second.log",
-        ) as second:
-            assert second.wait(30) == 1
+        second = second_plugin(cluster, tmp_path)
         assert second.log() == (
             f"error: DRA plugin directory {directory} is in use by another nvdp "
             f"(lock {lock} held by pid={first.pid})\n"
@@ -59,13 +65,6 @@ def test_a_removed_lock_is_taken_again_so_a_second_plugin_is_still_refused(tmp_p
         lock = cluster.node.plugins / DRIVER / PLUGIN_LOCK_FILE
         lock.unlink()  # a kubelet reinstall cleaning the directory
         wait_until(lambda: lock.exists() and lock.read_text() == f"pid={first.pid}\n", 20, "the lock again")
-        with start_dra_plugin(
-            cluster.node,
-            cluster.nvml,
-            cluster.node.root / "kubeconfig",
-            env=cluster.env,
-            log_path=tmp_path / "second.log",
-        ) as second:
-            assert second.wait(30) == 1
+        second = second_plugin(cluster, tmp_path)
         assert f"held by pid={first.pid}" in second.log()
         assert first.alive()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,47 +46,47 @@ def timed(call: Any) -> tuple[Any, float]:
     return answer, time.monotonic() - started
 
 
-def test_a_hanging_kubelet_costs_a_page_nothing(tmp_path: Path) -> None:
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[tuple[AllocationLedger, HangingReads]]:
+    """A started ledger whose PodResources socket is there, reading through HangingReads."""
     socket = tmp_path / "kubelet.sock"
     socket.touch()
     reads = HangingReads()
     ledger = AllocationLedger(socket, reader=reads, resync=3600)
     ledger.start()
     try:
-        wait_until(lambda: ledger.snapshot().read_at is not None, 5, "the read at start")
-        first = ledger.snapshot()
-        reads.hang.set()
-        page, took = timed(lambda: ledger.recent(0.0))  # asks a read, which hangs: waits PAGE_WAIT_S
-        assert page.holdings == first.holdings and took < PAGE_WAIT_S + 1.0
-        for _ in range(5):  # while the read hangs, pages are answered from memory at once
-            page, took = timed(lambda: ledger.recent(0.0))
-            assert page.read_at == first.read_at and took < 0.1
-        reads.holdings = [Holding(GPU, "GPU-1", "ml", "b", "main")]
-        reads.hang.clear()
-        reads.release.set()
-        wait_until(
-            lambda: ledger.recent(0.0).holdings == tuple(reads.holdings), 5, "the kubelet answers again"
-        )
+        yield ledger, reads
     finally:
         reads.release.set()
         ledger.stop()
 
 
-def test_a_page_gets_a_fresh_read_from_a_kubelet_that_answers(tmp_path: Path) -> None:
-    socket = tmp_path / "kubelet.sock"
-    socket.touch()
-    reads = HangingReads()
-    ledger = AllocationLedger(socket, reader=reads, resync=3600)
-    ledger.start()
-    try:
-        wait_until(lambda: reads.count == 1, 5, "the read at start")
-        reads.holdings = [Holding(GPU, "GPU-3", "ml", "c", "main")]
-        assert ledger.recent(0.0).holdings == tuple(reads.holdings)
-        count = reads.count
-        ledger.recent(60.0)  # read a moment ago: from memory
-        assert reads.count == count
-    finally:
-        ledger.stop()
+def test_a_hanging_kubelet_costs_a_page_nothing(started: tuple[AllocationLedger, HangingReads]) -> None:
+    ledger, reads = started
+    wait_until(lambda: ledger.snapshot().read_at is not None, 5, "the read at start")
+    first = ledger.snapshot()
+    reads.hang.set()
+    page, took = timed(lambda: ledger.recent(0.0))  # asks a read, which hangs: waits PAGE_WAIT_S
+    assert page.holdings == first.holdings and took < PAGE_WAIT_S + 1.0
+    for _ in range(5):  # while the read hangs, pages are answered from memory at once
+        page, took = timed(lambda: ledger.recent(0.0))
+        assert page.read_at == first.read_at and took < 0.1
+    reads.holdings = [Holding(GPU, "GPU-1", "ml", "b", "main")]
+    reads.hang.clear()
+    reads.release.set()
+    wait_until(lambda: ledger.recent(0.0).holdings == tuple(reads.holdings), 5, "the kubelet answers again")
+
+
+def test_a_page_gets_a_fresh_read_from_a_kubelet_that_answers(
+    started: tuple[AllocationLedger, HangingReads],
+) -> None:
+    ledger, reads = started
+    wait_until(lambda: reads.count == 1, 5, "the read at start")
+    reads.holdings = [Holding(GPU, "GPU-3", "ml", "c", "main")]
+    assert ledger.recent(0.0).holdings == tuple(reads.holdings)
+    count = reads.count
+    ledger.recent(60.0)  # read a moment ago: from memory
+    assert reads.count == count
 
 
 def answer_with(pods: int, holdings_each: int = 1) -> Any:
