@@ -1,4 +1,4 @@
-"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.plugin.rescan).
+"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.kubeletplugin.rescan).
 
 Run alone: `python -m bench.rescan` prints the table.
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvdp.kubeletplugin.rescan import LayoutRescanner, layout_of
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.rescan import LayoutRescanner, layout_of
 
 TICKS = 2000
 RUNS = 5

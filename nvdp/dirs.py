@@ -13,7 +13,7 @@ creates goes through `make_dirs`, parents included; a directory that already exi
 - the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`);
 - the kubelet stand-in's plugin directory (`nvdp.kubelet_standin.registration`; tests, `nvdp simulate`);
 - the DRA kubelet plugin's socket directories (`plugins_registry`, `plugins/gpu.nvidia.com`) and its
-  CDI root (`nvdp.dra.server`, `nvdp.dra.claim_specs`).
+  CDI root (`nvdp.kubeletplugin.socket_server`, `nvdp.dra.claim_specs`).
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ class ServerFactory(Protocol[S_co]):
 
 
 class Registrar(Protocol):
-    """Registers one server with the kubelet (`nvdp.plugin.registration.register`); returns the identity
-    of the kubelet socket that accepted. Raises RegistrationError."""
+    """Registers one server with the kubelet (`nvdp.kubeletplugin.registration.register`); returns
+    the identity of the kubelet socket that accepted. Raises RegistrationError."""
 
     def __call__(
         self,
