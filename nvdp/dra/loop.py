@@ -44,7 +44,7 @@ from nvdp.health.settings import health_settings
 from nvdp.inventory import dra_gpus
 from nvdp.kubeletplugin.loop_watch import LoopWatch
 from nvdp.kubeletplugin.registration import RegistrationService
-from nvdp.kubeletplugin.serve_loop import ServeLoop
+from nvdp.kubeletplugin.serve_loop import ServeLoop, sooner
 from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.logs import log_event
 from nvdp.misfit_report import MisfitReport
@@ -184,7 +184,7 @@ class DraLoop:
             self._start()
             while not serve.stopped.is_set():
                 retries = (serve.listen, p.handoff, p.node_count)
-                pending = serve.wait(_sooner(keep_claim(), *(r.retry_in() for r in retries)))
+                pending = serve.wait(sooner(keep_claim(), *(r.retry_in() for r in retries)))
                 if serve.stopped.is_set():
                     break
                 if "reload" in pending:
@@ -354,10 +354,6 @@ def _serve_again(name: str, server: UnixSocketServer) -> UnixSocketServer:
 
 def said(devices: DraDevices) -> str:
     return devices if isinstance(devices, str) else ",".join(map(str, devices)) or "none"
-
-
-def _sooner(*delays: float | None) -> float | None:
-    return min((d for d in delays if d is not None), default=None)
 
 
 def _mig_minors() -> dict[str, int] | None:

@@ -130,3 +130,8 @@ class ServeLoop:
             elif in_order:
                 break
         return started
+
+
+def sooner(*delays: float | None) -> float | None:
+    """The shortest of optional delays (None: no timer)."""
+    return min((d for d in delays if d is not None), default=None)

@@ -27,7 +27,7 @@ from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.handoff import Handoff
 from nvdp.kubeletplugin.registration import register
-from nvdp.kubeletplugin.serve_loop import ServeLoop
+from nvdp.kubeletplugin.serve_loop import ServeLoop, sooner
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.converge import plan_servers
@@ -173,10 +173,10 @@ class Supervisor(Generic[S]):
                     self._restart_wiped_servers()
                     listening = {n: s for n, s in self.servers.items() if s.socket_is_ours()}
                     retry_in = self._kubelet.register_pending(listening, kubelet_id, retry_in)
-                    wait = _sooner(retry_in, self._loop.listen.retry_in())
+                    wait = sooner(retry_in, self._loop.listen.retry_in())
                 if self._loop.stopped.is_set():
                     break
-                pending = self._loop.wait(_sooner(wait, self._gates.retry_in()))
+                pending = self._loop.wait(sooner(wait, self._gates.retry_in()))
         finally:
             self._shutdown()
 
@@ -403,8 +403,3 @@ class Supervisor(Generic[S]):
         log_event(
             log, logging.INFO, "device layout applied", resources=",".join(sorted(self.servers)) or "none"
         )
-
-
-def _sooner(a: float | None, b: float | None) -> float | None:
-    """The shorter of two optional delays (None: no timer)."""
-    return b if a is None else a if b is None else min(a, b)
