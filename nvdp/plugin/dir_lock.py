@@ -2,9 +2,9 @@
 
 Two plugin instances on one kubelet directory would delete each other's live sockets as stale and
 flap, so each takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its
-pid there. A second instance says who holds the lock and waits,
-or exits 1 with fail-on-init-error. A directory that cannot be used (read-only, not a directory,
-no permission) is said in one line and retried with backoff, as the kubelet's other socket errors are.
+pid there. A second instance says who holds the lock and waits, or exits 1 with fail-on-init-error.
+A directory that cannot be used (read-only, not a directory, no permission) is said in one line and
+retried with backoff, as the kubelet's other socket errors are.
 
 The claim is on the path, not on the directory found at start: a kubelet restart empties the
 directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
