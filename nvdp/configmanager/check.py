@@ -121,10 +121,11 @@ def _gpus(spec: str) -> list[GpuInfo]:
 
 
 def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
-    from nvdp.inventory import ResourceRules, dra_gpus
+    from nvdp.inventory import ResourceRules, dra_gpus, dra_sharing
 
     rules = ResourceRules.of(config)
     dra, missing = dra_gpus(rules.dra_devices, gpus)
+    shared, misfits = dra_sharing(config.dra, gpus)
     built = rules.build([g for g in gpus if g.uuid not in dra])
     lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {rules.mig_strategy})"]
     for resource in built.resources:
@@ -133,5 +134,8 @@ def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
     if dra:
         indices = ", ".join(str(g.index) for g in gpus if g.uuid in dra)
         lines.append(f"  DRA ({len(dra)} GPU(s), not the device plugin's): GPU {indices}")
-    lines.extend(f"  warning: {misfit.message}" for misfit in (*missing, *built.misfits))
+    for what, uuids in (("shared by capacity", shared.capacity), ("MIG on demand", shared.dynamic_mig)):
+        if uuids:
+            lines.append(f"  DRA {what}: GPU {', '.join(str(g.index) for g in gpus if g.uuid in uuids)}")
+    lines.extend(f"  warning: {misfit.message}" for misfit in (*missing, *misfits, *built.misfits))
     return lines
