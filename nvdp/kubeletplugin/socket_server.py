@@ -117,9 +117,13 @@ class UnixSocketServer:
         return self._id is not None and file_id(self.socket_path) == self._id
 
     def abandon(self) -> None:
-        """Remove the socket file if it is ours, without stopping (a stop that did not finish)."""
+        """Remove the socket file if it is ours, without stopping (a stop that did not finish; any
+        thread, and it never raises: the process exits next)."""
         if self._file_is_ours():
-            self.socket_path.unlink(missing_ok=True)
+            try:
+                self.socket_path.unlink()
+            except OSError:
+                pass
 
     def stop(self, grace: float = 0.5) -> None:
         """Stop serving (`grace` seconds for calls under way) and remove the socket if it is ours."""

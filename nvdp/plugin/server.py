@@ -168,6 +168,10 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
         return self._socket.socket_is_ours()
 
+    def abandon(self) -> None:
+        """A stop that did not finish: remove our socket file now, without stopping."""
+        self._socket.abandon()
+
     def stop(self, grace: float = 0.5) -> None:
         """End ListAndWatch streams cleanly, stop the server, remove our socket. Idempotent."""
         with self._cond:

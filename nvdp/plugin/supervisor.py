@@ -121,11 +121,7 @@ class Supervisor(Generic[S]):
         """The stop did not finish (the loop is blocked): remove our sockets and the directory lock
         now, without waiting for the loop or the servers. Any thread; the process exits next."""
         for server in list(self.servers.values()):
-            if server.socket_is_ours():
-                try:
-                    server.socket_path.unlink()
-                except OSError:
-                    pass
+            server.abandon()
         if self._dir_claim is not None:
             self._dir_claim.release()
 

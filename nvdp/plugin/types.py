@@ -70,6 +70,10 @@ class PluginServer(HealthTarget, Protocol):
         """False when the socket file was deleted or replaced (a kubelet restart wipes it)."""
         ...
 
+    def abandon(self) -> None:
+        """A stop that did not finish: remove the socket file if it is ours (any thread)."""
+        ...
+
     def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
         """Serve changed devices of the same resource on the running server (same stream and
         registration); devices that remain keep their health."""
