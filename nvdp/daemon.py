@@ -24,13 +24,13 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
 from nvdp.health.settings import health_settings
+from nvdp.kubeletplugin.dir_lock import DirClaim
 from nvdp.kubeletplugin.rescan import rescanner_for
 from nvdp.ledger.ledger import AllocationLedger
 from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.host_facts import RealHostFacts
 from nvdp.plugin.probe import rpc_problem
 from nvdp.plugin.responses import ResponseOptions

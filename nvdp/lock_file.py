@@ -9,7 +9,7 @@
   that removed or replaced it while this process waited did not hand over the lock.
 - A wait for the lock is bounded (`tries`); what another holder wrote is read up to NOTE_BYTES.
 
-The kubelet directory's claim (`nvdp.plugin.dir_lock`), the CDI spec directory's
+The kubelet directory's claim (`nvdp.kubeletplugin.dir_lock`), the CDI spec directory's
 (`nvdp.cdi.publisher`) and the GPU hand-over records' (`nvdp.handoff.records`) use it.
 """
 

@@ -6,5 +6,6 @@
 - `serve_loop`: the main loop's skeleton (named wakes, a stop, sockets kept served) and its liveness
   (`loop_watch`), with `listen_retry` for servers that cannot listen yet;
 - `registration`: registering with the kubelet, as a device plugin and as a DRA plugin;
+- `dir_lock`: one plugin per directory (`DirClaim`: the directory locked for the process's life);
 - `rescan`: live GPU / MIG layout changes, which both plugins serve.
 """

@@ -156,7 +156,7 @@ class StatusObserver(RpcObserver, Protocol[S_contra]):
 
 
 class DirClaimHooks(Protocol):
-    """The kubelet directory claimed for this process (`nvdp.plugin.dir_lock.DirClaim`)."""
+    """The kubelet directory claimed for this process (`nvdp.kubeletplugin.dir_lock.DirClaim`)."""
 
     def acquire(self, stop: threading.Event) -> bool:
         """Block until the directory is usable and locked (True) or `stop` is set (False)."""

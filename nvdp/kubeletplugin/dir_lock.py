@@ -1,4 +1,5 @@
-"""The kubelet directory, claimed: created if missing, and locked for the life of the process.
+"""A plugin's directory, claimed: created if missing, and locked for the life of the process (the
+device plugin's kubelet directory; the DRA plugin's plugin directory, with its own lock name).
 
 Two plugin instances on one kubelet directory would delete each other's live sockets as stale and
 flap, so each takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its
@@ -8,10 +9,10 @@ retried with backoff, as the kubelet's other socket errors are.
 
 The claim is on the path, not on the directory found at start: a kubelet restart empties the
 directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
-a file or a symlink to another directory in its place. `refresh()` (called on every supervisor
+a file or a symlink to another directory in its place. `refresh()` (called on every main-loop
 wake-up) sees that the lock file at the path is no longer the one it holds and takes the lock again
 on a new file there, so a waiting instance cannot claim the directory then; while that cannot be
-done (the directory is gone, a file, read-only) it says so once and tells the supervisor when to try
+done (the directory is gone, a file, read-only) it says so once and tells the main loop when to try
 again. After start the directory is never created by nvdp: that is the kubelet's (or its
 installer's) to do, and a directory made in between would get in their way.
 
