@@ -9,6 +9,7 @@ Regenerate the golden file after an intended change: `NVDP_UPDATE_GOLDEN=1 pytes
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,11 @@ from nvdp.dra_standin.scheduler import AllocationError, allocate, consumed_capac
 from nvdp.kube.resourceslices import from_served, to_served
 from nvdp.mps.layout import MpsRoot
 from tests.builders import sim_gpus
+from tests.kube_api_standin import KubeApiStandin
+from tests.readings import log_lines
+from tests.test_dra_publisher import devices_of, publisher
 from tests.test_dra_slices import UPDATE
+from tests.test_kube_dra import GROUP, discovery
 
 GOLDEN = Path(__file__).parent / "data" / "dra" / "slices-dgx-a100-capacity.json"
 FACTS = DriverFacts("550.54.15", "12.4")
@@ -207,7 +212,10 @@ def test_a_share_makes_an_mps_client_limited_to_it(tmp_path: Path) -> None:
     [
         ({"memory": "lots"}, "ResourceClaim ns/a: consumedCapacity memory 'lots' of gpu-0 is no quantity"),
         ({"memory": "41Gi"}, "ResourceClaim ns/a: consumedCapacity memory 41Gi of gpu-0 is outside 0..40Gi"),
-        ({"memory": "1Gi", "compute": "101"}, "ResourceClaim ns/a: consumedCapacity compute 101 of gpu-0 is outside 0..100"),
+        (
+            {"memory": "1Gi", "compute": "101"},
+            "ResourceClaim ns/a: consumedCapacity compute 101 of gpu-0 is outside 0..100",
+        ),
         ({"memory": "1Ki"}, "ResourceClaim ns/a: consumedCapacity memory of gpu-0 is under 1Mi"),
     ],
     ids=["no quantity", "over the memory", "over the compute", "under a MiB"],
@@ -261,3 +269,27 @@ def test_a_device_record_says_it_allows_multiple_allocations() -> None:
     device = shared_device()
     assert device.slice_entry()["allowMultipleAllocations"] is True
     assert "allowMultipleAllocations" not in replace(device, allow_multiple_allocations=False).slice_entry()
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["kept", "dropped by the server"])
+def test_a_server_without_consumable_capacity_gets_the_gpus_whole(
+    caplog: pytest.LogCaptureFixture, dropped: bool
+) -> None:
+    caplog.set_level(logging.INFO)
+    with KubeApiStandin() as api:
+        api.put(GROUP, discovery("v1", "v1beta1"))
+        api.drop_consumable_capacity = dropped
+        pub = publisher(api)
+        pub.update(shared_by_capacity(node_devices(GPUS, FACTS), {GPUS[0].uuid}), {})
+        pub.start()
+        try:
+            assert pub.published.wait(2.0)
+            gpu0 = devices_of(api)[0]
+            assert ("allowMultipleAllocations" in gpu0) is not dropped
+            assert (gpu0["capacity"] == {"memory": {"value": "40Gi"}}) is dropped  # type: ignore[index]
+            assert pub.writes == 1  # the slice says what the server keeps: not written again
+        finally:
+            pub.stop()
+    assert pub.sharing is not dropped
+    line = 'GPUs shared by capacity published whole why="the API server drops allowMultipleAllocations'
+    assert (line in "\n".join(log_lines(caplog))) is dropped

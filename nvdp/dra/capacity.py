@@ -106,6 +106,17 @@ def shared_by_capacity(devices: Sequence[DraDevice], gpus: Collection[str]) -> l
     ]
 
 
+def unshared(device: DraDevice) -> DraDevice:
+    """A GPU shared by capacity as a whole device (its memory, no policies)."""
+    if not device.allow_multiple_allocations:
+        return device
+    return replace(
+        device,
+        capacity={MEMORY: {"value": device.capacity[MEMORY]["value"]}},
+        allow_multiple_allocations=False,
+    )
+
+
 def kept_shared(
     configured: Collection[str], before: Collection[str], held: Collection[str]
 ) -> frozenset[str]:
