@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from nvdp.config.load import parse_text
 from nvdp.dra.capacity import (
     Share,
     capacity_misfits,
@@ -293,3 +296,35 @@ def test_a_server_without_consumable_capacity_gets_the_gpus_whole(
     assert pub.sharing is not dropped
     line = 'GPUs shared by capacity published whole why="the API server drops allowMultipleAllocations'
     assert (line in "\n".join(log_lines(caplog))) is dropped
+
+
+def doc_blocks() -> list[str]:
+    """The code blocks of docs/dra.md's section on sharing by capacity."""
+    text = (Path(__file__).parent.parent / "docs" / "dra.md").read_text()
+    section = text.split("## A GPU shared by capacity\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(?:yaml)?\n(.*?)```", section, re.S)
+
+
+def test_the_documented_config_and_claims_do_as_the_docs_say() -> None:
+    config, published, claims, _ = doc_blocks()
+    assert parse_text(config).dra.consumable_capacity == ("0", "1")
+    device = shared_slices({GPUS[0].uuid})[0]["spec"]["devices"][0]
+    said = yaml.safe_load(published)
+    assert said == {k: device[k] for k in ("allowMultipleAllocations", "capacity")}
+    slices = shared_slices({GPUS[0].uuid})
+    documented = [
+        {**c, "metadata": {**c["metadata"], "uid": c["metadata"]["name"]}} for c in yaml.safe_load_all(claims)
+    ]
+    results = schedule_all(documented, slices)
+    assert [(r["device"], r["consumedCapacity"]) for r in results] == [
+        ("gpu-0", {"memory": "10Gi", "compute": "50"}),
+        ("gpu-0", {"memory": "2Gi", "compute": "0"}),
+        ("gpu-0", {"memory": "1Gi", "compute": "0"}),
+    ]
+    fourth = claim("d", {"memory": "30Gi"}, selector="device.allowMultipleAllocations == true")
+    with pytest.raises(AllocationError, match="with memory 30Gi to spare$"):
+        schedule_all([*documented, fourth], slices)
+    whole = claim("w", {"memory": "40Gi"}, selector="device.allowMultipleAllocations == false")
+    assert schedule_all([*documented, whole], slices)[-1] == {
+        "request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"
+    }  # fmt: skip

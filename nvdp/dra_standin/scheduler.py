@@ -12,6 +12,7 @@ claims use, and refuses any other with a line that says so (no CEL engine here):
     device.driver == 'gpu.nvidia.com'
     device.attributes['gpu.nvidia.com'].type == 'mig'          (a string, an integer, true / false)
     device.attributes['gpu.nvidia.com'].profile != '1g.5gb'
+    device.allowMultipleAllocations == true                     (KEP-5075: false when not set)
     TERM && TERM && ...
 
 An attribute `device.attributes['D'].name` is the device's attribute `name` when D is its driver's
@@ -50,6 +51,7 @@ DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 _KEEP_OFF = ("NoSchedule", "NoExecute")  # taint effects that keep a device from new claims
 _DRIVER = re.compile(r"^device\.driver\s*(==|!=)\s*(.+)$")
+_MULTIPLE = re.compile(r"^device\.allowMultipleAllocations\s*(==|!=)\s*(.+)$")
 _ATTRIBUTE = re.compile(r"^device\.attributes\[\s*'([^']+)'\s*\]\.([A-Za-z][A-Za-z0-9_]*)\s*(==|!=)\s*(.+)$")
 
 
@@ -89,6 +91,8 @@ def selector_matches(expression: str, driver: str, device: Obj) -> bool:
     for term in (t.strip() for t in expression.split("&&")):
         if (m := _DRIVER.match(term)) is not None:
             operator, equal = m[1], driver == _literal(m[2], expression)
+        elif (m := _MULTIPLE.match(term)) is not None:
+            operator, equal = m[1], bool(device.get("allowMultipleAllocations")) is _literal(m[2], expression)
         elif (m := _ATTRIBUTE.match(term)) is not None:
             domain, name, operator, value = m[1], m[2], m[3], _literal(m[4], expression)
             found = (device.get("attributes") or {}).get(name if domain == driver else f"{domain}/{name}")
