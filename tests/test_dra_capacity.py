@@ -240,9 +240,11 @@ def test_one_claims_shares_must_be_of_one_gpu() -> None:
     )
 
 
-def test_a_gpu_with_shares_stays_shared_until_they_are_unprepared() -> None:
-    assert kept_shared({"A"}, {"A", "B", "C"}, {"B"}) == {"A", "B"}
+def test_a_gpu_with_shares_stays_shared_and_one_held_whole_waits_until_unprepared() -> None:
+    assert kept_shared({"A"}, {"A", "B", "C"}, {"B"}) == {"A", "B"}  # B: its shares are prepared still
     assert kept_shared(set(), {"B"}, set()) == set()
+    assert kept_shared({"A", "D"}, set(), {"D"}) == {"A"}  # D: a claim holds it whole
+    assert kept_shared({"A", "D"}, set(), set()) == {"A", "D"}
 
 
 def test_an_allocation_result_carries_its_share() -> None:

@@ -120,9 +120,11 @@ def unshared(device: DraDevice) -> DraDevice:
 def kept_shared(
     configured: Collection[str], before: Collection[str], held: Collection[str]
 ) -> frozenset[str]:
-    """The GPUs to share by capacity now: those configured, and those shared before that a prepared
+    """The GPUs to share by capacity now (uuids): those configured, but one a prepared claim holds
+    whole (not shared before) only once it is unprepared; and those shared before that a prepared
     claim still holds (a GPU with shares is never published whole until they are unprepared)."""
-    return frozenset(configured) | (frozenset(before) & frozenset(held))
+    configured, before, held = frozenset(configured), frozenset(before), frozenset(held)
+    return (configured - (held - before)) | (before & held)
 
 
 def capacity_misfits(gpus: Sequence[GpuInfo], shared: Collection[str]) -> tuple[Misfit, ...]:

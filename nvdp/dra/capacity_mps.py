@@ -79,7 +79,7 @@ class CapacityDaemons:
         self._lock = threading.Lock()
         self._daemons: dict[str, tuple[MpsController, threading.Thread]] = {}  # GPU uuid ->
         self._stopped = False
-        self.shared: frozenset[str] = frozenset()  # the GPUs shared by capacity, as last settled
+        self.shared: frozenset[str] | None = None  # the GPUs shared by capacity, as last settled
 
     @staticmethod
     def for_node(nvml: object, settings: DraSettings, environ: Mapping[str, str]) -> CapacityDaemons:
@@ -102,7 +102,10 @@ class CapacityDaemons:
         """`devices` with the GPUs shared by capacity made so: those `dra.consumableCapacity` names
         and those shared before that a prepared claim still `held` (uuids); their misfits told."""
         sharing, told = dra_sharing(dra, gpus)
-        self.shared = kept_shared(sharing.capacity, self.shared, held)
+        before = (
+            sharing.capacity if self.shared is None else self.shared
+        )  # at start: the claims held are shares
+        self.shared = kept_shared(sharing.capacity, before, held)
         misfits.update("sharing", (*told, *capacity_misfits(gpus, self.shared)))
         return shared_by_capacity(devices, self.shared)
 
