@@ -155,7 +155,7 @@ class DraSimulation:
         out.write(f"  capacity: {capacity}\n")
         shared = next((d for d in devices if d.get("allowMultipleAllocations")), None)
         if shared is not None:
-            show_shares(self, out, shared)
+            show_shares(out, shared, self.allocated, self.kubelet, self.settings.cdi_root)
         else:
             self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
         mig = next((d for d in devices if d["attributes"]["type"]["string"] == "mig"), None)

@@ -5,18 +5,19 @@ control daemon (`nvdp.dra.capacity_mps`: its ready marker is written instead).""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from nvdp.bounded import loads_json
 from nvdp.dra.names import DRIVER_NAME, claim_spec_file
 from nvdp.dra_standin.scheduler import AllocationError
 from nvdp.files import read_bounded
+from nvdp.kubelet_standin.dra import Claim, DraManager
 
-if TYPE_CHECKING:
-    from nvdp.simulate_dra import DraSimulation
+Allocate = Callable[[str, str, str, Mapping[str, str]], tuple[Claim, dict[str, Any]]]
 
-SHARES = (
+SHARES: tuple[tuple[str, dict[str, str]], ...] = (
     ("share-a", {"memory": "10Gi", "compute": "50"}),
     ("share-b", {"memory": "1500Mi"}),
     ("share-c", {}),
@@ -24,7 +25,10 @@ SHARES = (
 )
 
 
-def show_shares(sim: DraSimulation, out: TextIO, device: dict[str, Any]) -> None:
+def show_shares(
+    out: TextIO, device: dict[str, Any], allocated: Allocate, kubelet: DraManager, cdi_root: str
+) -> None:
+    """Print the demo; `allocated` makes and allocates a claim (`DraSimulation.allocated`)."""
     name, index = device["name"], device["attributes"]["index"]["int"]
     out.write(f"\n{name} is shared by capacity (allowMultipleAllocations: true):\n")
     for capacity, said in device["capacity"].items():
@@ -42,7 +46,7 @@ def show_shares(sim: DraSimulation, out: TextIO, device: dict[str, Any]) -> None
             f"\nResourceClaim default/{claim_name}: class gpu.nvidia.com where {selector}, asking {wants}\n"
         )
         try:
-            ref, claim = sim.allocated(claim_name, "gpu.nvidia.com", selector, asked)
+            ref, claim = allocated(claim_name, "gpu.nvidia.com", selector, asked)
         except AllocationError as error:
             out.write(f"  not allocated: {error}\n")
             continue
@@ -51,7 +55,7 @@ def show_shares(sim: DraSimulation, out: TextIO, device: dict[str, Any]) -> None
         out.write(
             f"  allocated {result['device']}: consumedCapacity {consumed}; shareID {result['shareID']}\n"
         )
-        answer = sim.kubelet.node_prepare(DRIVER_NAME, [ref]).claims[ref.uid]
+        answer = kubelet.node_prepare(DRIVER_NAME, [ref]).claims[ref.uid]
         if answer.error:
             out.write(f"  NodePrepareResources -> error: {answer.error}\n")
             continue
@@ -59,10 +63,10 @@ def show_shares(sim: DraSimulation, out: TextIO, device: dict[str, Any]) -> None
         out.write(
             f"  NodePrepareResources -> {', '.join(answer.devices[0].cdi_device_ids)}; MPS client env:\n"
         )
-        spec = loads_json(read_bounded(Path(sim.settings.cdi_root) / claim_spec_file(ref.uid)))
+        spec = loads_json(read_bounded(Path(cdi_root) / claim_spec_file(ref.uid)))
         for device_spec in spec["devices"]:
             for env in device_spec["containerEdits"].get("env") or []:
                 if env.startswith("CUDA_MPS_"):
                     out.write(f"    {env}\n")
-    sim.kubelet.node_unprepare(DRIVER_NAME, prepared)
+    kubelet.node_unprepare(DRIVER_NAME, prepared)
     out.write(f"\nNodeUnprepareResources of the {len(prepared)} shares -> their specs removed\n")

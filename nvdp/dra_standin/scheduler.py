@@ -184,8 +184,8 @@ def allocate(
         ]
         picked: list[tuple[DeviceKey, dict[str, int] | None]] = []
         for key, device in matching:
-            share = _share(asked, device, charged.get(key, {}))
-            if len(picked) < count and share is not False:
+            fits, share = _share(asked, device, charged.get(key, {}))
+            if len(picked) < count and fits:
                 picked.append((key, share))
                 if share is None:
                     used.add(key)
@@ -208,21 +208,24 @@ def allocate(
     return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}}
 
 
-def _share(asked: Mapping[str, int], device: Obj, charged: Mapping[str, int]) -> dict[str, int] | None | bool:
-    """What a request takes of `device`: None (the whole device), its share (a device that allows
-    multiple allocations), or False: it does not fit."""
+def _share(
+    asked: Mapping[str, int], device: Obj, charged: Mapping[str, int]
+) -> tuple[bool, dict[str, int] | None]:
+    """Whether a request fits `device`, and what it takes of it: None (the whole device) or its
+    share (a device that allows multiple allocations)."""
     capacity = device.get("capacity") or {}
     if any(name not in capacity for name in asked):
-        return False
+        return False, None
     if not device.get("allowMultipleAllocations"):
-        return None if all(n <= parse_quantity(capacity[c]["value"]) for c, n in asked.items()) else False
+        return all(n <= parse_quantity(capacity[c]["value"]) for c, n in asked.items()), None
     share = {}
     for name, cap in capacity.items():
-        policy = cap.get("requestPolicy")
         share[name] = taken = _rounded(asked.get(name), cap)
-        if _violates(taken, policy) or charged.get(name, 0) + taken > parse_quantity(cap["value"]):
-            return False
-    return share
+        if _violates(taken, cap.get("requestPolicy")) or charged.get(name, 0) + taken > parse_quantity(
+            cap["value"]
+        ):
+            return False, None
+    return True, share
 
 
 def _rounded(asked: int | None, capacity: Obj) -> int:
@@ -250,7 +253,7 @@ def _violates(share: int, policy: Obj | None) -> bool:
         low = parse_quantity(valid_range.get("min", 0))
         over = "max" in valid_range and share > parse_quantity(valid_range["max"])
         return over or ("step" in valid_range and (share - low) % parse_quantity(valid_range["step"]) != 0)
-    return bool(valid_values) and share not in {parse_quantity(v) for v in valid_values}
+    return bool(valid_values) and share not in {parse_quantity(v) for v in valid_values or ()}
 
 
 def _said(asked: Mapping[str, int]) -> str:
