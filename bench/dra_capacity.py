@@ -6,7 +6,6 @@ eight daemon starts are among the samples; budget 50 ms, p50."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -23,9 +22,8 @@ def measure_capacity(workdir: Path, claims: int) -> list[Row]:
     from tests.mps_standin import Standin
 
     standin = Standin(workdir / "mps-standin")
-    env = {"PATH": f"{standin.bin}{os.pathsep}{os.environ['PATH']}", "MPS_STANDIN_DIR": str(standin.dir)}
     prepare, unprepare = Sample(), Sample()
-    with dra_cluster(workdir, "sim:dgx-a100", env=env) as cluster:
+    with dra_cluster(workdir, "sim:dgx-a100", env=standin.on_path()) as cluster:
         (cluster.node.root / "config.yaml").write_text(CONFIG.format(root=cluster.node.root / "mps"))
         cluster.start()
         cluster.registered()

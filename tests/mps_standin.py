@@ -121,6 +121,13 @@ class Standin:
         env["MPS_STANDIN_DIR"] = str(self.dir)
         return env
 
+    def on_path(self) -> dict[str, str]:
+        """Just the env a process needs to find the stand-in first on PATH (for `clean_env`'s extra)."""
+        return {
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "MPS_STANDIN_DIR": str(self.dir),
+        }
+
     def calls(self) -> list[dict[str, Any]]:
         path = self.dir / "calls.jsonl"
         if not path.exists():

@@ -6,7 +6,6 @@ at the first claim, and what each client got; a daemon that cannot start fails t
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +25,7 @@ INDEX_0 = "device.attributes['gpu.nvidia.com'].index == 0"
 def shared_node(tmp_path: Path) -> Iterator[tuple[DraCluster, Standin, Path]]:
     """dgx-a100 with every GPU shared by capacity, the MPS stand-in on the plugin's PATH."""
     standin = Standin(tmp_path / "mps-standin")
-    env = {"PATH": f"{standin.bin}{os.pathsep}{os.environ['PATH']}", "MPS_STANDIN_DIR": str(standin.dir)}
-    with dra_cluster(tmp_path, "sim:dgx-a100", env=env) as cluster:
+    with dra_cluster(tmp_path, "sim:dgx-a100", env=standin.on_path()) as cluster:
         root = cluster.node.root / "mps"
         config = f"version: v1\nflags:\n  mpsRoot: {root}\ndra:\n  devices: all\n  consumableCapacity: all\n"
         (cluster.node.root / "config.yaml").write_text(config)
