@@ -37,6 +37,7 @@ from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.sources import ConfigMapSources, Entries
 from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
+from nvdp.kube import Involved
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ RETRY_MAX_S = 30.0
 
 
 class NodeEvents(Protocol):
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None: ...
+    def create_event(self, about: Involved, event_type: str, reason: str, message: str) -> None: ...
 
 
 class AppliedRecord(Protocol):
@@ -390,7 +391,7 @@ class ConfigManager:
         if self._events is None:
             return
         try:
-            self._events.create_node_event(event_type, reason, message)
+            self._events.create_event(Involved.node(self.settings.node_name), event_type, reason, message)
         except Exception as error:  # an event is best effort; the config work goes on
             log_event(log, logging.WARNING, "cannot create node event", reason=reason, error=str(error))
 

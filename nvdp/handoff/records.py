@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -58,6 +57,7 @@ from nvdp.handoff.rule import (
     settle,
     unit_count,
 )
+from nvdp.lock_file import LockFile, is_locked
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
@@ -83,7 +83,7 @@ class Handoff:
         self._prove_other = prove or (device_plugin_holds if api == DRA else None)
         self.other_api = DRA if api == DEVICE_PLUGIN else DEVICE_PLUGIN
         self.directory = directory
-        self._lock_fd: int | None = None
+        self._lock = LockFile(self._path(api, "lock"))
         self._joined = False  # the directory was there once: lock taken (or tried), record written
         self._lock_said = False
         self._serving: frozenset[str] = frozenset()
@@ -127,23 +127,11 @@ class Handoff:
 
     def _take_lock(self) -> None:
         try:
-            fd = os.open(
-                self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-            )
+            if self._lock.acquire(tries=LOCK_TRIES, every_s=LOCK_TRY_WAIT_S) is None:
+                return
         except OSError as error:
             self._say_lock(f"cannot open the lock: {error.strerror or error}")
             return
-        for _ in range(LOCK_TRIES):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._lock_fd = fd
-                return
-            except BlockingIOError:
-                time.sleep(LOCK_TRY_WAIT_S)
-            except OSError as error:
-                self._say_lock(f"cannot lock: {error.strerror or error}")
-                break
-        os.close(fd)
         self._say_lock(f"another process of {API_WORDS[self.api]} holds the lock")
 
     def _say_lock(self, problem: str) -> None:
@@ -159,14 +147,7 @@ class Handoff:
 
     def _lock_replaced(self) -> bool:
         """Our lock file is gone or another file stands at its path (a cleaned directory)."""
-        if self._lock_fd is None:
-            return False
-        try:
-            found = os.lstat(self._path(self.api, "lock"))
-        except OSError:
-            return True
-        held = os.fstat(self._lock_fd)
-        return (found.st_ino, found.st_dev) != (held.st_ino, held.st_dev)
+        return self._lock.taken and not self._lock.held
 
     def _own_files_changed(self) -> bool:
         """Our record or lock is not what this process left (removed, replaced, edited)."""
@@ -181,7 +162,7 @@ class Handoff:
                 log, logging.WARNING, "GPU hand-over lock removed or replaced; locking again", directory=where
             )
             self.close()
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 self._path(self.api, "lock").unlink()  # ours to make: whatever stands there goes
             self._lock_said = False
             self._take_lock()
@@ -258,17 +239,9 @@ class Handoff:
         """Whether `api`'s process holds its lock (a shared lock taken here would wait); a lock file
         replaced by a symlink counts as held (fail closed: what that side advertises stays its)."""
         try:
-            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            return is_locked(self._path(api, "lock"))
         except OSError as error:
             return error.errno == errno.ELOOP
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        except OSError as error:
-            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-        finally:
-            os.close(fd)
 
     def _write(self, serving: frozenset[str]) -> None:
         """The record, when it says something new (the other side is woken by each write)."""
@@ -344,9 +317,7 @@ class Handoff:
         return self._read(self.api), self._path(self.api, "json"), self._path(self.api, "lock")
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._lock.close()
 
     # ---- when to settle again -----------------------------------------------------------------------
     def retry_in(self) -> float | None:
