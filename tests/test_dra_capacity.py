@@ -29,12 +29,14 @@ from nvdp.dra.capacity import (
     share_of,
     shared_by_capacity,
 )
-from nvdp.dra.claims import ClaimError, ClaimRef, allocated_devices
+from nvdp.dra.capacity_mps import CapacityDaemons
+from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
 from nvdp.dra.devices import DriverFacts, node_devices
 from nvdp.dra.slices import pool_slices
 from nvdp.dra_standin.scheduler import AllocationError, allocate, consumed_capacity, nvidia_device_classes
 from nvdp.kube.resourceslices import from_served, to_served
 from nvdp.mps.layout import MpsRoot
+from nvdp.nvml.types import ComputeMode
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import log_lines
@@ -330,3 +332,38 @@ def test_the_documented_config_and_claims_do_as_the_docs_say() -> None:
     assert schedule_all([*documented, whole], slices)[-1] == {
         "request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"
     }  # fmt: skip
+
+
+class NoComputeModes:
+    """A simulated node's daemons never change a compute mode."""
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        raise AssertionError(gpu_uuid)
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        raise AssertionError(gpu_uuid)
+
+
+def test_prepared_shares_never_exceed_the_gpu(tmp_path: Path) -> None:
+    daemons = CapacityDaemons(NoComputeModes(), MpsRoot(tmp_path), {}, simulated=True)
+    device = shared_device()
+    devices = {device.name: device}
+
+    def prepare(uid: str, consumed: dict[str, str] | None) -> tuple[Share, ...]:
+        result = Allocated("gpu", device.name, consumed, f"share-{uid}")
+        return daemons.edits(ClaimRef("ns", uid, uid), [result], devices)[1]
+
+    assert prepare("a", {"memory": "30Gi", "compute": "60"})[0].memory_bytes == 30 << 30
+    assert (tmp_path / "gpu.nvidia.com" / GPUS[0].uuid / ".started").exists()  # simulated: the marker
+    for uid, consumed, error in (
+        ("b", {"memory": "11Gi"}, "memory 10Gi left by the claims prepared on it, not the 11Gi"),
+        ("c", {"memory": "1Gi", "compute": "41"}, "compute 40 left by the claims prepared on it, not the 41"),
+        ("d", None, "memory 10Gi left by the claims prepared on it, not the 40Gi"),  # the whole GPU
+    ):
+        with pytest.raises(ClaimError) as raised:
+            prepare(uid, consumed)
+        assert str(raised.value) == f"ResourceClaim ns/{uid}: gpu-0 has {error} the claim consumes"
+    assert prepare("b", {"memory": "10Gi", "compute": "40"})  # exactly what is left
+    assert prepare("a", {"memory": "30Gi", "compute": "60"})  # prepared again: its own share is no other's
+    daemons.release("a")
+    assert prepare("d", {"memory": "30Gi"})

@@ -26,6 +26,8 @@ from typing import Any, cast
 from nvdp.config.model import Dra
 from nvdp.dirs import make_dirs
 from nvdp.dra.capacity import (
+    COMPUTE,
+    MEMORY,
     Share,
     capacity_misfits,
     client_edits,
@@ -33,11 +35,12 @@ from nvdp.dra.capacity import (
     kept_shared,
     mps_root,
     one_gpu,
+    parse_quantity,
     share_of,
     shared_by_capacity,
 )
-from nvdp.dra.claims import Allocated, ClaimError
-from nvdp.dra.devices import DraDevice
+from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
+from nvdp.dra.devices import DraDevice, quantity
 from nvdp.dra.options import DraSettings
 from nvdp.inventory import dra_sharing
 from nvdp.logs import log_event
@@ -80,6 +83,7 @@ class CapacityDaemons:
         self._daemons: dict[str, tuple[MpsController, threading.Thread]] = {}  # GPU uuid ->
         self._stopped = False
         self.shared: frozenset[str] | None = None  # the GPUs shared by capacity, as last settled
+        self._held: dict[str, tuple[Share, ...]] = {}  # claim UID -> its shares (since the start)
 
     @staticmethod
     def for_node(nvml: object, settings: DraSettings, environ: Mapping[str, str]) -> CapacityDaemons:
@@ -102,18 +106,18 @@ class CapacityDaemons:
         """`devices` with the GPUs shared by capacity made so: those `dra.consumableCapacity` names
         and those shared before that a prepared claim still `held` (uuids); their misfits told."""
         sharing, told = dra_sharing(dra, gpus)
-        before = (
-            sharing.capacity if self.shared is None else self.shared
-        )  # at start: the claims held are shares
+        before = sharing.capacity if self.shared is None else self.shared  # at start: held claims are shares
         self.shared = kept_shared(sharing.capacity, before, held)
         misfits.update("sharing", (*told, *capacity_misfits(gpus, self.shared)))
         return shared_by_capacity(devices, self.shared)
 
     def edits(
-        self, claim: str, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
     ) -> tuple[dict[str, dict[str, list[Any]]], tuple[Share, ...]]:
         """The claim's shares and, per shared device, the CDI containerEdits of an MPS client limited
-        to them; the GPU's daemon started first (and waited for). Raises ClaimError."""
+        to them; the GPU's daemon started first (and waited for). Raises ClaimError, also for shares
+        past what the claims prepared since the start left of the GPU."""
+        claim = str(ref)
         by_device: dict[str, Share] = {}
         for result in allocated:
             device = devices[result.device]
@@ -133,7 +137,12 @@ class CapacityDaemons:
         if gpu is None:
             return {}, ()
         device = devices[shares[0].device]
-        self._ready(gpu, int(device.attributes["index"]["int"]), shares[0], claim)
+        self._take(ref.uid, shares, devices, claim)
+        try:
+            self._ready(gpu, int(device.attributes["index"]["int"]), shares[0], claim)
+        except BaseException:
+            self.release(ref.uid)
+            raise
         log_event(
             log,
             logging.INFO,
@@ -143,6 +152,33 @@ class CapacityDaemons:
             shares="; ".join(s.describe() for s in shares),
         )
         return {s.device: client_edits(s, self.root) for s in shares}, shares
+
+    def release(self, uid: str) -> None:
+        """The claim is unprepared: its shares are the GPUs' again."""
+        with self._lock:
+            self._held.pop(uid, None)
+
+    def _take(self, uid: str, shares: Sequence[Share], devices: Mapping[str, DraDevice], claim: str) -> None:
+        """Hold the claim's shares, if what the other prepared claims hold of each GPU leaves room."""
+        with self._lock:
+            for share in shares:
+                others = [
+                    s for u, held in self._held.items() if u != uid for s in held if s.device == share.device
+                ]
+                total = {
+                    name: parse_quantity(c["value"]) for name, c in devices[share.device].capacity.items()
+                }
+                for name, asked, used in (
+                    (MEMORY, share.memory_bytes, sum(s.memory_bytes for s in others)),
+                    (COMPUTE, share.compute, sum(s.compute for s in others)),
+                ):
+                    if asked and used + asked > total.get(name, 0):
+                        left = quantity(max(0, total.get(name, 0) - used))["value"]
+                        raise ClaimError(
+                            f"ResourceClaim {claim}: {share.device} has {name} {left} left by the claims "
+                            f"prepared on it, not the {quantity(asked)['value']} the claim consumes"
+                        )
+            self._held[uid] = tuple(shares)
 
     def _ready(self, gpu: str, index: int, share: Share, claim: str) -> None:
         name = daemon_name(gpu)

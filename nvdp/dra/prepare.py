@@ -48,8 +48,9 @@ class Shares(Protocol):
     """The claims' shares of GPUs shared by capacity (`nvdp.dra.capacity_mps.CapacityDaemons`)."""
 
     def edits(
-        self, claim: str, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
     ) -> tuple[dict[str, dict[str, list[Any]]], tuple[object, ...]]: ...
+    def release(self, uid: str) -> None: ...
 
 
 class Inventory(Protocol):
@@ -194,6 +195,8 @@ class ClaimPreparer:
                     answers[ref.uid] = self._not_unprepared(ref, str(error))
                     continue
                 answers[ref.uid] = ""
+                if self._shares is not None:
+                    self._shares.release(ref.uid)
                 claim = self.prepared.pop(ref.uid, None)
                 if claim is not None:
                     removed[ref.uid] = (ref, claim)
@@ -251,13 +254,15 @@ class ClaimPreparer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
         ref, devices = decided.ref, decided.devices
         try:
-            edits = self._shares.edits(str(ref), decided.allocated, devices)[0] if self._shares else {}
+            edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
             unique = list({d.name: d for d in devices.values()}.values())
             ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
-        except ClaimError as error:
-            return self._refused(ref, str(error))
-        except OSError as error:
-            return self._refused(ref, f"ResourceClaim {ref}: {error}")
+        except (ClaimError, OSError) as error:
+            if self._shares is not None:
+                self._shares.release(ref.uid)  # a claim not prepared holds no share
+            return self._refused(
+                ref, str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            )
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
