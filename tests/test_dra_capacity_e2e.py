@@ -6,6 +6,7 @@ at the first claim, and what each client got; a daemon that cannot start fails t
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from nvdp.kubelet_standin.dra import Claim
 from nvdp.testing import wait_until
-from tests.dra_support import DraCluster, dra_cluster, make_claim, schedule, slices_of
+from tests.dra_support import DraCluster, dra_cluster, make_claim, published, schedule, slices_of
 from tests.mps_standin import Standin
 
 GOLDEN = Path(__file__).parent / "data" / "dra" / "slices-dgx-a100-capacity.json"
@@ -97,3 +98,21 @@ def test_a_daemon_that_cannot_start_fails_the_claim_in_one_line(tmp_path: Path) 
         assert cluster.specs() == {}
         whole = Claim("ns", "first", claim.uid)
         assert not cluster.kubelet.node_unprepare("gpu.nvidia.com", [whole]).claims[claim.uid].error
+
+
+def test_a_gpu_with_a_share_stays_shared_until_unprepared_after_a_reload(tmp_path: Path) -> None:
+    with shared_node(tmp_path) as (cluster, _, _):
+        claim = make_claim(cluster.api, "kept", selector=INDEX_0, capacity={"memory": "4Gi"})
+        schedule(cluster.api, claim)
+        assert not cluster.kubelet.node_prepare("gpu.nvidia.com", [claim]).claims[claim.uid].error
+        config = cluster.node.root / "config.yaml"
+        config.write_text(config.read_text().replace("consumableCapacity: all", "consumableCapacity: none"))
+        assert cluster.process is not None
+        cluster.process.send(signal.SIGHUP)
+
+        def shared() -> list[str]:
+            return [d["name"] for d in published(cluster.api).values() if d.get("allowMultipleAllocations")]
+
+        wait_until(lambda: shared() == ["gpu-0"], 10, "only gpu-0, with its share, still shared")
+        cluster.kubelet.node_unprepare("gpu.nvidia.com", [claim])
+        wait_until(lambda: shared() == [], 10, "gpu-0 published whole once its share is unprepared")
