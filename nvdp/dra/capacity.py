@@ -1,21 +1,18 @@
 """A GPU shared by consumable capacity (KEP-5075, resource.k8s.io/v1; beta and on by default from
 Kubernetes 1.36, gate DRAConsumableCapacity) (pure).
 
-Published: a GPU `dra.consumableCapacity` names is its one `gpu` device with
-`allowMultipleAllocations: true` and two capacities, each with a `requestPolicy` (every capacity has
-one: the scheduler charges a claim the whole of a capacity without one):
-
-- `memory`: the GPU's memory; default 1Gi, validRange min 1Gi, step 1Gi (a claim asking 1500Mi
-  consumes 2Gi).
-- `compute`: 100, a percentage of the GPU's SMs; default 0 (no cap asked), validRange min 0, step 1.
-
-Prepared: each allocation result of such a device carries the claim's `consumedCapacity` (and a
-`shareID`). The claim's containers are MPS clients of the GPU's control daemon
-(`nvdp.dra.capacity_mps`), limited to their share through the claim's CDI device:
-`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<GPU uuid>=<MiB>M`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<compute>`
-(when the claim consumes compute), `CUDA_MPS_PIPE_DIRECTORY` with the pipe directory mounted, and
-`<mps root>/shm` at /dev/shm. A result without `consumedCapacity` (a server that drops the field) is
-charged the whole GPU. One claim's shares must be of one GPU (an MPS client reaches one daemon).
+- Published: a GPU `dra.consumableCapacity` names is its one `gpu` device with
+  `allowMultipleAllocations: true` and two capacities, each with a `requestPolicy` (the scheduler
+  charges a claim the whole of a capacity without one).
+- `memory`: the GPU's memory; default 1Gi, validRange min 1Gi, step 1Gi (1500Mi asked: 2Gi taken).
+- `compute`: 100, a percentage of the GPU's SMs; default 0 (no cap), validRange min 0, step 1.
+- Prepared: each result on such a device carries the claim's `consumedCapacity` (and a `shareID`);
+  the claim's containers are MPS clients of the GPU's daemon (`nvdp.dra.capacity_mps`) through its
+  CDI device: CUDA_MPS_PIPE_DIRECTORY (mounted), `<mps root>/shm` at /dev/shm,
+  `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<GPU uuid>=<MiB>M`, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when the
+  claim consumes compute.
+- A result without `consumedCapacity` (a server that drops the field) takes the whole GPU.
+- One claim's shares are of one GPU (an MPS client reaches one daemon).
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """The MPS control daemons of the GPUs shared by capacity (`nvdp.dra.capacity`), run by the DRA plugin.
 
-A shared GPU's daemon is started when its first claim is prepared, and that claim is answered once
-the daemon is ready: the control daemon of `nvdp mps-control-daemon` (`nvdp.mps.controller`: the GPU
-set to EXCLUSIVE_PROCESS, `nvidia-cuda-mps-control -d`, its default limits, the ready marker, a
-health query every `health_interval`, restarts with backoff), one per GPU, in
-`<mps root>/gpu.nvidia.com/<GPU uuid>/` (pipe, log, `.started`, `.status`), with
-CUDA_VISIBLE_DEVICES naming that GPU alone. A daemon that cannot start fails the claim with what its
-status file says (`nvidia-cuda-mps-control not found`); the next claim tries again. Daemons run
-until the plugin stops (each `quit`, its GPU back to DEFAULT).
-
-On a simulated node without `nvidia-cuda-mps-control` (`nvdp simulate --api dra`) no daemon runs:
-the ready marker is written instead (`simulated`), as `nvdp.mps.simulated` does for the device plugin.
+- One per GPU, started when its first claim is prepared; the claim is answered once it is ready.
+- The daemon is `nvdp mps-control-daemon`'s (`nvdp.mps.controller`): the GPU EXCLUSIVE_PROCESS,
+  `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES naming the GPU, the ready marker, a health
+  query every `health_interval`, restarts with backoff; in `<mps root>/gpu.nvidia.com/<GPU uuid>/`.
+- A daemon that cannot start fails the claim with what its status file says; the next claim tries again.
+- The shares of the claims prepared since the start never exceed a capacity of their GPU.
+- Daemons run until the plugin stops (each `quit`, its GPU back to DEFAULT).
+- A simulated node without `nvidia-cuda-mps-control` (`nvdp simulate --api dra`) runs none: the ready
+  marker is written instead, as `nvdp.mps.simulated` does for the device plugin.
 """
 
 from __future__ import annotations
