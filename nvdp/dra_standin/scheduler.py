@@ -18,15 +18,16 @@ claims use, and refuses any other with a line that says so (no CEL engine here):
 An attribute `device.attributes['D'].name` is the device's attribute `name` when D is its driver's
 name, else its attribute `D/name`; a device without it does not match.
 
-Consumable capacity (KEP-5075), as the scheduler's allocator does it: a device with
-`allowMultipleAllocations` is never taken whole; each result on it consumes, for every capacity of
-the device, what the request asks (`capacity.requests`) rounded up by the capacity's
-`requestPolicy` (below `validRange.min`: min; else up to min + n * step; `validValues`: the first
-not below), or the policy's `default` when the request asks none (a capacity without a policy: all
-of it); a share over `validRange.max` (or not among `validValues`) or past what the other claims
-(`consumed`) and this claim left does not fit, nor does a request naming a capacity the device lacks.
-The result carries `consumedCapacity` and a `shareID`. On any other device a capacity request is a
-bound: the device's capacity must reach it.
+Consumable capacity (KEP-5075), as the scheduler's allocator does it:
+
+- A device with `allowMultipleAllocations` is never taken whole; each result on it consumes, of every
+  capacity of the device, what the request asks (`capacity.requests`) rounded up by the capacity's
+  `requestPolicy` (below `validRange.min`: min; else up to min + n * step; `validValues`: the first
+  not below), or the policy's `default` when the request asks none (no policy: all of it).
+- A share over `validRange.max`, not among `validValues`, or past what the other claims (`consumed`)
+  and this claim left does not fit; nor does a request naming a capacity the device lacks.
+- The result carries `consumedCapacity` and a `shareID`.
+- On any other device a capacity request is a bound: the device's capacity must reach it.
 
 Extended resources through DRA (KEP-5004, resource.k8s.io/v1 `DeviceClass.spec.extendedResourceName`):
 `extended_resource_claim` is the claim the scheduler makes for a pod that asks an extended resource
