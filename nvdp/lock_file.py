@@ -1,16 +1,15 @@
-"""Lock files: an exclusive `flock` on a file at a path, held for as long as this process needs it.
+"""Lock files: an exclusive `flock` on a file at a path, held as long as this process needs it.
 
-- The file is opened with O_NOFOLLOW (a symlink at the path is refused, never followed), O_CLOEXEC
-  (a child process does not inherit the lock) and O_NONBLOCK (a FIFO put there cannot block);
-  anything but a regular file is refused with one line that says what it is.
-- The file is 0600 whatever the umask, and once locked it holds `note` (who holds it) for a second
-  process to say whom it waits for.
-- After the flock, the file is checked to be still the one at the path (st_dev, st_ino): a holder
-  that removed or replaced it while this process waited did not hand over the lock.
-- A wait for the lock is bounded (`tries`); what another holder wrote is read up to NOTE_BYTES.
-
-The kubelet directory's claim (`nvdp.kubeletplugin.dir_lock`), the CDI spec directory's
-(`nvdp.cdi.publisher`) and the GPU hand-over records' (`nvdp.handoff.records`) use it.
+- The file is opened with O_NOFOLLOW (a symlink is refused, never followed), O_CLOEXEC (a child
+  does not inherit the lock) and O_NONBLOCK (a FIFO cannot block); anything but a regular file is
+  refused with one line that says what it is.
+- It is 0600 whatever the umask; once locked it holds `note`, so a second process says whom it
+  waits for (read up to NOTE_BYTES).
+- After the flock, the file must still be the one at the path (st_dev, st_ino): a holder that
+  removed or replaced it meanwhile did not hand over the lock.
+- A wait for the lock is bounded (`tries`).
+- Users: the kubelet directory's claim (`nvdp.kubeletplugin.dir_lock`), the CDI spec directory's
+  (`nvdp.cdi.publisher`) and the GPU hand-over records' (`nvdp.handoff.records`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop import DraLoop, DraParts, InSlices
@@ -94,6 +95,7 @@ class DraDriver:
                 settings.plugin_socket, counters.registered if counters else None, streams.expect_kubelet
             ),
             observer=counters,
+            capacity=CapacityDaemons.for_node(counted, settings, environ),  # GPUs shared by capacity
         )
         self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="dra-grpc")
         self.loop = DraLoop(settings, parts, serve, self._executor, reload)

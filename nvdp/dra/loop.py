@@ -22,6 +22,7 @@ from nvdp.backoff import Backoff
 from nvdp.config.model import DraDevices
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
+from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import ResourceApi
@@ -88,6 +89,7 @@ class DraParts:
     node_count: NodeCountGate  # a GPU newly served is offered once the Node no longer counts it
     registration: RegistrationService
     observer: RequestObserver | None  # told of each NodePrepareResources / NodeUnprepareResources
+    capacity: CapacityDaemons  # the GPUs shared by capacity (their MPS daemons)
 
 
 class DraLoop:
@@ -242,6 +244,7 @@ class DraLoop:
             specs,
             checkpoint,
             changed=self._serve.waker("claims"),
+            shares=p.capacity,
         )
         self._enumerate()
         p.handoff.watch(self._watcher)
@@ -302,6 +305,7 @@ class DraLoop:
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
+        everything = p.capacity.settle(self.settings.config.dra, gpus, everything, holds, p.misfits)
         self._serving = p.handoff.settle(owned, holds, gpus).serve
         self._offered = p.node_count.offer(self._serving, self._offered, p.handoff.other.advertised())
         p.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
@@ -337,6 +341,7 @@ class DraLoop:
         p = self.parts
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
+        p.capacity.stop()
         p.streams.stop()
         p.publisher.stop()
         p.health.stop()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +42,15 @@ from nvdp.logs import log_event
 log = logging.getLogger(__name__)
 
 API_READERS = 8  # a call's claims read from the API at once
+
+
+class Shares(Protocol):
+    """The claims' shares of GPUs shared by capacity (`nvdp.dra.capacity_mps.CapacityDaemons`)."""
+
+    def edits(
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+    ) -> tuple[dict[str, dict[str, list[Any]]], tuple[object, ...]]: ...
+    def release(self, uid: str) -> None: ...
 
 
 class Inventory(Protocol):
@@ -79,8 +88,10 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         *,
         changed: Callable[[], None] | None = None,
+        shares: Shares | None = None,
     ) -> None:
         self._api = api
+        self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
@@ -184,6 +195,8 @@ class ClaimPreparer:
                     answers[ref.uid] = self._not_unprepared(ref, str(error))
                     continue
                 answers[ref.uid] = ""
+                if self._shares is not None:
+                    self._shares.release(ref.uid)
                 claim = self.prepared.pop(ref.uid, None)
                 if claim is not None:
                     removed[ref.uid] = (ref, claim)
@@ -241,11 +254,15 @@ class ClaimPreparer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
         ref, devices = decided.ref, decided.devices
         try:
-            ids = self._specs.write(ref.uid, list({d.name: d for d in devices.values()}.values()), dev_nodes)
-        except ClaimError as error:
-            return self._refused(ref, str(error))
-        except OSError as error:
-            return self._refused(ref, f"ResourceClaim {ref}: {error}")
+            edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
+            unique = list({d.name: d for d in devices.values()}.values())
+            ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
+        except (ClaimError, OSError) as error:
+            if self._shares is not None:
+                self._shares.release(ref.uid)  # a claim not prepared holds no share
+            return self._refused(
+                ref, str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            )
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)

@@ -1,32 +1,24 @@
 """One GPU, one API: the hand-over of a node's GPUs between the device plugin (`nvdp plugin`) and the
 DRA driver (`nvdp dra-kubelet-plugin`), so that no GPU is ever advertised by both.
 
-The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`). Both processes
-read it, but each at its own moment (each is signalled by its own config-manager), and a GPU that a
-running pod holds must stay with the API the pod got it from. So each process keeps a record in a
-directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`):
-
-- `served-by-<api>.json`: `{"serving": [GPU uuid, ...], "holds": {GPU uuid: holder}}`, written
-  atomically; `serving` always includes every GPU the API advertises (it names a GPU before the API
-  advertises it, and stops naming it after the API withdrew it); `holds` names the GPUs the API's pods
-  or claims hold now. The device plugin's adds `"units": {resource name: devices}`, what its
-  ListAndWatch streams list now, every resource it listed since it started (0 once none): the DRA
-  driver offers a GPU only once the Node counts no more than that (`nvdp.dra.node_count`).
-- `served-by-<api>.lock`: flock'ed for the life of the process. A record whose lock is free is a
-  stopped process's: what it served is not advertised any more, what it held is still held (its pods
-  run on), until it runs again.
-
-The records fail closed. A record that cannot be read (truncated, not JSON, a symlink, over 1 MiB),
-missing beside its lock file or while its process runs, or gone with its lock (a cleaned directory)
-less than LOST_GRACE_S ago, is *unknown*: the other API may hold every GPU, so none is taken from it
-(said once). Past that grace, with the other process stopped, its holds are what this side can prove
-(`prove`, `nvdp.handoff.proofs`), else unknown.
-Each process writes its own record and lock again when it finds them changed or gone (its directory
-is watched, for a record written in place too).
-
-`settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` is the protocol around it: a
-GPU newly taken is checked against the other record *after* this record names it, so two processes
-that take one GPU at once both back off (and try again at a random moment, every RETRY_S).
+The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`), but each process
+reads it at its own moment and a held GPU stays with its pod's API; so each keeps a record in the
+DRA driver's directory (`<kubelet plugins dir>/gpu.nvidia.com`):
+- `served-by-<api>.json`: `{"serving": [uuid, ...], "holds": {uuid: holder}}`, written atomically;
+  `serving` names a GPU before the API advertises it and until after it withdrew it; `holds` names
+  the GPUs its pods or claims hold now.
+- The device plugin's record adds `"units": {resource: devices}` (every resource listed since start,
+  0 once none); the DRA driver offers a GPU only once the Node counts no more (`nvdp.dra.node_count`).
+- `served-by-<api>.lock` is flock'ed for the process's life; a record whose lock is free is a stopped
+  process's: what it served is no longer advertised, what it held stays held until it runs again.
+- Records fail closed: one unreadable (truncated, not JSON, a symlink, over 1 MiB), missing beside
+  its lock or while its process runs, or gone with its lock less than LOST_GRACE_S ago is *unknown*,
+  and no GPU is taken from the other API (said once); past that grace, with the other process
+  stopped, its holds are what this side can prove (`prove`, `nvdp.handoff.proofs`), else unknown.
+- Each process writes its record and lock again when it finds them changed or gone (watched).
+- `settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` checks a newly taken GPU
+  against the other record after its own names it, so two processes taking one GPU at once both
+  back off and retry at a random moment, every RETRY_S.
 """
 
 from __future__ import annotations

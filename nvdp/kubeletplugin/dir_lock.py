@@ -1,25 +1,18 @@
 """A plugin's directory, claimed: created if missing, and locked for the life of the process (the
 device plugin's kubelet directory; the DRA plugin's plugin directory, with its own lock name).
 
-Two plugin instances on one kubelet directory would delete each other's live sockets as stale and
-flap, so each takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its
-pid there. A second instance says who holds the lock and waits, or exits 1 with fail-on-init-error.
-A directory that cannot be used (read-only, not a directory, no permission) is said in one line and
-retried with backoff, as the kubelet's other socket errors are.
-
-The claim is on the path, not on the directory found at start: a kubelet restart empties the
-directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
-a file or a symlink to another directory in its place. `refresh()` (called on every main-loop
-wake-up) sees that the lock file at the path is no longer the one it holds and takes the lock again
-on a new file there, so a waiting instance cannot claim the directory then; while that cannot be
-done (the directory is gone, a file, read-only) it says so once and tells the main loop when to try
-again. After start the directory is never created by nvdp: that is the kubelet's (or its
-installer's) to do, and a directory made in between would get in their way.
-
-In a pod the directory is a hostPath mount: when the host's directory is removed, the container's
-mount keeps the removed one (it reads as a directory with no links, where nothing can be created),
-and no new directory on the host ever shows through it. That is said in the same line, and
-`stale_mount` lets /healthz fail, so the kubelet restarts the container, which mounts the new one.
+Two instances on one directory would delete each other's live sockets as stale and flap, so each
+takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its pid there.
+- A second instance says who holds the lock and waits, or exits 1 with fail-on-init-error.
+- An unusable directory (read-only, not a directory, no permission) is said in one line and retried
+  with backoff, as the kubelet's other socket errors are.
+- The claim is on the path: a kubelet restart or reinstall may empty, remove or replace the
+  directory. `refresh()` (every main-loop wake-up) takes the lock again on a new file at the path,
+  so a waiting instance cannot claim it; while it cannot, it says so once and says when to retry.
+- After start nvdp never creates the directory: that is the kubelet's (or its installer's) to do.
+- In a pod, a removed host directory stays mounted as removed (no links, nothing can be created)
+  and a new one never shows through: said in the same line, and `stale_mount` fails /healthz so the
+  kubelet restarts the container, which mounts the new one.
 """
 
 from __future__ import annotations
