@@ -71,6 +71,10 @@ class CountingNvml:
     def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
         return self.call(self._nvml.gpu_fabric, gpu_uuid)
 
+    def mig_control(self) -> object:  # the backend's (nvdp.dra.dynamic_mig.mig_control_of)
+        make = getattr(self._nvml, "mig_control", None)
+        return make() if callable(make) else None
+
 
 class _CountingEventSet:
     def __init__(self, event_set: EventSet, nvml: CountingNvml) -> None:
