@@ -31,6 +31,7 @@ from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
+from nvdp.dra.dynamic_mig import DynamicMig, mig_control_of
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
@@ -100,6 +101,7 @@ class DraDriver:
         self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
         self.health = NodeHealth(self.nvml, health_settings(config), environ, node_events=self.node_events)
         self.state = NodeState()
+        self.dynamic_mig = DynamicMig(mig_control_of(self.nvml), lambda: self.nvml.mig_layout())
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
         self.publisher = SlicePublisher(api, self.node, on_published=self._published)
@@ -245,7 +247,9 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
+            mig=self.dynamic_mig,
         )
+        self.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
         self._enumerate()
         self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
@@ -301,7 +305,9 @@ class DraDriver:
         assert self.preparer is not None
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
-        everything = node_devices(gpus, self._facts, self._minors)
+        parts = self.dynamic_mig.partitioned(self.settings.config.dra, gpus, self._facts, self._minors)
+        static = [g for g in gpus if g.uuid not in parts.gpus]
+        everything = node_devices(static, self._facts, self._minors) + parts.devices
         gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
@@ -321,7 +327,8 @@ class DraDriver:
         self.misfits.update(
             "handoff", (*missing, *self.handoff.misfits(labels), *self.node_count.misfits(labels))
         )
-        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._offered]))
+        self.misfits.update("devices", device_misfits([g for g in static if g.uuid in self._offered]))
+        self.misfits.update("dynamic-mig", parts.misfits)
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""

@@ -4,7 +4,9 @@ devices the ResourceSlices publish, as `status.allocation` (results, node select
 A request (`exactly`, or v1beta1's flat form) asks for `count` devices (allocation mode ExactCount)
 of a DeviceClass, matching the class's selectors and its own. A device is a candidate when no other
 claim holds it, this claim has not taken it for another request, and it carries no NoSchedule or
-NoExecute taint the request does not tolerate. The first candidates in slice order are taken.
+NoExecute taint the request does not tolerate, and (a partitionable device, KEP-4815) what it
+consumes of the pool's shared counters is left (`nvdp.dra_standin.counters`). The first candidates in
+slice order are taken.
 
 Selectors are CEL expressions; this stand-in evaluates the forms NVIDIA's DeviceClasses and the usual
 claims use, and refuses any other with a line that says so (no CEL engine here):
@@ -30,6 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nvdp.dra_standin.counters import Counters
 from nvdp.errors import NvdpError
 
 Obj = Mapping[str, Any]
@@ -137,6 +140,7 @@ def allocate(
     ]
     results = []
     used = set(taken)
+    counters = Counters([s for s in slices if (s.get("spec") or {}).get("nodeName") == node], taken)
     for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
         name = request["name"]
         wanted = request.get("exactly") or request  # v1 / v1beta2, or v1beta1's flat request
@@ -150,15 +154,21 @@ def allocate(
         selectors = [*(class_spec.get("selectors") or []), *(wanted.get("selectors") or [])]
         expressions = [s["cel"]["expression"] for s in selectors]
         tolerations = wanted.get("tolerations") or []
-        picked = [
-            key
-            for key, device in devices
-            if key not in used
-            and all(
-                _tolerated(t, tolerations) for t in device.get("taints") or [] if t.get("effect") in _KEEP_OFF
-            )
-            and all(selector_matches(e, key[0], device) for e in expressions)
-        ][:count]
+        picked: list[DeviceKey] = []
+        for key, device in devices:
+            if (
+                len(picked) < count
+                and key not in used
+                and all(
+                    _tolerated(t, tolerations)
+                    for t in device.get("taints") or []
+                    if t.get("effect") in _KEEP_OFF
+                )
+                and all(selector_matches(e, key[0], device) for e in expressions)
+                and counters.fits(key)  # partitionable devices: the pool's shared counters
+            ):
+                counters.take(key)
+                picked.append(key)
         if len(picked) < count:
             raise AllocationError(
                 f"request {name}: {count} device(s) of class {class_name} wanted, "
