@@ -158,9 +158,7 @@ class DynamicMig:
             gpu = self._gpus.get(device.gpu_uuid)
             if gpu is None or self._control is None:
                 raise ClaimError(f"device {name}: its GPU {device.gpu_uuid} is not on this node (any more)")
-            left = next(
-                (m for m in gpu.mig_devices if m.placement == where and m.uuid not in self._ours), None
-            )
+            left = next((m for m in gpu.mig_devices if m.placement == where and self._unclaimed(m)), None)
             try:
                 mig = left or self._control.create_mig_device(gpu.uuid, where)
             except NvmlError as error:
@@ -188,6 +186,13 @@ class DynamicMig:
                 self._gone.append(record.uuid)
             log_event(log, logging.INFO, "MIG device destroyed", device=record.device, uuid=record.uuid)
         return "; ".join(problems)
+
+    def _unclaimed(self, mig: MigDeviceInfo) -> bool:
+        """A MIG device no claim made that is still there (the enumeration may be older)."""
+        if mig.uuid in self._ours or mig.uuid in self._gone:
+            return False
+        layout = self._layout().get(mig.parent_uuid)
+        return layout is not None and mig.uuid in layout.mig_uuids
 
     def _present(self, record: MadeMig) -> bool:
         """Whether the MIG device is still there (a GPU instance of that id made again by someone
