@@ -187,8 +187,8 @@ def test_uuids_are_deterministic(nodes: list[SimNvml]) -> None:
     [
         (
             "sim:dgx-z9",
-            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-h100, gb200-nvl, "
-            "pcie-4",
+            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-a100-mig-empty, "
+            "dgx-h100, gb200-nvl, pcie-4",
         ),
         (
             "simulated",
