@@ -158,8 +158,9 @@ class DynamicMig:
             gpu = self._gpus.get(device.gpu_uuid)
             if gpu is None or self._control is None:
                 raise ClaimError(f"device {name}: its GPU {device.gpu_uuid} is not on this node (any more)")
-            left = next((m for m in gpu.mig_devices if m.placement == where and self._unclaimed(m)), None)
+            left = None
             try:
+                left = next((m for m in gpu.mig_devices if m.placement == where and self._unclaimed(m)), None)
                 mig = left or self._control.create_mig_device(gpu.uuid, where)
             except NvmlError as error:
                 raise ClaimError(
