@@ -133,6 +133,26 @@ def test_placements_made_packed_refused_and_destroyed(tmp_path: Path) -> None:
         assert len(uuids) == 4 and len(set(uuids)) == 4  # a, b, e, f
 
 
+def test_an_xid_on_a_gpu_taints_its_placements(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.touch()
+    gpu = sim_gpus("dgx-a100-mig-empty")[3]
+    with dra_cluster(
+        tmp_path, "sim:dgx-a100-mig-empty", config=DYNAMIC_ALL, env={"NVDP_SIM_EVENTS": str(events)}
+    ) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: whole_pool(cluster.api), 10, "the slices")
+        append_sim_event(events, uuid=gpu.uuid, xid=79)
+
+        def tainted() -> set[str]:
+            devices = [d for s in slices_of(cluster.api) for d in s["spec"].get("devices") or []]
+            return {d["name"] for d in devices if d.get("taints")}
+
+        wait_until(lambda: len(tainted()) == 25, 10, "GPU 3's placements tainted")
+        assert {name.split("-mig-")[0] for name in tainted()} == {"gpu-3"}
+
+
 def _counter(api: Any, counter_set: str, name: str) -> str | None:
     for s in slices_of(api):
         for c in s["spec"].get("sharedCounters") or []:

@@ -317,11 +317,9 @@ class DraDriver:
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []
         for gpu in (g for g in gpus if g.uuid in self._offered):
-            records += (
-                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                if gpu.mig_enabled
-                else [gpu_device(gpu)]
-            )
+            migs = [mig_device(gpu, m, self._minors) for m in gpu.mig_devices] if gpu.mig_enabled else []
+            whole = not gpu.mig_enabled or gpu.uuid in parts.gpus  # dynamic MIG: its placements' health
+            records += migs + ([gpu_device(gpu)] if whole else [])
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update(
