@@ -67,6 +67,7 @@ class DraDevice:
     attributes: Attributes = field(default_factory=dict)
     capacity: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> {"value": quantity}
     former_name: str | None = None  # a MIG device's name before NVIDIA's v25.12 form
+    allow_multiple_allocations: bool = False  # shared by capacity (nvdp.dra.capacity)
     # A MIG placement made when a claim is prepared (`nvdp.dra.mig_partitions`): where, the counter
     # set it consumes from (published in the pool's `sharedCounters`) and what it consumes of it.
     placement: MigPlacement | None = None
@@ -79,7 +80,9 @@ class DraDevice:
 
     def slice_entry(self) -> dict[str, Any]:
         """The device as a ResourceSlice (resource.k8s.io/v1) lists it."""
-        entry = {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        entry: dict[str, Any] = {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        if self.allow_multiple_allocations:
+            entry["allowMultipleAllocations"] = True
         return {**entry, "consumesCounters": [dict(self.consumes)]} if self.consumes else entry
 
 

@@ -27,6 +27,7 @@ from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
+from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
@@ -140,6 +141,7 @@ class DraDriver:
             else None
         )
         self._counters = counters
+        self.capacity = CapacityDaemons.for_node(self.nvml, settings, environ)  # GPUs shared by capacity
 
     # ---- control (any thread; signal handlers call request_stop) --------------------------------
 
@@ -235,8 +237,7 @@ class DraDriver:
         return False
 
     def _start(self) -> None:
-        facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
-        self._facts = facts
+        self._facts = facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
         specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
@@ -247,6 +248,7 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
+            shares=self.capacity,
             mig=self.dynamic_mig,
         )
         self.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
@@ -312,6 +314,7 @@ class DraDriver:
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
+        everything = self.capacity.settle(self.settings.config.dra, gpus, everything, holds, self.misfits)
         self._serve = self.handoff.settle(owned, holds, gpus).serve
         self._offered = self.node_count.offer(self._serve, self._offered, self.handoff.other.advertised())
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
@@ -369,6 +372,7 @@ class DraDriver:
             self.rescanner.stop()
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
+        self.capacity.stop()
         self.streams.stop()
         self.publisher.stop()
         self.health.stop()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,6 +57,15 @@ class MigMaker(Protocol):
     def remove(self, made: Sequence[MadeMig]) -> str:
         """Destroy them; "" or why not."""
         ...
+
+
+class Shares(Protocol):
+    """The claims' shares of GPUs shared by capacity (`nvdp.dra.capacity_mps.CapacityDaemons`)."""
+
+    def edits(
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+    ) -> tuple[dict[str, dict[str, list[Any]]], tuple[object, ...]]: ...
+    def release(self, uid: str) -> None: ...
 
 
 class Inventory(Protocol):
@@ -94,9 +103,11 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         *,
         changed: Callable[[], None] | None = None,
+        shares: Shares | None = None,
         mig: MigMaker | None = None,
     ) -> None:
         self._api = api
+        self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
         self._mig = mig  # makes the MIG devices of dynamic-MIG placements (and removes them)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
@@ -198,8 +209,8 @@ class ClaimPreparer:
             self._lock.wait_for(lambda: not uids & self._busy)
             for ref in refs:
                 made = self.prepared[ref.uid].made if ref.uid in self.prepared else ()
-                if made and self._mig is not None and (error := self._mig.remove(made)):
-                    answers[ref.uid] = self._not_unprepared(ref, error)
+                if made and self._mig is not None and (failed := self._mig.remove(made)):
+                    answers[ref.uid] = self._not_unprepared(ref, failed)
                     continue
                 try:
                     self._specs.remove(ref.uid)
@@ -207,6 +218,8 @@ class ClaimPreparer:
                     answers[ref.uid] = self._not_unprepared(ref, str(error))
                     continue
                 answers[ref.uid] = ""
+                if self._shares is not None:
+                    self._shares.release(ref.uid)
                 claim = self.prepared.pop(ref.uid, None)
                 if claim is not None:
                     removed[ref.uid] = (ref, claim)
@@ -266,8 +279,12 @@ class ClaimPreparer:
         try:
             if self._mig is not None:
                 devices, made = self._mig.make(ref.uid, devices)
-            ids = self._specs.write(ref.uid, list({d.name: d for d in devices.values()}.values()), dev_nodes)
+            edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
+            unique = list({d.name: d for d in devices.values()}.values())
+            ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
         except (ClaimError, OSError) as error:
+            if self._shares is not None:
+                self._shares.release(ref.uid)  # a claim not prepared holds no share
             if made and self._mig is not None and (undone := self._mig.remove(made)):
                 log_event(log, logging.WARNING, "MIG devices left after a failed prepare", error=undone)
             text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
