@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
+from nvdp.dra.dynamic_mig import DynamicMig, mig_control_of
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop import DraLoop, DraParts, InSlices
 from nvdp.dra.node_count import NodeCountGate
@@ -96,6 +97,7 @@ class DraDriver:
             ),
             observer=counters,
             capacity=CapacityDaemons.for_node(counted, settings, environ),  # GPUs shared by capacity
+            dynamic_mig=DynamicMig(mig_control_of(counted), counted.mig_layout),
         )
         self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="dra-grpc")
         self.loop = DraLoop(settings, parts, serve, self._executor, reload)

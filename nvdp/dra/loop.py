@@ -27,6 +27,7 @@ from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
+from nvdp.dra.dynamic_mig import DynamicMig
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_count import NodeCountGate
@@ -90,6 +91,7 @@ class DraParts:
     registration: RegistrationService
     observer: RequestObserver | None  # told of each NodePrepareResources / NodeUnprepareResources
     capacity: CapacityDaemons  # the GPUs shared by capacity (their MPS daemons)
+    dynamic_mig: DynamicMig  # MIG devices made at prepare
 
 
 class DraLoop:
@@ -245,7 +247,9 @@ class DraLoop:
             checkpoint,
             changed=self._serve.waker("claims"),
             shares=p.capacity,
+            mig=p.dynamic_mig,
         )
+        p.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
         self._enumerate()
         p.handoff.watch(self._watcher)
         p.health.set_targets([p.target])
@@ -300,7 +304,9 @@ class DraLoop:
         p = self.parts
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
-        everything = node_devices(gpus, self._facts, self._minors)
+        placements = p.dynamic_mig.partitioned(self.settings.config.dra, gpus, self._facts, self._minors)
+        static = [g for g in gpus if g.uuid not in placements.gpus]
+        everything = node_devices(static, self._facts, self._minors) + placements.devices
         gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
@@ -311,15 +317,14 @@ class DraLoop:
         p.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []
         for gpu in (g for g in gpus if g.uuid in self._offered):
-            records += (
-                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                if gpu.mig_enabled
-                else [gpu_device(gpu)]
-            )
+            migs = [mig_device(gpu, m, self._minors) for m in gpu.mig_devices] if gpu.mig_enabled else []
+            whole = not gpu.mig_enabled or gpu.uuid in placements.gpus  # dynamic MIG: its placements' health
+            records += migs + ([gpu_device(gpu)] if whole else [])
         p.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         p.misfits.update("handoff", (*missing, *p.handoff.misfits(labels), *p.node_count.misfits(labels)))
-        p.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._offered]))
+        p.misfits.update("devices", device_misfits([g for g in static if g.uuid in self._offered]))
+        p.misfits.update("dynamic-mig", placements.misfits)
 
     def _push_health(self) -> None:
         p = self.parts
