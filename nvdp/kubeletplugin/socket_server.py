@@ -36,8 +36,8 @@ SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
 
 class UnixSocketServer:
     """`start()` (NvdpError, one line, when it cannot listen; nothing left running then, and it may
-    be called again), an idempotent `stop()`, `socket_is_ours()`, `abandon()`. `add_services(server)` adds
-    the servicers to each new grpc.Server; `make_parent` creates a missing socket directory."""
+    be called again), an idempotent `stop()`, `socket_is_ours()`, `abandon()`. `add_services(server)`
+    adds the servicers to each new grpc.Server; `make_parent` creates a missing socket directory."""
 
     def __init__(
         self,
@@ -71,8 +71,8 @@ class UnixSocketServer:
         self._add_services(server)
         self._listen(server)
         server.start()
-        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then False and
-        # the socket is served again.
+        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then False
+        # and the socket is served again.
         self._server, self._id = server, file_id(self.socket_path)
 
     def _remove_stale(self) -> None:
