@@ -28,6 +28,7 @@ from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
 from nvdp.dra.checkpoint import Checkpoint
+from nvdp.dra.claim_sharing import node_sharing
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
@@ -76,6 +77,7 @@ class DraDriver:
         reload: Callable[[], DraSettings] | None = None,
     ) -> None:
         self.settings = settings
+        self._environ = environ
         config, runtime = settings.config, settings.runtime
         flags = config.flags
         self.nvml = nvml or open_nvml(
@@ -245,6 +247,7 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
+            sharing=node_sharing(self.settings, self.nvml, self._environ),
         )
         self._enumerate()
         self.handoff.watch(self._watcher)

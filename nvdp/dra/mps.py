@@ -15,8 +15,9 @@ restarted plugin finds its daemons and their holders), and `shm` the directory c
 /dev/shm (the DRA container's own /dev/shm, which the daemons share). `<name>` is the GPU's UUID for
 a one-GPU daemon, else `gpus-<hash of the UUIDs>`.
 
-A daemon runs with CUDA_VISIBLE_DEVICES set to its GPUs, which are set to EXCLUSIVE_PROCESS first
-(DEFAULT again when it stops, or when it cannot start): as NVIDIA's DRA driver does. A GPU is under
+A daemon runs with CUDA_VISIBLE_DEVICES set to its GPUs (or MIG devices), whole GPUs set to
+EXCLUSIVE_PROCESS first (DEFAULT again when it stops, or when it cannot start): as NVIDIA's DRA
+driver does. A GPU is under
 one daemon at a time; asking for another set that shares a GPU is an error. The daemons outlive the
 plugin (their clients keep running); a daemon that no longer answers is started again by the next
 `ensure_daemon`. Every failure is an MpsError, one line.
@@ -232,7 +233,7 @@ class DraMps:
         log_event(log, logging.INFO, "MPS daemon stopped", daemon=daemon.name)
 
     def _set_modes(self, daemon: MpsDaemon, mode: ComputeMode, *, logged: bool = False) -> None:
-        for uuid in daemon.gpus:
+        for uuid in (u for u in daemon.gpus if not u.startswith("MIG-")):  # a MIG device has no mode
             try:
                 self._nvml.set_compute_mode(uuid, mode)
             except NvdpError as error:

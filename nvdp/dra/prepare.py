@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nvdp.cdi.names import qualified_name
 from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -35,9 +35,13 @@ from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices, 
 from nvdp.dra.cluster import ResourceApi
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device
+from nvdp.dra.sharing import OpaqueConfig, opaque_configs
 from nvdp.dra.slices import Taint
 from nvdp.errors import KubeError
 from nvdp.logs import log_event
+
+if TYPE_CHECKING:
+    from nvdp.dra.claim_sharing import ClaimSharing
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ class _Decided:
     allocated: list[Allocated]
     devices: dict[str, DraDevice]  # by the name the allocation gives (maybe a former one)
     before: PreparedClaim | None  # a rebuilt claim's entry, kept if this one is not saved
+    configs: list[OpaqueConfig]  # its opaque configs for this driver (`nvdp.dra.sharing`)
 
 
 class ClaimPreparer:
@@ -79,8 +84,10 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         *,
         changed: Callable[[], None] | None = None,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         self._api = api
+        self._sharing = sharing  # applies and undoes the claims' sharing configs (none: refused)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
@@ -124,9 +131,10 @@ class ClaimPreparer:
                     elif known is not None and _complete(known):
                         answers[ref.uid] = ClaimAnswer(known.devices)
                     else:
+                        found, configs = allocated
                         try:
-                            devices = self._devices(allocated)
-                            decided.append(_Decided(ref, allocated, devices, known))
+                            devices = self._devices(found)
+                            decided.append(_Decided(ref, found, devices, known, configs))
                         except ClaimError as error:
                             answers[ref.uid] = self._refused(ref, str(error))
                 self._busy |= {d.ref.uid for d in decided}
@@ -145,6 +153,7 @@ class ClaimPreparer:
                 if isinstance(claim, ClaimAnswer):
                     answers[d.ref.uid] = claim
                 elif unsaved:
+                    self._release_sharing(d.ref.uid)
                     if d.before is None:
                         self.prepared.pop(claim.uid, None)
                     else:
@@ -198,6 +207,9 @@ class ClaimPreparer:
                     log_event(log, logging.INFO, "claim unprepared", claim=str(ref), uid=uid)
             self._busy -= set(removed)
             self._lock.notify_all()
+        for ref in refs:
+            if answers[ref.uid] == "":
+                self._release_sharing(ref.uid)
         if removed and not unsaved and self._changed is not None:
             self._changed()
         return {ref.uid: answers[ref.uid] for ref in claims}
@@ -213,10 +225,12 @@ class ClaimPreparer:
 
     # ---- the steps ----------------------------------------------------------------------------------
 
-    def _read(self, ref: ClaimRef) -> list[Allocated] | ClaimAnswer:
-        """The claim's results of this driver in this pool, from the API (no lock held)."""
+    def _read(self, ref: ClaimRef) -> tuple[list[Allocated], list[OpaqueConfig]] | ClaimAnswer:
+        """The claim's results of this driver in this pool and its configs, from the API (no lock held)."""
         try:
-            return allocated_devices(self._api.claims().get(ref.namespace, ref.name), ref, self.pool)
+            claim = self._api.claims().get(ref.namespace, ref.name)
+            allocated = allocated_devices(claim, ref, self.pool)
+            return allocated, opaque_configs(claim or {}, ref) if allocated else []
         except ClaimError as error:
             return self._refused(ref, str(error))
         except KubeError as error:
@@ -241,11 +255,13 @@ class ClaimPreparer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
         ref, devices = decided.ref, decided.devices
         try:
-            ids = self._specs.write(ref.uid, list({d.name: d for d in devices.values()}.values()), dev_nodes)
-        except ClaimError as error:
-            return self._refused(ref, str(error))
-        except OSError as error:
-            return self._refused(ref, f"ResourceClaim {ref}: {error}")
+            edits = self._apply_sharing(decided)
+            unique = list({d.name: d for d in devices.values()}.values())
+            ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
+        except (ClaimError, OSError) as error:
+            self._release_sharing(ref.uid)
+            text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            return self._refused(ref, text)
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
@@ -253,6 +269,18 @@ class ClaimPreparer:
             for r in decided.allocated
         )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, answer)
+
+    def _apply_sharing(self, decided: _Decided) -> dict[str, dict[str, Any]]:
+        """The claim's sharing configs applied (`nvdp.dra.claim_sharing`); device name -> its CDI edits."""
+        if self._sharing is not None:
+            return self._sharing.apply(decided.ref, decided.configs, decided.allocated, decided.devices)
+        if decided.configs:
+            raise ClaimError(f"ResourceClaim {decided.ref}: sharing configs are not applied by this preparer")
+        return {}
+
+    def _release_sharing(self, uid: str) -> None:
+        if self._sharing is not None:
+            self._sharing.release(uid)
 
     def _save(self) -> str:
         """Write the checkpoint of the prepared claims as they are now; "" or the error."""

@@ -1,0 +1,142 @@
+"""A claim's sharing configs applied at prepare and undone at unprepare (`nvdp.dra.sharing` says which
+config applies to which device).
+
+- TimeSlicing on whole GPUs: each GPU's compute mode to DEFAULT (NVML), then its time-slice interval
+  (`nvdp.dra.timeslice`); at unprepare the interval goes back to Default. The GPUs a claim set are
+  kept in `<plugin dir>/timeslices.json` (GPU UUID -> claim UID), so a restarted plugin still puts
+  them back. TimeSlicing on MIG devices sets nothing (NVIDIA's driver does the same).
+- MPS: the group's devices under one MPS daemon (`nvdp.dra.mps`, held by the claim's UID), and the
+  claim's CDI devices made its clients, with the config's thread percentage and pinned-memory limits
+  in their env; the claim's holds go at unprepare.
+
+A config that cannot be applied is that claim's error, one line, and what was applied for the claim
+is undone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from nvdp.cdi.roots import visible_roots
+from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.mps import MPS_DIR, ClientLimits, DraMps, client_edits
+from nvdp.dra.names import MIG_TYPE
+from nvdp.dra.options import DraSettings
+from nvdp.dra.sharing import TIME_SLICING, ConfigProblem, OpaqueConfig, resolve
+from nvdp.dra.timeslice import NvidiaSmi, SimulatedTimeSlices, TimeSlicer
+from nvdp.errors import NvdpError
+from nvdp.files import read_bounded, write_atomic
+from nvdp.logs import log_event
+from nvdp.nvml.types import ComputeMode, ComputeModes
+
+log = logging.getLogger(__name__)
+
+TIMESLICES_FILE = "timeslices.json"  # in the DRA plugin's directory
+
+
+class ClaimSharing:
+    def __init__(self, plugin_dir: Path, nvml: ComputeModes, mps: DraMps, slicer: TimeSlicer) -> None:
+        self._file = plugin_dir / TIMESLICES_FILE
+        self._nvml = nvml
+        self.mps = mps
+        self._slicer = slicer
+        self._lock = threading.Lock()
+        self._sliced: dict[str, str] = self._load()  # GPU UUID -> the claim UID that set its interval
+
+    def apply(
+        self,
+        ref: ClaimRef,
+        configs: Sequence[OpaqueConfig],
+        allocated: Sequence[Allocated],
+        devices: Mapping[str, DraDevice],
+    ) -> dict[str, dict[str, Any]]:
+        """Apply the configs that apply; device name -> the CDI edits its containers get (MPS).
+        Raises ClaimError, with what was applied undone."""
+        if not configs:
+            return {}
+        groups = resolve(configs, allocated, lambda name: devices[name].type == MIG_TYPE, ref)
+        planned = []
+        for sharing, results in groups:
+            named = list(dict.fromkeys(r.device for r in results))
+            uuids = [devices[name].uuid for name in named]
+            limits = None
+            if sharing.mps is not None:
+                try:
+                    pinned = sharing.mps.pinned_memory(uuids)
+                except ConfigProblem as problem:
+                    raise ClaimError(f"ResourceClaim {ref}: {sharing.kind}: {problem}") from None
+                limits = ClientLimits(sharing.mps.thread_percentage, pinned)
+            planned.append((sharing, named, uuids, limits))
+        edits: dict[str, dict[str, Any]] = {}
+        try:
+            for sharing, named, uuids, limits in planned:
+                if sharing.strategy == TIME_SLICING and sharing.interval is not None:
+                    for uuid in uuids:
+                        self._time_slice(uuid, sharing.interval, ref.uid)
+                elif limits is not None:
+                    daemon = self.mps.ensure_daemon(uuids, ref.uid)
+                    edits.update(dict.fromkeys(named, client_edits(daemon, limits)))
+        except NvdpError as error:
+            self.release(ref.uid)
+            raise ClaimError(f"ResourceClaim {ref}: {error}") from None
+        return edits
+
+    def release(self, uid: str) -> None:
+        """Undo what the claim `uid` applied: its GPUs' intervals back to Default, its MPS holds
+        released. Failures are logged (the claim is gone either way)."""
+        with self._lock:
+            mine = [gpu for gpu, holder in self._sliced.items() if holder == uid]
+            for gpu in mine:
+                try:
+                    self._slicer.set_timeslice(gpu, "Default")
+                except NvdpError as error:
+                    log_event(log, logging.WARNING, "cannot reset the time slice", gpu=gpu, error=str(error))
+                del self._sliced[gpu]
+            if mine:
+                self._save()
+        self.mps.release(uid)
+
+    def _time_slice(self, gpu: str, interval: str, uid: str) -> None:
+        self._nvml.set_compute_mode(gpu, ComputeMode.DEFAULT)
+        self._slicer.set_timeslice(gpu, interval)
+        with self._lock:
+            self._sliced[gpu] = uid
+            self._save()
+
+    def _save(self) -> None:
+        try:
+            write_atomic(self._file, (json.dumps(self._sliced, sort_keys=True) + "\n").encode())
+        except OSError as error:
+            log_event(log, logging.WARNING, "cannot write the time-sliced GPUs", error=str(error))
+
+    def _load(self) -> dict[str, str]:
+        if not self._file.exists():
+            return {}
+        try:
+            found = json.loads(read_bounded(self._file, 1 << 20))
+        except (NvdpError, ValueError) as error:
+            log_event(log, logging.WARNING, "unreadable time-sliced GPUs; ignored", error=str(error))
+            return {}
+        if not isinstance(found, dict):
+            return {}
+        return {str(gpu): str(uid) for gpu, uid in found.items()}
+
+
+def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]) -> ClaimSharing:
+    """The DRA plugin's: MPS daemons under `<plugin dir>/mps`, time slices through the driver root's
+    nvidia-smi (recorded instead on a simulated node)."""
+    modes = cast(ComputeModes, nvml)
+    slicer: TimeSlicer = SimulatedTimeSlices()
+    if not settings.runtime.nvml.startswith("sim:"):
+        flags = settings.config.flags
+        here, _ = visible_roots(flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root)
+        slicer = NvidiaSmi.of_root(here, environ)
+    return ClaimSharing(
+        settings.plugin_dir, modes, DraMps(settings.plugin_dir / MPS_DIR, modes, environ), slicer
+    )
