@@ -5,13 +5,16 @@ the per-device memory keys; and the stand-in scheduler copying the configs as th
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.sharing import ConfigProblem, MpsSettings, OpaqueConfig, Sharing, opaque_configs, parse, resolve
+from nvdp.dra.timeslice import NvidiaSmi, TimeSliceError
 from nvdp.dra_standin.scheduler import allocation_config
 from nvdp.units import parse_quantity
 
@@ -264,3 +267,28 @@ def test_quantities(text: str, value: int) -> None:
 def test_not_quantities(text: str) -> None:
     with pytest.raises(ValueError, match="^invalid quantity$"):
         parse_quantity(text)
+
+
+def test_nvidia_smi_of_the_driver_root_sets_the_time_slice(tmp_path: Path) -> None:
+    root = tmp_path / "driver-root"
+    smi, library = root / "usr/bin/nvidia-smi", root / "usr/lib64/libnvidia-ml.so.1"
+    for path in (smi, library):
+        path.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    record = tmp_path / "calls"
+    smi.write_text(
+        f'#!/bin/sh\necho "$* LD_PRELOAD=$LD_PRELOAD" >> {record}\n'
+        '[ "$5" = 3 ] && { echo "Failed to set the time slice: Insufficient Permissions" >&2; exit 4; }\n'
+        "exit 0\n"
+    )
+    smi.chmod(0o755)
+    slicer = NvidiaSmi.of_root(str(root), {"PATH": os.environ["PATH"]})
+    slicer.set_timeslice("GPU-a", "Medium")
+    assert record.read_text() == f"compute-policy -i GPU-a --set-timeslice 2 LD_PRELOAD={library}\n"
+    message = "nvidia-smi compute-policy -i GPU-a: Failed to set the time slice: Insufficient Permissions"
+    with pytest.raises(TimeSliceError, match=f"^{re.escape(message)}$"):
+        slicer.set_timeslice("GPU-a", "Long")
+    missing = NvidiaSmi.of_root(str(tmp_path / "none"), {"PATH": str(tmp_path)})
+    cannot = "^nvidia-smi compute-policy: cannot run nvidia-smi: No such file"
+    with pytest.raises(TimeSliceError, match=cannot):
+        missing.set_timeslice("GPU-a", "Short")
