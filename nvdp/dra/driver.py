@@ -27,12 +27,13 @@ from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
-from nvdp.dra.checkpoint import Checkpoint
+from nvdp.dra.checkpoint import Checkpoint, PreparedClaim
 from nvdp.dra.claim_sharing import node_sharing
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
+from nvdp.dra.holders import ClaimHolders, holders_health
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_count import NodeCountGate
@@ -46,7 +47,6 @@ from nvdp.dra.server import RegistrationService, UnixServer, add_plugin_services
 from nvdp.errors import NvdpError, NvmlError, UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.handoff import DRA, Handoff
-from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import node_events_from_env
 from nvdp.inventory import dra_gpus
 from nvdp.logs import log_event, setup_logging
@@ -100,8 +100,10 @@ class DraDriver:
         self.api = api
         self.node = settings.node_name
         self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
-        self.health = NodeHealth(self.nvml, health_settings(config), environ, node_events=self.node_events)
         self.state = NodeState()
+        self.holders = ClaimHolders(api, self._prepared, self.state.devices)  # the pods of the claims
+        health = holders_health(self.nvml, settings, environ, self.node_events, self.holders)
+        self.health, self.pod_events = health
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
         self.publisher = SlicePublisher(api, self.node, on_published=self._published)
@@ -164,6 +166,9 @@ class DraDriver:
             self._pending.add(what)
         self.loop.woken()
         self._watcher.wake()
+
+    def _prepared(self) -> dict[str, PreparedClaim]:
+        return dict(self.preparer.prepared) if self.preparer is not None else {}
 
     def _add_plugin_services(self, server: Any) -> None:
         assert self.preparer is not None
@@ -248,7 +253,9 @@ class DraDriver:
             checkpoint,
             changed=lambda: self._wake("claims"),
             sharing=node_sharing(self.settings, self.nvml, self._environ),
+            holders=self.holders,
         )
+        self.holders.changed()  # the pods of the claims prepared before a restart
         self._enumerate()
         self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
@@ -374,8 +381,10 @@ class DraDriver:
         self.nvml.shutdown()
         self._watcher.close()
         self.handoff.close()
-        if self.node_events is not None:
-            self.node_events.close()
+        self.holders.close()
+        for events in (self.node_events, self.pod_events):
+            if events is not None:
+                events.close()
         if self.status is not None:
             self.status.stop()
         log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)

@@ -42,6 +42,7 @@ from nvdp.logs import log_event
 
 if TYPE_CHECKING:
     from nvdp.dra.claim_sharing import ClaimSharing
+    from nvdp.dra.holders import ClaimHolders
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,10 @@ class ClaimPreparer:
         *,
         changed: Callable[[], None] | None = None,
         sharing: ClaimSharing | None = None,
+        holders: ClaimHolders | None = None,
     ) -> None:
         self._api = api
+        self._holders = holders  # told of every claim the kubelet prepares (its pods) and unprepares
         self._sharing = sharing  # applies and undoes the claims' sharing configs (none: refused)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
@@ -105,6 +108,8 @@ class ClaimPreparer:
     # ---- the calls ----------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAnswer]:
+        if self._holders is not None:  # a pod starts with these claims: their pods read again
+            self._holders.touch(ref for ref in claims if ref_problem(ref) is None)
         answers: dict[str, ClaimAnswer] = {}
         to_read: list[ClaimRef] = []
         with self._lock:
@@ -210,6 +215,8 @@ class ClaimPreparer:
         for ref in refs:
             if answers[ref.uid] == "":
                 self._release_sharing(ref.uid)
+        if self._holders is not None:
+            self._holders.forget(ref.uid for ref in refs if answers[ref.uid] == "")
         if removed and not unsaved and self._changed is not None:
             self._changed()
         return {ref.uid: answers[ref.uid] for ref in claims}
