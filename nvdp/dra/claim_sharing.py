@@ -48,6 +48,7 @@ class ClaimSharing:
         self._slicer = slicer
         self._lock = threading.Lock()
         self._sliced: dict[str, str] = self._load()  # GPU UUID -> the claim UID that set its interval
+        self._shares: dict[str, dict[str, str]] = {}  # claim UID -> device name -> its sharing, in words
 
     def apply(
         self,
@@ -74,23 +75,34 @@ class ClaimSharing:
                 limits = ClientLimits(sharing.mps.thread_percentage, pinned)
             planned.append((sharing, named, uuids, limits))
         edits: dict[str, dict[str, Any]] = {}
+        shares: dict[str, str] = {}
         try:
             for sharing, named, uuids, limits in planned:
-                if sharing.strategy == TIME_SLICING and sharing.interval is not None:
-                    for uuid in uuids:
-                        self._time_slice(uuid, sharing.interval, ref.uid)
+                if sharing.strategy == TIME_SLICING:
+                    for uuid in uuids if sharing.interval is not None else ():
+                        self._time_slice(uuid, sharing.interval or "", ref.uid)
+                    shares.update(dict.fromkeys(named, f"time-slicing {sharing.interval or ''}".strip()))
                 elif limits is not None:
                     daemon = self.mps.ensure_daemon(uuids, ref.uid)
                     edits.update(dict.fromkeys(named, client_edits(daemon, limits)))
+                    shares.update({n: _mps_words(limits, u) for n, u in zip(named, uuids, strict=True)})
         except NvdpError as error:
             self.release(ref.uid)
             raise ClaimError(f"ResourceClaim {ref}: {error}") from None
+        with self._lock:
+            self._shares[ref.uid] = shares
         return edits
+
+    def shares(self) -> dict[str, str]:
+        """Device name -> the sharing a prepared claim's config applied to it, in words."""
+        with self._lock:
+            return {name: words for claim in self._shares.values() for name, words in claim.items()}
 
     def release(self, uid: str) -> None:
         """Undo what the claim `uid` applied: its GPUs' intervals back to Default, its MPS holds
         released. Failures are logged (the claim is gone either way)."""
         with self._lock:
+            self._shares.pop(uid, None)
             mine = [gpu for gpu, holder in self._sliced.items() if holder == uid]
             for gpu in mine:
                 try:
@@ -140,3 +152,13 @@ def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]
     return ClaimSharing(
         settings.plugin_dir, modes, DraMps(settings.plugin_dir / MPS_DIR, modes, environ), slicer
     )
+
+
+def _mps_words(limits: ClientLimits, uuid: str) -> str:
+    threads = limits.active_thread_percentage
+    pinned = limits.pinned_memory.get(uuid)
+    parts = [
+        f"{threads}% of the threads" if threads is not None else "",
+        f"{pinned >> 20}M pinned" if pinned else "",
+    ]
+    return "MPS" + (": " + ", ".join(p for p in parts if p) if any(parts) else "")

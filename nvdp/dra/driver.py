@@ -27,6 +27,7 @@ from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
+from nvdp.dra.allocations import ALLOCATIONS_FILE
 from nvdp.dra.checkpoint import Checkpoint, PreparedClaim
 from nvdp.dra.claim_sharing import node_sharing
 from nvdp.dra.claim_specs import ClaimSpecs
@@ -77,7 +78,6 @@ class DraDriver:
         reload: Callable[[], DraSettings] | None = None,
     ) -> None:
         self.settings = settings
-        self._environ = environ
         config, runtime = settings.config, settings.runtime
         flags = config.flags
         self.nvml = nvml or open_nvml(
@@ -101,7 +101,9 @@ class DraDriver:
         self.node = settings.node_name
         self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
         self.state = NodeState()
-        self.holders = ClaimHolders(api, self._prepared, self.state.devices)  # the pods of the claims
+        self.sharing = node_sharing(settings, self.nvml, environ)  # claims' configs: time slices, MPS
+        allocations = settings.plugin_dir / ALLOCATIONS_FILE  # for the device plugin's /allocations
+        self.holders = ClaimHolders(api, self._prepared, self.state, self.sharing.shares, allocations)
         health = holders_health(self.nvml, settings, environ, self.node_events, self.holders)
         self.health, self.pod_events = health
         self.target = DraHealthTarget(lambda: self._wake("health"))
@@ -252,7 +254,7 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
-            sharing=node_sharing(self.settings, self.nvml, self._environ),
+            sharing=self.sharing,
             holders=self.holders,
         )
         self.holders.changed()  # the pods of the claims prepared before a restart
@@ -342,6 +344,7 @@ class DraDriver:
     def _push_health(self) -> None:
         self.state.set_health(self.target.unhealthy(), self.health.unhealthy())
         self.publisher.update(self.state.devices(), self.state.taints())
+        self.holders.publish()
         self.streams.update(self.state.health())
 
     def _keep_serving(self) -> None:

@@ -7,7 +7,9 @@ The kubelet calls NodePrepareResources for every pod that starts with a claim, p
 not: each call queues a read of its claims (`touch`), so a claim shared by pods names each pod once
 it started. Unprepare forgets the claim. `held` answers from memory and never waits (the health path
 calls it); `changed` (a device changed health) reads every prepared claim again. The reads run on
-one thread; a full queue drops (the next touch reads again).
+one thread; a full queue drops (the next touch reads again). After each batch of reads, and when
+`publish()` asks, the same thread writes the allocations file (`nvdp.dra.allocations`) if it changed;
+`close()` removes it.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from nvdp.daemon_settings import health_settings
+from nvdp.dra.allocations import AllocationsFile, dra_devices
 from nvdp.dra.checkpoint import PreparedClaim
 from nvdp.dra.claims import ClaimRef
 from nvdp.dra.cluster import ResourceApi
-from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DRIVER_NAME
+from nvdp.dra.node_state import NodeState
 from nvdp.dra.options import DraSettings
 from nvdp.errors import KubeError
 from nvdp.health.node import NodeHealth
@@ -36,6 +40,7 @@ from nvdp.nvml.types import Nvml
 log = logging.getLogger(__name__)
 
 MAX_QUEUE = 1024
+_PUBLISH = "publish"  # a queue entry: write the allocations file
 Pod = tuple[str, str | None]  # (name, uid) in the claim's namespace
 
 
@@ -54,21 +59,28 @@ def reserved_pods(claim: object) -> tuple[Pod, ...]:
 
 
 class ClaimHolders:
-    """`prepared()`: the preparer's claims by UID now; `devices()`: this node's DRA devices now."""
+    """`prepared()`: the preparer's claims by UID now; `state`: this node's DRA devices and their
+    health; `shares()`: device name -> the sharing a claim's config applied; `file`: where the
+    allocations file goes (None: none)."""
 
     def __init__(
         self,
         api: ResourceApi,
         prepared: Callable[[], Mapping[str, PreparedClaim]],
-        devices: Callable[[], Sequence[DraDevice]],
+        state: NodeState,
+        shares: Callable[[], Mapping[str, str]] = dict,
+        file: Path | None = None,
     ) -> None:
         self._api = api
         self._prepared = prepared
-        self._devices = devices
+        self._devices = state.devices
+        self._state = state
+        self._shares = shares
+        self._file = AllocationsFile(file, self.entries) if file is not None else None
         self._lock = threading.Lock()
         self._pods: dict[str, tuple[Pod, ...]] = {}  # claim UID -> its pods, as last read
         self._pending: set[str] = set()
-        self._queue: queue.Queue[ClaimRef | None] = queue.Queue(MAX_QUEUE)
+        self._queue: queue.Queue[ClaimRef | str | None] = queue.Queue(MAX_QUEUE)
         self._thread = threading.Thread(target=self._run, name="dra-claim-holders", daemon=True)
         self._thread.start()
 
@@ -131,11 +143,26 @@ class ClaimHolders:
             self._pods = {uid: pods for uid, pods in self._pods.items() if uid in prepared}
         self.touch(ClaimRef(c.namespace, c.name, c.uid) for c in prepared.values())
 
-    def close(self) -> None:
+    def entries(self) -> list[dict[str, Any]]:
+        """The allocations file's devices now."""
+        return dra_devices(self._devices(), self._state.health(), self._prepared(), self.pods, self._shares())
+
+    def publish(self) -> None:
+        """Write the allocations file (soon, if it changed); never blocks."""
+        try:
+            self._queue.put_nowait(_PUBLISH)
+        except queue.Full:
+            pass
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the reads (within `timeout`) and remove the allocations file."""
         try:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
+        self._thread.join(timeout)
+        if self._file is not None:
+            self._file.remove()
 
     def join(self, timeout: float) -> bool:
         """Every queued read done (tests)."""
@@ -154,9 +181,12 @@ class ClaimHolders:
             try:
                 if ref is None:
                     return
-                with self._lock:
-                    self._pending.discard(ref.uid)
-                self._read(ref)
+                if isinstance(ref, ClaimRef):
+                    with self._lock:
+                        self._pending.discard(ref.uid)
+                    self._read(ref)
+                if self._file is not None and self._queue.empty():
+                    self._file.write()
             finally:
                 self._queue.task_done()
 

@@ -7,6 +7,10 @@ staler than that, and a node nobody asks costs no reads. The family has one samp
 1 while held: its label set is bounded by the node's devices and the pods holding them, and a series
 ends with its pod's hold.
 
+On a node whose GPUs are split between the APIs, the DRA plugin's devices are listed too, under
+`gpu.nvidia.com` (its allocations file, `nvdp.ledger.dra_file`): the claims and pods holding each, its
+share.
+
 Which pod holds a device is told to clients on the loopback only (`nvdp status` in the plugin's
 container), unless `pod_detail` is "all" (--pod-detail): any other client gets the devices, their
 health and how many containers hold each, and the family without its namespace, pod and container
@@ -18,11 +22,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from nvdp.dra.names import DRIVER_NAME
 from nvdp.health.types import HealthChange
 from nvdp.http_endpoint import is_loopback
 from nvdp.ledger.document import Served, allocations_document
+from nvdp.ledger.dra_file import dra_resource, read_dra_allocations
 from nvdp.metrics.sources import HealthView, LedgerView, RegistrationState
 from nvdp.nvml.types import GpuInfo
 from nvdp.promtext import MetricFamily
@@ -50,9 +57,11 @@ class AllocationPages:
         health: HealthView | None,
         gpus: Callable[[], Sequence[GpuInfo] | None],
         pod_detail: str = "local",
+        dra_file: Path | None = None,
     ) -> None:
         self._ledger, self._registrations, self._health, self._gpus = ledger, registrations, health, gpus
         self.pod_detail = pod_detail
+        self._dra_file = dra_file  # the DRA plugin's allocations on a node split between the APIs
 
     def shows_pods(self, peer: str) -> bool:
         """Whether the client at `peer` (its IP address) is told which pods hold the devices."""
@@ -68,7 +77,11 @@ class AllocationPages:
         unhealthy: Mapping[str, HealthChange] = self._health.unhealthy() if self._health is not None else {}
         reasons = {uuid: unhealthy_reason(change) for uuid, change in unhealthy.items()}
         gpus = self._gpus() or []
-        return allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
+        document = allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
+        dra = read_dra_allocations(self._dra_file) if self._dra_file is not None else None
+        if dra is not None:
+            document["resources"][DRIVER_NAME] = dra_resource(dra, pods)
+        return document
 
     def render(self, peer: str) -> bytes:
         """/allocations for the client at `peer`."""
