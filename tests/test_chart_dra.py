@@ -480,3 +480,19 @@ def test_env_vars_added_to_the_dra_container(
         said = render_error({"dra": {"enabled": True, "containers": {"gpus": {"env": [entry]}}}})
         shown = json.dumps(entry, separators=(",", ":"))
         assert f"dra.containers.gpus.env: an entry without a name: {shown}" in said
+
+
+def test_mps_shared_memory_for_claims(render: Callable[..., Rendered]) -> None:
+    plain = dra_daemonset(render({"dra": {"enabled": True}}))["spec"]["template"]["spec"]
+    assert "initContainers" not in plain
+    pod = dra_daemonset(render({"dra": {"enabled": True, "mps": True}}))["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    root = "/var/lib/kubelet/plugins/gpu.nvidia.com/mps"
+    assert (init["name"], init["command"]) == ("mps-shm", ["nvdp", "mps-control-daemon", "mount-shm"])
+    assert init["env"] == [{"name": "MPS_ROOT", "value": root}]
+    propagated = {"name": "dra-mps-root", "mountPath": root, "mountPropagation": "Bidirectional"}
+    assert init["volumeMounts"] == [propagated]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dra-mps-shm"] == "/dev/shm"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert (volumes["dra-mps-root"], volumes["dra-mps-shm"]) == (root, f"{root}/shm")
