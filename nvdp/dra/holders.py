@@ -164,17 +164,6 @@ class ClaimHolders:
         if self._file is not None:
             self._file.remove()
 
-    def join(self, timeout: float) -> bool:
-        """Every queued read done (tests)."""
-        done = threading.Event()
-
-        def waiter() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=waiter, daemon=True).start()
-        return done.wait(timeout)
-
     def _run(self) -> None:
         while True:
             ref = self._queue.get()
