@@ -1,13 +1,12 @@
 """The real NVML backend over pynvml: enumeration, topology and probes (the only pynvml user).
 
-pynvml is imported when a `RealNvml` is constructed, never when this module is imported. Every
-pynvml.NVMLError becomes an `NvmlError` (subclass) naming the NVML error, the call and the device.
-Library lookup lives in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`, MIG
-devices and layouts in `nvdp.nvml.real_mig`.
-
-Enumeration isolates per-GPU faults: a GPU whose queries fail at its first enumeration is listed
-with the facts that could be read and `GpuInfo.fault` set (the health monitor holds it Unhealthy);
-every other GPU is listed as usual. A GPU that fails later keeps its last known facts.
+- pynvml is imported when a `RealNvml` is constructed, never when this module is imported.
+- Every pynvml.NVMLError becomes an `NvmlError` (subclass) naming the NVML error, call and device.
+- Library lookup is in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`, MIG devices
+  and layouts in `nvdp.nvml.real_mig`.
+- A GPU whose queries fail at its first enumeration is listed with the facts that could be read and
+  `GpuInfo.fault` set (the health monitor holds it Unhealthy); other GPUs are listed as usual.
+- A GPU that fails later keeps its last known facts.
 """
 
 from __future__ import annotations
