@@ -21,6 +21,7 @@ SIDE_RSS_BUDGET_MB = 80.0  # peak RSS of the side commands
 IDLE_BUDGET_PCT = 0.5  # of one core: "~0", with room for gRPC's 200 ms wake-ups and the health wait
 RESCAN_BUDGET_MS = 3.0  # CPU per minute at the default 10 s interval: "a few ms"
 DRA_PREPARE_BUDGET_MS = 20.0  # NodePrepareResources of a one-GPU claim (API read, spec write), p50
+DRA_CAPACITY_PREPARE_BUDGET_MS = 50.0  # NodePrepareResources of a capacity share (MPS client edits), p50
 DRA_START_BUDGET_MS = 1000.0  # DRA plugin process start -> ResourceSlice published, p50
 DRA_LAYOUT_BUDGET_MS = 1000.0  # MIG re-partition -> ResourceSlice republished, max
 

@@ -30,6 +30,7 @@ from bench.budgets import (
     IDLE_BUDGET_PCT,
     SIDE_RSS_BUDGET_MB,
 )
+from bench.dra_capacity import measure_capacity
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
 from nvdp.kubelet_standin.dra import Claim
@@ -171,6 +172,8 @@ def section(s: object) -> None:
         idle_seconds=0.0 if quick else min(s.o.idle_seconds, 20.0),
     )
     s.table.section("DRA kubelet plugin (dgx-a100-mig simulated, API stand-in, bench/dra.py)").extend(rows)
+    shares = measure_capacity(s.fresh_dir("dra-capacity"), claims=40 if quick else 160)
+    s.table.section("DRA, GPUs shared by capacity (dgx-a100 simulated, MPS stand-in)").extend(shares)
 
 
 def main() -> None:
@@ -178,7 +181,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-dra-", dir="/tmp") as work:
-        for row in measure(Path(work), 200, 5, 6, args.idle_seconds):
+        for row in [*measure(Path(work), 200, 5, 6, args.idle_seconds), *measure_capacity(Path(work), 160)]:
             numbers = "" if row.p50 is None else f" p50 {row.p50:.1f} ms, max {row.max:.1f} ms, n={row.n}"
             print(f"{row.measurement}:{numbers} {row.value} [budget {row.budget or '-'}: {row.ok}]")
 

@@ -22,18 +22,19 @@ from typing import Any, TextIO
 
 from nvdp.bounded import loads_json
 from nvdp.config import PluginOptions
-from nvdp.config.model import DRA_ALL, DRA_NONE, Dra
+from nvdp.config.model import DRA_ALL, DRA_NONE
 from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.names import DRIVER_NAME, claim_spec_file
 from nvdp.dra.options import DraSettings
 from nvdp.dra_standin.api import MemoryResourceApi
-from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
+from nvdp.dra_standin.scheduler import allocate, consumed_capacity, nvidia_device_classes, taken_devices
 from nvdp.errors import NvdpError
 from nvdp.files import read_bounded
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.nvml import open_nvml
+from nvdp.simulate_shares import show_shares
 
 START_TIMEOUT_S = 20.0
 NODE = "sim-node"
@@ -61,7 +62,7 @@ class DraSimulation:
             self.made_nodes = False
         config = replace(options.config, flags=flags)
         if config.dra.devices == DRA_NONE:  # no device plugin beside it here: DRA serves every GPU
-            config = replace(config, dra=Dra(DRA_ALL))
+            config = replace(config, dra=replace(config.dra, devices=DRA_ALL))
         self.settings = DraSettings(
             config=config,
             runtime=options.runtime,
@@ -152,7 +153,11 @@ class DraSimulation:
             out.write(f"  {name:<31} {next(iter(value.values()))}\n")
         capacity = ", ".join(f"{k}={v['value']}" for k, v in first["capacity"].items())
         out.write(f"  capacity: {capacity}\n")
-        self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
+        shared = next((d for d in devices if d.get("allowMultipleAllocations")), None)
+        if shared is not None:
+            show_shares(out, shared, self.allocated, self.kubelet, self.settings.cdi_root)
+        else:
+            self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
         mig = next((d for d in devices if d["attributes"]["type"]["string"] == "mig"), None)
         if mig is not None:
             profile = mig["attributes"]["profile"]["string"]
@@ -168,7 +173,11 @@ class DraSimulation:
             "NVDP_SIM_EVENTS to inject GPU faults (see README).\n"
         )
 
-    def _claim(self, out: TextIO, name: str, device_class: str, selector: str) -> None:
+    def allocated(
+        self, name: str, device_class: str, selector: str, capacity: Mapping[str, str] | None = None
+    ) -> tuple[Claim, dict[str, Any]]:
+        """A one-device claim (with a CEL selector and capacity requests, if given) allocated by the
+        stand-in scheduler and stored. Raises AllocationError."""
         exactly: dict[str, Any] = {
             "deviceClassName": device_class,
             "allocationMode": "ExactCount",
@@ -176,22 +185,27 @@ class DraSimulation:
         }
         if selector:
             exactly["selectors"] = [{"cel": {"expression": selector}}]
+        if capacity:
+            exactly["capacity"] = {"requests": dict(capacity)}
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"nvdp-simulate/{name}"))  # the same every run
         claim: dict[str, Any] = {
             "metadata": {"name": name, "namespace": "default", "uid": uid},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         }
+        classes = {c["metadata"]["name"]: c for c in self.api.objects("DeviceClass")}
+        others = self.api.objects("ResourceClaim")
+        slices = self.api.objects("ResourceSlice")
+        allocation = allocate(claim, classes, slices, taken_devices(others), NODE, consumed_capacity(others))
+        claim["status"] = {"allocation": allocation}
+        self.api.put("ResourceClaim", claim)
+        return Claim("default", name, uid), claim
+
+    def _claim(self, out: TextIO, name: str, device_class: str, selector: str) -> None:
         out.write(
             f"\nResourceClaim default/{name}: one device of class {device_class}"
             f"{f' where {selector}' if selector else ''}\n"
         )
-        classes = {c["metadata"]["name"]: c for c in self.api.objects("DeviceClass")}
-        taken = taken_devices(self.api.objects("ResourceClaim"))
-        claim["status"] = {
-            "allocation": allocate(claim, classes, self.api.objects("ResourceSlice"), taken, NODE)
-        }
-        self.api.put("ResourceClaim", claim)
-        ref = Claim("default", name, uid)
+        ref, _ = self.allocated(name, device_class, selector)
         answer = self.kubelet.node_prepare(DRIVER_NAME, [ref]).claims[ref.uid]
         if answer.error:
             out.write(f"  NodePrepareResources -> error: {answer.error}\n")

@@ -494,5 +494,6 @@ def test_mps_shared_memory_for_claims(render: Callable[..., Rendered]) -> None:
     assert init["volumeMounts"] == [propagated]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["dra-mps-shm"] == "/dev/shm"
+    assert {"name": "MPS_ROOT", "value": root} in pod["containers"][0]["env"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert (volumes["dra-mps-root"], volumes["dra-mps-shm"]) == (root, f"{root}/shm")

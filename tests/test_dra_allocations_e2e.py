@@ -33,7 +33,11 @@ MPS = {
 
 def test_the_device_plugins_allocations_show_the_dra_gpus(tmp_path: Path) -> None:
     standin = Standin(tmp_path / "standin")
-    with dra_cluster(tmp_path, config=SPLIT, env=standin.env({"PATH": os.environ["PATH"]})) as cluster:
+    with dra_cluster(
+        tmp_path,
+        config=SPLIT,
+        env=standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps")}),
+    ) as cluster:
         kubelet = Kubelet(cluster.node.root / "device-plugins", pod_resources=True)
         kubelet.start()
         port = free_port()

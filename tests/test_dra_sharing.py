@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
-from nvdp.dra.sharing import ConfigProblem, MpsSettings, OpaqueConfig, Sharing, opaque_configs, parse, resolve
+from nvdp.dra.sharing import (
+    ConfigProblem,
+    DeviceSharing,
+    MpsSettings,
+    OpaqueConfig,
+    opaque_configs,
+    parse,
+    resolve,
+)
 from nvdp.dra.timeslice import NvidiaSmi, TimeSliceError
 from nvdp.dra_standin.scheduler import allocation_config
 from nvdp.units import parse_quantity
@@ -41,24 +49,26 @@ def claim_with(*config: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("parameters", "expected"),
     [
-        pytest.param(gpu_config(), Sharing("GpuConfig"), id="no-sharing"),
+        pytest.param(gpu_config(), DeviceSharing("GpuConfig"), id="no-sharing"),
         pytest.param(
             gpu_config({"strategy": "TimeSlicing"}),
-            Sharing("GpuConfig", "TimeSlicing", "Default"),
+            DeviceSharing("GpuConfig", "TimeSlicing", "Default"),
             id="time-slicing-default-interval",
         ),
         pytest.param(
             gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
-            Sharing("GpuConfig", "TimeSlicing", "Long"),
+            DeviceSharing("GpuConfig", "TimeSlicing", "Long"),
             id="time-slicing-long",
         ),
         pytest.param(
             gpu_config({"strategy": "TimeSlicing"}, kind="MigDeviceConfig"),
-            Sharing("MigDeviceConfig", "TimeSlicing"),
+            DeviceSharing("MigDeviceConfig", "TimeSlicing"),
             id="mig-time-slicing",
         ),
         pytest.param(
-            gpu_config({"strategy": "MPS"}), Sharing("GpuConfig", "MPS", mps=MpsSettings()), id="mps-defaults"
+            gpu_config({"strategy": "MPS"}),
+            DeviceSharing("GpuConfig", "MPS", mps=MpsSettings()),
+            id="mps-defaults",
         ),
         pytest.param(
             gpu_config(
@@ -72,14 +82,14 @@ def claim_with(*config: dict[str, Any]) -> dict[str, Any]:
                 },
                 kind="MigDeviceConfig",
             ),
-            Sharing(
+            DeviceSharing(
                 "MigDeviceConfig", "MPS", mps=MpsSettings(25, 10 << 30, (("1", 4 << 30), ("GPU-x", 2 << 30)))
             ),
             id="mps-limits",
         ),
     ],
 )
-def test_configs_read(parameters: dict[str, Any], expected: Sharing) -> None:
+def test_configs_read(parameters: dict[str, Any], expected: DeviceSharing) -> None:
     assert parse(parameters, REF) == expected
 
 
@@ -176,22 +186,22 @@ def test_class_configs_first_and_other_drivers_skipped() -> None:
         opaque(slicing, ["a"], source="FromClass"),
     )
     assert opaque_configs(claim, REF) == [
-        OpaqueConfig(("a",), Sharing("GpuConfig", "TimeSlicing", "Short")),
-        OpaqueConfig(("b",), Sharing("GpuConfig", "MPS", mps=MpsSettings())),
+        OpaqueConfig(("a",), DeviceSharing("GpuConfig", "TimeSlicing", "Short")),
+        OpaqueConfig(("b",), DeviceSharing("GpuConfig", "MPS", mps=MpsSettings())),
     ]
     with pytest.raises(ClaimError, match="^ResourceClaim ns/c: a config's source 'FromPod' is not FromClass"):
         opaque_configs(claim_with(opaque(slicing, source="FromPod")), REF)
 
 
 def test_precedence_per_request_and_kind() -> None:
-    short = Sharing("GpuConfig", "TimeSlicing", "Short")
-    long = Sharing("GpuConfig", "TimeSlicing", "Long")
-    mig_mps = Sharing("MigDeviceConfig", "MPS", mps=MpsSettings(50))
+    short = DeviceSharing("GpuConfig", "TimeSlicing", "Short")
+    long = DeviceSharing("GpuConfig", "TimeSlicing", "Long")
+    mig_mps = DeviceSharing("MigDeviceConfig", "MPS", mps=MpsSettings(50))
     configs = [
         OpaqueConfig((), short),  # the class's: every request
         OpaqueConfig((), mig_mps),  # every request with a MIG device
         OpaqueConfig(("b",), long),  # the claim's, for request b
-        OpaqueConfig(("c",), Sharing("GpuConfig")),  # request c: explicitly no sharing
+        OpaqueConfig(("c",), DeviceSharing("GpuConfig")),  # request c: explicitly no sharing
     ]
     allocated = [
         Allocated("a", "gpu-0"),
@@ -205,12 +215,14 @@ def test_precedence_per_request_and_kind() -> None:
         (mig_mps, [Allocated("a", "gpu-3-mig-1g5gb-0")]),
         (long, [Allocated("b/small", "gpu-1")]),
     ]
-    wrong = [OpaqueConfig(("a",), Sharing("GpuConfig", "MPS", mps=MpsSettings()))]
+    wrong = [OpaqueConfig(("a",), DeviceSharing("GpuConfig", "MPS", mps=MpsSettings()))]
     message = "ResourceClaim ns/c: a GpuConfig cannot apply to MIG device gpu-3-mig-1g5gb-0 (request a)"
     with pytest.raises(ClaimError, match=f"^{re.escape(message)}$"):
         resolve(wrong, allocated[3:], lambda name: "-mig-" in name, REF)
     assert (
-        resolve([OpaqueConfig((), Sharing("MigDeviceConfig", "MPS"))], allocated[:1], lambda _: False, REF)
+        resolve(
+            [OpaqueConfig((), DeviceSharing("MigDeviceConfig", "MPS"))], allocated[:1], lambda _: False, REF
+        )
         == []
     )
 

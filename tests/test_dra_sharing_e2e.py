@@ -41,7 +41,7 @@ def with_config(cluster: Any, claim: Claim, *config: dict[str, Any]) -> Claim:
 
 def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
     standin = Standin(tmp_path / "standin")
-    env = standin.env({"PATH": os.environ["PATH"]})
+    env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
     with dra_cluster(tmp_path, env=env) as cluster:
         short = sharing("TimeSlicing", timeSlicingConfig={"interval": "Short"})
         cluster.api.put(
@@ -106,7 +106,7 @@ def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
         options = ["rw", "nosuid", "nodev", "bind"]
         assert device["containerEdits"]["mounts"] == [
             {"hostPath": str(pipe), "containerPath": str(pipe), "options": options},
-            {"hostPath": str(mps_root / "shm"), "containerPath": "/dev/shm", "options": options},
+            {"hostPath": str(tmp_path / "mps-root/shm"), "containerPath": "/dev/shm", "options": options},
         ]
         assert validate(spec, load_schema(), strict=False) == []
         sliced_spec = cluster.specs()[f"k8s.gpu.nvidia.com-claim_{sliced.uid}.json"]

@@ -56,3 +56,28 @@ def test_the_dra_demo_serves_and_prints_health_changes(tmp_path: Path) -> None:
         finally:
             proc.send_signal(signal.SIGINT)
             assert proc.wait(15) == 0
+
+
+def test_the_dra_demo_shows_a_gpu_shared_by_three_claims(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\ndra:\n  devices: all\n  consumableCapacity: [0]\n")
+    result = run_simulate("--api", "dra", "--config-file", str(config), env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    gpu0 = sim_gpus("dgx-a100")[0].uuid
+    assert "gpu-0 is shared by capacity (allowMultipleAllocations: true):\n" in out
+    assert "  memory     40Gi  default 1Gi, min 1Gi, step 1Gi\n" in out
+    assert "  allocated gpu-0: consumedCapacity compute 50, memory 10Gi; shareID " in out
+    limits = [line.strip() for line in out.splitlines() if "CUDA_MPS_PINNED" in line or "THREAD_PERC" in line]
+    assert limits == [
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu0}=10240M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu0}=2048M",
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu0}=1024M",
+    ]
+    assert (
+        "  not allocated: request gpu: 1 device(s) of class gpu.nvidia.com wanted, 0 free on node sim-node "
+        "match with memory 30Gi to spare\n"
+    ) in out
+    assert "NodeUnprepareResources of the 3 shares -> their specs removed" in out
+    assert "Traceback" not in result.stderr

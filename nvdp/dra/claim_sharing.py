@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from nvdp.cdi.roots import visible_roots
+from nvdp.dra.capacity import mps_root
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.mps import MPS_DIR, ClientLimits, DraMps, client_edits
@@ -141,7 +142,8 @@ class ClaimSharing:
 
 
 def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]) -> ClaimSharing:
-    """The DRA plugin's: MPS daemons under `<plugin dir>/mps`, time slices through the driver root's
+    """The DRA plugin's: MPS daemons under `<plugin dir>/mps` (their clients' /dev/shm the MPS root's
+    `shm`, as the capacity shares'), time slices through the driver root's
     nvidia-smi (recorded instead on a simulated node)."""
     modes = cast(ComputeModes, nvml)
     slicer: TimeSlicer = SimulatedTimeSlices()
@@ -149,9 +151,9 @@ def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]
         flags = settings.config.flags
         here, _ = visible_roots(flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root)
         slicer = NvidiaSmi.of_root(here, environ)
-    return ClaimSharing(
-        settings.plugin_dir, modes, DraMps(settings.plugin_dir / MPS_DIR, modes, environ), slicer
-    )
+    shm = mps_root(settings.config.flags.mps_root).shm_dir  # shared with the capacity shares' daemons
+    mps = DraMps(settings.plugin_dir / MPS_DIR, modes, environ, shm_dir=shm)
+    return ClaimSharing(settings.plugin_dir, modes, mps, slicer)
 
 
 def _mps_words(limits: ClientLimits, uuid: str) -> str:

@@ -93,8 +93,8 @@ class ClaimSpecs:
     ) -> dict[str, str]:
         """Write the claim's spec; device name -> its qualified CDI name. No devices: no spec.
         `dev_nodes`: as `dev_nodes()` said (read now when not given); `edits`: device name -> more
-        container edits of its CDI device (`env`, `mounts`: a claim's sharing). Raises ClaimError (a
-        device left out of the spec, and why) or OSError (not written)."""
+        containerEdits lists for it (an MPS client's env and mounts). Raises ClaimError (a device left
+        out of the spec, and why) or OSError (not written)."""
         if not devices:
             return {}
         cdi = [CdiDevice(claim_cdi_device(uid, d.name), d.paths) for d in devices]
@@ -109,10 +109,10 @@ class ClaimSpecs:
         spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
         for device in devices:
             for key, more in (edits or {}).get(device.name, {}).items():
-                (cdi_device,) = (
+                cdi_device = next(
                     d for d in spec["devices"] if d["name"] == claim_cdi_device(uid, device.name)
                 )
-                cdi_device["containerEdits"].setdefault(key, []).extend(more)
+                cdi_device["containerEdits"][key] = [*cdi_device["containerEdits"].get(key, []), *more]
         make_dirs(self.root)
         write_atomic(self.root / claim_spec_file(uid), render(spec))
         return {d.name: qualified_name(CLAIM_CDI_KIND, claim_cdi_device(uid, d.name)) for d in devices}

@@ -67,6 +67,7 @@ class DraDevice:
     attributes: Attributes = field(default_factory=dict)
     capacity: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> {"value": quantity}
     former_name: str | None = None  # a MIG device's name before NVIDIA's v25.12 form
+    allow_multiple_allocations: bool = False  # shared by capacity (nvdp.dra.capacity)
 
     @property
     def type(self) -> str:
@@ -74,7 +75,8 @@ class DraDevice:
 
     def slice_entry(self) -> dict[str, Any]:
         """The device as a ResourceSlice (resource.k8s.io/v1) lists it."""
-        return {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        entry = {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        return {**entry, "allowMultipleAllocations": True} if self.allow_multiple_allocations else entry
 
 
 @dataclass(frozen=True)

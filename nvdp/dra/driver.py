@@ -27,14 +27,13 @@ from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
-from nvdp.dra.allocations import ALLOCATIONS_FILE
-from nvdp.dra.checkpoint import Checkpoint, PreparedClaim
-from nvdp.dra.claim_sharing import node_sharing
+from nvdp.dra.capacity_mps import CapacityDaemons
+from nvdp.dra.checkpoint import Checkpoint
+from nvdp.dra.claim_parts import ClaimParts
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
 from nvdp.dra.health import DraHealthTarget, HealthStreams
-from nvdp.dra.holders import ClaimHolders, holders_health
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.dra.node_count import NodeCountGate
@@ -48,7 +47,6 @@ from nvdp.dra.server import RegistrationService, UnixServer, add_plugin_services
 from nvdp.errors import NvdpError, NvmlError, UnreadableFile
 from nvdp.files import read_bounded
 from nvdp.handoff import DRA, Handoff
-from nvdp.health.node_events import node_events_from_env
 from nvdp.inventory import dra_gpus
 from nvdp.logs import log_event, setup_logging
 from nvdp.misfit_report import MisfitReport
@@ -99,13 +97,9 @@ class DraDriver:
             api = KubeResourceApi(new_api_client(kubeconfig=settings.kubeconfig or None, retries=0))
         self.api = api
         self.node = settings.node_name
-        self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
         self.state = NodeState()
-        self.sharing = node_sharing(settings, self.nvml, environ)  # claims' configs: time slices, MPS
-        allocations = settings.plugin_dir / ALLOCATIONS_FILE  # for the device plugin's /allocations
-        self.holders = ClaimHolders(api, self._prepared, self.state, self.sharing.shares, allocations)
-        health = holders_health(self.nvml, settings, environ, self.node_events, self.holders)
-        self.health, self.pod_events = health
+        self.claims = ClaimParts.of(self, settings, environ)  # their configs, pods, health, Events
+        self.node_events, self.health = self.claims.node_events, self.claims.health
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
         self.publisher = SlicePublisher(api, self.node, on_published=self._published)
@@ -144,6 +138,7 @@ class DraDriver:
             else None
         )
         self._counters = counters
+        self.capacity = CapacityDaemons.for_node(self.nvml, settings, environ)  # GPUs shared by capacity
 
     # ---- control (any thread; signal handlers call request_stop) --------------------------------
 
@@ -168,9 +163,6 @@ class DraDriver:
             self._pending.add(what)
         self.loop.woken()
         self._watcher.wake()
-
-    def _prepared(self) -> dict[str, PreparedClaim]:
-        return dict(self.preparer.prepared) if self.preparer is not None else {}
 
     def _add_plugin_services(self, server: Any) -> None:
         assert self.preparer is not None
@@ -242,8 +234,7 @@ class DraDriver:
         return False
 
     def _start(self) -> None:
-        facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
-        self._facts = facts
+        self._facts = facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
         specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
@@ -254,10 +245,9 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
-            sharing=self.sharing,
-            holders=self.holders,
+            shares=self.capacity,
+            claims=self.claims,
         )
-        self.holders.changed()  # the pods of the claims prepared before a restart
         self._enumerate()
         self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
@@ -318,6 +308,7 @@ class DraDriver:
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
+        everything = self.capacity.settle(self.settings.config.dra, gpus, everything, holds, self.misfits)
         self._serve = self.handoff.settle(owned, holds, gpus).serve
         self._offered = self.node_count.offer(self._serve, self._offered, self.handoff.other.advertised())
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
@@ -344,7 +335,7 @@ class DraDriver:
     def _push_health(self) -> None:
         self.state.set_health(self.target.unhealthy(), self.health.unhealthy())
         self.publisher.update(self.state.devices(), self.state.taints())
-        self.holders.publish()
+        self.claims.holders.publish()
         self.streams.update(self.state.health())
 
     def _keep_serving(self) -> None:
@@ -377,6 +368,7 @@ class DraDriver:
             self.rescanner.stop()
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
+        self.capacity.stop()
         self.streams.stop()
         self.publisher.stop()
         self.health.stop()
@@ -384,10 +376,7 @@ class DraDriver:
         self.nvml.shutdown()
         self._watcher.close()
         self.handoff.close()
-        self.holders.close()
-        for events in (self.node_events, self.pod_events):
-            if events is not None:
-                events.close()
+        self.claims.close()
         if self.status is not None:
             self.status.stop()
         log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)

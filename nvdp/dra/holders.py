@@ -21,21 +21,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nvdp.daemon_settings import health_settings
 from nvdp.dra.allocations import AllocationsFile, dra_devices
 from nvdp.dra.checkpoint import PreparedClaim
 from nvdp.dra.claims import ClaimRef
 from nvdp.dra.cluster import ResourceApi
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.node_state import NodeState
-from nvdp.dra.options import DraSettings
 from nvdp.errors import KubeError
-from nvdp.health.node import NodeHealth
-from nvdp.health.node_events import NodeEventRecorder
-from nvdp.health.pod_events import PodEventRecorder, pod_events_from_env
 from nvdp.ledger.types import Holding
 from nvdp.logs import log_event
-from nvdp.nvml.types import Nvml
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +74,7 @@ class ClaimHolders:
         self._lock = threading.Lock()
         self._pods: dict[str, tuple[Pod, ...]] = {}  # claim UID -> its pods, as last read
         self._pending: set[str] = set()
+        self._published = False
         self._queue: queue.Queue[ClaimRef | str | None] = queue.Queue(MAX_QUEUE)
         self._thread = threading.Thread(target=self._run, name="dra-claim-holders", daemon=True)
         self._thread.start()
@@ -148,7 +143,11 @@ class ClaimHolders:
         return dra_devices(self._devices(), self._state.health(), self._prepared(), self.pods, self._shares())
 
     def publish(self) -> None:
-        """Write the allocations file (soon, if it changed); never blocks."""
+        """Write the allocations file (soon, if it changed); never blocks. The first call also reads
+        the pods of the claims prepared before (a restart)."""
+        if not self._published:
+            self._published = True
+            self.changed()
         try:
             self._queue.put_nowait(_PUBLISH)
         except queue.Full:
@@ -191,29 +190,3 @@ class ClaimHolders:
         pods = reserved_pods(claim)
         with self._lock:
             self._pods[ref.uid] = pods  # `held` names only the prepared claims' pods
-
-
-def holders_health(
-    nvml: Nvml,
-    settings: DraSettings,
-    environ: Mapping[str, str],
-    node_events: NodeEventRecorder | None,
-    holders: ClaimHolders,
-) -> tuple[NodeHealth, PodEventRecorder | None]:
-    """The DRA plugin's node health: its transitions name the claims' pods (`holders`) in the log
-    line and the Node event, and each pod gets its event (when the API server is reachable)."""
-    pod_events = pod_events_from_env(
-        environ,
-        node=settings.node_name,
-        kubeconfig=settings.kubeconfig,
-        recovery_quiet_period=lambda: health.recovery_quiet_period,
-    )
-    health = NodeHealth(
-        nvml,
-        health_settings(settings.config),
-        environ,
-        node_events=node_events,
-        allocations=holders,
-        pod_events=pod_events,
-    )
-    return health, pod_events

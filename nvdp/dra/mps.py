@@ -11,8 +11,9 @@ are its clients through their CDI edits (`client_edits`), with their own limits 
 Layout under the root (`<KUBELET_PLUGINS_DIRECTORY_PATH>/gpu.nvidia.com/mps`, the same path on the
 host): `<name>/pipe` and `<name>/log` are the daemon's CUDA_MPS_PIPE_DIRECTORY and
 CUDA_MPS_LOG_DIRECTORY, `<name>/holders.json` the GPUs and the claims holding the daemon (so a
-restarted plugin finds its daemons and their holders), and `shm` the directory clients get as
-/dev/shm (the DRA container's own /dev/shm, which the daemons share). `<name>` is the GPU's UUID for
+restarted plugin finds its daemons and their holders). `shm_dir` (by default `<root>/shm`; the DRA
+plugin's: `<MPS root>/shm`, as for its capacity shares) is what clients get as /dev/shm: the DRA
+container's own /dev/shm, which the daemons share (the chart's `dra.mps`). `<name>` is the GPU's UUID for
 a one-GPU daemon, else `gpus-<hash of the UUIDs>`.
 
 A daemon runs with CUDA_VISIBLE_DEVICES set to its GPUs (or MIG devices), whole GPUs set to
@@ -129,8 +130,10 @@ class DraMps:
         *,
         binary: str = CONTROL_BINARY,
         timeout: float = COMMAND_TIMEOUT_S,
+        shm_dir: Path | None = None,
     ) -> None:
         self.root = root
+        self.shm_dir = shm_dir or root / "shm"  # the daemons' /dev/shm, as their clients get it
         self._nvml = nvml
         self._environ = environ
         self._binary = binary
@@ -183,7 +186,7 @@ class DraMps:
 
     def _new(self, name: str, gpus: tuple[str, ...]) -> _Running:
         directory = self.root / name
-        daemon = MpsDaemon(name, gpus, directory / "pipe", self.root / "shm")
+        daemon = MpsDaemon(name, gpus, directory / "pipe", self.shm_dir)
         env = {**self._environ, VISIBLE_ENV: ",".join(gpus)}
         control = MpsControl(
             daemon.pipe_dir, directory / "log", env, binary=self._binary, timeout=self._timeout

@@ -35,7 +35,7 @@ MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
 # The plugin options the DRA plugin takes as flags, by canonical name.
 SHARED_FLAGS = (
     "--config-file --nvml --log-format --log-level --driver-root --dev-root --driver-root-ctr-path"
-    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval --metrics-address"
+    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval --metrics-address --mps-root"
 ).split()
 
 DRA_OPTIONS: tuple[Option, ...] = (

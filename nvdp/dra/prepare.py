@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,12 +41,20 @@ from nvdp.errors import KubeError
 from nvdp.logs import log_event
 
 if TYPE_CHECKING:
-    from nvdp.dra.claim_sharing import ClaimSharing
-    from nvdp.dra.holders import ClaimHolders
+    from nvdp.dra.claim_parts import ClaimParts
 
 log = logging.getLogger(__name__)
 
 API_READERS = 8  # a call's claims read from the API at once
+
+
+class Shares(Protocol):
+    """The claims' shares of GPUs shared by capacity (`nvdp.dra.capacity_mps.CapacityDaemons`)."""
+
+    def edits(
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+    ) -> tuple[dict[str, dict[str, list[Any]]], tuple[object, ...]]: ...
+    def release(self, uid: str) -> None: ...
 
 
 class Inventory(Protocol):
@@ -85,12 +93,12 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         *,
         changed: Callable[[], None] | None = None,
-        sharing: ClaimSharing | None = None,
-        holders: ClaimHolders | None = None,
+        shares: Shares | None = None,
+        claims: ClaimParts | None = None,
     ) -> None:
         self._api = api
-        self._holders = holders  # told of every claim the kubelet prepares (its pods) and unprepares
-        self._sharing = sharing  # applies and undoes the claims' sharing configs (none: refused)
+        self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
+        self._claims = claims  # claims' sharing configs applied and undone, their pods read again
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
@@ -108,8 +116,8 @@ class ClaimPreparer:
     # ---- the calls ----------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAnswer]:
-        if self._holders is not None:  # a pod starts with these claims: their pods read again
-            self._holders.touch(ref for ref in claims if ref_problem(ref) is None)
+        if self._claims is not None:  # a pod starts with these claims: their pods read again
+            self._claims.touch(ref for ref in claims if ref_problem(ref) is None)
         answers: dict[str, ClaimAnswer] = {}
         to_read: list[ClaimRef] = []
         with self._lock:
@@ -198,6 +206,8 @@ class ClaimPreparer:
                     answers[ref.uid] = self._not_unprepared(ref, str(error))
                     continue
                 answers[ref.uid] = ""
+                if self._shares is not None:
+                    self._shares.release(ref.uid)
                 claim = self.prepared.pop(ref.uid, None)
                 if claim is not None:
                     removed[ref.uid] = (ref, claim)
@@ -215,8 +225,8 @@ class ClaimPreparer:
         for ref in refs:
             if answers[ref.uid] == "":
                 self._release_sharing(ref.uid)
-        if self._holders is not None:
-            self._holders.forget(ref.uid for ref in refs if answers[ref.uid] == "")
+        if self._claims is not None:
+            self._claims.forget(ref.uid for ref in refs if answers[ref.uid] == "")
         if removed and not unsaved and self._changed is not None:
             self._changed()
         return {ref.uid: answers[ref.uid] for ref in claims}
@@ -262,13 +272,17 @@ class ClaimPreparer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
         ref, devices = decided.ref, decided.devices
         try:
-            edits = self._apply_sharing(decided)
+            edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
+            self._apply_sharing(decided, edits)
             unique = list({d.name: d for d in devices.values()}.values())
             ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
         except (ClaimError, OSError) as error:
+            if self._shares is not None:
+                self._shares.release(ref.uid)  # a claim not prepared holds no share
             self._release_sharing(ref.uid)
-            text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
-            return self._refused(ref, text)
+            return self._refused(
+                ref, str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            )
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
@@ -277,17 +291,21 @@ class ClaimPreparer:
         )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, answer)
 
-    def _apply_sharing(self, decided: _Decided) -> dict[str, dict[str, Any]]:
-        """The claim's sharing configs applied (`nvdp.dra.claim_sharing`); device name -> its CDI edits."""
-        if self._sharing is not None:
-            return self._sharing.apply(decided.ref, decided.configs, decided.allocated, decided.devices)
-        if decided.configs:
-            raise ClaimError(f"ResourceClaim {decided.ref}: sharing configs are not applied by this preparer")
-        return {}
+    def _apply_sharing(self, decided: _Decided, edits: dict[str, dict[str, list[Any]]]) -> None:
+        """The claim's sharing configs applied (`nvdp.dra.claim_sharing`), their CDI edits added to
+        `edits` (device name -> containerEdits lists)."""
+        if self._claims is None:
+            if decided.configs:
+                raise ClaimError(f"ResourceClaim {decided.ref}: sharing configs are not applied here")
+            return
+        applied = self._claims.apply(decided.ref, decided.configs, decided.allocated, decided.devices)
+        for name, more in applied.items():
+            for key, values in more.items():
+                edits.setdefault(name, {})[key] = [*edits.get(name, {}).get(key, []), *values]
 
     def _release_sharing(self, uid: str) -> None:
-        if self._sharing is not None:
-            self._sharing.release(uid)
+        if self._claims is not None:
+            self._claims.release(uid)
 
     def _save(self) -> str:
         """Write the checkpoint of the prepared claims as they are now; "" or the error."""

@@ -85,7 +85,7 @@ class MpsSettings:
 
 
 @dataclass(frozen=True)
-class Sharing:
+class DeviceSharing:
     """One config: its kind and how it shares (strategy None: no sharing set)."""
 
     kind: str
@@ -97,7 +97,7 @@ class Sharing:
 @dataclass(frozen=True)
 class OpaqueConfig:
     requests: tuple[str, ...]  # none: every request
-    sharing: Sharing
+    sharing: DeviceSharing
 
 
 def opaque_configs(claim: Mapping[str, Any], ref: ClaimRef) -> list[OpaqueConfig]:
@@ -125,7 +125,7 @@ def opaque_configs(claim: Mapping[str, Any], ref: ClaimRef) -> list[OpaqueConfig
     return [config for _, config in sorted(found, key=lambda f: f[0])]  # stable: in order per source
 
 
-def parse(parameters: object, ref: ClaimRef) -> Sharing:
+def parse(parameters: object, ref: ClaimRef) -> DeviceSharing:
     """One config's parameters, checked strictly. Raises ClaimError."""
     if not isinstance(parameters, Mapping):
         raise ClaimError(f"ResourceClaim {ref}: a {DRIVER_NAME} config's parameters are not an object")
@@ -151,7 +151,7 @@ def resolve(
     allocated: Sequence[Allocated],
     is_mig: Callable[[str], bool],
     ref: ClaimRef,
-) -> list[tuple[Sharing, list[Allocated]]]:
+) -> list[tuple[DeviceSharing, list[Allocated]]]:
     """Each config that applies with the results it applies to (configs without sharing left out).
     `is_mig(device)`: whether a result's device is a MIG device. Raises ClaimError."""
     groups: dict[int, list[Allocated]] = {}
@@ -182,11 +182,11 @@ def resolve(
 # ---- the strict reading ------------------------------------------------------------------------------
 
 
-def _sharing(kind: str, parameters: Mapping[str, Any]) -> Sharing:
+def _sharing(kind: str, parameters: Mapping[str, Any]) -> DeviceSharing:
     _known(parameters, "")
     sharing = _object(parameters.get("sharing"), "sharing")
     if sharing is None:
-        return Sharing(kind)
+        return DeviceSharing(kind)
     _known(sharing, "sharing", leave_out=("timeSlicingConfig",) if kind == MIG_CONFIG else ())
     strategy = sharing.get("strategy")
     if strategy not in (TIME_SLICING, MPS):
@@ -204,10 +204,10 @@ def _sharing(kind: str, parameters: Mapping[str, Any]) -> Sharing:
                 interval = "Default"
             if interval not in INTERVALS:
                 raise ConfigProblem(f"unknown time-slice interval {interval!r} ({', '.join(INTERVALS)})")
-        return Sharing(kind, TIME_SLICING, interval=interval)
+        return DeviceSharing(kind, TIME_SLICING, interval=interval)
     if slicing is not None:
         raise ConfigProblem(f"sharing.timeSlicingConfig is set, but the strategy is {MPS}")
-    return Sharing(kind, MPS, mps=_mps(mps or {}))
+    return DeviceSharing(kind, MPS, mps=_mps(mps or {}))
 
 
 def _mps(mps: Mapping[str, Any]) -> MpsSettings:

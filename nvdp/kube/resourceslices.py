@@ -19,7 +19,12 @@ from nvdp.kube.client import MAX_ANSWER_BYTES, get_json, one_line, request, watc
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first: the first the server serves is used
-_BASIC = ("attributes", "capacity", "taints")  # a device's fields v1beta1 keeps under `basic`
+_BASIC = (
+    "attributes",
+    "capacity",
+    "taints",
+    "allowMultipleAllocations",
+)  # a device's fields v1beta1 keeps under `basic`
 
 Obj = dict[str, Any]
 

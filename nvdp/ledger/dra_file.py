@@ -22,9 +22,9 @@ ALLOCATIONS_FILE = "allocations.json"
 MAX_FILE_BYTES = 4 << 20
 
 
-def read_dra_allocations(path: Path) -> list[dict[str, Any]] | None:
-    """The DRA plugin's device entries at `path`; None when there is no such file or it cannot be
-    read (said at debug level: the DRA plugin may not run on this node)."""
+def read_dra_allocations(path: Path) -> tuple[str, list[dict[str, Any]]] | None:
+    """The DRA driver's name and its device entries at `path`; None when there is no such file or it
+    cannot be read (said at debug level: the DRA plugin may not run on this node)."""
     if not path.exists():
         return None
     try:
@@ -32,8 +32,12 @@ def read_dra_allocations(path: Path) -> list[dict[str, Any]] | None:
     except (UnreadableFile, ValueError) as error:
         log_event(log, logging.DEBUG, "DRA allocations unreadable", path=str(path), error=str(error))
         return None
-    devices = document.get("devices") if isinstance(document, dict) else None
-    return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else None
+    if not isinstance(document, dict):
+        return None
+    driver, devices = document.get("driver"), document.get("devices")
+    if not isinstance(driver, str) or not driver or not isinstance(devices, list):
+        return None
+    return driver, [d for d in devices if isinstance(d, dict)]
 
 
 def dra_resource(devices: Sequence[Mapping[str, Any]], pods: bool) -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nvdp.dra.names import DRIVER_NAME
 from nvdp.health.types import HealthChange
 from nvdp.http_endpoint import is_loopback
 from nvdp.ledger.document import Served, allocations_document
@@ -75,8 +74,8 @@ class AllocationPages:
         gpus = self._gpus() or []
         document = allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
         dra = read_dra_allocations(self._dra_file) if self._dra_file is not None else None
-        if dra is not None:
-            document["resources"][DRIVER_NAME] = dra_resource(dra, pods)
+        if dra is not None:  # the DRA driver's name as the resource's
+            document["resources"][dra[0]] = dra_resource(dra[1], pods)
         return document
 
     def render(self, peer: str) -> bytes:

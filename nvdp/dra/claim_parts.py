@@ -1,0 +1,108 @@
+"""The DRA plugin's parts about its prepared claims, built together and handed to the preparer as one:
+
+- `sharing`: the claims' sharing configs applied and undone (`nvdp.dra.claim_sharing`);
+- `holders`: the pods each claim is reserved for, and the allocations file (`nvdp.dra.holders`);
+- `health`: the node's health, whose transitions name those claims and pods (log line, Node event);
+- `node_events`, `pod_events`: the Events it posts (each holding pod gets its own), when the API
+  server is reachable.
+
+The preparer calls `touch` / `apply` at prepare and `forget` / `release` at unprepare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nvdp.daemon_settings import health_settings
+from nvdp.dra.allocations import ALLOCATIONS_FILE
+from nvdp.dra.checkpoint import PreparedClaim
+from nvdp.dra.claim_sharing import ClaimSharing, node_sharing
+from nvdp.dra.claims import Allocated, ClaimRef
+from nvdp.dra.cluster import ResourceApi
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.holders import ClaimHolders
+from nvdp.dra.node_state import NodeState
+from nvdp.dra.options import DraSettings
+from nvdp.dra.sharing import OpaqueConfig
+from nvdp.health.node import NodeHealth
+from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
+from nvdp.health.pod_events import PodEventRecorder, pod_events_from_env
+from nvdp.nvml.types import Nvml
+
+if TYPE_CHECKING:
+    from nvdp.dra.prepare import ClaimPreparer
+
+
+class DriverParts(Protocol):
+    """What of the driver the parts read: NVML, the API, the node's state and the preparer (built
+    after the parts, at the driver's start)."""
+
+    nvml: Nvml
+    api: ResourceApi
+    state: NodeState
+    preparer: ClaimPreparer | None
+
+
+@dataclass
+class ClaimParts:
+    sharing: ClaimSharing
+    holders: ClaimHolders
+    health: NodeHealth
+    node_events: NodeEventRecorder | None
+    pod_events: PodEventRecorder | None
+
+    @classmethod
+    def of(cls, driver: DriverParts, settings: DraSettings, environ: Mapping[str, str]) -> ClaimParts:
+        node, kubeconfig = settings.node_name, settings.kubeconfig
+        sharing = node_sharing(settings, driver.nvml, environ)
+
+        def prepared() -> dict[str, PreparedClaim]:
+            preparer = driver.preparer
+            return dict(preparer.prepared) if preparer is not None else {}
+
+        file = settings.plugin_dir / ALLOCATIONS_FILE
+        holders = ClaimHolders(driver.api, prepared, driver.state, sharing.shares, file)
+        node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
+        pod_events = pod_events_from_env(
+            environ,
+            node=node,
+            kubeconfig=kubeconfig,
+            recovery_quiet_period=lambda: health.recovery_quiet_period,
+        )
+        health = NodeHealth(
+            driver.nvml,
+            health_settings(settings.config),
+            environ,
+            node_events=node_events,
+            allocations=holders,
+            pod_events=pod_events,
+        )
+        return cls(sharing, holders, health, node_events, pod_events)
+
+    # ---- the preparer's calls -----------------------------------------------------------------------
+    def touch(self, refs: Iterable[ClaimRef]) -> None:
+        self.holders.touch(refs)
+
+    def forget(self, uids: Iterable[str]) -> None:
+        self.holders.forget(uids)
+
+    def apply(
+        self,
+        ref: ClaimRef,
+        configs: Sequence[OpaqueConfig],
+        allocated: Sequence[Allocated],
+        devices: Mapping[str, DraDevice],
+    ) -> dict[str, dict[str, Any]]:
+        return self.sharing.apply(ref, configs, allocated, devices)
+
+    def release(self, uid: str) -> None:
+        self.sharing.release(uid)
+
+    def close(self) -> None:
+        """The reads and the Events stopped, the allocations file removed."""
+        self.holders.close()
+        for events in (self.node_events, self.pod_events):
+            if events is not None:
+                events.close()
