@@ -1,23 +1,30 @@
 """The DRA plugin's MPS daemons (`nvdp.dra.mps`) against the `nvidia-cuda-mps-control` stand-in and
 the simulated node: one daemon per GPU set, started at the first holder and stopped after the last,
 its GPUs EXCLUSIVE_PROCESS meanwhile, found again by a restarted plugin, started again when it no
-longer answers; the clients' CDI edits."""
+longer answers; the clients' CDI edits; no config's sharing on a GPU shared by capacity."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from nvdp.dra.claim_sharing import ClaimSharing
+from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
+from nvdp.dra.devices import node_devices
 from nvdp.dra.mps import ClientLimits, DraMps, MpsDaemon, client_edits, daemon_name
+from nvdp.dra.sharing import DeviceSharing, OpaqueConfig
+from nvdp.dra.timeslice import SimulatedTimeSlices
 from nvdp.errors import MpsError
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import SimNvml
 from nvdp.nvml.types import ComputeMode
 from tests.builders import sim_gpus
 from tests.mps_standin import Standin
+from tests.test_dra_slices import FACTS
 
 GPUS = [g.uuid for g in sim_gpus("pcie-4")]
 
@@ -114,3 +121,17 @@ def test_client_edits(tmp_path: Path) -> None:
         ],
     }
     assert client_edits(daemon, ClientLimits())["env"] == [f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe_dir}"]
+
+
+def test_a_gpu_shared_by_capacity_takes_no_configs_sharing(tmp_path: Path, nvml: SimNvml) -> None:
+    gpu = replace(node_devices(sim_gpus("pcie-4"), FACTS)[0], allow_multiple_allocations=True)
+    mps = DraMps(tmp_path / "mps", nvml, {"PATH": str(tmp_path)})
+    sharing = ClaimSharing(tmp_path, nvml, mps, SimulatedTimeSlices())
+    config = OpaqueConfig((), DeviceSharing("GpuConfig", "TimeSlicing", "Long"))
+    message = (
+        "ResourceClaim ns/c: a GpuConfig's sharing cannot apply to gpu-0: it is shared by capacity "
+        "(each claim's share is enforced by MPS already)"
+    )
+    with pytest.raises(ClaimError, match=f"^{re.escape(message)}$"):
+        sharing.apply(ClaimRef("ns", "c", "u"), [config], [Allocated("gpu", "gpu-0")], {"gpu-0": gpu})
+    assert nvml.compute_mode(GPUS[0]) == ComputeMode.DEFAULT and sharing.shares() == {}

@@ -10,7 +10,8 @@ config applies to which device).
   in their env; the claim's holds go at unprepare.
 
 A config that cannot be applied is that claim's error, one line, and what was applied for the claim
-is undone.
+is undone. A GPU shared by capacity (`nvdp.dra.capacity`) takes no config's sharing: its claims'
+shares are MPS clients of its own daemon already.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class ClaimSharing:
         planned = []
         for sharing, results in groups:
             named = list(dict.fromkeys(r.device for r in results))
+            if shared := [n for n in named if devices[n].allow_multiple_allocations]:
+                raise ClaimError(
+                    f"ResourceClaim {ref}: a {sharing.kind}'s sharing cannot apply to {shared[0]}: it is "
+                    "shared by capacity (each claim's share is enforced by MPS already)"
+                )
             uuids = [devices[name].uuid for name in named]
             limits = None
             if sharing.mps is not None:
