@@ -135,3 +135,17 @@ def test_a_gpu_shared_by_capacity_takes_no_configs_sharing(tmp_path: Path, nvml:
     with pytest.raises(ClaimError, match=f"^{re.escape(message)}$"):
         sharing.apply(ClaimRef("ns", "c", "u"), [config], [Allocated("gpu", "gpu-0")], {"gpu-0": gpu})
     assert nvml.compute_mode(GPUS[0]) == ComputeMode.DEFAULT and sharing.shares() == {}
+
+
+def test_stopped_with_the_plugin_and_resumed_at_its_start(tmp_path: Path, nvml: SimNvml) -> None:
+    standin = Standin(tmp_path / "standin")
+    mps = DraMps(tmp_path / "mps", nvml, standin.env())
+    daemon = mps.ensure_daemon([GPUS[0]], holder="uid-a")
+    mps.stop()
+    assert not standin.running(daemon.pipe_dir)
+    assert nvml.compute_modes[GPUS[0]] == ComputeMode.DEFAULT
+    again = DraMps(tmp_path / "mps", nvml, standin.env())
+    again.resume()
+    assert standin.running(daemon.pipe_dir)
+    assert nvml.compute_modes[GPUS[0]] == ComputeMode.EXCLUSIVE_PROCESS
+    assert again.holders() == {GPUS[0]: frozenset({"uid-a"})}

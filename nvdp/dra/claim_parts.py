@@ -79,6 +79,7 @@ class ClaimParts:
             allocations=holders,
             pod_events=pod_events,
         )
+        sharing.mps.resume()  # the daemons of the claims prepared before a restart
         return cls(sharing, holders, health, node_events, pod_events)
 
     # ---- the preparer's calls -----------------------------------------------------------------------
@@ -101,7 +102,8 @@ class ClaimParts:
         self.sharing.release(uid)
 
     def close(self) -> None:
-        """The reads and the Events stopped, the allocations file removed."""
+        """The MPS daemons and the reads stopped, the allocations file removed, the Events sent."""
+        self.sharing.mps.stop()
         self.holders.close()
         for events in (self.node_events, self.pod_events):
             if events is not None:

@@ -19,9 +19,11 @@ a one-GPU daemon, else `gpus-<hash of the UUIDs>`.
 A daemon runs with CUDA_VISIBLE_DEVICES set to its GPUs (or MIG devices), whole GPUs set to
 EXCLUSIVE_PROCESS first (DEFAULT again when it stops, or when it cannot start): as NVIDIA's DRA
 driver does. A GPU is under
-one daemon at a time; asking for another set that shares a GPU is an error. The daemons outlive the
-plugin (their clients keep running); a daemon that no longer answers is started again by the next
-`ensure_daemon`. Every failure is an MpsError, one line.
+one daemon at a time; asking for another set that shares a GPU is an error. The daemons run in the
+plugin's container: `stop()` at its stop quits them (their GPUs back to DEFAULT) and keeps their
+holders, `resume()` at the next start starts them again for the claims still prepared; a daemon that
+no longer answers is started again by the next `ensure_daemon`. Every failure is an MpsError, one
+line.
 """
 
 from __future__ import annotations
@@ -177,6 +179,25 @@ class DraMps:
                 del self._running[name]
                 self._stop(running)
 
+    def resume(self) -> None:
+        """At the plugin's start: every daemon an earlier run left holders for is started again
+        (its claims' containers are running); a failure is logged, the next `ensure_daemon` retries."""
+        with self._lock:
+            for running in self._running.values():
+                if self._answers(running):
+                    continue
+                try:
+                    self._start(running)
+                except MpsError as error:
+                    log_event(log, logging.ERROR, "cannot start MPS daemon again", error=str(error))
+
+    def stop(self) -> None:
+        """At the plugin's stop: every daemon quits, its GPUs back to DEFAULT; the holders stay
+        recorded, for `resume` at the next start."""
+        with self._lock:
+            for running in self._running.values():
+                self._stop(running, forget=False)
+
     def holders(self) -> dict[str, frozenset[str]]:
         """Daemon name -> the claims holding it."""
         with self._lock:
@@ -222,13 +243,15 @@ class DraMps:
             raise MpsError(f"MPS daemon {daemon.name}: {error}") from error
         log_event(log, logging.INFO, "MPS daemon ready", daemon=daemon.name, pipe=str(daemon.pipe_dir))
 
-    def _stop(self, running: _Running) -> None:
+    def _stop(self, running: _Running, *, forget: bool = True) -> None:
         daemon = running.daemon
         try:
             running.control.send("quit")
         except MpsError as error:
             log_event(log, logging.WARNING, "MPS daemon quit failed", daemon=daemon.name, error=str(error))
         self._set_modes(daemon, ComputeMode.DEFAULT, logged=True)
+        if not forget:
+            return
         try:
             (self.root / daemon.name / HOLDERS_FILE).unlink(missing_ok=True)
         except OSError as error:
