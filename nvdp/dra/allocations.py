@@ -1,8 +1,5 @@
-"""The DRA plugin's allocations, for the device plugin's /allocations page and `nvdp status` on a node
-whose GPUs are split between the two APIs: `<KUBELET_PLUGINS_DIRECTORY_PATH>/gpu.nvidia.com/
-allocations.json`, beside the hand-over records, written (atomically, when it changed) by the DRA
-plugin and read by the device plugin (`nvdp.ledger.dra_file`), which lists its devices under the
-resource `gpu.nvidia.com` as it lists its own (`nvdp.ledger.document`):
+"""The DRA plugin's allocations file, for the device plugin's /allocations and `nvdp status` on a node
+split between the APIs: `<plugin dir>/allocations.json`, beside the hand-over records.
 
     {"driver": "gpu.nvidia.com", "writtenAt": "2026-12-06T03:00:00Z", "devices": [
       {"device": "gpu-0", "gpu": "GPU-...", "uuid": "GPU-...", "index": "0", "advertised": true,
@@ -10,10 +7,12 @@ resource `gpu.nvidia.com` as it lists its own (`nvdp.ledger.document`):
        "claims": [{"namespace": "ns", "name": "train", "uid": "..."}],
        "pods": [{"namespace": "ns", "name": "train-0", "uid": "...", "container": "", "claim": "ns/train"}]}]}
 
-Each device of the slices, and each device a prepared claim holds that the slices no longer list
-(`advertised: false`); who holds it (the claims, and the pods each is reserved for, as last read);
-its health and why; its share: a MIG device's profile and memory slices, the sharing a claim's config
-applied (time-slicing interval, MPS limits). The file is removed when the plugin stops.
+- One entry per device of the slices, and per device a prepared claim holds that they no longer
+  list (`advertised: false`).
+- Who holds it: the claims, and the pods each is reserved for, as last read.
+- Its share: a MIG device's profile and memory slices; the sharing a claim's config applied.
+- Written atomically when it changed; removed when the plugin stops. The device plugin reads it
+  with `nvdp.ledger.dra_file`.
 """
 
 from __future__ import annotations

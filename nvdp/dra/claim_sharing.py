@@ -1,17 +1,14 @@
 """A claim's sharing configs applied at prepare and undone at unprepare (`nvdp.dra.sharing` says which
 config applies to which device).
 
-- TimeSlicing on whole GPUs: each GPU's compute mode to DEFAULT (NVML), then its time-slice interval
-  (`nvdp.dra.timeslice`); at unprepare the interval goes back to Default. The GPUs a claim set are
-  kept in `<plugin dir>/timeslices.json` (GPU UUID -> claim UID), so a restarted plugin still puts
-  them back. TimeSlicing on MIG devices sets nothing (NVIDIA's driver does the same).
-- MPS: the group's devices under one MPS daemon (`nvdp.dra.mps`, held by the claim's UID), and the
-  claim's CDI devices made its clients, with the config's thread percentage and pinned-memory limits
-  in their env; the claim's holds go at unprepare.
-
-A config that cannot be applied is that claim's error, one line, and what was applied for the claim
-is undone. A GPU shared by capacity (`nvdp.dra.capacity`) takes no config's sharing: its claims'
-shares are MPS clients of its own daemon already.
+- TimeSlicing on whole GPUs: compute mode DEFAULT (NVML), then the interval (`nvdp.dra.timeslice`);
+  back to Default at unprepare. The GPUs set are kept in `<plugin dir>/timeslices.json`, so a
+  restarted plugin still puts them back. On MIG devices TimeSlicing sets nothing (as NVIDIA's).
+- MPS: the group's devices under one daemon (`nvdp.dra.mps`, held by the claim's UID); the claim's
+  CDI devices carry the client env and mounts with the config's limits.
+- A config that cannot be applied is that claim's one-line error; what was applied is undone.
+- A GPU shared by capacity (`nvdp.dra.capacity`) takes no config's sharing: its claims are MPS
+  clients of its own daemon already.
 """
 
 from __future__ import annotations

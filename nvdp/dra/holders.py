@@ -1,15 +1,13 @@
-"""Which pods hold the DRA plugin's devices: each prepared claim's `status.reservedFor` (the pods the
-scheduler reserved it for), read from the API in the background, so that a health transition names
-the claims and pods it hits (the Node event, the log line) and each pod gets its event
-(`nvdp.health.router`, `nvdp.health.pod_events`), as the device plugin's ledger lets it do.
+"""Which pods hold the DRA plugin's devices: each prepared claim's `status.reservedFor`, read from the
+API in the background, so that a health transition names the claims and pods it hits and each pod
+gets its event (`nvdp.health.router`, `nvdp.health.pod_events`), as the device plugin's ledger does.
 
-The kubelet calls NodePrepareResources for every pod that starts with a claim, prepared already or
-not: each call queues a read of its claims (`touch`), so a claim shared by pods names each pod once
-it started. Unprepare forgets the claim. `held` answers from memory and never waits (the health path
-calls it); `changed` (a device changed health) reads every prepared claim again. The reads run on
-one thread; a full queue drops (the next touch reads again). After each batch of reads, and when
-`publish()` asks, the same thread writes the allocations file (`nvdp.dra.allocations`) if it changed;
-`close()` removes it.
+- `touch`: every NodePrepareResources queues a read of its claims; `forget`: unprepare drops one.
+- `changed` (a device changed health) reads every prepared claim again; so does the first `publish`.
+- `held` answers from memory and never waits (the health path calls it).
+- The reads run on one thread; a full queue drops (the next touch reads again).
+- After each batch of reads, and when `publish()` asks, that thread writes the allocations file
+  (`nvdp.dra.allocations`) if it changed; `close()` removes it.
 """
 
 from __future__ import annotations

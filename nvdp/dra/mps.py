@@ -1,29 +1,20 @@
-"""MPS for DRA claims: an `nvidia-cuda-mps-control` daemon per set of GPUs, started when the first
-claim that needs it is prepared and stopped when the last one is unprepared; each claim's containers
-are its clients through their CDI edits (`client_edits`), with their own limits in the env.
+"""MPS for DRA claims: one `nvidia-cuda-mps-control` daemon per set of GPUs (or MIG devices), held by
+the claims that use it; each claim's containers are its clients through their CDI edits.
 
-    daemons = DraMps(plugin_dir / MPS_DIR, nvml, environ)
-    daemon = daemons.ensure_daemon(["GPU-a"], holder=claim_uid)   # started (or found) and answering
-    edits = client_edits(daemon, ClientLimits(active_thread_percentage=50, pinned_memory={"GPU-a": 4 << 30}))
-    ...
-    daemons.release(claim_uid)                                      # the last holder gone: quit
+    daemon = mps.ensure_daemon(["GPU-a"], holder=claim_uid)     # started (or found) and answering
+    edits = client_edits(daemon, ClientLimits(50, {"GPU-a": 4 << 30}))
+    mps.release(claim_uid)                                       # the last holder gone: it quits
 
-Layout under the root (`<KUBELET_PLUGINS_DIRECTORY_PATH>/gpu.nvidia.com/mps`, the same path on the
-host): `<name>/pipe` and `<name>/log` are the daemon's CUDA_MPS_PIPE_DIRECTORY and
-CUDA_MPS_LOG_DIRECTORY, `<name>/holders.json` the GPUs and the claims holding the daemon (so a
-restarted plugin finds its daemons and their holders). `shm_dir` (by default `<root>/shm`; the DRA
-plugin's: `<MPS root>/shm`, as for its capacity shares) is what clients get as /dev/shm: the DRA
-container's own /dev/shm, which the daemons share (the chart's `dra.mps`). `<name>` is the GPU's UUID for
-a one-GPU daemon, else `gpus-<hash of the UUIDs>`.
-
-A daemon runs with CUDA_VISIBLE_DEVICES set to its GPUs (or MIG devices), whole GPUs set to
-EXCLUSIVE_PROCESS first (DEFAULT again when it stops, or when it cannot start): as NVIDIA's DRA
-driver does. A GPU is under
-one daemon at a time; asking for another set that shares a GPU is an error. The daemons run in the
-plugin's container: `stop()` at its stop quits them (their GPUs back to DEFAULT) and keeps their
-holders, `resume()` at the next start starts them again for the claims still prepared; a daemon that
-no longer answers is started again by the next `ensure_daemon`. Every failure is an MpsError, one
-line.
+- Layout under the root (`<plugin dir>/mps`, a host path): `<name>/pipe`, `<name>/log` (the daemon's
+  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY), `<name>/holders.json` (its GPUs and holders).
+  `<name>` is the GPU's UUID, or `gpus-<hash of the UUIDs>` for several.
+- Clients get `shm_dir` as /dev/shm (the DRA plugin's: `<MPS root>/shm`, its container's /dev/shm).
+- A daemon runs with CUDA_VISIBLE_DEVICES naming its devices; whole GPUs are EXCLUSIVE_PROCESS while
+  it runs and DEFAULT again when it stops or fails to start (as NVIDIA's DRA driver does).
+- A GPU is under one daemon at a time: another set sharing a GPU is an error.
+- `stop()` at the plugin's stop quits every daemon and keeps the holders; `resume()` at its start
+  starts them again; a daemon that no longer answers is started again by the next `ensure_daemon`.
+- Every failure is an MpsError, one line.
 """
 
 from __future__ import annotations

@@ -1,30 +1,23 @@
 """NVIDIA's opaque device configuration for `gpu.nvidia.com` (pure): `resource.nvidia.com/v1beta1`
-`GpuConfig` and `MigDeviceConfig`, read from a claim's `status.allocation.devices.config` (where the
-API put the DeviceClass's configs, `source: FromClass`, and the claim's own, `FromClaim`), checked as
-NVIDIA's strict decoder and validation check them, and matched to the allocation results as NVIDIA's
-driver matches them.
+`GpuConfig` (whole GPUs) and `MigDeviceConfig` (MIG devices), from a claim's
+`status.allocation.devices.config`.
 
-    kind: GpuConfig                       # whole GPUs
     sharing:
-      strategy: TimeSlicing               # or MPS
-      timeSlicingConfig: {interval: Short}   # Default (when left out), Short, Medium, Long
-    ---
-    kind: MigDeviceConfig                 # MIG devices: TimeSlicing (nothing to set) or MPS
-    sharing:
-      strategy: MPS
-      mpsConfig:
+      strategy: TimeSlicing                  # or MPS
+      timeSlicingConfig: {interval: Short}   # Default (when left out), Short, Medium, Long; GpuConfig only
+      mpsConfig:                             # MPS
         defaultActiveThreadPercentage: 50              # 0..100
-        defaultPinnedDeviceMemoryLimit: 10Gi           # a quantity of at least 1Mi, every device
-        defaultPerDevicePinnedMemoryLimit: {"0": 4Gi}  # by the device's index in the group or UUID
+        defaultPinnedDeviceMemoryLimit: 10Gi           # at least 1Mi, every device
+        defaultPerDevicePinnedMemoryLimit: {"0": 4Gi}  # by the device's index in its group, or UUID
 
-Precedence (NVIDIA's): the class's configs, then the claim's, the later winning. For each result the
-last config that names its request (or the request a subrequest belongs to) applies, and must be of
-the device's kind (a GpuConfig for a GPU, a MigDeviceConfig for a MIG device); else the last one that
-names no request and is of the device's kind; else none (the device as it is). A config of another
-driver is not ours. Anything else is one line for the claim: an unknown apiVersion, kind or field, a
-value of the wrong type, an unknown strategy or interval, a TimeSlicing config with an mpsConfig (or
-MPS with a timeSlicingConfig), a thread percentage outside 0..100, a memory limit under 1Mi, a
-per-device key naming no device of its group, a config of the wrong kind for a device it names.
+- Checked as NVIDIA's strict decoder and validation check them; anything else is one line for the
+  claim (unknown apiVersion, kind or field, a wrong type, an unknown strategy or interval, a config
+  of the other strategy, a percentage outside 0..100, a limit under 1Mi, a key naming no device).
+- Precedence (NVIDIA's): the DeviceClass's configs (`source: FromClass`), then the claim's, the
+  later winning.
+- A result takes the last config naming its request (or the request of its subrequest), which must
+  be of its device's kind; else the last config naming no request and of its kind; else none.
+- Configs of other drivers are not ours.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""A GPU's time-slice interval, as NVIDIA's DRA driver sets it: `nvidia-smi compute-policy -i <uuid>
---set-timeslice <level>` (Default 0, Short 1, Medium 2, Long 3; NVML has no call for it), after the
-GPU's compute mode is set to DEFAULT (through NVML).
+"""A GPU's time-slice interval, set as NVIDIA's DRA driver sets it (NVML has no call for it).
 
-`NvidiaSmi` runs the driver root's nvidia-smi (as this container sees the root; else the one on
-PATH) with the driver's libnvidia-ml.so.1 preloaded, each run bounded by a timeout. A simulated node
-has no nvidia-smi: `SimulatedTimeSlices` keeps the levels and says each one set in the log
-(`simulated time slice set gpu=... interval=Short smi_level=1`).
+- `nvidia-smi compute-policy -i <uuid> --set-timeslice <level>`: Default 0, Short 1, Medium 2, Long 3.
+- `NvidiaSmi` runs the driver root's nvidia-smi (as this container sees the root; else the one on
+  PATH) with its libnvidia-ml.so.1 preloaded, each run bounded by a timeout.
+- A simulated node has no nvidia-smi: `SimulatedTimeSlices` keeps the levels and logs each one
+  (`simulated time slice set gpu=... interval=Short smi_level=1`).
 """
 
 from __future__ import annotations

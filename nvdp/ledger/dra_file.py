@@ -1,8 +1,10 @@
-"""The DRA plugin's allocations file as the device plugin reads it (`nvdp.dra.allocations` writes it):
-`<kubelet dir>/../plugins/gpu.nvidia.com/allocations.json`, its devices listed on the /allocations
-page under `gpu.nvidia.com` on a node whose GPUs are split between the APIs. Read bounded; a file
-that is not there or not readable is no DRA section (said at debug level: the DRA plugin may not run
-on this node)."""
+"""The DRA plugin's allocations file as the device plugin reads it (`nvdp.dra.allocations` writes it).
+
+- Found at `<kubelet dir>/../plugins/gpu.nvidia.com/allocations.json`; read bounded.
+- Its devices are listed on /allocations under the driver's name, beside the device plugin's own.
+- A file not there or not readable is no DRA section (said at debug level: the DRA plugin may not
+  run on this node).
+"""
 
 from __future__ import annotations
 
