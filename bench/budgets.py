@@ -24,6 +24,7 @@ DRA_PREPARE_BUDGET_MS = 20.0  # NodePrepareResources of a one-GPU claim (API rea
 DRA_CAPACITY_PREPARE_BUDGET_MS = 50.0  # NodePrepareResources of a capacity share (MPS client edits), p50
 DRA_START_BUDGET_MS = 1000.0  # DRA plugin process start -> ResourceSlice published, p50
 DRA_LAYOUT_BUDGET_MS = 1000.0  # MIG re-partition -> ResourceSlice republished, max
+DRA_MIG_PREPARE_BUDGET_MS = 50.0  # NodePrepareResources of a dynamic MIG claim (MIG device made), p50
 
 
 def judge_ratio(row: Row, denominator_ms: float, budget: float) -> Row:

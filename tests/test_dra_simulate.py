@@ -34,6 +34,23 @@ def test_the_dra_demo_on_a_mixed_mig_node(tmp_path: Path) -> None:
     assert not list(Path("/tmp").glob("nvdp-sim-*/plugins"))
 
 
+def test_the_dra_demo_makes_and_destroys_a_mig_placement(tmp_path: Path) -> None:
+    result = run_simulate("--api", "dra", "--profile", "dgx-a100-mig-empty", env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    sets = ", ".join(f"gpu-{n}-counter-set" for n in range(8))
+    assert f"ResourceSlice sim-node-gpu.nvidia.com-0: the counter sets {sets}\n" in out
+    assert "  gpu-0-mig-1g5gb-19-0     mig   1g.5gb                        4864Mi  (a MIG placement" in out
+    assert "ResourceClaim default/demo-gpu" not in out  # no whole GPU on a MIG-mode node
+    made = "  NVML, GPU 0: made MIG-"
+    assert made in out and "; now 1x1g.5gb\n" in out
+    assert "  allocated gpu-0-mig-1g5gb-19-0; NodePrepareResources -> k8s.gpu.nvidia.com/claim=" in out
+    assert "/dev/nvidia-caps/nvidia-cap66 -> /dev/nvidia-caps/nvidia-cap66" in out
+    mig = out.split(made)[1].split(";")[0]
+    assert f"  NVML, GPU 0: destroyed MIG-{mig}; now MIG enabled, no MIG devices\n" in out
+    assert "Traceback" not in result.stderr
+
+
 def test_the_dra_demo_serves_and_prints_health_changes(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.touch()

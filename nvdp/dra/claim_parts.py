@@ -6,7 +6,8 @@
 - `node_events`, `pod_events`: the Events it posts (each holding pod gets its own), when the API
   server is reachable.
 
-The preparer calls `touch` / `apply` at prepare and `forget` / `release` at unprepare.
+The preparer calls `touch` / `apply` at prepare and `unprepared` at unprepare (`release` where a
+claim is not prepared after all); `NO_CLAIMS` does nothing (a preparer built without these parts).
 """
 
 from __future__ import annotations
@@ -33,6 +34,39 @@ from nvdp.nvml.types import Nvml
 
 if TYPE_CHECKING:
     from nvdp.dra.prepare import ClaimPreparer
+
+
+class ClaimHooks(Protocol):
+    """What the preparer calls (`ClaimParts`, `NO_CLAIMS`)."""
+
+    def touch(self, refs: Iterable[ClaimRef]) -> None: ...
+    def apply(
+        self,
+        ref: ClaimRef,
+        configs: Sequence[OpaqueConfig],
+        allocated: Sequence[Allocated],
+        devices: Mapping[str, DraDevice],
+        edits: dict[str, dict[str, list[Any]]],
+    ) -> None: ...
+    def release(self, uid: str) -> None: ...
+    def unprepared(self, uids: Sequence[str]) -> None: ...
+
+
+class _NoClaims:
+    def touch(self, refs: Iterable[ClaimRef]) -> None:
+        pass
+
+    def apply(self, *args: Any) -> None:
+        pass
+
+    def release(self, uid: str) -> None:
+        pass
+
+    def unprepared(self, uids: Sequence[str]) -> None:
+        pass
+
+
+NO_CLAIMS: ClaimHooks = _NoClaims()
 
 
 class DriverParts(Protocol):
@@ -86,20 +120,27 @@ class ClaimParts:
     def touch(self, refs: Iterable[ClaimRef]) -> None:
         self.holders.touch(refs)
 
-    def forget(self, uids: Iterable[str]) -> None:
-        self.holders.forget(uids)
-
     def apply(
         self,
         ref: ClaimRef,
         configs: Sequence[OpaqueConfig],
         allocated: Sequence[Allocated],
         devices: Mapping[str, DraDevice],
-    ) -> dict[str, dict[str, Any]]:
-        return self.sharing.apply(ref, configs, allocated, devices)
+        edits: dict[str, dict[str, list[Any]]],
+    ) -> None:
+        """The claim's sharing configs applied to `devices` (as made: a dynamic-MIG placement's MIG
+        device); their CDI edits added to `edits` (device name -> containerEdits lists)."""
+        for name, more in self.sharing.apply(ref, configs, allocated, devices).items():
+            for key, values in more.items():
+                edits.setdefault(name, {})[key] = [*edits.get(name, {}).get(key, []), *values]
 
     def release(self, uid: str) -> None:
         self.sharing.release(uid)
+
+    def unprepared(self, uids: Sequence[str]) -> None:
+        for uid in uids:
+            self.sharing.release(uid)
+        self.holders.forget(uids)
 
     def close(self) -> None:
         """The MPS daemons and the reads stopped, the allocations file removed, the Events sent."""

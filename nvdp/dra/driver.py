@@ -33,6 +33,7 @@ from nvdp.dra.claim_parts import ClaimParts
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
+from nvdp.dra.dynamic_mig import DynamicMig, mig_control_of
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
@@ -100,6 +101,7 @@ class DraDriver:
         self.state = NodeState()
         self.claims = ClaimParts.of(self, settings, environ)  # their configs, pods, health, Events
         self.node_events, self.health = self.claims.node_events, self.claims.health
+        self.dynamic_mig = DynamicMig(mig_control_of(self.nvml), lambda: self.nvml.mig_layout())
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
         self.publisher = SlicePublisher(api, self.node, on_published=self._published)
@@ -247,7 +249,9 @@ class DraDriver:
             changed=lambda: self._wake("claims"),
             shares=self.capacity,
             claims=self.claims,
+            mig=self.dynamic_mig,
         )
+        self.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
         self._enumerate()
         self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
@@ -303,7 +307,9 @@ class DraDriver:
         assert self.preparer is not None
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
-        everything = node_devices(gpus, self._facts, self._minors)
+        parts = self.dynamic_mig.partitioned(self.settings.config.dra, gpus, self._facts, self._minors)
+        static = [g for g in gpus if g.uuid not in parts.gpus]
+        everything = node_devices(static, self._facts, self._minors) + parts.devices
         gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
@@ -314,17 +320,16 @@ class DraDriver:
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []
         for gpu in (g for g in gpus if g.uuid in self._offered):
-            records += (
-                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                if gpu.mig_enabled
-                else [gpu_device(gpu)]
-            )
+            migs = [mig_device(gpu, m, self._minors) for m in gpu.mig_devices] if gpu.mig_enabled else []
+            whole = not gpu.mig_enabled or gpu.uuid in parts.gpus  # dynamic MIG: its placements' health
+            records += migs + ([gpu_device(gpu)] if whole else [])
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update(
             "handoff", (*missing, *self.handoff.misfits(labels), *self.node_count.misfits(labels))
         )
-        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._offered]))
+        self.misfits.update("devices", device_misfits([g for g in static if g.uuid in self._offered]))
+        self.misfits.update("dynamic-mig", parts.misfits)
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""

@@ -26,10 +26,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from nvdp.cdi.names import qualified_name
-from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from nvdp.dra.checkpoint import Checkpoint, MadeMig, PreparedClaim, PreparedDevice
+from nvdp.dra.claim_parts import NO_CLAIMS, ClaimHooks
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices, allocated_here, ref_problem
 from nvdp.dra.cluster import ResourceApi
@@ -40,12 +41,24 @@ from nvdp.dra.slices import Taint
 from nvdp.errors import KubeError
 from nvdp.logs import log_event
 
-if TYPE_CHECKING:
-    from nvdp.dra.claim_parts import ClaimParts
-
 log = logging.getLogger(__name__)
 
 API_READERS = 8  # a call's claims read from the API at once
+
+
+class MigMaker(Protocol):
+    """Makes the MIG devices a claim's placements stand for (`nvdp.dra.dynamic_mig`)."""
+
+    def make(
+        self, uid: str, devices: dict[str, DraDevice]
+    ) -> tuple[dict[str, DraDevice], tuple[MadeMig, ...]]:
+        """The devices with each placement made a MIG device, and what was made. Raises ClaimError
+        (nothing made then)."""
+        ...
+
+    def remove(self, made: Sequence[MadeMig]) -> str:
+        """Destroy them; "" or why not."""
+        ...
 
 
 class Shares(Protocol):
@@ -94,11 +107,13 @@ class ClaimPreparer:
         *,
         changed: Callable[[], None] | None = None,
         shares: Shares | None = None,
-        claims: ClaimParts | None = None,
+        claims: ClaimHooks = NO_CLAIMS,
+        mig: MigMaker | None = None,
     ) -> None:
         self._api = api
         self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
         self._claims = claims  # claims' sharing configs applied and undone, their pods read again
+        self._mig = mig  # makes the MIG devices of dynamic-MIG placements (and removes them)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
@@ -116,8 +131,7 @@ class ClaimPreparer:
     # ---- the calls ----------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAnswer]:
-        if self._claims is not None:  # a pod starts with these claims: their pods read again
-            self._claims.touch(ref for ref in claims if ref_problem(ref) is None)
+        self._claims.touch(ref for ref in claims if ref_problem(ref) is None)  # a pod starts with them
         answers: dict[str, ClaimAnswer] = {}
         to_read: list[ClaimRef] = []
         with self._lock:
@@ -166,7 +180,9 @@ class ClaimPreparer:
                 if isinstance(claim, ClaimAnswer):
                     answers[d.ref.uid] = claim
                 elif unsaved:
-                    self._release_sharing(d.ref.uid)
+                    self._claims.release(d.ref.uid)
+                    if claim.made and self._mig is not None:
+                        self._mig.remove(claim.made)
                     if d.before is None:
                         self.prepared.pop(claim.uid, None)
                     else:
@@ -200,6 +216,10 @@ class ClaimPreparer:
             uids = {ref.uid for ref in refs}
             self._lock.wait_for(lambda: not uids & self._busy)
             for ref in refs:
+                made = self.prepared[ref.uid].made if ref.uid in self.prepared else ()
+                if made and self._mig is not None and (failed := self._mig.remove(made)):
+                    answers[ref.uid] = self._not_unprepared(ref, failed)
+                    continue
                 try:
                     self._specs.remove(ref.uid)
                 except OSError as error:
@@ -222,11 +242,7 @@ class ClaimPreparer:
                     log_event(log, logging.INFO, "claim unprepared", claim=str(ref), uid=uid)
             self._busy -= set(removed)
             self._lock.notify_all()
-        for ref in refs:
-            if answers[ref.uid] == "":
-                self._release_sharing(ref.uid)
-        if self._claims is not None:
-            self._claims.forget(ref.uid for ref in refs if answers[ref.uid] == "")
+        self._claims.unprepared([ref.uid for ref in refs if answers[ref.uid] == ""])
         if removed and not unsaved and self._changed is not None:
             self._changed()
         return {ref.uid: answers[ref.uid] for ref in claims}
@@ -270,42 +286,29 @@ class ClaimPreparer:
 
     def _write_spec(self, decided: _Decided, dev_nodes: Any) -> PreparedClaim | ClaimAnswer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
-        ref, devices = decided.ref, decided.devices
+        ref, devices, made = decided.ref, decided.devices, tuple[MadeMig, ...]()
         try:
+            if self._mig is not None:
+                devices, made = self._mig.make(ref.uid, devices)
             edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
-            self._apply_sharing(decided, edits)
+            self._claims.apply(ref, decided.configs, decided.allocated, devices, edits)  # as made
             unique = list({d.name: d for d in devices.values()}.values())
             ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
         except (ClaimError, OSError) as error:
             if self._shares is not None:
                 self._shares.release(ref.uid)  # a claim not prepared holds no share
-            self._release_sharing(ref.uid)
-            return self._refused(
-                ref, str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
-            )
+            self._claims.release(ref.uid)
+            if made and self._mig is not None and (undone := self._mig.remove(made)):
+                log_event(log, logging.WARNING, "MIG devices left after a failed prepare", error=undone)
+            text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            return self._refused(ref, text)
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
             )
             for r in decided.allocated
         )
-        return PreparedClaim(ref.uid, ref.namespace, ref.name, answer)
-
-    def _apply_sharing(self, decided: _Decided, edits: dict[str, dict[str, list[Any]]]) -> None:
-        """The claim's sharing configs applied (`nvdp.dra.claim_sharing`), their CDI edits added to
-        `edits` (device name -> containerEdits lists)."""
-        if self._claims is None:
-            if decided.configs:
-                raise ClaimError(f"ResourceClaim {decided.ref}: sharing configs are not applied here")
-            return
-        applied = self._claims.apply(decided.ref, decided.configs, decided.allocated, decided.devices)
-        for name, more in applied.items():
-            for key, values in more.items():
-                edits.setdefault(name, {})[key] = [*edits.get(name, {}).get(key, []), *values]
-
-    def _release_sharing(self, uid: str) -> None:
-        if self._claims is not None:
-            self._claims.release(uid)
+        return PreparedClaim(ref.uid, ref.namespace, ref.name, answer, made)
 
     def _save(self) -> str:
         """Write the checkpoint of the prepared claims as they are now; "" or the error."""

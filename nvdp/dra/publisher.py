@@ -238,7 +238,9 @@ class SlicePublisher:
 
     def _probe(self, slices: SliceApi, device: DraDevice) -> bool:
         """Whether the server keeps a device's taints (a dry-run create: nothing is stored)."""
-        probe = pool_slices(self.node, 0, [device], {device.name: Taint("probe", PROBE_TIME)}, taints=True)[0]
+        probe = pool_slices(self.node, 0, [device], {device.name: Taint("probe", PROBE_TIME)}, taints=True)[
+            -1
+        ]
         probe["metadata"]["name"] = slice_name(self.node, 0) + "-taint-probe"
         kept = any("taints" in d for d in slices.create(probe, dry_run=True)["spec"].get("devices") or [])
         if kept:

@@ -4,7 +4,9 @@ devices the ResourceSlices publish, as `status.allocation` (results, node select
 A request (`exactly`, or v1beta1's flat form) asks for `count` devices (allocation mode ExactCount)
 of a DeviceClass, matching the class's selectors and its own. A device is a candidate when no other
 claim holds it, this claim has not taken it for another request, and it carries no NoSchedule or
-NoExecute taint the request does not tolerate. The first candidates in slice order are taken.
+NoExecute taint the request does not tolerate, and (a partitionable device, KEP-4815) what it
+consumes of the pool's shared counters is left (`nvdp.dra_standin.counters`). The first candidates in
+slice order are taken.
 
 Selectors are CEL expressions; this stand-in evaluates the forms NVIDIA's DeviceClasses and the usual
 claims use, and refuses any other with a line that says so (no CEL engine here):
@@ -45,6 +47,7 @@ from typing import Any
 
 from nvdp.dra.capacity import parse_quantity
 from nvdp.dra.devices import quantity
+from nvdp.dra_standin.counters import Counters
 from nvdp.errors import NvdpError
 
 Obj = Mapping[str, Any]
@@ -158,6 +161,7 @@ def allocate(
     results = []
     used = set(taken)
     charged = {key: dict(c) for key, c in (consumed or {}).items()}  # with this claim's shares
+    counters = Counters([s for s in slices if (s.get("spec") or {}).get("nodeName") == node], taken)
     for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
         name = request["name"]
         wanted = request.get("exactly") or request  # v1 / v1beta2, or v1beta1's flat request
@@ -186,7 +190,9 @@ def allocate(
         picked: list[tuple[DeviceKey, dict[str, int] | None]] = []
         for key, device in matching:
             fits, share = _share(asked, device, charged.get(key, {}))
-            if len(picked) < count and fits:
+            # partitionable devices: what they consume of the pool's shared counters must be left
+            if len(picked) < count and fits and counters.fits(key):
+                counters.take(key)
                 picked.append((key, share))
                 if share is None:
                     used.add(key)

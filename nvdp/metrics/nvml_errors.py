@@ -79,6 +79,10 @@ class CountingNvml:
     def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
         self.call(cast(ComputeModes, self._nvml).set_compute_mode, gpu_uuid, mode)
 
+    def mig_control(self) -> object:  # the backend's (nvdp.dra.dynamic_mig.mig_control_of)
+        make = getattr(self._nvml, "mig_control", None)
+        return make() if callable(make) else None
+
 
 class _CountingEventSet:
     def __init__(self, event_set: EventSet, nvml: CountingNvml) -> None:

@@ -23,7 +23,7 @@ from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSup
 from nvdp.nvml.library import LIBRARY, preload
 from nvdp.nvml.naming import normalize_bus_id, pcie_root_of, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
-from nvdp.nvml.real_mig import RealMig
+from nvdp.nvml.real_mig import RealMig, RealMigControl
 from nvdp.nvml.real_topology import RealTopology
 from nvdp.nvml.types import ComputeMode, GpuFabric, GpuInfo, GpuLayout, GpuLink, ProbeResult
 
@@ -366,6 +366,9 @@ class RealNvml:
         self._call("nvmlDeviceSetComputeMode", self._handle(gpu_uuid), int(mode), device=gpu_uuid)
 
     # -- pynvml boundary ---------------------------------------------------------------------
+
+    def mig_control(self) -> RealMigControl:  # making MIG devices: nvdp.nvml.real_mig
+        return RealMigControl(self)
 
     def _handle(self, uuid: str) -> Any:
         if uuid not in self._handles:
