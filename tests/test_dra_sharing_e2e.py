@@ -142,3 +142,27 @@ def test_mps_without_the_control_binary_is_that_claims_error(tmp_path: Path) -> 
         assert answers[plain.uid].error == ""
         assert sorted(cluster.specs()) == [f"k8s.gpu.nvidia.com-claim_{plain.uid}.json"]
         assert f"simulated compute mode set gpu={GPUS[0]}" not in cluster.log()
+
+
+def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Path) -> None:
+    standin = Standin(tmp_path / "standin")
+    env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
+    with dra_cluster(tmp_path, env=env) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
+        mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
+        schedule(cluster.api, mps)
+        assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        pipe = cluster.node.plugins / DRIVER / "mps" / GPUS[0] / "pipe"
+        assert standin.running(pipe)
+        assert cluster.process is not None
+        cluster.process.stop()
+        assert not standin.running(pipe)
+        assert f"simulated compute mode set gpu={GPUS[0]} mode=DEFAULT" in cluster.log()
+        cluster.start()
+        cluster.registered(after=1)
+        wait_until(lambda: standin.running(pipe), 10, "the daemon started again")
+        assert cluster.log().count(f"starting MPS daemon daemon={GPUS[0]}") == 2
+        assert cluster.kubelet.node_unprepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        assert not standin.running(pipe)

@@ -86,6 +86,7 @@ class ClaimParts:
     health: NodeHealth
     node_events: NodeEventRecorder | None
     pod_events: PodEventRecorder | None
+    resumed: bool = False
 
     @classmethod
     def of(cls, driver: DriverParts, settings: DraSettings, environ: Mapping[str, str]) -> ClaimParts:
@@ -113,7 +114,6 @@ class ClaimParts:
             allocations=holders,
             pod_events=pod_events,
         )
-        sharing.mps.resume()  # the daemons of the claims prepared before a restart
         return cls(sharing, holders, health, node_events, pod_events)
 
     # ---- the preparer's calls -----------------------------------------------------------------------
@@ -141,6 +141,14 @@ class ClaimParts:
         for uid in uids:
             self.sharing.release(uid)
         self.holders.forget(uids)
+
+    def publish(self) -> None:
+        """After each health push (NVML up): the allocations file written if it changed; the first
+        time, the MPS daemons of the claims prepared before a restart started again."""
+        if not self.resumed:
+            self.resumed = True
+            self.sharing.mps.resume()
+        self.holders.publish()
 
     def close(self) -> None:
         """The MPS daemons and the reads stopped, the allocations file removed, the Events sent."""

@@ -340,7 +340,7 @@ class DraDriver:
     def _push_health(self) -> None:
         self.state.set_health(self.target.unhealthy(), self.health.unhealthy())
         self.publisher.update(self.state.devices(), self.state.taints())
-        self.claims.holders.publish()
+        self.claims.publish()
         self.streams.update(self.state.health())
 
     def _keep_serving(self) -> None:
@@ -374,6 +374,7 @@ class DraDriver:
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
         self.capacity.stop()
+        self.claims.close()  # its MPS daemons quit (NVML still up), its Events sent
         self.streams.stop()
         self.publisher.stop()
         self.health.stop()
@@ -381,7 +382,6 @@ class DraDriver:
         self.nvml.shutdown()
         self._watcher.close()
         self.handoff.close()
-        self.claims.close()
         if self.status is not None:
             self.status.stop()
         log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.node)
