@@ -1,6 +1,7 @@
 """The DRA plugin's allocations entries (`nvdp.dra.allocations`, pure) and how the device plugin's
 page and `nvdp status` show them: a MIG device's partition as its share, a held device the slices no
-longer list, an Unhealthy one's reason, a claim whose pods are not read yet, pods withheld."""
+longer list, an Unhealthy one's reason, a claim whose pods are not read yet, pods withheld; the pods
+a claim is reserved for."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from nvdp.dra.allocations import dra_devices
 from nvdp.dra.checkpoint import PreparedClaim, PreparedDevice
 from nvdp.dra.devices import node_devices
 from nvdp.dra.health import DeviceHealth
+from nvdp.dra.holders import reserved_pods
 from nvdp.ledger.dra_file import dra_resource
 from nvdp.ledger.report import describe_allocations
 from tests.builders import sim_gpus
@@ -42,3 +44,16 @@ def test_entries_of_mig_devices_held_gone_and_unhealthy() -> None:
     text = describe_allocations({"readAt": None, "resources": {"gpu.nvidia.com": entries}})
     (row,) = [line for line in text.splitlines() if line.startswith("  gpu-9 ")]
     assert row.split() == ["gpu-9", "?", "Unknown", "claim", "ml/old"]
+
+
+def test_the_pods_a_claim_is_reserved_for() -> None:
+    reserved = [
+        {"resource": "pods", "name": "a", "uid": "ua"},
+        {"resource": "pods", "name": "a", "uid": "ua"},  # twice: once
+        {"resource": "pods", "name": "b"},  # no UID: None
+        {"resource": "jobs", "apiGroup": "batch", "name": "j"},  # not a pod
+        {"resource": "pods", "name": ""},
+        "pods/c",
+    ]
+    assert reserved_pods({"status": {"reservedFor": reserved}}) == (("a", "ua"), ("b", None))
+    assert reserved_pods({"status": {"reservedFor": "x"}}) == () == reserved_pods(None)
