@@ -206,6 +206,7 @@ class Daemon:
         )
         self.metrics: Metrics | None = None
         if families is not None:
+            from nvdp.ledger.dra_file import ALLOCATIONS_FILE
             from nvdp.metrics import AllocationPages, Metrics, Probes
 
             probes = Probes(
@@ -216,8 +217,14 @@ class Daemon:
                 registration_problems=self.supervisor.registration_problems,
                 restart_needed=self.supervisor.restart_needed,
             )
+            dra_file = device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME) / ALLOCATIONS_FILE
             allocations = AllocationPages(
-                self.ledger, self.supervisor, self.health, self.supervisor.served_gpus, runtime.pod_detail
+                self.ledger,
+                self.supervisor,
+                self.health,
+                self.supervisor.served_gpus,
+                runtime.pod_detail,
+                dra_file,
             )
             self.metrics = Metrics(runtime.metrics_address, families, probes, allocations=allocations)
         registry = families.registry if families is not None else None

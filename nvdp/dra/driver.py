@@ -15,12 +15,14 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from nvdp.dra.capacity_mps import CapacityDaemons
+from nvdp.dra.claim_parts import ClaimParts
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.dynamic_mig import DynamicMig, mig_control_of
 from nvdp.dra.health import DraHealthTarget, HealthStreams
-from nvdp.dra.loop import DraLoop, DraParts, InSlices
+from nvdp.dra.loop import DraLoop, DraParts, InSlices, Preparing
 from nvdp.dra.node_count import NodeCountGate
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.options import DraSettings, resolve_dra
@@ -29,9 +31,6 @@ from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.server import dra_registration
 from nvdp.dra.status import DraCounters, DraStatus
 from nvdp.handoff import DRA, Handoff
-from nvdp.health.node import NodeHealth
-from nvdp.health.node_events import node_events_from_env
-from nvdp.health.settings import health_settings
 from nvdp.kubeletplugin.rescan import LayoutRescanner, layout_change_counter
 from nvdp.kubeletplugin.serve_loop import ServeLoop
 from nvdp.logs import log_event, setup_logging
@@ -74,7 +73,9 @@ class DraDriver:
 
             api = KubeResourceApi(new_api_client(kubeconfig=settings.kubeconfig or None, retries=0))
         node = settings.node_name
-        self.node_events = node_events_from_env(environ, node=node, kubeconfig=settings.kubeconfig)
+        state, preparing = NodeState(), Preparing()
+        claims = ClaimParts.of(_ClaimSources(counted, api, state, preparing), settings, environ)
+        self.node_events = claims.node_events  # the Events of health transitions, misfits, claims
         serve = ServeLoop()
         streams = HealthStreams(node)
         in_slices = InSlices(serve)
@@ -83,8 +84,8 @@ class DraDriver:
         parts = DraParts(
             nvml=counted,
             api=api,
-            health=NodeHealth(counted, health_settings(config), environ, node_events=self.node_events),
-            state=NodeState(),
+            health=claims.health,  # its transitions name the claims and pods they hit
+            state=state,
             target=DraHealthTarget(serve.waker("health")),
             streams=streams,
             publisher=self.publisher,
@@ -98,6 +99,8 @@ class DraDriver:
             observer=counters,
             capacity=CapacityDaemons.for_node(counted, settings, environ),  # GPUs shared by capacity
             dynamic_mig=DynamicMig(mig_control_of(counted), counted.mig_layout),
+            claims=claims,
+            preparing=preparing,
         )
         self._executor = ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="dra-grpc")
         self.loop = DraLoop(settings, parts, serve, self._executor, reload)
@@ -151,8 +154,6 @@ class DraDriver:
                 self.rescanner.stop()
             self._executor.shutdown(wait=False, cancel_futures=True)
             self.nvml.shutdown()
-            if self.node_events is not None:
-                self.node_events.close()
             if self.status is not None:
                 self.status.stop()
             log_event(log, logging.INFO, "stopped nvdp dra-kubelet-plugin", node=self.settings.node_name)
@@ -164,3 +165,18 @@ def from_command_line(args: argparse.Namespace, environ: Mapping[str, str]) -> D
     settings = resolve_dra(args, environ)
     setup_logging(settings.runtime.log_format, settings.runtime.log_level)
     return DraDriver(settings, environ, reload=lambda: resolve_dra(args, environ))
+
+
+@dataclass
+class _ClaimSources:
+    """What the claims' parts read of the driver (`nvdp.dra.claim_parts.DriverParts`): NVML, the API,
+    the node's state, and the preparer once the loop has built it."""
+
+    nvml: Nvml
+    api: ResourceApi
+    state: NodeState
+    preparing: Preparing
+
+    @property
+    def preparer(self) -> ClaimPreparer | None:
+        return self.preparing.preparer

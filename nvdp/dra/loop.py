@@ -24,6 +24,7 @@ from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_dev
 from nvdp.dir_watch import DirWatcher
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import Checkpoint
+from nvdp.dra.claim_parts import ClaimParts
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
@@ -53,6 +54,14 @@ from nvdp.misfit_report import MisfitReport
 from nvdp.nvml.types import GpuInfo, Nvml
 
 log = logging.getLogger(__name__)
+
+
+class Preparing:
+    """The claim preparer, once the loop built it at start (NVML up); None before. The claims' parts
+    (the pods of the prepared claims) and the status page read it."""
+
+    def __init__(self) -> None:
+        self.preparer: ClaimPreparer | None = None
 
 
 class InSlices:
@@ -92,6 +101,8 @@ class DraParts:
     observer: RequestObserver | None  # told of each NodePrepareResources / NodeUnprepareResources
     capacity: CapacityDaemons  # the GPUs shared by capacity (their MPS daemons)
     dynamic_mig: DynamicMig  # MIG devices made at prepare
+    claims: ClaimParts  # the prepared claims' configs, pods, health, Events
+    preparing: Preparing  # the preparer, built at start
 
 
 class DraLoop:
@@ -111,7 +122,6 @@ class DraLoop:
         self._serve = serve
         self._reload = reload
         self.nvml_failure: str | None = None  # why NVML cannot be initialised (retried), while so
-        self.preparer: ClaimPreparer | None = None  # once NVML is up
         self.gpus: list[GpuInfo] | None = None
         self._facts = DriverFacts("", "")  # read from NVML at start
         self._minors: dict[str, int] | None = None
@@ -131,6 +141,11 @@ class DraLoop:
     def sockets(self) -> tuple[UnixSocketServer, UnixSocketServer]:
         """The DRA socket's server and the registration socket's."""
         return self._plugin_server, self._registration_server
+
+    @property
+    def preparer(self) -> ClaimPreparer | None:
+        """None until the loop has started (NVML initialised)."""
+        return self.parts.preparing.preparer
 
     @property
     def loop_watch(self) -> LoopWatch:
@@ -239,7 +254,7 @@ class DraLoop:
         specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
-        self.preparer = ClaimPreparer(
+        preparer = self.parts.preparing.preparer = ClaimPreparer(
             p.api,
             self.settings.node_name,
             p.state,
@@ -247,9 +262,10 @@ class DraLoop:
             checkpoint,
             changed=self._serve.waker("claims"),
             shares=p.capacity,
+            claims=p.claims,
             mig=p.dynamic_mig,
         )
-        p.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
+        p.dynamic_mig.adopt(m for claim in preparer.prepared.values() for m in claim.made)
         self._enumerate()
         p.handoff.watch(self._watcher)
         p.health.set_targets([p.target])
@@ -330,6 +346,7 @@ class DraLoop:
         p = self.parts
         p.state.set_health(p.target.unhealthy(), p.health.unhealthy())
         p.publisher.update(p.state.devices(), p.state.taints())
+        p.claims.publish()
         p.streams.update(p.state.health())
 
     def _keep_serving(self) -> None:
@@ -347,6 +364,7 @@ class DraLoop:
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
         p.capacity.stop()
+        p.claims.close()  # its MPS daemons quit (NVML still up), its Events sent
         p.streams.stop()
         p.publisher.stop()
         p.health.stop()
