@@ -1,13 +1,11 @@
-"""The DRA plugin's parts about its prepared claims, built together and handed to the preparer as one:
+"""The DRA plugin's parts about its prepared claims, built together and handed to the preparer as one.
 
-- `sharing`: the claims' sharing configs applied and undone (`nvdp.dra.claim_sharing`);
-- `holders`: the pods each claim is reserved for, and the allocations file (`nvdp.dra.holders`);
-- `health`: the node's health, whose transitions name those claims and pods (log line, Node event);
-- `node_events`, `pod_events`: the Events it posts (each holding pod gets its own), when the API
-  server is reachable.
-
-The preparer calls `touch` / `apply` at prepare and `unprepared` at unprepare (`release` where a
-claim is not prepared after all); `NO_CLAIMS` does nothing (a preparer built without these parts).
+- `sharing`: claims' sharing configs applied and undone (`nvdp.dra.claim_sharing`); `holders`: the
+  pods each claim is reserved for, and the allocations file (`nvdp.dra.holders`).
+- `health`: the node's health, whose transitions name those claims and pods (log line, Node event).
+- `node_events`, `pod_events`: the Events it posts (one per holding pod), when the API is reachable.
+- The preparer calls `touch` / `apply` at prepare, `unprepared` at unprepare (`release` where a
+  claim is not prepared after all); `NO_CLAIMS` does nothing.
 """
 
 from __future__ import annotations

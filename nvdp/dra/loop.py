@@ -1,12 +1,10 @@
 """The DRA kubelet plugin's main loop: it keeps the slices, the health and the two sockets current.
 
-It sleeps in one inotify watch (the kubelet's registration and plugin directories;
-`nvdp.kubeletplugin.serve_loop`) and is woken by what changes: a device rescan that saw a new layout
-(re-enumerate, republish), a health change (taints, the kubelet's health stream), new slices
-published (the hand-over record follows), a claim prepared or unprepared, a socket of ours removed
-or replaced (serve it again: the kubelet finds the new registration socket and registers the plugin
-again), a server that could not listen (retried with backoff), a stop. The parts it drives are built
-by `nvdp.dra.driver`.
+- It sleeps in one inotify watch (`nvdp.kubeletplugin.serve_loop`) and wakes for: a rescan that saw
+  a new layout (re-enumerate, republish), a health change, slices published (the hand-over record
+  follows), a claim (un)prepared, a socket of ours removed or replaced (served again; the kubelet
+  registers anew), a server that could not listen (retried with backoff), a stop.
+- Its parts are built by `nvdp.dra.driver`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""The DRA kubelet plugin's two gRPC servers on unix sockets, as the kubelet's plugin manager expects
-them (k8s.io/dynamic-resource-allocation/kubeletplugin's layout):
+"""The DRA kubelet plugin's two gRPC servers on unix sockets, as kubeletplugin's layout expects.
 
-- `<plugins_registry>/gpu.nvidia.com-reg.sock`: the Registration service. GetInfo says type
-  DRAPlugin, the driver's name, the DRA socket's path and the services it serves ("v1.DRAPlugin",
-  "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"); the kubelet's
-  NotifyRegistrationStatus is logged.
-- `<plugins>/gpu.nvidia.com/dra.sock`: DRAPlugin v1 and v1beta1 (NodePrepareResources,
-  NodeUnprepareResources, one answer per claim: `nvdp.dra.prepare`; each answer told to a
-  `RequestObserver`, the metrics') and DRAResourceHealth v1 and v1alpha1 (`nvdp.dra.health`).
-
-Each socket is a `nvdp.kubeletplugin.socket_server.UnixSocketServer` (owner-only, 0600); one whose
-file was removed or replaced (a kubelet reinstall, a cleaned directory) is served again by the main
-loop (`nvdp.dra.loop`): the kubelet finds the new registration socket and registers the plugin again.
+- `<plugins_registry>/gpu.nvidia.com-reg.sock`: Registration. GetInfo says DRAPlugin, the driver,
+  the DRA socket and its services ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+  "v1alpha1.DRAResourceHealth"); NotifyRegistrationStatus is logged.
+- `<plugins>/gpu.nvidia.com/dra.sock`: DRAPlugin v1 / v1beta1 (one answer per claim,
+  `nvdp.dra.prepare`, each told to a `RequestObserver`) and DRAResourceHealth (`nvdp.dra.health`).
+- Each is a `UnixSocketServer` (0600); one removed or replaced is served again by `nvdp.dra.loop`
+  and the kubelet registers the plugin again.
 """
 
 from __future__ import annotations

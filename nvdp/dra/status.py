@@ -1,20 +1,14 @@
-"""The DRA kubelet plugin's HTTP endpoint (`--metrics-address`, the device plugin's flag and
-default): /metrics, /healthz and /readyz on nvdp's endpoint (`nvdp.http_endpoint`, slow clients
-bounded) in nvdp's exposition (`nvdp.promtext`).
+"""The DRA kubelet plugin's HTTP endpoint (`--metrics-address`, the device plugin's flag and default):
+/metrics, /healthz and /readyz on `nvdp.http_endpoint` in nvdp's exposition (`nvdp.promtext`).
 
-/metrics: the device plugin's counted families (`nvdp.metrics.MetricFamilies`: gRPC requests and
-their latency, here resource `gpu.nvidia.com` and methods NodePrepareResources and
-NodeUnprepareResources; kubelet registrations, reloads, NVML errors, layout changes, build info),
-its health monitor and misfit families, and the DRA plugin's own: claims by outcome (counted as they
-are answered), and read at scrape time the devices the slices say by type, each device's health, the
-prepared claims, the slice writes and failed publishes. Labels are bounded by the node's devices.
-
-/healthz: the main loop takes up what wakes it and goes back to waiting in good time (`LoopWatch`);
-nothing ticks while nothing happens. NVML failing at start is not a liveness failure: the plugin
-retries it (a restart would not help), and /readyz says it. /readyz: started (NVML initialised),
-registered with the kubelet, both sockets served, the slices published at least once, their watch
-not failing for its alarm time (`nvdp.kube.reflector`), the health monitor running; else every
-reason, one line each.
+- /metrics: the device plugin's families (`MetricFamilies`, here resource `gpu.nvidia.com` and
+  methods Node(Un)PrepareResources), its health and misfit families, and the DRA plugin's own:
+  claims by outcome, and at scrape time devices by type, health, prepared claims, slice writes and
+  failed publishes. Labels are bounded by the node's devices.
+- /healthz: the main loop returns to waiting in good time (`LoopWatch`); NVML failing at start is
+  no liveness failure (retried; /readyz says it).
+- /readyz: NVML started, registered, both sockets served, slices published once, their watch not
+  failing past its alarm time, health monitor running; else every reason, one line each.
 """
 
 from __future__ import annotations
