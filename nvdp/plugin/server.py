@@ -1,21 +1,14 @@
 """One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
 
-Unary RPCs run on the worker pool handed in (shared by the node's servers); ListAndWatch streams run
-on a pool of each server's own, so no number of open streams can hold a worker that Allocate needs.
-
-Streams are served independently: every open stream gets every device-list change, and no stream is
-ended by another client's arrival. A server serves at most MAX_LIST_AND_WATCH_STREAMS at once, one
-place kept for the kubelet: the first stream opened after each registration (`expect_kubelet_stream`)
-is the kubelet's and is always admitted; a stream from any other client (a debugging grpcurl, a
-monitoring agent) beyond the bound is refused with RESOURCE_EXHAUSTED. Over a unix socket every peer
-reads "unix:", so which stream is the kubelet's is known only by when it opens.
-
-When the kubelet's stream ends while the server serves, the kubelet has dropped the resource (it
-treats a stream end as the plugin's disconnect and marks every device unhealthy); the callback handed
-in with the registration is told, so that the resource registers again (`nvdp.plugin.kubelet_link`).
-
-Every RPC goes through `nvdp.plugin.status.rpc`, the one place where nvdp errors become gRPC status
-codes.
+- Unary RPCs run on the shared worker pool handed in; ListAndWatch streams on a pool of the
+  server's own, so open streams never hold a worker Allocate needs.
+- Every open stream gets every device-list change; no stream is ended by another client's arrival.
+- At most MAX_LIST_AND_WATCH_STREAMS at once, one kept for the kubelet: the first stream after each
+  registration (`expect_kubelet_stream`) is the kubelet's (peers all read "unix:"); others beyond
+  the bound get RESOURCE_EXHAUSTED.
+- When the kubelet's stream ends while serving, the kubelet dropped the resource; the registration's
+  callback is told so it registers again (`nvdp.plugin.kubelet_link`).
+- Every RPC goes through `nvdp.plugin.status.rpc`, the one mapping of nvdp errors to gRPC codes.
 """
 
 from __future__ import annotations

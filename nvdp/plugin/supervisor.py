@@ -1,16 +1,12 @@
-"""The plugin's main loop: resources from NVML, one server per resource, reloads by diff, and when
-to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
+"""The plugin's main loop: resources from NVML, one server per resource, reloads by diff, and when to
+(re-)register with the kubelet (the registrations: `nvdp.plugin.kubelet_link`).
 
-The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes (or what its path names: removed, re-created, replaced), a stop or
-reload is requested, a retry is due (a registration, a server that could not listen, the
-directory's lock while the directory is unusable, a CDI spec write), or the kubelet's ListAndWatch
-stream of a resource ended (the kubelet dropped it: register it again). The directories of node
-facts it serves by (MPS ready markers, device nodes, the CDI spec directory) join the same watch,
-and a change there re-applies the resources.
-Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
-directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
-reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
+- It runs on the main thread, asleep in its watcher's `wait`, woken by: the kubelet directory (or
+  its path) changing, a stop or reload, a due retry (registration, listen, directory lock, CDI
+  write), or a resource's ListAndWatch stream ending (register again).
+- Node-fact directories (MPS markers, device nodes, CDI specs) join the watch; a change re-applies.
+- Everything outside comes through seams (`nvdp.plugin.types`), unit-tested with fakes.
+- A reload reads one way: the loop calls its `reload()` source and converges onto the settings.
 """
 
 from __future__ import annotations
