@@ -857,3 +857,21 @@ def test_events_file_yet_to_be_created_is_no_warning(
         follower.start()
         follower.stop()
     assert caplog.records == []
+
+
+def test_an_unchanged_layout_is_answered_without_reading_the_node_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DRA plugin's rescan asks twice a second: while no event was applied, the answer is kept."""
+    node = open_sim("dgx-a100-mig")
+    node.init()
+    gpus = node.gpus()
+    reads: list[None] = []
+    read = node._read_layout
+    monkeypatch.setattr(node, "_read_layout", lambda: reads.append(None) or read())
+    first = node.mig_layout()
+    assert node.mig_layout() == first and len(reads) == 1
+    node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})
+    changed = node.mig_layout()[gpus[0].uuid]
+    assert len(reads) == 2 and changed != first[gpus[0].uuid]
+    assert changed == GpuLayout.of(node.gpus()[0])

@@ -71,6 +71,8 @@ class SimNvml:
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
         self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
+        self._changes = 0  # events applied: the layout is read again only after one
+        self._layout: tuple[tuple[int, int], dict[str, GpuLayout]] | None = None
         self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -148,20 +150,27 @@ class SimNvml:
         before its first listing: MIG disabled, like its faulty record)."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            return {
-                gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
-                if state.lost and gpu.index not in self._enumerated
-                else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
-                if not state.mig
-                else GpuLayout(
-                    gpu.index,
-                    gpu.uuid,
-                    True,
-                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
-                    tuple(sorted(m.uuid for m in state.mig)),
-                )
-                for gpu, state in zip(self.node.gpus, self._state, strict=True)
-            }
+            # Only an applied event or a first listing changes it: an idle rescan costs a lookup.
+            key = (self._changes, len(self._enumerated))
+            if self._layout is None or self._layout[0] != key:
+                self._layout = (key, self._read_layout())
+            return dict(self._layout[1])
+
+    def _read_layout(self) -> dict[str, GpuLayout]:
+        return {
+            gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
+            if state.lost and gpu.index not in self._enumerated
+            else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
+            if not state.mig
+            else GpuLayout(
+                gpu.index,
+                gpu.uuid,
+                True,
+                tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
+                tuple(sorted(m.uuid for m in state.mig)),
+            )
+            for gpu, state in zip(self.node.gpus, self._state, strict=True)
+        }
 
     def _faulty(self, gpu: SimGpu) -> GpuInfo:
         error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
@@ -224,6 +233,7 @@ class SimNvml:
             self._fail_next_waits(event.get("code", "NVML_ERROR_UNKNOWN"))
             return
         with self._lock:
+            self._changes += 1
             gpu, mig = self._target(event.get("uuid"))
             if "mig" in event:
                 self._set_mig_layout(gpu, mig, event["mig"])
