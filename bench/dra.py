@@ -33,17 +33,14 @@ from bench.budgets import (
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
 from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import ProcStats, free_port, wait_until
+from nvdp.testing import ProcStats, append_sim_event, free_port, http_get, sim_gpus, wait_until
+from nvdp.testing.dra import claim_path, dra_cluster, make_claim, published, schedule, slices_of
 
 LAYOUTS = (["3g.20gb", "3g.20gb"], ["1g.5gb"] * 7)  # GPU 0 of dgx-a100-mig, back and forth
 FIRST_DEVICE = ("gpu-0-mig-3g20gb-9-0", "gpu-0-mig-1g5gb-19-0")  # what each layout publishes first on GPU 0
 
 
 def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_seconds: float) -> list[Row]:
-    from tests.builders import append_sim_event, sim_gpus
-    from tests.dra_support import claim_path, dra_cluster, make_claim, published, schedule, slices_of
-    from tests.readings import http_get
-
     rows: list[Row] = []
     events = workdir / "events.jsonl"
     events.touch()
