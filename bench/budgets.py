@@ -23,6 +23,17 @@ RESCAN_BUDGET_MS = 3.0  # CPU per minute at the default 10 s interval: "a few ms
 DRA_PREPARE_BUDGET_MS = 20.0  # NodePrepareResources of a one-GPU claim (API read, spec write), p50
 DRA_START_BUDGET_MS = 1000.0  # DRA plugin process start -> ResourceSlice published, p50
 DRA_LAYOUT_BUDGET_MS = 1000.0  # MIG re-partition -> ResourceSlice republished, max
+# API requests per node (bench/api_cost.py): while idle, per hour (5,000 nodes: 1/h is 1.4 requests/s
+# fleet-wide); after one fleet-wide ConfigMap edit, in the 20 s after it; the config-manager's spread.
+API_IDLE_BUDGET_PER_HOUR = {
+    "plugin": 0.0,
+    "gfd": 130.0,  # NodeFeature: a read and a write per 60 s loop (NVIDIA's interval)
+    "config-manager": 30.0,  # two watches re-opened
+    "dra-kubelet-plugin": 30.0,  # the ResourceSlice watch re-opened
+    "mps-control-daemon": 0.0,
+}
+API_EDIT_REQUESTS_BUDGET = 10
+API_SPREAD_MIN_S = 5.0  # 5,000 nodes: at most 1,000 writes in one second
 
 
 def judge_ratio(row: Row, denominator_ms: float, budget: float) -> Row:

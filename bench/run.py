@@ -36,6 +36,8 @@ process boundary; the client is the kubelet stand-in's channel in this process:
 - Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
   strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
   config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
+- API requests per node per hour of every command while idle, and for one fleet-wide ConfigMap
+  edit, each against an API stand-in of its own (bench/api_cost.py; full run, with the side commands).
 - The DRA kubelet plugin (bench/dra.py, also in --quick): start until its ResourceSlice is published
   (1 s), a MIG re-partition until it is republished (1 s, max), NodePrepareResources of a one-GPU
   claim (20 ms, p50), its peak RSS (80 MB) and, in the full run, its idle CPU.
@@ -59,6 +61,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAWAY...) are not results
 
+from bench.api_cost import section as api_cost_section
 from bench.budgets import verdict
 from bench.dra import section as dra_section
 from bench.harness import compile_bytecode, machine_lines
@@ -86,6 +89,7 @@ def measure(s: Session) -> Table:
     rescan_table(s)
     if s.o.commands:
         commands_table(s)
+        api_cost_section(s)
     return s.table
 
 
