@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.budgets import (
+    DRA_IDLE_BUDGET_PCT,
     DRA_LAYOUT_BUDGET_MS,
     DRA_PREPARE_BUDGET_MS,
     DRA_START_BUDGET_MS,
-    IDLE_BUDGET_PCT,
     SIDE_RSS_BUDGET_MB,
 )
 from bench.sampling import Sample
@@ -130,8 +130,8 @@ def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_s
                     "dra",
                     f"{elapsed:.0f} s",
                     value=f"{cpu_ms:.0f} ms CPU = {pct:.3f}% core, {wakeups:.0f} wake-ups/s",
-                    budget=f"{IDLE_BUDGET_PCT}% core",
-                    ok=pct <= IDLE_BUDGET_PCT,
+                    budget=f"{DRA_IDLE_BUDGET_PCT}% core",
+                    ok=pct <= DRA_IDLE_BUDGET_PCT,
                 )
             )
     return rows

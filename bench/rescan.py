@@ -149,25 +149,33 @@ def _standin_node(gpus: list[GpuInfo]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float, int, int] | None:
-    """CPU µs and NVML calls of one layout query and of one full enumeration by the real backend
-    (pynvml over the C stand-in), or None without a C compiler or when it cannot run."""
+def mock_library(gpus: list[GpuInfo], directory: Path) -> dict[str, str] | None:
+    """The C NVML stand-in built into `directory` as `libnvidia-ml.so.1` for a node of `gpus`: the env
+    vars that make `--nvml real` load it (None without a C compiler, or when it does not build)."""
     source = Path(__file__).parent.parent / "tests" / "nvml_standin" / "libnvidia-ml.c"
     compiler = shutil.which("cc")
     if compiler is None or not source.exists():
         return None
+    library = directory / "libnvidia-ml.so.1"
+    node = directory / "node.txt"
+    node.write_text(_standin_node(gpus))
+    build = [compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lpthread"]
+    try:
+        subprocess.run(build, check=True, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"LD_LIBRARY_PATH": str(directory), "NVML_STANDIN_NODE": str(node)}
+
+
+def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float, int, int] | None:
+    """CPU µs and NVML calls of one layout query and of one full enumeration by the real backend
+    (pynvml over the C stand-in), or None without a C compiler or when it cannot run."""
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-standin-") as tmp:
-        library = Path(tmp) / "libnvidia-ml.so.1"
-        node = Path(tmp) / "node.txt"
-        node.write_text(_standin_node(gpus))
-        build = [compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lpthread"]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LD_LIBRARY_PATH": tmp,
-            "NVML_STANDIN_NODE": str(node),
-        }
+        library_env = mock_library(gpus, Path(tmp))
+        if library_env is None:
+            return None
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **library_env}
         try:
-            subprocess.run(build, check=True, capture_output=True, timeout=120)
             done = subprocess.run(
                 [sys.executable, "-c", _STANDIN_SCRIPT],
                 env=env,

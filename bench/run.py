@@ -36,6 +36,9 @@ process boundary; the client is the kubelet stand-in's channel in this process:
 - Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
   strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
   config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
+- The footprint beside NVIDIA's binaries (bench/footprint.py; full run): peak RSS and idle CPU of the
+  plugin and the DRA plugin on the C NVML stand-in (the mock library) and on the simulated node, with
+  issue 27's NVIDIA numbers; spawn -> Register also as a multiple of NVIDIA's 26 ms.
 - API requests per node per hour of every command while idle, and for one fleet-wide ConfigMap
   edit, each against an API stand-in of its own (bench/api_cost.py; full run, with the side commands).
 - The DRA kubelet plugin (bench/dra.py, also in --quick): start until its ResourceSlice is published
@@ -64,6 +67,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAW
 from bench.api_cost import section as api_cost_section
 from bench.budgets import verdict
 from bench.dra import section as dra_section
+from bench.footprint import section as footprint_section
 from bench.harness import compile_bytecode, machine_lines
 from bench.idle import commands_table, idle
 from bench.in_process import allocation_tables, rescan_table
@@ -90,6 +94,7 @@ def measure(s: Session) -> Table:
     if s.o.commands:
         commands_table(s)
         api_cost_section(s)
+    footprint_section(s)
     return s.table
 
 
