@@ -45,6 +45,7 @@ NODE = "node-a"
 NAMESPACE = "gpu-system"
 CONFIGMAP = "plugin-configs"
 LABEL = "nvidia.com/device-plugin.config"
+NODEFEATURES = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{NAMESPACE}/nodefeatures"
 FLEET = 5000
 SPREAD_S = 10.0  # the config-manager's --configmap-spread default
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -141,6 +142,10 @@ def _commands(work: Path) -> Iterator[list[Command]]:
         argv = [sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", "sim:pcie-4", "--use-node-feature-api"]
         argv += ["--output-file", str(work / "gfd-unused")]
         started("gfd", standin, Process(argv, work / "gfd.log", gfd_env), lambda: None)
+        feature = (
+            f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{NAMESPACE}/nodefeatures/nvidia-features-for-{NODE}"
+        )
+        wait_until(lambda s=standin: feature in s.objects, 60, "gfd's NodeFeature")
 
         # config-manager watching its Node and the ConfigMap through the API
         standin = api()

@@ -31,11 +31,15 @@ DRA_START_BUDGET_MS = 1000.0  # DRA plugin process start -> ResourceSlice publis
 DRA_LAYOUT_BUDGET_MS = 1000.0  # MIG re-partition -> ResourceSlice republished, max
 # API requests per node (bench/api_cost.py): while idle, per hour (5,000 nodes: 1/h is 1.4 requests/s
 # fleet-wide); after one fleet-wide ConfigMap edit, in the 20 s after it; the config-manager's spread.
+# A watch is re-opened every 45-90 s (nvdp.kube.reflector: a half-open connection noticed within
+# about a minute): at most 3600 / 45 = 80 requests an hour each, no poll. (client-go's 5-10 min,
+# with the API server's bookmarks every minute for the silence bound, would be 6-12 an hour.)
+_WATCH_PER_HOUR = 3600 / 45
 API_IDLE_BUDGET_PER_HOUR = {
     "plugin": 0.0,
-    "gfd": 130.0,  # NodeFeature: a read and a write per 60 s loop (NVIDIA's interval)
-    "config-manager": 30.0,  # two watches re-opened
-    "dra-kubelet-plugin": 30.0,  # the ResourceSlice watch re-opened
+    "gfd": 0.0,  # the NodeFeature is written when its labels change, not every 60 s loop
+    "config-manager": 2 * _WATCH_PER_HOUR,  # its Node and its ConfigMap
+    "dra-kubelet-plugin": _WATCH_PER_HOUR,  # its ResourceSlices
     "mps-control-daemon": 0.0,
 }
 API_EDIT_REQUESTS_BUDGET = 10
