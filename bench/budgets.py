@@ -27,8 +27,10 @@ DRA_IDLE_BUDGET_PCT = 0.05  # not met yet: two gRPC servers' 200 ms polls alone 
 SIDE_IDLE_BUDGET_PCT = 0.5
 RESCAN_BUDGET_MS = 3.0  # CPU per minute at the default 10 s interval: "a few ms"
 DRA_PREPARE_BUDGET_MS = 20.0  # NodePrepareResources of a one-GPU claim (API read, spec write), p50
+DRA_CAPACITY_PREPARE_BUDGET_MS = 50.0  # NodePrepareResources of a capacity share (MPS client edits), p50
 DRA_START_BUDGET_MS = 1000.0  # DRA plugin process start -> ResourceSlice published, p50
 DRA_LAYOUT_BUDGET_MS = 1000.0  # MIG re-partition -> ResourceSlice republished, max
+DRA_MIG_PREPARE_BUDGET_MS = 50.0  # NodePrepareResources of a dynamic MIG claim (MIG device made), p50
 # API requests per node (bench/api_cost.py): while idle, per hour (5,000 nodes: 1/h is 1.4 requests/s
 # fleet-wide); after one fleet-wide ConfigMap edit, in the 20 s after it; the config-manager's spread.
 # A watch is re-opened every 45-90 s (nvdp.kube.reflector: a half-open connection noticed within

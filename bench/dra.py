@@ -26,10 +26,12 @@ from typing import Any
 from bench.budgets import (
     DRA_IDLE_BUDGET_PCT,
     DRA_LAYOUT_BUDGET_MS,
+    DRA_MIG_PREPARE_BUDGET_MS,
     DRA_PREPARE_BUDGET_MS,
     DRA_START_BUDGET_MS,
     SIDE_RSS_BUDGET_MB,
 )
+from bench.dra_capacity import measure_capacity
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
 from nvdp.kubelet_standin.dra import Claim
@@ -137,6 +139,34 @@ def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_s
     return rows
 
 
+def measure_dynamic_mig(workdir: Path, claims: int) -> list[Row]:
+    """NodePrepareResources / NodeUnprepareResources of a claim for a 1g.5gb placement on a node whose
+    MIG devices are made per claim (`dra.dynamicMig: all`, simulated dgx-a100-mig-empty): the claim read,
+    the GPU instance and compute instance made (simulated NVML), the CDI spec and the checkpoint
+    written; unprepare destroys them."""
+    from tests.builders import sim_gpus
+    from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
+    from tests.test_dra_dynamic_mig_e2e import DYNAMIC_ALL, PROFILE, cap_files
+
+    prepare, unprepare = Sample(), Sample()
+    with dra_cluster(workdir, "sim:dgx-a100-mig-empty", config=DYNAMIC_ALL) as cluster:
+        cap_files(cluster.node.driver_root, sim_gpus("dgx-a100-mig-empty"))
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: len(slices_of(cluster.api)) == 5, 30, "the slices")
+        for n in range(claims):
+            claim = make_claim(cluster.api, f"mig-{n}", "mig.nvidia.com", PROFILE.format("1g.5gb"))
+            schedule(cluster.api, claim)
+            prepare.latencies.append(_timed(cluster.kubelet.node_prepare, claim))
+            unprepare.latencies.append(_timed(cluster.kubelet.node_unprepare, claim))
+            cluster.api.delete(claim_path(claim.namespace, claim.name))
+        assert cluster.log().count("MIG device destroyed device=") == claims  # each made and gone
+    rows = [prepare.row("NodePrepareResources, dynamic MIG claim (1g.5gb made)", "dra", rate=False)]
+    judge(rows[-1], rows[-1].p50, DRA_MIG_PREPARE_BUDGET_MS, "p50")
+    rows.append(unprepare.row("NodeUnprepareResources, dynamic MIG claim (destroyed)", "dra", rate=False))
+    return rows
+
+
 def _publishes(published: Callable[[Any], dict[str, Any]], api: Any, device: str) -> bool:
     return device in published(api)
 
@@ -167,7 +197,10 @@ def section(s: object) -> None:
         layout_changes=2 if quick else 6,
         idle_seconds=0.0 if quick else min(s.o.idle_seconds, 20.0),
     )
+    rows += measure_dynamic_mig(s.fresh_dir("dra-mig"), claims=30 if quick else 100)
     s.table.section("DRA kubelet plugin (dgx-a100-mig simulated, API stand-in, bench/dra.py)").extend(rows)
+    shares = measure_capacity(s.fresh_dir("dra-capacity"), claims=40 if quick else 160)
+    s.table.section("DRA, GPUs shared by capacity (dgx-a100 simulated, MPS stand-in)").extend(shares)
 
 
 def main() -> None:
@@ -175,7 +208,8 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-dra-", dir="/tmp") as work:
-        for row in measure(Path(work), 200, 5, 6, args.idle_seconds):
+        rows = [*measure(Path(work), 200, 5, 6, args.idle_seconds), *measure_capacity(Path(work), 160)]
+        for row in rows + measure_dynamic_mig(Path(work) / "mig", 100):
             numbers = "" if row.p50 is None else f" p50 {row.p50:.1f} ms, max {row.max:.1f} ms, n={row.n}"
             print(f"{row.measurement}:{numbers} {row.value} [budget {row.budget or '-'}: {row.ok}]")
 

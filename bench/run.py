@@ -43,7 +43,8 @@ process boundary; the client is the kubelet stand-in's channel in this process:
   edit, each against an API stand-in of its own (bench/api_cost.py; full run, with the side commands).
 - The DRA kubelet plugin (bench/dra.py, also in --quick): start until its ResourceSlice is published
   (1 s), a MIG re-partition until it is republished (1 s, max), NodePrepareResources of a one-GPU
-  claim (20 ms, p50), its peak RSS (80 MB) and, in the full run, its idle CPU.
+  claim (20 ms, p50), of a share of a GPU shared by capacity (50 ms, p50; bench/dra_capacity.py), its
+  peak RSS (80 MB) and, in the full run, its idle CPU.
 """
 
 from __future__ import annotations

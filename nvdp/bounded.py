@@ -1,21 +1,12 @@
-"""Parsing bounded: every JSON and YAML document nvdp reads is refused, in one line, when it is
-larger or nested deeper than nvdp will ever need, before the parser can fail otherwise.
+"""Bounded JSON and YAML parsing: a document too large or nested too deep is refused in one line.
 
-Python's parsers recurse once per nesting level: a 200 KB `[[[[...` makes `json.loads` and PyYAML's
-composer raise RecursionError, which no reader expects, and which ends the thread that read it (a
-daemon's main loop). So:
-
-- `loads_json` refuses text over `max_bytes` and text whose brackets (outside strings) nest deeper
-  than `max_depth`, found by a scan in C-speed steps before `json.loads` sees the text (about 50 ms a
-  MiB of brackets; nothing for text with fewer brackets than `max_depth`).
-- `loads_yaml` refuses text over `max_bytes`, and composes with a loader that refuses a node nested
-  deeper than `max_depth`, an alias inside its own anchor (a structure that contains itself), and
-  aliases that stand for more than `max_bytes // 2` nodes in all (the "billion laughs": a few lines
-  whose aliases expand to 10^9 nodes for whoever walks them).
-
-Both raise `BoundExceeded`, a ValueError, so a reader that already turns a ValueError into its
-"unreadable" line (or its ConfigError) does so for these too. Syntax errors stay the parser's own
-(`json.JSONDecodeError`, `yaml.YAMLError`).
+Python's parsers recurse per nesting level; their RecursionError would end the reading thread.
+- `loads_json` refuses text over `max_bytes`, or whose brackets (outside strings) nest deeper than
+  `max_depth`, by a C-speed scan before `json.loads` (about 50 ms a MiB of brackets).
+- `loads_yaml` refuses text over `max_bytes`, a node deeper than `max_depth`, an alias inside its
+  own anchor, and aliases standing for over `max_bytes // 2` nodes in all ("billion laughs").
+- Both raise `BoundExceeded`, a ValueError, so a reader's "unreadable" line or ConfigError covers
+  it; syntax errors stay the parser's own (`json.JSONDecodeError`, `yaml.YAMLError`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from nvdp.commands import (
 
 log = logging.getLogger("nvdp")
 
-SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "pcie-4", "dgx-h100")
+SIM_PROFILES = ("dgx-a100", "dgx-a100-mig", "dgx-a100-mig-empty", "pcie-4", "dgx-h100")
 
 
 VERSION = f"nvdp {__version__}"

@@ -1,18 +1,16 @@
-"""Waiting for changes at a directory without polling (the kubelet's device-plugin directory, the
-config-manager's config directory, the directories of node facts).
+"""Waiting for changes at a directory without polling: the kubelet's device-plugin directory, the
+config-manager's config directory, the node-fact directories.
 
-Linux inotify through ctypes. The watch follows the directory's *path*, not the inode it named at
-start: a kubelet restart deletes our sockets and re-creates kubelet.sock in the directory, and a
-kubelet reinstall may remove the directory and create a new one, put a file or a symlink to another
-directory in its place, or re-point such a symlink. So the directory's entries are watched, and
-every component of its path (each parent, each symlink, each symlink's target) for its own removal
-or move (IN_DELETE_SELF, IN_MOVE_SELF; a symlink is re-pointed by replacing it); a component that is
-missing, and the directory itself, are watched for in their parent, by name (a removed directory's
-IN_DELETE_SELF waits until nothing holds it, and a socket bound in it does). Any of these, or a
-watch dropped (IN_IGNORED, IN_UNMOUNT), wakes the waiter, and the watches are armed again on what the
-path names now before `wait` returns. Other entries of the parents do not end the wait, and those of
-the grandparents and above are not watched while the path resolves. Where inotify is unavailable we
-fall back to stat() every 100 ms.
+It uses Linux inotify through ctypes and follows the directory's *path*, not its first inode: a
+kubelet restart re-creates kubelet.sock, a reinstall may replace the directory or a symlink to it.
+- Watched: the directory's entries; every path component (each parent, symlink and symlink target)
+  for IN_DELETE_SELF / IN_MOVE_SELF; a missing component, and the directory itself, by name in its
+  parent (a removed directory's IN_DELETE_SELF waits until nothing holds it, and a socket does).
+- Any of these, or a dropped watch (IN_IGNORED, IN_UNMOUNT), wakes the waiter; the watches are
+  armed again on what the path names now before `wait` returns.
+- Other entries of the parents do not end the wait; grandparents and above are not watched while
+  the path resolves.
+- Without inotify it falls back to stat() every 100 ms.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """One error tree for nvdp: every expected error class, and the NVML error-name mapping.
 
-Expected errors (bad config, bad requests, NVML failures) are `NvdpError`s: they are reported as one
-clear line, never a traceback. Anything else is a bug. Mapping to gRPC status codes happens in one
-place, `nvdp.plugin.status`.
-
-Not here on purpose: a few module-private signals that never leave their module (and so are no
-NvdpError): `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors
-turned into field-named `ConfigError` lines by their callers), `nvdp.nvml.sim.events.SimEventError`
-(a bad events-file line, logged and skipped).
+- Expected errors (bad config, bad requests, NVML failures) are `NvdpError`s, reported as one
+  line, never a traceback; anything else is a bug.
+- gRPC status codes are mapped in one place, `nvdp.plugin.status`.
+- Module-private signals that never leave their module are no NvdpError:
+  `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors their
+  callers turn into field-named `ConfigError` lines), and `nvdp.nvml.sim.events.SimEventError` (a
+  bad events-file line, logged and skipped).
 """
 
 from __future__ import annotations

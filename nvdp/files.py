@@ -1,15 +1,13 @@
-"""The files nvdp reads and writes: bounded reads of regular files only, atomic writes.
+"""The files nvdp reads and writes: bounded reads of regular files only, and atomic writes.
 
-A path given on the command line, in a ConfigMap or an env var may name anything: `/dev/zero` (a
-read never ends), a FIFO (an open blocks until a writer comes), a sparse file of gigabytes, a
-directory. `read_bounded` refuses each of those with one line that says what the path is, before
-reading it: the path is stat()ed first (so no device is even opened), then opened with O_NONBLOCK
-(a FIFO swapped in meanwhile cannot block the open) and fstat()ed again, and at most `limit` + 1
-bytes are read whatever the file claims its size is. `/dev/null` is the one non-regular file read,
-as the empty file it is: config-manager links the empty config to it.
-
-`write_atomic` is how every file nvdp hands to another program is written (CDI specs, node labels,
-the MPS daemon's status): a reader sees the old file or the new one, never a part of either.
+- `read_bounded` refuses a path that is no regular file (`/dev/zero`, a FIFO, a directory) or is
+  too large, in one line saying what it is, before reading it.
+- It stat()s first (no device is opened), opens with O_NONBLOCK (a FIFO swapped in cannot block),
+  fstat()s again, and reads at most `limit` + 1 bytes whatever the size claims.
+- `/dev/null` is the one non-regular file read, as empty: config-manager links the empty config
+  to it.
+- `write_atomic` writes every file nvdp hands to another program (CDI specs, node labels, the MPS
+  daemon's status): a reader sees the old file or the new one, never part of either.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ check`), so that the plugin, the labels and the MPS daemons agree on what is ser
 (`nvdp.resources.build_resources`) and then MPS's limits on this node's GPUs: an MPS resource MPS
 cannot serve here (MIG devices, more clients than a GPU before compute capability 7.5 takes) is
 withheld, with a misfit that says why (what MPS refuses of the config alone: `nvdp.config.rules`).
-`dra_gpus` is the part of the node the config gives the DRA driver (the device plugin serves the rest).
+`dra_gpus` is the part of the node the config gives the DRA driver (the device plugin serves the rest);
+`dra_sharing` which of those it shares by capacity and which it partitions by MIG on demand.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nvdp.config.model import DRA_ALL, DRA_NONE, MPS, Config, DraDevices, NamePattern, ReplicatedResource
+from nvdp.config.model import DRA_ALL, DRA_NONE, MPS, Config, Dra, DraDevices, NamePattern, ReplicatedResource
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
 from nvdp.resources import NodeResources, Resource, build_resources
@@ -116,3 +117,72 @@ def dra_gpus(devices: DraDevices, gpus: Sequence[GpuInfo]) -> tuple[frozenset[st
         else:
             owned.add(gpu.uuid)
     return frozenset(owned), tuple(misfits)
+
+
+@dataclass(frozen=True)
+class DraSharing:
+    """How the DRA driver serves each of its GPUs beyond whole: by memory share (`capacity`) or by
+    MIG devices made per claim (`dynamic_mig`); uuids, disjoint."""
+
+    capacity: frozenset[str] = frozenset()
+    dynamic_mig: frozenset[str] = frozenset()
+
+
+def dra_sharing(dra: Dra, gpus: Sequence[GpuInfo]) -> tuple[DraSharing, tuple[Misfit, ...]]:
+    """`dra.consumableCapacity` and `dra.dynamicMig` on this node. A GPU named must be the DRA
+    driver's (`dra.devices`) and, for dynamicMig, in MIG mode (the plugin never toggles it); "all"
+    takes every such GPU. A GPU named in both (an index in one, its UUID in the other: the form
+    check sees only the words) is served whole. Each GPU left out is one misfit."""
+    owned, _ = dra_gpus(dra.devices, gpus)
+    capacity, misfits = _named(dra.consumable_capacity, "consumableCapacity", gpus, owned)
+    dynamic, more = _named(dra.dynamic_mig, "dynamicMig", gpus, owned)
+    misfits += more
+    both = capacity & dynamic
+    for gpu in (g for g in gpus if g.uuid in both):
+        message = f"dra: GPU {gpu.index} is in both consumableCapacity and dynamicMig; served whole"
+        misfits.append(Misfit("DraSharingMisfit", f"GPU {gpu.index}", message))
+    return DraSharing(capacity - both, dynamic - both), tuple(misfits)
+
+
+def _named(
+    refs: DraDevices, key: str, gpus: Sequence[GpuInfo], owned: frozenset[str]
+) -> tuple[frozenset[str], list[Misfit]]:
+    if refs == DRA_NONE:
+        return frozenset(), []
+    misfits = []
+    if refs == DRA_ALL:
+        named = [g for g in gpus if g.uuid in owned and (key != "dynamicMig" or g.mig_capable)]
+    else:
+        named = []
+        for ref in refs:
+            gpu = next((g for g in gpus if ref in (g.uuid, str(g.index))), None)
+            if gpu is None:
+                misfits.append(
+                    Misfit(
+                        "DraSharingMisfit", f"GPU {ref}", f"dra.{key}: no GPU {ref} on this node; left out"
+                    )
+                )
+            else:
+                named.append(gpu)
+    chosen = set()
+    for gpu in named:
+        why = _why_not(key, gpu, owned)
+        if why:
+            misfits.append(
+                Misfit("DraSharingMisfit", f"GPU {gpu.index}", f"dra.{key}: GPU {gpu.index} left out: {why}")
+            )
+        else:
+            chosen.add(gpu.uuid)
+    return frozenset(chosen), misfits
+
+
+def _why_not(key: str, gpu: GpuInfo, owned: frozenset[str]) -> str:
+    if gpu.uuid not in owned:
+        return "it is not the DRA driver's (dra.devices)"
+    if gpu.fault is not None:
+        return f"it failed at enumeration ({gpu.fault})"
+    if key == "dynamicMig" and not gpu.mig_capable:
+        return "it is not MIG-capable"
+    if key == "dynamicMig" and not gpu.mig_enabled:
+        return "MIG mode is off (the plugin never changes it)"
+    return ""

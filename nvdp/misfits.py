@@ -1,14 +1,12 @@
 """Node facts that keep part of the config from applying on this node: reported, never fatal.
 
-nvdp is strict about the config's form and tolerant about the node's facts. A config's types, unknown
-values, ranges and conflicting keys are refused with one line (`nvdp.config`). But one ConfigMap
-serves a whole fleet, so what a node *is* never stops a process: a sharing entry for a resource this
-node lacks, a MIG-enabled GPU between layouts, a missing device node, a GPU whose queries fail, an
-MPS control daemon that is not up. Each is a `Misfit`, found by the pure code that builds what the
-node serves (resources, CDI specs, MPS readiness) and returned beside what it could build; the rest of
-the node is served.
-
-Reporting them is `nvdp.misfit_report` (a WARNING line, a Node event, a metric, readiness).
+- nvdp is strict about the config's form (`nvdp.config` refuses it) and tolerant about the node's
+  facts: one ConfigMap serves a whole fleet, so what a node *is* never stops a process.
+- Misfits: a sharing entry for a resource the node lacks, a MIG-enabled GPU between layouts, a
+  missing device node, a GPU whose queries fail, an MPS control daemon that is not up.
+- Each is a `Misfit`, returned beside what it could build by the pure code that builds what the
+  node serves (resources, CDI specs, MPS readiness); the rest of the node is served.
+- `nvdp.misfit_report` reports them: a WARNING line, a Node event, a metric, readiness.
 """
 
 from __future__ import annotations

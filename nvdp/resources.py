@@ -1,32 +1,21 @@
-"""From NVML facts and config to the resources the plugin advertises (pure).
+"""From NVML facts and config to the resources the plugin advertises (pure), by NVIDIA's rules.
 
-Follows NVIDIA's device-plugin rules:
-- MIG strategy `none`: every GPU (MIG-enabled or not) is matched against `resources.gpus`.
-- `single`: MIG-enabled GPUs are skipped as whole GPUs and their MIG devices are advertised
-  (default name `nvidia.com/gpu`); all MIG devices should be of one profile and the node should not
-  mix MIG-enabled and MIG-disabled GPUs.
+- MIG strategy `none`: every GPU, MIG-enabled or not, is matched against `resources.gpus`.
+- `single`: MIG-enabled GPUs are advertised as their MIG devices (default `nvidia.com/gpu`).
 - `mixed`: whole GPUs as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
-Sharing (time-slicing, MPS) then replaces a resource's devices by replicas `<uuid>::<n>`, under the
-same name or a `rename`. Several sharing entries may name one resource when their `devices`
-selections are disjoint, each with its own `replicas` (per-GPU replica counts under one name);
-devices no entry selects stay whole under the unshared name; `replicas: 1` keeps a device whole
-(no `::` ID). The device records come from `nvdp.devices`.
+- Sharing (time-slicing, MPS) replaces a resource's devices by replicas `<uuid>::<n>`, under the
+  same name or a `rename`; entries with disjoint `devices` may share a name, each with its own
+  `replicas`; devices no entry selects stay whole; `replicas: 1` keeps a device whole (no `::`).
+- Device records come from `nvdp.devices`.
 
-Strict about the config's form, tolerant about the node's facts: what the config says is checked
-before (`nvdp.config`); what this node *is* never makes a build fail. Where the node does not fit the
-config, the part that does not fit is left out and named in a `Misfit` (`nvdp.misfits`), and the
-rest is served, as one ConfigMap serving a mixed fleet needs:
-- a GPU or MIG device that matches no `resources.gpus` / `resources.mig` pattern is not advertised;
-- a MIG-enabled GPU without MIG devices yet (mig-manager between layouts) is not advertised until
-  they appear (the rescan serves them);
-- under `single`, a node that mixes MIG-enabled and MIG-disabled GPUs serves the MIG devices (the
-  layout `single` is for) and leaves the whole GPUs out; one with several MIG profiles serves the
-  profile most of its MIG devices have (on a tie, the first by name);
-- a sharing entry that names no resource of this node is not applied; one that selects devices this
-  node does not have shares those it has; one that selects devices an earlier entry of the same
-  name selected is not applied;
-- a resource whose ListAndWatch list would exceed the kubelet's message limit (`nvdp.list_size`) is
-  not advertised.
+What does not fit the node is left out and named in a `Misfit` (`nvdp.misfits`); the rest is served:
+- a device that matches no `resources.gpus` / `resources.mig` pattern;
+- a MIG-enabled GPU without MIG devices yet (mig-manager between layouts; the rescan serves them);
+- under `single`: the whole GPUs of a node that mixes MIG-enabled and MIG-disabled GPUs, and all
+  MIG profiles but the most common one (on a tie, the first by name);
+- a sharing entry that names no resource here, or selects devices an earlier entry of the same name
+  selected (one selecting devices the node lacks shares those it has);
+- a resource whose ListAndWatch list would exceed the kubelet's message limit (`nvdp.list_size`).
 """
 
 from __future__ import annotations

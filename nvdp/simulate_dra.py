@@ -18,22 +18,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from nvdp.bounded import loads_json
 from nvdp.config import PluginOptions
-from nvdp.config.model import DRA_ALL, DRA_NONE, Dra
-from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_device
+from nvdp.config.model import DRA_ALL, DRA_NONE
+from nvdp.devices import CONTROL_DEVICES, gpu_device, mig_cap_paths, mig_device
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.names import DRIVER_NAME, claim_spec_file
 from nvdp.dra.options import DraSettings
 from nvdp.dra_standin.api import MemoryResourceApi
-from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
+from nvdp.dra_standin.scheduler import allocate, consumed_capacity, nvidia_device_classes, taken_devices
 from nvdp.errors import NvdpError
 from nvdp.files import read_bounded
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.nvml import open_nvml
+from nvdp.nvml.types import GpuInfo, GpuLayout, MigDeviceInfo
+from nvdp.simulate_shares import show_shares
 
 START_TIMEOUT_S = 20.0
 NODE = "sim-node"
@@ -60,8 +62,11 @@ class DraSimulation:
         else:
             self.made_nodes = False
         config = replace(options.config, flags=flags)
-        if config.dra.devices == DRA_NONE:  # no device plugin beside it here: DRA serves every GPU
-            config = replace(config, dra=Dra(DRA_ALL))
+        if config.dra.devices == DRA_NONE:  # no device plugin beside it here: DRA serves every GPU,
+            dra = replace(config.dra, devices=DRA_ALL)
+            if dra.dynamic_mig == DRA_NONE:  # and makes MIG devices per claim on those in MIG mode
+                dra = replace(dra, dynamic_mig=_mig_without_devices(options.runtime.nvml))  # without any
+            config = replace(config, dra=dra)
         self.settings = DraSettings(
             config=config,
             runtime=options.runtime,
@@ -130,6 +135,10 @@ class DraSimulation:
         for s in slices:
             spec = s["spec"]
             pool = spec["pool"]
+            if "sharedCounters" in spec:
+                sets = ", ".join(c["name"] for c in spec["sharedCounters"])
+                out.write(f"ResourceSlice {s['metadata']['name']}: the counter sets {sets}\n")
+                continue
             out.write(
                 f"ResourceSlice {s['metadata']['name']}: driver {spec['driver']}, pool {pool['name']} "
                 f"generation {pool['generation']}, {len(spec['devices'])} devices\n"
@@ -140,9 +149,10 @@ class DraSimulation:
                 what = a["profile"]["string"] if "profile" in a else a["productName"]["string"]
                 out.write(
                     f"  {d['name']:<24} {a['type']['string']:<5} {what:<26} "
-                    f"{d['capacity']['memory']['value']:>9}  {a['uuid']['string']}\n"
+                    f"{d['capacity']['memory']['value']:>9}  "
+                    f"{a['uuid']['string'] if 'uuid' in a else '(a MIG placement, made when prepared)'}\n"
                 )
-        devices = [d for s in slices for d in s["spec"]["devices"]]
+        devices = [d for s in slices for d in s["spec"].get("devices") or []]
         if not devices:
             out.write("No devices published: the node has no GPUs.\n")
             return
@@ -152,7 +162,11 @@ class DraSimulation:
             out.write(f"  {name:<31} {next(iter(value.values()))}\n")
         capacity = ", ".join(f"{k}={v['value']}" for k, v in first["capacity"].items())
         out.write(f"  capacity: {capacity}\n")
-        self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
+        shared = next((d for d in devices if d.get("allowMultipleAllocations")), None)
+        if shared is not None:
+            show_shares(out, shared, self.allocated, self.kubelet, self.settings.cdi_root)
+        elif any(d["attributes"]["type"]["string"] == "gpu" for d in devices):
+            self._claim(out, "demo-gpu", "gpu.nvidia.com", "")
         mig = next((d for d in devices if d["attributes"]["type"]["string"] == "mig"), None)
         if mig is not None:
             profile = mig["attributes"]["profile"]["string"]
@@ -168,7 +182,11 @@ class DraSimulation:
             "NVDP_SIM_EVENTS to inject GPU faults (see README).\n"
         )
 
-    def _claim(self, out: TextIO, name: str, device_class: str, selector: str) -> None:
+    def allocated(
+        self, name: str, device_class: str, selector: str, capacity: Mapping[str, str] | None = None
+    ) -> tuple[Claim, dict[str, Any]]:
+        """A one-device claim (with a CEL selector and capacity requests, if given) allocated by the
+        stand-in scheduler and stored. Raises AllocationError."""
         exactly: dict[str, Any] = {
             "deviceClassName": device_class,
             "allocationMode": "ExactCount",
@@ -176,23 +194,30 @@ class DraSimulation:
         }
         if selector:
             exactly["selectors"] = [{"cel": {"expression": selector}}]
+        if capacity:
+            exactly["capacity"] = {"requests": dict(capacity)}
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"nvdp-simulate/{name}"))  # the same every run
         claim: dict[str, Any] = {
             "metadata": {"name": name, "namespace": "default", "uid": uid},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         }
+        classes = {c["metadata"]["name"]: c for c in self.api.objects("DeviceClass")}
+        others = self.api.objects("ResourceClaim")
+        slices = self.api.objects("ResourceSlice")
+        allocation = allocate(claim, classes, slices, taken_devices(others), NODE, consumed_capacity(others))
+        claim["status"] = {"allocation": allocation}
+        self.api.put("ResourceClaim", claim)
+        return Claim("default", name, uid), claim
+
+    def _claim(self, out: TextIO, name: str, device_class: str, selector: str) -> None:
         out.write(
             f"\nResourceClaim default/{name}: one device of class {device_class}"
             f"{f' where {selector}' if selector else ''}\n"
         )
-        classes = {c["metadata"]["name"]: c for c in self.api.objects("DeviceClass")}
-        taken = taken_devices(self.api.objects("ResourceClaim"))
-        claim["status"] = {
-            "allocation": allocate(claim, classes, self.api.objects("ResourceSlice"), taken, NODE)
-        }
-        self.api.put("ResourceClaim", claim)
-        ref = Claim("default", name, uid)
+        ref, _ = self.allocated(name, device_class, selector)
+        before = self.driver.nvml.mig_layout()
         answer = self.kubelet.node_prepare(DRIVER_NAME, [ref]).claims[ref.uid]
+        _write_mig_changes(out, before, self.driver.nvml.mig_layout())
         if answer.error:
             out.write(f"  NodePrepareResources -> error: {answer.error}\n")
             return
@@ -201,8 +226,10 @@ class DraSimulation:
         path = Path(self.settings.cdi_root) / claim_spec_file(ref.uid)
         out.write(f"  container's CDI edits ({path.name})\n")
         _write_edits(out, path)
+        before = self.driver.nvml.mig_layout()
         self.kubelet.node_unprepare(DRIVER_NAME, [ref])
         out.write(f"  NodeUnprepareResources -> spec {'left' if path.exists() else 'removed'}\n")
+        _write_mig_changes(out, before, self.driver.nvml.mig_layout())
 
     def serve_until(self, stop: threading.Event, out: TextIO) -> None:
         self.kubelet.watch_health(DRIVER_NAME)
@@ -239,6 +266,30 @@ def _write_edits(out: TextIO, path: Path) -> None:
             out.write(f"    hook       {hook['hookName']}: {' '.join(hook['args'])}\n")
 
 
+def _write_mig_changes(out: TextIO, before: Mapping[str, GpuLayout], after: Mapping[str, GpuLayout]) -> None:
+    """The MIG devices a call made or destroyed (dynamic MIG), as NVML lists them."""
+    for uuid_, layout in after.items():
+        old = before.get(uuid_)
+        if old is not None and old.mig_uuids != layout.mig_uuids:
+            made = sorted(set(layout.mig_uuids) - set(old.mig_uuids))
+            gone = sorted(set(old.mig_uuids) - set(layout.mig_uuids))
+            what = ", ".join([*(f"made {u}" for u in made), *(f"destroyed {u}" for u in gone)])
+            out.write(f"  NVML, GPU {layout.index}: {what}; now {layout.describe()}\n")
+
+
+def _mig_without_devices(nvml_spec: str) -> tuple[str, ...] | Literal["none"]:
+    """The simulated GPUs in MIG mode without MIG devices (by index); none on another node."""
+    if not nvml_spec.startswith("sim:"):
+        return DRA_NONE
+    nvml = open_nvml(nvml_spec)
+    nvml.init()
+    try:
+        found = tuple(str(g.index) for g in nvml.gpus() if g.mig_enabled and not g.mig_devices)
+    finally:
+        nvml.shutdown()
+    return found or DRA_NONE
+
+
 def _make_device_files(root: Path, nvml: Any) -> None:
     """Empty files where a simulated node's device nodes would be."""
     nvml.init()
@@ -248,9 +299,17 @@ def _make_device_files(root: Path, nvml: Any) -> None:
             paths.update(gpu_device(gpu).paths)
             for mig in gpu.mig_devices:
                 paths.update(mig_device(gpu, mig, None).paths)
+            if gpu.mig_enabled:  # the MIG devices dynamic MIG may make: GPU instances 0-14
+                paths.update(
+                    p for gi in range(15) for p in mig_cap_paths(gpu.minor, _instance(gpu, gi), None)
+                )
     finally:
         nvml.shutdown()
     for path in paths:
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch()
+
+
+def _instance(gpu: GpuInfo, gi_id: int) -> MigDeviceInfo:
+    return MigDeviceInfo("", 0, gi_id, 0, "", 0, gpu.uuid, gpu.index)

@@ -1,16 +1,14 @@
-"""What a stopping process leaves on its node when its release is uninstalled, and how it knows.
+"""Whether a stopping process's release is being uninstalled, and so what it leaves on its node.
 
-A SIGTERM is a restart, a rolling update, a node drain or an uninstall; only the last may take away
-what the process wrote for the node (the GPU health condition, the config-manager's annotation, the
-hand-over record, the DRA checkpoint): the others must keep it for the pod that follows. `Release`
-asks the API server at stop whether the DaemonSet that owns this pod is gone or being deleted
-(`helm uninstall` deletes it before its pods get SIGTERM); any doubt (no pod name, no API server,
-an error, a timeout) counts as a restart and everything stays.
-
-`helm uninstall` deletes the DaemonSets and the RBAC and service accounts together, so a pod told to
-stop may no longer be allowed to ask or to clean up. The chart's pre-delete hook
-(`nvdp delete-daemonsets`, `delete_daemonsets`) deletes the release's DaemonSets in the foreground
-first and waits for their pods to stop, while their RBAC still stands.
+- A SIGTERM is a restart, rolling update, drain or uninstall; only an uninstall may remove what the
+  process wrote for the node (the GPU health condition, config-manager's annotation, the hand-over
+  record, the DRA checkpoint): otherwise the pod that follows needs it.
+- `Release` asks the API server at stop whether the DaemonSet owning this pod is gone or being
+  deleted (`helm uninstall` deletes it before its pods get SIGTERM).
+- Any doubt (no pod name, no API server, an error, a timeout) counts as a restart: everything stays.
+- `helm uninstall` deletes the RBAC with the DaemonSets, so the chart's pre-delete hook
+  (`nvdp delete-daemonsets`, `delete_daemonsets`) deletes the release's DaemonSets in the
+  foreground first and waits for their pods, while their RBAC still stands.
 """
 
 from __future__ import annotations

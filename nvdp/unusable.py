@@ -1,13 +1,12 @@
 """Devices this node cannot hand out right now, left out of every resource (pure).
 
-A GPU or MIG device whose device node is missing under the dev root, or whose CDI name is not in the
-spec on disk, would be advertised and then fail in the runtime for every pod it is given. Such a
-device is left out (its replicas with it) rather than advertised Unhealthy: health is the health
-monitor's state, which recovers a device on its own; a missing node is a node fact that only the node
-can fix, and the device comes back on the next apply once it is (`nvdp.plugin.device_nodes`).
-
-Each distinct fact is one `Misfit` naming the devices it takes out; a resource left with no device
-by them is in the misfit's `withholds` (the daemon is not ready meanwhile).
+- A GPU or MIG device whose device node is missing under the dev root, or whose CDI name is not in
+  the spec on disk, is left out with its replicas: advertised, it would fail in the runtime.
+- It is left out, not advertised Unhealthy: health is the monitor's and recovers on its own; a
+  missing node only the node can fix, and the device returns on the next apply once it is
+  (`nvdp.plugin.device_nodes`).
+- Each distinct fact is one `Misfit` naming the devices it takes out; a resource left with no
+  device is in the misfit's `withholds` (the daemon is not ready meanwhile).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from nvdp.devices import Device, DeviceSet
 from nvdp.errors import RegistrationError, nvml_error
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.http_endpoint import Pages
+from nvdp.kube import Involved
 from nvdp.nvml.types import GpuInfo
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
@@ -228,7 +229,7 @@ class FakeNodeEventClient:
     def __init__(self) -> None:
         self.posted: list[tuple[str, str, str]] = []
 
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None:
+    def create_event(self, about: Involved, event_type: str, reason: str, message: str) -> None:
         self.posted.append((event_type, reason, message))
 
 

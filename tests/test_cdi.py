@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -45,6 +43,7 @@ from tests.cdi_support import (
     without_device_fields,
 )
 from tests.readings import log_lines
+from tests.test_lock_file import holder_of
 
 GOLDEN = Path(__file__).parent / "data" / "cdi" / "golden"
 UPDATE = os.environ.get("NVDP_UPDATE_GOLDEN") == "1"
@@ -488,22 +487,15 @@ def test_a_lock_holder_killed_without_removing_its_file_is_taken_over_at_the_nex
     root, gpus = node
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(spec_dir / ".k8s.device-plugin.nvidia.com.lock")],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with holder_of(spec_dir / ".k8s.device-plugin.nvidia.com.lock") as holder:
         clock = Clock()
         publisher = CdiPublisher(clock=clock)
         cdi = settings_for(root, spec_dir)
         resources = build_resources(gpus).resources
         [misfit] = publisher.publish(cdi, gpus, resources, DRIVER_VERSION).misfits
-        assert misfit.reason == "CdiSpecDirInUse" and f"held by pid={holder.pid} host=" in misfit.message
-    finally:
-        holder.kill()  # SIGKILL: the kernel drops the flock, the file stays
-        holder.wait(10)
+        pid = holder.process.pid
+        assert misfit.reason == "CdiSpecDirInUse" and f"held by pid={pid} host=" in misfit.message
+    # the holder was killed (SIGKILL): the kernel dropped the flock, the file stays
     watcher = RecordingWatcher()
     assert not publisher.changed(watcher)  # the file is still there: nothing woke
     clock.now += publisher.retry_in() or 0
@@ -511,17 +503,6 @@ def test_a_lock_holder_killed_without_removing_its_file_is_taken_over_at_the_nex
     assert publisher.publish(cdi, gpus, resources, DRIVER_VERSION).resources == resources
     assert (spec_dir / ".k8s.device-plugin.nvidia.com.lock").read_text().startswith(f"pid={os.getpid()} ")
     publisher.close()
-
-
-HOLD_LOCK = """
-import sys, time
-from pathlib import Path
-from nvdp.cdi.lock import SpecDirLock
-lock = SpecDirLock()
-assert lock.acquire(Path(sys.argv[1])) is None
-print("held", flush=True)
-time.sleep(60)
-"""
 
 
 def test_replicas_resolve_to_their_gpu_device() -> None:

@@ -97,7 +97,7 @@ def _exit(entry: Entry, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
             main,
             ["simulate", "--profile", "nope"],
             "nvdp simulate: error: argument --profile: invalid choice: 'nope' (choose from 'dgx-a100',"
-            " 'dgx-a100-mig', 'pcie-4', 'dgx-h100') (see nvdp simulate --help)",
+            " 'dgx-a100-mig', 'dgx-a100-mig-empty', 'pcie-4', 'dgx-h100') (see nvdp simulate --help)",
             id="simulate-choice",
         ),
         pytest.param(
@@ -158,7 +158,7 @@ def test_config_check_names_a_bad_nvml_once(tmp_path: Path, capsys: pytest.Captu
     assert main(["config", "check", "--nvml", "sim:nope", str(path)]) == 1
     assert capsys.readouterr().err == (
         "error: --nvml sim:nope: unknown simulated node profile 'nope'; accepted: dgx-a100, dgx-a100-mig,"
-        " dgx-h100, gb200-nvl, pcie-4, or sim:/path/to/node.yaml\n"
+        " dgx-a100-mig-empty, dgx-h100, gb200-nvl, pcie-4, or sim:/path/to/node.yaml\n"
     )
 
 

@@ -262,7 +262,10 @@ MESSAGES = {
         'dra.devices[1]: "1:0" is not a GPU index or a GPU UUID (DRA takes whole GPUs)',
     ),
     "dra-devices-twice": ("dra: {devices: [1, '1']}", "dra.devices: names GPU 1 more than once"),
-    "dra-unknown": ("dra: {uuids: all}", "dra.uuids: unknown field (accepted: devices)"),
+    "dra-unknown": (
+        "dra: {uuids: all}",
+        "dra.uuids: unknown field (accepted: devices, consumableCapacity, dynamicMig)",
+    ),
     "version": ("version: v2", 'version: unsupported version "v2" (accepted: v1)'),
     "version-type": ("version: 1", "version: must be a string, got 1"),
     "unknown-top": ("version: v1\nfoo: 1", f"foo: unknown field {_ACCEPTED_TOP}"),

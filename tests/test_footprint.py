@@ -64,6 +64,7 @@ ON_DEMAND = (
     "importlib.abc",
     "ctypes.util",
     "nvdp.kube",
+    "nvdp.health.event_sender",
     "nvdp.health.node_events",
     "nvdp.health.pod_events",
     "nvdp.health.node_condition",

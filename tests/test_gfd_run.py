@@ -273,7 +273,7 @@ def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytes
         settings,
         reload_settings=lambda: settings,
         output_factory=lambda s, stop: recorder,
-        events_factory=lambda s: NodeEventRecorder(lambda: client),
+        events_factory=lambda s: NodeEventRecorder(lambda: client, node="n"),
     )
     thread = threading.Thread(target=gfd.run)
     thread.start()

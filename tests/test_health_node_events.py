@@ -21,7 +21,7 @@ import pytest
 
 from nvdp.health import HealthChange, HealthRouter
 from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
-from nvdp.kube import KubeNodeEvents
+from nvdp.kube import KubeEvents
 from tests.builders import full_gpu, replicas
 from tests.fakes import FakeTarget
 
@@ -71,7 +71,9 @@ def api() -> Iterator[StubApi]:
 
 
 def recorder_for(url: str, max_queue: int = 64) -> NodeEventRecorder:
-    return NodeEventRecorder(lambda: KubeNodeEvents(NODE, host=url, token="secret"), max_queue=max_queue)
+    return NodeEventRecorder(
+        lambda: KubeEvents(NODE, host=url, token="secret"), node=NODE, max_queue=max_queue
+    )
 
 
 def test_transitions_become_node_events(api: StubApi) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from nvdp.errors import KubeError
 from nvdp.gfd.output import NodeFeatureOutput
-from nvdp.kube import KubeNodeEvents, new_api_client
+from nvdp.kube import Involved, KubeEvents, new_api_client
 
 NO_CONFIG = "no such file"  # said before the client is asked (its words: "Invalid kube-config file")
 
@@ -41,8 +41,8 @@ def test_node_feature_output_without_a_config_retries_then_one_line(tmp_path: Pa
 
 
 def test_node_event_to_nowhere_is_one_line() -> None:
-    events = KubeNodeEvents("node-a", host="http://127.0.0.1:9", request_timeout=2)
+    events = KubeEvents("node-a", host="http://127.0.0.1:9", request_timeout=2)
     with pytest.raises(KubeError) as raised:
-        events.create_node_event("Warning", "GPUUnhealthy", "x")
+        events.create_event(Involved.node("node-a"), "Warning", "GPUUnhealthy", "x")
     assert str(raised.value).startswith("cannot create event on node node-a: ")
     assert "\n" not in str(raised.value)

@@ -45,20 +45,20 @@ def test_events_in_a_row_on_a_keep_alive_connection_all_arrive(api: KubeApiStand
     """Events were lost (BadStatusLine carrying the previous answer's JSON) when the body of a
     created Event came after its headers and the connection went back to the pool unread."""
     api.late_bodies = LATE
-    events = kube.KubeNodeEvents(NODE, api_client=client(api, tmp_path))
+    events = kube.KubeEvents(NODE, api_client=client(api, tmp_path))
     for n in range(6):
-        events.create_node_event("Warning", "Test", f"event {n}")
+        events.create_event(kube.Involved.node(NODE), "Warning", "Test", f"event {n}")
     assert [e["message"] for e in api.created] == [f"event {n}" for n in range(6)]
 
 
 def test_an_error_answer_with_a_body_leaves_the_connection_clean(api: KubeApiStandin, tmp_path: Path) -> None:
     api.late_bodies = LATE
-    events = kube.KubeNodeEvents(NODE, api_client=client(api, tmp_path))
+    events = kube.KubeEvents(NODE, api_client=client(api, tmp_path))
     api.fail(500, 1, method="POST")
     with pytest.raises(KubeError) as raised:
-        events.create_node_event("Warning", "Test", "refused")
+        events.create_event(kube.Involved.node(NODE), "Warning", "Test", "refused")
     assert str(raised.value) == f"cannot create event on node {NODE}: HTTP 500 injected failure 500"
-    events.create_node_event("Warning", "Test", "next")
+    events.create_event(kube.Involved.node(NODE), "Warning", "Test", "next")
     assert [e["message"] for e in api.created] == ["next"]
 
 

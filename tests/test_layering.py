@@ -42,6 +42,7 @@ PURE = {
     "nvdp.config.runtime",
     "nvdp.config.values",
     "nvdp.devices",
+    "nvdp.dra.capacity",
     "nvdp.dra.claims",
     "nvdp.dra.devices",
     "nvdp.dra.names",

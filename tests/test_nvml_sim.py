@@ -52,7 +52,14 @@ def start(nodes: list[SimNvml], target: str, events: Path | None = None) -> SimN
 
 
 def test_builtin_profiles() -> None:
-    assert profile_names() == ["dgx-a100", "dgx-a100-mig", "dgx-h100", "gb200-nvl", "pcie-4"]
+    assert profile_names() == [
+        "dgx-a100",
+        "dgx-a100-mig",
+        "dgx-a100-mig-empty",
+        "dgx-h100",
+        "gb200-nvl",
+        "pcie-4",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +67,7 @@ def test_builtin_profiles() -> None:
     [
         ("dgx-a100", 8, "NVIDIA A100-SXM4-40GB", 40960, (8, 0), [0] * 4 + [1] * 4, 12),
         ("dgx-a100-mig", 8, "NVIDIA A100-SXM4-40GB", 40960, (8, 0), [0] * 4 + [1] * 4, 12),
+        ("dgx-a100-mig-empty", 8, "NVIDIA A100-SXM4-40GB", 40960, (8, 0), [0] * 4 + [1] * 4, 12),
         ("dgx-h100", 8, "NVIDIA H100 80GB HBM3", 81559, (9, 0), [0] * 4 + [1] * 4, 18),
         ("gb200-nvl", 4, "NVIDIA GB200", 189471, (10, 0), [0, 0, 1, 1], 18),
         ("pcie-4", 4, "NVIDIA L40S", 46068, (8, 9), [0, 0, 1, 1], None),
@@ -179,8 +187,8 @@ def test_uuids_are_deterministic(nodes: list[SimNvml]) -> None:
     [
         (
             "sim:dgx-z9",
-            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-h100, gb200-nvl, "
-            "pcie-4",
+            "unknown simulated node profile 'dgx-z9'; accepted: dgx-a100, dgx-a100-mig, dgx-a100-mig-empty, "
+            "dgx-h100, gb200-nvl, pcie-4",
         ),
         (
             "simulated",

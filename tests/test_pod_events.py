@@ -14,8 +14,9 @@ import pytest
 from nvdp.devices import Device
 from nvdp.health import HealthChange, HealthRouter
 from nvdp.health.event_budget import EventBudget
-from nvdp.health.pod_events import PodEvent, PodEventRecorder, pod_events, pod_events_from_env
-from nvdp.kube import KubePodEvents
+from nvdp.health.event_sender import Event
+from nvdp.health.pod_events import PodEventRecorder, pod_events, pod_events_from_env
+from nvdp.kube import Involved, KubeEvents
 from nvdp.ledger.types import Holding
 from tests.builders import device, full_gpu, mig_device_info, mig_enabled_gpu, replicas
 from tests.fakes import FakeEventSink, FakeTarget
@@ -133,13 +134,13 @@ def test_one_event_per_pod_says_gpu_xid_since_and_outlook() -> None:
         "GPU passes."
     )
     assert events == [
-        PodEvent(
-            "ml", "a", "uid-a", "", "Warning", "GPUUnhealthy",
+        Event(
+            Involved.pod("ml", "a", "uid-a"), "Warning", "GPUUnhealthy",
             f"GPU 3 ({UUID}) is unhealthy since 2026-01-01T00:00:00Z: XID 94, contained ECC error. This pod "
             f"holds {GPU} {UUID}::0, {UUID}::1 on it (container main, aux). {outlook}",
         ),
-        PodEvent(
-            "ml", "b", None, "main", "Warning", "GPUUnhealthy",
+        Event(
+            Involved.pod("ml", "b", None, "main"), "Warning", "GPUUnhealthy",
             f"GPU 3 ({UUID}) is unhealthy since 2026-01-01T00:00:00Z: XID 94, contained ECC error. This pod "
             f"holds {GPU} {UUID}::3 on it (container main). {outlook}",
         ),
@@ -179,7 +180,7 @@ def api() -> Iterator[KubeApiStandin]:
 
 def recorder(api: KubeApiStandin, **options: object) -> PodEventRecorder:
     return PodEventRecorder(
-        lambda: KubePodEvents("gpu-node-1", host=api.url, token="t"),
+        lambda: KubeEvents("gpu-node-1", host=api.url, token="t"),
         recovery_quiet_period=lambda: 300.0,
         clock=lambda: NOW,
         **options,  # type: ignore[arg-type]

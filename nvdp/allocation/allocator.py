@@ -1,12 +1,11 @@
-"""GetPreferredAllocation for one resource: validation, then the policy its devices call for.
+"""GetPreferredAllocation for one resource: validate the request, then apply its devices' policy.
 
-- whole GPUs: topology score, fewest NUMA nodes, least fragmentation, lowest index (`gpus`);
-- replicas (`<uuid>::<n>`) and MIG devices: NVIDIA's `sharedDevicesAllocationPolicy`, DISTRIBUTED
+- Whole GPUs: topology score, fewest NUMA nodes, least fragmentation, lowest index (`gpus`).
+- Replicas (`<uuid>::<n>`) and MIG devices: NVIDIA's `sharedDevicesAllocationPolicy`, DISTRIBUTED
   (default) or PACKED, over the replicated devices or the MIG devices' parent GPUs (`shared`).
-
-Per-device-set data (order, weights, groups) is computed once in `Allocator.__init__`.
-Duplicate IDs in `available` or `must_include` are dropped silently: the kubelet means sets.
-The answer lists device IDs in device order (GPU index, MIG index, replica).
+- Per-device-set data (order, weights, groups) is computed once, in `Allocator.__init__`.
+- Duplicate IDs in `available` or `must_include` are dropped silently: the kubelet means sets.
+- The answer lists device IDs in device order (GPU index, MIG index, replica).
 """
 
 from __future__ import annotations

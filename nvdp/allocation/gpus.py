@@ -1,26 +1,16 @@
 """Choosing whole GPUs by topology (pure, over a weight matrix).
 
-The best set S of `size` GPUs from the available set A, containing every required GPU, is the one
-with, in order:
-
-1. the highest score: the sum of pair scores over the pairs of S;
+Of the sets S of `size` available GPUs holding every required one, the best has, in order:
+1. the highest score (the sum of pair scores over S's pairs);
 2. the fewest NUMA nodes;
-3. the best-connected leftovers: the highest score of A \\ S. Since
-   score(A \\ S) = score(A) - sum over i in S of deg(i) + score(S), where deg(i) is i's summed
-   weight to the rest of A, this is the lowest degree sum over S: on a node of two NVLink pairs with
-   one GPU taken, a 1-GPU request takes that GPU's partner and leaves the other pair whole;
-4. the lowest GPU indices (the sorted index tuples compared lexicographically).
+3. the best-connected leftovers: the lowest degree sum over S (deg: a GPU's summed weight to the
+   other available GPUs), so with one GPU of two NVLink pairs taken, one more takes its partner;
+4. the lowest GPU indices (sorted index tuples, compared lexicographically).
 
-Exact (branch and bound) while there are at most 16 candidates, and for one GPU: a depth-first
-search in index order, so that among equal keys the first set found is the lowest, pruned by an
-upper bound on each branch's key (pair weights to the GPUs still open, the smallest degrees); the
-heuristic's answer (with the fewest greedy starts) seeds it.
-
-Beyond, a heuristic: greedy growth from the required GPUs and from the richest-connected GPUs
-(as many as SEED_WORK allows), and either each NUMA node's richest GPU too or, for more than half
-the candidates, greedy shrinking from all of them; the best result is then improved by
-best-improvement single swaps until none improves the key. It is not guaranteed optimal;
-bench/allocation.py measures how often it is.
+- Up to 16 candidates, or one GPU: exact, a depth-first branch and bound in index order (the first
+  of equal keys is the lowest), seeded by the heuristic's answer.
+- More candidates: a heuristic (greedy growth within SEED_WORK or shrinking, then single swaps);
+  not guaranteed optimal, bench/allocation.py measures how often it is.
 """
 
 from __future__ import annotations

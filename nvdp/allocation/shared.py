@@ -1,19 +1,15 @@
 """Choosing devices that share a parent: replicas of one device, MIG devices of one GPU (pure).
 
-NVIDIA's `sharedDevicesAllocationPolicy` (internal/rm/allocate.go, greedy over physical devices):
-
-- a *group* is what the request's devices share: the device a replica (`<uuid>::<n>`) replicates,
-  or the parent GPU of a MIG device. Each group counts its devices *in use*: those of the resource
-  that are neither available nor candidates of this request (so `must_include` devices count as in
-  use, as the kubelet passes them: in the request but not free for the policy to choose);
-- the request takes one device at a time from the best group, which then counts one more in use:
-  - DISTRIBUTED (the default): the group with the fewest in use, so a request and successive
-    requests spread over the least-used parents;
-  - PACKED: the group with the most in use, so the most-used parent fills first and whole parents
-    stay free for later requests;
-- ties: the group this request has taken fewer devices from (`must_include` counted), then a group
-  on a NUMA node the request already touches (nvdp's addition; NVIDIA has no NUMA tie-break), then
-  the lowest group (GPU order). Within a group devices are taken in device order.
+It follows NVIDIA's `sharedDevicesAllocationPolicy` (internal/rm/allocate.go):
+- A group is what devices share: the device a replica (`<uuid>::<n>`) replicates, or a MIG
+  device's parent GPU.
+- A group's devices in use are the resource's devices that are neither available nor candidates,
+  so `must_include` devices count as in use, as the kubelet passes them.
+- The request takes one device at a time from the best group, which then counts one more in use.
+- DISTRIBUTED (default) picks the group with the fewest in use; PACKED the most, keeping whole
+  parents free.
+- Ties: fewer devices taken by this request (`must_include` counted), then a NUMA node the request
+  already touches (nvdp's addition), then the lowest group; within a group, device order.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """GPU link topology as plain data, and the pair score that ranks links.
 
-Weights (one pair of GPUs; a set's score is the sum over its pairs):
+A pair of GPUs scores by its PCIe relation (nvmlGpuTopologyLevel_t): INTERNAL (same board) 60,
+SINGLE (one switch) 50, MULTIPLE (several switches) 40, HOSTBRIDGE 30, NODE (same NUMA node) 20,
+SYSTEM (across CPUs) 10; plus 100 per NVLink. A set's score is the sum over its pairs.
 
-    PCIe relation (nvmlGpuTopologyLevel_t)      score
-    INTERNAL   (same board)                     60
-    SINGLE     (one PCIe switch)                50
-    MULTIPLE   (several switches)               40
-    HOSTBRIDGE (same host bridge)               30
-    NODE       (same NUMA node / CPU)           20
-    SYSTEM     (across CPUs)                    10
-    NVLink                                      100 per link, plus the PCIe score
-
-One NVLink (>= 110) outranks the closest PCIe relation (60), and n + 1 links (>= 100n + 110)
-outrank n links (<= 100n + 60); between equal link counts the PCIe relation decides. The
-magnitudes follow NVIDIA's go-gpuallocator, so scores can be compared with its answers.
+- One NVLink (>= 110) outranks any PCIe relation (<= 60); n + 1 links outrank n links.
+- Between equal link counts the PCIe relation decides.
+- The magnitudes are go-gpuallocator's, so scores compare with NVIDIA's answers.
 """
 
 from __future__ import annotations

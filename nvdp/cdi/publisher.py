@@ -8,8 +8,14 @@ Allocate answers can carry is defined in a spec that is on disk; what keeps one 
 
 - a device left out of the spec (`CdiDeviceNotInSpec`) is left out of its resources;
 - a spec that cannot be written (`CdiSpecNotWritten`: read-only or full directory) or a spec
-  directory another device plugin holds (`CdiSpecDirInUse`, `nvdp.cdi.lock`) withholds the resources
-  that need it; the publish is retried with capped backoff (`retry_in`), no SIGHUP needed.
+  directory another device plugin holds (`CdiSpecDirInUse`) withholds the resources that need it;
+  the publish is retried with capped backoff (`retry_in`), no SIGHUP needed.
+
+Two device plugins writing the same spec files would overwrite each other's specs without a word, so
+before writing, nvdp takes the lock file `<spec dir>/.<vendor>.lock` (`nvdp.lock_file`; a hidden name
+the CDI library does not read) and writes who it is there (`pid=... host=...`; in a pod the host name
+is the pod's name). The holder removes the lock file on stop, which wakes a waiting plugin's
+spec-directory watch; a lock file removed under its holder (the directory deleted) is taken again.
 
 Specs written are kept: the spec directory joins the supervisor's inotify watch (`changed`), and a
 spec removed or changed under the plugin is written again at once (its content is compared, so our
@@ -20,6 +26,8 @@ through them; the lock is released.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +35,6 @@ from pathlib import Path
 
 from nvdp.backoff import delay_after
 from nvdp.cdi import writer
-from nvdp.cdi.lock import SpecDirLock, lock_path
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.node_files import NodeFiles
 from nvdp.cdi.roots import visible_roots
@@ -35,6 +42,7 @@ from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import build_specs, node_devices, render
 from nvdp.devices import MIG_MINORS_FILE, parse_mig_minors
 from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
+from nvdp.lock_file import LockFile
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
@@ -90,7 +98,7 @@ class CdiPublisher:
     ) -> None:
         self._mig_minors_file = mig_minors_file
         self._clock = clock
-        self._lock = SpecDirLock()
+        self._lock: LockFile | None = None  # the spec directory's, while held
         self._last_problems: tuple[str, ...] = ()
         self._spec_dir: Path | None = None
         self._kept: dict[Path, _Kept] = {}  # specs written: kept in place while we serve
@@ -177,11 +185,11 @@ class CdiPublisher:
 
     def _claim(self, spec_dir: Path, vendor: str, names: list[str]) -> Misfit | None:
         """Take the spec directory's lock: None when held, else the misfit that withholds `names`."""
-        path = lock_path(spec_dir, vendor)
+        path = spec_dir / f".{vendor}.lock"
         what = _withheld(names)
         try:
             writer.ensure_dir(spec_dir)
-            holder = self._lock.acquire(path)
+            holder = self._take_lock(path)
         except OSError as error:
             return Misfit(
                 "CdiSpecNotWritten",
@@ -197,9 +205,26 @@ class CdiPublisher:
             "CdiSpecDirInUse",
             str(path),
             f"CDI spec directory {spec_dir} is in use by another device plugin (lock {path} held by "
-            f"{holder}); {what} until it is released",
+            f"{holder or 'unknown (it has not said who it is yet)'}); {what} until it is released",
             withholds=tuple(names),
         )
+
+    def _take_lock(self, path: Path) -> str | None:
+        """Hold the lock at `path` (kept when held there): None on success, else who holds it."""
+        lock = self._lock
+        if lock is None or lock.path != path:
+            self._release_lock()
+            lock = LockFile(path, note=f"pid={os.getpid()} host={socket.gethostname()}")
+        self._lock = None
+        holder = lock.acquire()
+        if holder is None:
+            self._lock = lock
+        return holder
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @staticmethod
     def _not_in_spec(
@@ -253,11 +278,12 @@ class CdiPublisher:
     def _keep(self) -> bool:
         """Hold the lock and write back every kept spec that is not as we wrote it. False when
         either cannot be done."""
-        path = self._lock.path
-        if path is not None and not self._lock.held:  # the lock file went with the directory
+        lock = self._lock
+        if lock is not None and not lock.held:  # the lock file went with the directory
+            path = lock.path
             try:
                 writer.ensure_dir(path.parent)
-                if self._lock.acquire(path) is not None:
+                if self._take_lock(path) is not None:
                     return False
             except OSError:
                 return False
@@ -287,7 +313,7 @@ class CdiPublisher:
 
     def close(self) -> None:
         """Stop keeping the specs (they stay on disk) and release the spec directory's lock."""
-        self._lock.release()
+        self._release_lock()
         self._kept = {}
         self._spec_dir = self._waiting_for = None
         self._failures, self._retry_at = 0, None

@@ -1,27 +1,17 @@
 """Reading and validating a v1 config file (YAML or JSON), as NVIDIA's plugin reads it.
 
-The walk is driven by the dataclass field metadata in `nvdp.config.model`: unknown keys, wrong
-types and invalid values each add one line naming the field path, and every problem is reported
-at once in one `ConfigError` (at most MAX_PROBLEMS lines, then a count). `null` means "not set".
-Like NVIDIA's plugin, an empty file and a file without `version` are v1 with defaults. Unknown keys
-are lenient by default, the Kubernetes way: each one is a WARNING line (with a "did you mean" hint)
-and the file loads, so a file written for a newer NVIDIA release still runs; `strict=True`
-(`--strict-config`, `nvdp config check`) makes them errors. Unlike NVIDIA's plugin, duplicate keys
-and sharing with both time-slicing and MPS are refused instead of silently ignored.
-
-Keys match in any letter case where NVIDIA's plugin matches them so (Go's encoding/json: the
-schema's spelling first, else a key equal to it but for case; `sharing: {timeslicing: ...}` is
-`timeSlicing`), and in nvdp's own sections. Each key read so is recorded on the Config
-(`recased_keys`: one notice line each, `nvdp.config.notices`); paths in messages use the schema's
-spelling. Two spellings of one key in one mapping are refused (Go keeps the last one; nvdp refuses
-duplicate keys). The sections NVIDIA's plugin decodes by exact key (`_EXACT_CASE`) take exact keys
-here too, so that a file gives the same resources on both plugins.
-
-A path may name anything, so only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`:
-`/dev/zero`, a FIFO or a directory is refused before it is read), and a mapping none of whose
-top-level keys is a config key (`version`, `flags`, ...) is no config at all (a wrong path, say
-`/etc/shadow`): it is refused with one line that quotes none of its content, never served on
-defaults. Values quoted in messages are cut short (`nvdp.config.values.show`).
+- The walk follows the field metadata of `nvdp.config.model`; each problem is one line naming the
+  field path, all in one `ConfigError` (MAX_PROBLEMS lines, then a count). `null` means unset.
+- An empty file, or one without `version`, is v1 with defaults, as in NVIDIA's plugin.
+- An unknown key is a WARNING line with a "did you mean" hint, so newer NVIDIA files still load;
+  `strict=True` (`--strict-config`, `nvdp config check`) makes it an error.
+- Refused, unlike NVIDIA's plugin: duplicate keys, and sharing with both time-slicing and MPS.
+- Keys match in any letter case where NVIDIA's plugin does (Go's encoding/json) and in nvdp's
+  sections, recorded in `recased_keys` (`nvdp.config.notices`); messages use the schema's spelling.
+  Sections NVIDIA decodes by exact key (`_EXACT_CASE`) take exact keys; two spellings are refused.
+- Only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`).
+- A mapping with no config key at top level (a wrong path, say `/etc/shadow`) is refused in one line
+  quoting none of its content; quoted values are cut short (`nvdp.config.values.show`).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def replicated_devices(value: object) -> Devices:
     raise v.InvalidValue(f'must be "all", a number of devices or a list of devices, got {v.show(value)}')
 
 
-DRA_ALL: Literal["all"] = "all"  # dra.devices
+DRA_ALL: Literal["all"] = "all"  # dra.devices, dra.consumableCapacity, dra.dynamicMig
 DRA_NONE: Literal["none"] = "none"
 DraDevices = Literal["all", "none"] | tuple[str, ...]
 
@@ -145,7 +145,8 @@ _whole_gpus = v.list_of(_whole_gpu)
 
 
 def dra_devices(value: object) -> DraDevices:
-    """`dra.devices`: "all", "none" or a list of GPU indices / UUIDs, each named once."""
+    """`dra.devices`, `dra.consumableCapacity`, `dra.dynamicMig`: "all", "none" or a list of GPU
+    indices / UUIDs, each named once."""
     if value in (DRA_ALL, DRA_NONE):
         return DRA_ALL if value == DRA_ALL else DRA_NONE
     if not isinstance(value, list):
@@ -365,9 +366,15 @@ class Health:
 class Dra:
     """`dra` (nvdp's extension): the GPUs the DRA driver (`nvdp dra-kubelet-plugin`) serves on this
     node, with their MIG devices; the device plugin serves the others (one GPU, one API:
-    `nvdp.handoff`). Default none: every GPU is the device plugin's."""
+    `nvdp.handoff`). Default none: every GPU is the device plugin's.
+
+    Of the DRA driver's GPUs, `consumable_capacity` are shared by memory share (MPS-enforced) and
+    `dynamic_mig` are partitioned into MIG devices made per claim; a GPU is in at most one of them
+    (`nvdp.config.rules.dra_problems`); "all" means all of the DRA driver's GPUs."""
 
     devices: DraDevices = _key("devices", dra_devices, default=DRA_NONE)
+    consumable_capacity: DraDevices = _key("consumableCapacity", dra_devices, default=DRA_NONE)
+    dynamic_mig: DraDevices = _key("dynamicMig", dra_devices, default=DRA_NONE)
 
 
 @dataclass(frozen=True)

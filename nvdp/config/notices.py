@@ -1,15 +1,12 @@
-"""Migration notices: the keys of an accepted config that nvdp applies and NVIDIA's plugin does not, so
-that the same file gives different resources on the two plugins, and the keys written in another
-letter case than the schema's (both plugins apply them; the notice names the schema's spelling). One
-line per key, for the plugin's start-up log and `nvdp config check`, so that an operator moving a file
-from one plugin to the other sees where they differ.
+"""Migration notices: one line per key of an accepted config that the two plugins read differently.
 
-What NVIDIA's plugin (v0.20.0) does with them, from its code: `resources.gpus` / `resources.mig` are
-dropped with the warning "Customizing the 'resources' field is not yet supported in the config.
-Ignoring..."; in `sharing.timeSlicing` and `sharing.mps` a `rename` is dropped (reset to
-`<name>.shared` under `renameByDefault`) and `devices` is reset to all devices, each with a "not yet
-supported ... Ignoring..." warning; `replicas: 1` fails the whole file ("number of replicas must
-be >= 2"). nvdp applies each of them (README: "Drop-in: differences from NVIDIA's plugin").
+- A notice names each key nvdp applies and NVIDIA's plugin (v0.20.0) does not, and each key written
+  in another letter case than the schema's (both apply it; the notice gives the schema's spelling).
+- The lines go to the plugin's start-up log and `nvdp config check`.
+- NVIDIA's plugin drops `resources.gpus` / `resources.mig`; in `sharing.timeSlicing` / `sharing.mps`
+  it drops `rename` (`<name>.shared` under `renameByDefault`) and resets `devices` to all devices,
+  each with a "not yet supported ... Ignoring..." warning; `replicas: 1` fails the whole file.
+- nvdp applies each of them (README: "Drop-in: differences from NVIDIA's plugin").
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""The one flag / env var framework of every nvdp command: the `Option` type, its argparse flags, and
-the resolver of flags and env vars (`nvdp.config.groups` holds the groups commands share).
+"""The one flag / env var framework of every nvdp command: `Option`, its argparse flags, a resolver.
 
-A value comes from a flag given on the command line, else from the first of its env vars that is
-set; every bad value is one line naming the flag and the env var, all reported at once. An env var
-set to the empty string is unset (its option keeps its default: NVIDIA's chart passes `SIGNAL=""`),
-except where the empty string means something of its own: a boolean's is false (urfave/cli's
-BoolFlag), and an option may declare `empty="value"` (an empty KUBELET_SOCKET serves without
-registering, as in NVIDIA's plugin; an empty METRICS_ADDRESS turns the endpoint off). A flag's help
-names its env vars and its default, read from the command's settings class: a default is written once.
+- A value comes from its flag, else from the first of its env vars that is set.
+- Every bad value is one line naming the flag and the env var, all reported at once.
+- An env var set to "" is unset (NVIDIA's chart passes `SIGNAL=""`), except a boolean's, which is
+  false (urfave/cli's BoolFlag), and one with `empty="value"` (an empty KUBELET_SOCKET serves
+  without registering; an empty METRICS_ADDRESS turns the endpoint off).
+- A flag's help names its env vars and its default, read from the command's settings class.
+- The groups several commands share are in `nvdp.config.groups`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ that part's settings: `gfd_problems` asks for no MPS root, which gfd never uses.
 
 from __future__ import annotations
 
-from nvdp.config.model import CDI_FEATURE_FLAGS, COHERENT_ANNOTATIONS_FLAG, Config
+from nvdp.config.model import CDI_FEATURE_FLAGS, COHERENT_ANNOTATIONS_FLAG, DRA_ALL, DRA_NONE, Config
 
 # Replicas per shared device: far above any real time-slicing use, and low enough that a node's
 # ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
@@ -67,7 +67,29 @@ def plugin_problems(config: Config, *, runs_the_plugin: bool = True) -> list[str
             problems.append(
                 "sharing.mps: MPS sharing needs an MPS root (--mps-root / MPS_ROOT / flags.mpsRoot)"
             )
-    return problems + mps_problems(config)
+    return problems + mps_problems(config) + dra_problems(config)
+
+
+_ONE_WAY = "a GPU is shared by capacity or partitioned by MIG, not both"
+
+
+def dra_problems(config: Config) -> list[str]:
+    """A GPU that `dra.consumableCapacity` and `dra.dynamicMig` both name (as written: an index and
+    the same GPU's UUID only meet on the node, `nvdp.inventory.dra_sharing`)."""
+    capacity, dynamic = config.dra.consumable_capacity, config.dra.dynamic_mig
+    if DRA_NONE in (capacity, dynamic):
+        return []
+    if capacity == DRA_ALL and dynamic == DRA_ALL:
+        return [f'dra: consumableCapacity and dynamicMig are both "all"; {_ONE_WAY}']
+    if capacity == DRA_ALL or dynamic == DRA_ALL:
+        listed, other = (
+            ("dynamicMig", "consumableCapacity")
+            if capacity == DRA_ALL
+            else ("consumableCapacity", "dynamicMig")
+        )
+        return [f'dra.{listed}: names GPUs while dra.{other} is "all"; {_ONE_WAY}']
+    both = [ref for ref in dynamic if ref in capacity]
+    return [f"dra.dynamicMig: GPU {ref} is also in dra.consumableCapacity; {_ONE_WAY}" for ref in both]
 
 
 def mps_problems(config: Config) -> list[str]:

@@ -1,15 +1,13 @@
-"""`nvdp config check FILE... [--nvml SPEC] [--mig-strategy S]`: what an operator runs in CI before
-rolling a ConfigMap out.
+"""`nvdp config check FILE... [--nvml SPEC] [--mig-strategy S]`: validate config files in CI.
 
-Each FILE is a config file or a directory of ConfigMap entries (names starting with `..` skipped).
-Every file is validated strictly (unknown keys are errors here, so typos are caught even though the
-plugin only warns about them), with the plugin's support rules on what the file states
-(`nvdp.config.rules.file_problems`: e.g. tegra discovery is refused; an MPS root is not required of
-a file, the plugin's --mps-root / MPS_ROOT may supply it); with `--nvml` the resources the file would
-produce on that node (simulated or real) are built and printed, with a warning line for each part
-of the file that does not fit that node (a misfit: the plugin warns about it and serves the rest, so
-it is no error here either); and a notice line for each key NVIDIA's plugin ignores and nvdp applies
-(`nvdp.config.notices`). Returns the lines to print and the exit status.
+- Each FILE is a config file or a directory of ConfigMap entries (names starting `..` skipped).
+- Validation is strict: unknown keys are errors here, though the plugin only warns.
+- The plugin's support rules apply to what a file states (`nvdp.config.rules.file_problems`); an
+  MPS root is not required, as --mps-root / MPS_ROOT may supply it.
+- With `--nvml`, the resources the file gives that node are printed, with a warning line per misfit
+  (the plugin serves the rest, so it is no error).
+- A notice line names each key NVIDIA's plugin ignores and nvdp applies (`nvdp.config.notices`).
+- It returns the lines to print and the exit status.
 """
 
 from __future__ import annotations
@@ -121,10 +119,11 @@ def _gpus(spec: str) -> list[GpuInfo]:
 
 
 def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
-    from nvdp.inventory import ResourceRules, dra_gpus
+    from nvdp.inventory import ResourceRules, dra_gpus, dra_sharing
 
     rules = ResourceRules.of(config)
     dra, missing = dra_gpus(rules.dra_devices, gpus)
+    shared, misfits = dra_sharing(config.dra, gpus)
     built = rules.build([g for g in gpus if g.uuid not in dra])
     lines = [f"{path}: ok, {len(built.resources)} resource(s) (migStrategy {rules.mig_strategy})"]
     for resource in built.resources:
@@ -133,5 +132,8 @@ def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
     if dra:
         indices = ", ".join(str(g.index) for g in gpus if g.uuid in dra)
         lines.append(f"  DRA ({len(dra)} GPU(s), not the device plugin's): GPU {indices}")
-    lines.extend(f"  warning: {misfit.message}" for misfit in (*missing, *built.misfits))
+    for what, uuids in (("shared by capacity", shared.capacity), ("MIG on demand", shared.dynamic_mig)):
+        if uuids:
+            lines.append(f"  DRA {what}: GPU {', '.join(str(g.index) for g in gpus if g.uuid in uuids)}")
+    lines.extend(f"  warning: {misfit.message}" for misfit in (*missing, *misfits, *built.misfits))
     return lines

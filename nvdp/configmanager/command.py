@@ -59,7 +59,7 @@ def connect(settings: Settings) -> tuple[object, ConfigManager]:
     """The API client and a manager that records Events and the applied entry on the Node. Raises
     KubeError."""
     client = kube.new_api_client(kubeconfig=settings.kubeconfig)
-    events = kube.KubeNodeEvents(settings.node_name, api_client=client, component=EVENT_COMPONENT)
+    events = kube.KubeEvents(settings.node_name, api_client=client, component=EVENT_COMPONENT)
     return client, ConfigManager(settings, events, NodeAnnotationRecord(client, settings.node_name))
 
 

@@ -1,13 +1,12 @@
-"""The candidate file, checked with the plugin's own loader, and the atomic symlink swap.
+"""The candidate config file, checked with the plugin's own loader, and the atomic symlink swap.
 
-The destination is a symlink to `<srcdir>/<entry>` (through the ConfigMap's `..data` link, so an edit
-of the ConfigMap shows through it) or to /dev/null for the empty config. With the ConfigMap watched
-through the API (whose entries have no file yet) it links instead to a copy of the entry that this
-process writes next to the destination, `.<dst name>.entries/<entry>@<digest>` (relative: the
-plugin may mount the directory elsewhere); a copy is never changed once written, so nothing but a
-swap changes what the plugin reads. It is replaced with rename(2) of a fresh link: the plugin never
-sees a missing or half-written file. Entries and the destination are read as the plugin reads its
-config file (`nvdp.files.read_bounded`): a regular file of at most 1 MiB, or /dev/null.
+- The destination links to `<srcdir>/<entry>` (through `..data`, so ConfigMap edits show through)
+  or to /dev/null for the empty config.
+- With the ConfigMap read from the API, it links to a copy written beside it,
+  `.<dst name>.entries/<entry>@<digest>` (relative); a copy is never changed once written.
+- A swap is rename(2) of a fresh link: the plugin never sees a missing or half-written file.
+- Entries and the destination are read as the plugin reads its config (`nvdp.files.read_bounded`):
+  a regular file of at most 1 MiB, or /dev/null.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """The reconcile loop of `nvdp config-manager`.
 
-Inputs: the node's label value and annotations (from the Node watch thread, or one GET with
---oneshot) and the mounted ConfigMap directory (watched with inotify: the kubelet's update of a
-ConfigMap swaps the `..data` link in it, so an edit of the ConfigMap is applied without a restart and
-nothing wakes while nothing changes; re-read every `--poll-interval` only where inotify is
-unavailable), and with --configmap-name the same ConfigMap as the API serves it (from its watch
-thread; `sources` says which copy a pass reads). Each pass selects an entry, reads it, and when the
-effective file (link target or content) differs from what the destination serves: validates it with
-the plugin's loader and support rules, swaps the symlink (to a copy of the entry, with the API's
-copy: `files`) and signals the plugin once.
-
-A refusal (unknown label value, invalid entry) is one log line naming the node, label value and
-reason, plus a Warning Event on the Node; the current config stays and watching goes on until the
-label or the ConfigMap changes. A failure to put a config in place (the source or destination
-cannot be read or written) is reported the same way, once, and retried with backoff until it
-succeeds; `retrying` says why meanwhile (readiness). The same problem is reported once, not every
-pass.
-
-Each config put in place is recorded on the Node (`APPLIED_ANNOTATION`, through `AppliedRecord`), so
-that a restarted pod whose label names no usable entry starts on the entry the node last had, not on
-the default: the emptyDir holding the destination does not survive a pod restart.
+Each pass selects an entry and, when the effective file (link target or content) differs from what
+the destination serves, validates it with the plugin's rules, swaps the link and signals once.
+- Inputs: the node's label and annotations (Node watch, or one GET with --oneshot), the mounted
+  ConfigMap directory (inotify on its `..data` swap; polled every `--poll-interval` only without
+  inotify), and with --configmap-name the API's copy (`sources` picks which).
+- A refusal (unknown label value, invalid entry) is one log line naming node, label value and
+  reason, plus a Warning Event on the Node; the config stays until the label or ConfigMap changes.
+- A failure to put a config in place is reported the same way and retried with backoff; `retrying`
+  says why meanwhile (readiness). Each problem is reported once, not every pass.
+- Each applied config is recorded on the Node (`APPLIED_ANNOTATION`, `AppliedRecord`): a restarted
+  pod whose label names no usable entry starts on it, as the emptyDir destination is lost.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.sources import ConfigMapSources, Entries
 from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
+from nvdp.kube import Involved
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
@@ -49,7 +41,7 @@ RETRY_MAX_S = 30.0
 
 
 class NodeEvents(Protocol):
-    def create_node_event(self, event_type: str, reason: str, message: str) -> None: ...
+    def create_event(self, about: Involved, event_type: str, reason: str, message: str) -> None: ...
 
 
 class AppliedRecord(Protocol):
@@ -390,7 +382,7 @@ class ConfigManager:
         if self._events is None:
             return
         try:
-            self._events.create_node_event(event_type, reason, message)
+            self._events.create_event(Involved.node(self.settings.node_name), event_type, reason, message)
         except Exception as error:  # an event is best effort; the config work goes on
             log_event(log, logging.WARNING, "cannot create node event", reason=reason, error=str(error))
 

@@ -1,15 +1,13 @@
 """Find the process to signal by name in /proc (shareProcessNamespace in the pod) and signal it.
 
-A process goes by the names of its program: argv[0], its executable, and, for an interpreter running
-a script (a console script runs as `python3 /usr/local/bin/nvidia-device-plugin`), the script.
-`nvdp SUBCOMMAND` also goes by the console script that runs the same subcommand, beside `nvdp`
-(`nvdp plugin` is `nvidia-device-plugin`).
-
-A name without a `/` matches a program of that base name. A name with one matches argv[0] exactly
-(NVIDIA's config-manager's rule), or a program path that is the same file once symbolic links are
-followed: `--process-to-signal /usr/bin/mps-control-daemon` (NVIDIA's chart) finds the daemon started
-as `mps-control-daemon` or `nvdp mps-control-daemon`, since the image links /usr/bin to the console
-scripts. Links are followed in this container; the pod's containers run the same image.
+- A process goes by argv[0], its executable, and, for an interpreter running a script (a console
+  script runs as `python3 /usr/local/bin/nvidia-device-plugin`), the script.
+- `nvdp SUBCOMMAND` also goes by its console script (`nvdp plugin` is `nvidia-device-plugin`).
+- A name without `/` matches a program of that base name.
+- A name with `/` matches argv[0] exactly (NVIDIA's rule) or a program path that is the same file
+  after symlinks: `--process-to-signal /usr/bin/mps-control-daemon` (NVIDIA's chart) also finds
+  `nvdp mps-control-daemon`, as the image links /usr/bin to the console scripts.
+- Links are resolved in this container; the pod's containers run the same image.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
-"""Where a pass reads the ConfigMap's entries: the mounted directory (what the kubelet last wrote,
-20-80 s after an edit), or, with --configmap-name, the ConfigMap as the API serves it (watched by
-name: an edit is seen within a second), and which of the two is current.
+"""Which copy of the ConfigMap's entries a pass reads: the mounted directory (the kubelet's, 20-80 s
+after an edit) or, with --configmap-name, the API's (watched by name: within a second).
 
-The API's copy is used once the watch delivered it. The mount is the fallback: before the API has
-served the ConfigMap (unreachable, forbidden, no such ConfigMap), and while the mount is ahead of
-the API, that is, it changed, while the watch was failing, to entries the API never showed (the
-kubelet heard an edit the watch did not). It stays ahead until the API shows the same entries or a
-fresh list answers (the state now; a resumed watch replays older events first). A mount that lags
-(entries the API showed before, those of the first look, or any it shows while the watch is heard:
-a version the first list skipped, or one the watch is about to deliver) never replaces newer
-entries from the API, so the two never take turns. A deleted ConfigMap keeps the entries last
-served, as the kubelet keeps the mounted files.
+- The API's copy is used once the watch delivered it.
+- The mount is the fallback before the API served the ConfigMap (unreachable, forbidden, missing),
+  and while it is ahead: it changed, while the watch failed, to entries the API never showed.
+- It stays ahead until the API shows the same entries or a fresh list answers (a resumed watch
+  replays older events first).
+- A lagging mount (entries the API showed before, those of the first look, or any it shows while
+  the watch is heard) never replaces newer API entries, so the two never take turns.
+- A deleted ConfigMap keeps the entries last served, as the kubelet keeps the mounted files.
 """
 
 from __future__ import annotations

@@ -49,11 +49,22 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True)
+class MadeMig:
+    """A MIG device made for a claim (`dra.dynamicMig`): destroyed when the claim is unprepared."""
+
+    gpu_uuid: str
+    gi_id: int  # its GPU instance
+    uuid: str  # MIG-...: destroyed only while this MIG device is still there
+    device: str  # the allocated device it is
+
+
+@dataclass(frozen=True)
 class PreparedClaim:
     uid: str
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    made: tuple[MadeMig, ...] = ()  # written only when there are any
 
 
 class Checkpoint:
@@ -104,7 +115,8 @@ class Checkpoint:
         """Write the prepared claims (atomically). Raises OSError: not written, or refused as larger
         than the reader takes."""
         entries = {
-            uid: {k: v for k, v in asdict(c).items() if k != "uid"} for uid, c in sorted(claims.items())
+            uid: {k: v for k, v in asdict(c).items() if k != "uid" and (k != "made" or v)}
+            for uid, c in sorted(claims.items())
         }
         text = json.dumps({"version": FORMAT, "claims": entries}, indent=1, sort_keys=True) + "\n"
         data = text.encode()
@@ -126,7 +138,11 @@ def _claim(uid: str, entry: Any) -> PreparedClaim:
         )
         for d in entry["devices"]
     )
-    return PreparedClaim(uid, str(entry["namespace"]), str(entry["name"]), devices)
+    made = tuple(
+        MadeMig(str(m["gpu_uuid"]), int(m["gi_id"]), str(m["uuid"]), str(m["device"]))
+        for m in entry.get("made") or ()
+    )
+    return PreparedClaim(uid, str(entry["namespace"]), str(entry["name"]), devices, made)
 
 
 _GPU_OF_DEVICE = re.compile(r"gpu-(\d+)(?:-|$)")

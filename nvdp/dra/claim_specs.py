@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from nvdp.bounded import loads_json
 from nvdp.cdi.names import CdiSettings, qualified_name
@@ -84,10 +85,15 @@ class ClaimSpecs:
         return self._dev_nodes()
 
     def write(
-        self, uid: str, devices: Sequence[DraDevice], dev_nodes: Mapping[str, DevNode | None] | None = None
+        self,
+        uid: str,
+        devices: Sequence[DraDevice],
+        dev_nodes: Mapping[str, DevNode | None] | None = None,
+        edits: Mapping[str, Mapping[str, list[Any]]] | None = None,
     ) -> dict[str, str]:
         """Write the claim's spec; device name -> its qualified CDI name. No devices: no spec.
-        `dev_nodes`: as `dev_nodes()` said (read now when not given). Raises ClaimError (a device left
+        `dev_nodes`: as `dev_nodes()` said (read now when not given); `edits`: device name -> more
+        containerEdits lists for it (an MPS client's env and mounts). Raises ClaimError (a device left
         out of the spec, and why) or OSError (not written)."""
         if not devices:
             return {}
@@ -101,6 +107,12 @@ class ClaimSpecs:
             raise ClaimError(f"no CDI spec for {why}")
         (spec,) = built.specs.values()
         spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
+        for device in devices:
+            for key, more in (edits or {}).get(device.name, {}).items():
+                cdi_device = next(
+                    d for d in spec["devices"] if d["name"] == claim_cdi_device(uid, device.name)
+                )
+                cdi_device["containerEdits"][key] = [*cdi_device["containerEdits"].get(key, []), *more]
         make_dirs(self.root)
         write_atomic(self.root / claim_spec_file(uid), render(spec))
         return {d.name: qualified_name(CLAIM_CDI_KIND, claim_cdi_device(uid, d.name)) for d in devices}

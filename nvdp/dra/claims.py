@@ -42,10 +42,13 @@ class ClaimRef:
 
 @dataclass(frozen=True)
 class Allocated:
-    """One allocation result of this driver and pool: the claim's request and the device."""
+    """One allocation result of this driver and pool: the claim's request and the device, and of a
+    device shared by capacity the claim's share (`consumedCapacity`, None when the result has none)."""
 
     request: str
     device: str
+    consumed_capacity: Mapping[str, object] | None = None
+    share_id: str = ""
 
 
 def ref_problem(ref: ClaimRef) -> str | None:
@@ -76,7 +79,14 @@ def allocated_devices(claim: object, ref: ClaimRef, pool: str) -> list[Allocated
         _map(allocation, ref, "status.allocation").get("devices"), ref, "status.allocation.devices"
     )
     ours = [
-        Allocated(_text(r.get("request"), ref, "request"), _text(r.get("device"), ref, "device"))
+        Allocated(
+            _text(r.get("request"), ref, "request"),
+            _text(r.get("device"), ref, "device"),
+            _map(r.get("consumedCapacity"), ref, "an allocation result's consumedCapacity")
+            if r.get("consumedCapacity") is not None
+            else None,
+            _text(r.get("shareID"), ref, "shareID"),
+        )
         for r in _list(devices.get("results"), ref, "status.allocation.devices.results")
         if isinstance(r, Mapping) and r.get("driver") == DRIVER_NAME and r.get("pool") == pool
     ]

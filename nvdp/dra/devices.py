@@ -31,7 +31,7 @@ from nvdp.devices import gpu_device, mig_device
 from nvdp.dra.names import GPU_TYPE, MIG_TYPE, former_mig_device_name, gpu_device_name, mig_device_name
 from nvdp.misfits import Misfit
 from nvdp.nvml.naming import sysfs_bus_id
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo, MigPlacement
 
 Attributes = dict[str, dict[str, Any]]  # name -> {"string" | "int" | "bool" | "version": value}
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -67,6 +67,12 @@ class DraDevice:
     attributes: Attributes = field(default_factory=dict)
     capacity: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> {"value": quantity}
     former_name: str | None = None  # a MIG device's name before NVIDIA's v25.12 form
+    allow_multiple_allocations: bool = False  # shared by capacity (nvdp.dra.capacity)
+    # A MIG placement made when a claim is prepared (`nvdp.dra.mig_partitions`): where, the counter
+    # set it consumes from (published in the pool's `sharedCounters`) and what it consumes of it.
+    placement: MigPlacement | None = None
+    counter_set: Mapping[str, Any] | None = None
+    consumes: Mapping[str, Any] | None = None
 
     @property
     def type(self) -> str:
@@ -74,7 +80,10 @@ class DraDevice:
 
     def slice_entry(self) -> dict[str, Any]:
         """The device as a ResourceSlice (resource.k8s.io/v1) lists it."""
-        return {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        entry: dict[str, Any] = {"name": self.name, "attributes": self.attributes, "capacity": self.capacity}
+        if self.allow_multiple_allocations:
+            entry["allowMultipleAllocations"] = True
+        return {**entry, "consumesCounters": [dict(self.consumes)]} if self.consumes else entry
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,12 @@ from nvdp.config.model import DraDevices
 from nvdp.daemon_settings import health_settings
 from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
 from nvdp.dir_watch import DirWatcher
+from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
 from nvdp.dra.devices import DraDevice, DriverFacts, device_misfits, node_devices
+from nvdp.dra.dynamic_mig import DynamicMig, mig_control_of
 from nvdp.dra.health import DraHealthTarget, HealthStreams
 from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import CHECKPOINT_FILE
@@ -100,6 +102,7 @@ class DraDriver:
         self.node_events = node_events_from_env(environ, node=self.node, kubeconfig=settings.kubeconfig)
         self.health = NodeHealth(self.nvml, health_settings(config), environ, node_events=self.node_events)
         self.state = NodeState()
+        self.dynamic_mig = DynamicMig(mig_control_of(self.nvml), lambda: self.nvml.mig_layout())
         self.target = DraHealthTarget(lambda: self._wake("health"))
         self.streams = HealthStreams(self.node)
         self.publisher = SlicePublisher(api, self.node, on_published=self._published)
@@ -138,6 +141,7 @@ class DraDriver:
             else None
         )
         self._counters = counters
+        self.capacity = CapacityDaemons.for_node(self.nvml, settings, environ)  # GPUs shared by capacity
 
     # ---- control (any thread; signal handlers call request_stop) --------------------------------
 
@@ -233,8 +237,7 @@ class DraDriver:
         return False
 
     def _start(self) -> None:
-        facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
-        self._facts = facts
+        self._facts = facts = DriverFacts(self.nvml.driver_version(), self.nvml.cuda_driver_version())
         specs = ClaimSpecs.of_node(self.settings, facts.driver_version)
         checkpoint = Checkpoint(self.settings.plugin_dir / CHECKPOINT_FILE)
         adopt_nvidia_checkpoint(checkpoint, current_boot_id())
@@ -245,7 +248,10 @@ class DraDriver:
             specs,
             checkpoint,
             changed=lambda: self._wake("claims"),
+            shares=self.capacity,
+            mig=self.dynamic_mig,
         )
+        self.dynamic_mig.adopt(m for claim in self.preparer.prepared.values() for m in claim.made)
         self._enumerate()
         self.handoff.watch(self._watcher)
         self.health.set_targets([self.target])
@@ -301,27 +307,29 @@ class DraDriver:
         assert self.preparer is not None
         gpus = self.gpus or []
         owned, missing = dra_gpus(self.settings.config.dra.devices, gpus)
-        everything = node_devices(gpus, self._facts, self._minors)
+        parts = self.dynamic_mig.partitioned(self.settings.config.dra, gpus, self._facts, self._minors)
+        static = [g for g in gpus if g.uuid not in parts.gpus]
+        everything = node_devices(static, self._facts, self._minors) + parts.devices
         gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
         holds: dict[str, str] = {}
         for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
             holds.setdefault(gpu_of[name], holder)
+        everything = self.capacity.settle(self.settings.config.dra, gpus, everything, holds, self.misfits)
         self._serve = self.handoff.settle(owned, holds, gpus).serve
         self._offered = self.node_count.offer(self._serve, self._offered, self.handoff.other.advertised())
         self.state.set_devices([d for d in everything if d.gpu_uuid in self._offered])
         records: list[Device] = []
         for gpu in (g for g in gpus if g.uuid in self._offered):
-            records += (
-                [mig_device(gpu, m, self._minors) for m in gpu.mig_devices]
-                if gpu.mig_enabled
-                else [gpu_device(gpu)]
-            )
+            migs = [mig_device(gpu, m, self._minors) for m in gpu.mig_devices] if gpu.mig_enabled else []
+            whole = not gpu.mig_enabled or gpu.uuid in parts.gpus  # dynamic MIG: its placements' health
+            records += migs + ([gpu_device(gpu)] if whole else [])
         self.target.set_devices(DeviceSet(records))
         labels = {g.uuid: f"GPU {g.index}" for g in gpus}
         self.misfits.update(
             "handoff", (*missing, *self.handoff.misfits(labels), *self.node_count.misfits(labels))
         )
-        self.misfits.update("devices", device_misfits([g for g in gpus if g.uuid in self._offered]))
+        self.misfits.update("devices", device_misfits([g for g in static if g.uuid in self._offered]))
+        self.misfits.update("dynamic-mig", parts.misfits)
 
     def _published(self, devices: Sequence[DraDevice]) -> None:
         """The slices say `devices` now (the publisher's thread): the hand-over record follows."""
@@ -364,6 +372,7 @@ class DraDriver:
             self.rescanner.stop()
         self._registration_server.stop()  # the kubelet deregisters the plugin first
         self._plugin_server.stop()
+        self.capacity.stop()
         self.streams.stop()
         self.publisher.stop()
         self.health.stop()

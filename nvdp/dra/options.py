@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, RuntimeOptions, resolve_command
+from nvdp.config import PLUGIN_OPTIONS, PluginOptions, RuntimeOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, NODE_NAME
 from nvdp.config.options import Option, add_options, flag, read_options, with_values
+from nvdp.config.rules import dra_problems
 from nvdp.dra.names import DRIVER_NAME, PLUGIN_SOCKET, REGISTRATION_SOCKET
 from nvdp.errors import ConfigError
 from nvdp.units import format_go_duration
@@ -34,7 +35,7 @@ MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
 # The plugin options the DRA plugin takes as flags, by canonical name.
 SHARED_FLAGS = (
     "--config-file --nvml --log-format --log-level --driver-root --dev-root --driver-root-ctr-path"
-    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval --metrics-address"
+    " --nvidia-cdi-hook-path --cdi-disable-hooks --device-rescan-interval --metrics-address --mps-root"
 ).split()
 
 DRA_OPTIONS: tuple[Option, ...] = (
@@ -106,12 +107,6 @@ def add_dra_flags(parser: argparse.ArgumentParser) -> None:
     add_options(parser, DRA_OPTIONS, DraSettings)
 
 
-def _no_rules(config: Config) -> list[str]:
-    """The plugin's rules across settings are about what it advertises (sharing, MIG strategy,
-    MPS): none applies to the DRA plugin, which reads the file for its `health` section."""
-    return []
-
-
 def resolve_dra(args: argparse.Namespace, environ: Mapping[str, str]) -> DraSettings:
     """The effective settings. Raises ConfigError listing every problem: the plugin family's (bad
     values, the config file), then the DRA plugin's own (node name, socket paths)."""
@@ -119,7 +114,7 @@ def resolve_dra(args: argparse.Namespace, environ: Mapping[str, str]) -> DraSett
     own = with_values(DraSettings(), {k: v for k, v in given.items() if k in _OWN_CHECKED})
     problems = _own_problems(own)
     try:
-        settings = resolve_command(DraSettings, DRA_OPTIONS, args, environ, rules=_no_rules)
+        settings = resolve_command(DraSettings, DRA_OPTIONS, args, environ, rules=dra_problems)
     except ConfigError as error:
         raise ConfigError([*error.problems, *problems]) from error
     if problems:

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nvdp.cdi.names import qualified_name
-from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from nvdp.dra.checkpoint import Checkpoint, MadeMig, PreparedClaim, PreparedDevice
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices, allocated_here, ref_problem
 from nvdp.dra.cluster import ResourceApi
@@ -42,6 +42,30 @@ from nvdp.logs import log_event
 log = logging.getLogger(__name__)
 
 API_READERS = 8  # a call's claims read from the API at once
+
+
+class MigMaker(Protocol):
+    """Makes the MIG devices a claim's placements stand for (`nvdp.dra.dynamic_mig`)."""
+
+    def make(
+        self, uid: str, devices: dict[str, DraDevice]
+    ) -> tuple[dict[str, DraDevice], tuple[MadeMig, ...]]:
+        """The devices with each placement made a MIG device, and what was made. Raises ClaimError
+        (nothing made then)."""
+        ...
+
+    def remove(self, made: Sequence[MadeMig]) -> str:
+        """Destroy them; "" or why not."""
+        ...
+
+
+class Shares(Protocol):
+    """The claims' shares of GPUs shared by capacity (`nvdp.dra.capacity_mps.CapacityDaemons`)."""
+
+    def edits(
+        self, ref: ClaimRef, allocated: Sequence[Allocated], devices: Mapping[str, DraDevice]
+    ) -> tuple[dict[str, dict[str, list[Any]]], tuple[object, ...]]: ...
+    def release(self, uid: str) -> None: ...
 
 
 class Inventory(Protocol):
@@ -79,8 +103,12 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         *,
         changed: Callable[[], None] | None = None,
+        shares: Shares | None = None,
+        mig: MigMaker | None = None,
     ) -> None:
         self._api = api
+        self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
+        self._mig = mig  # makes the MIG devices of dynamic-MIG placements (and removes them)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
         self._inventory = inventory
@@ -145,6 +173,8 @@ class ClaimPreparer:
                 if isinstance(claim, ClaimAnswer):
                     answers[d.ref.uid] = claim
                 elif unsaved:
+                    if claim.made and self._mig is not None:
+                        self._mig.remove(claim.made)
                     if d.before is None:
                         self.prepared.pop(claim.uid, None)
                     else:
@@ -178,12 +208,18 @@ class ClaimPreparer:
             uids = {ref.uid for ref in refs}
             self._lock.wait_for(lambda: not uids & self._busy)
             for ref in refs:
+                made = self.prepared[ref.uid].made if ref.uid in self.prepared else ()
+                if made and self._mig is not None and (failed := self._mig.remove(made)):
+                    answers[ref.uid] = self._not_unprepared(ref, failed)
+                    continue
                 try:
                     self._specs.remove(ref.uid)
                 except OSError as error:
                     answers[ref.uid] = self._not_unprepared(ref, str(error))
                     continue
                 answers[ref.uid] = ""
+                if self._shares is not None:
+                    self._shares.release(ref.uid)
                 claim = self.prepared.pop(ref.uid, None)
                 if claim is not None:
                     removed[ref.uid] = (ref, claim)
@@ -239,20 +275,27 @@ class ClaimPreparer:
 
     def _write_spec(self, decided: _Decided, dev_nodes: Any) -> PreparedClaim | ClaimAnswer:
         """The claim's CDI spec written (no lock held: the claim is `_busy`), and what it answers."""
-        ref, devices = decided.ref, decided.devices
+        ref, devices, made = decided.ref, decided.devices, tuple[MadeMig, ...]()
         try:
-            ids = self._specs.write(ref.uid, list({d.name: d for d in devices.values()}.values()), dev_nodes)
-        except ClaimError as error:
-            return self._refused(ref, str(error))
-        except OSError as error:
-            return self._refused(ref, f"ResourceClaim {ref}: {error}")
+            if self._mig is not None:
+                devices, made = self._mig.make(ref.uid, devices)
+            edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
+            unique = list({d.name: d for d in devices.values()}.values())
+            ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
+        except (ClaimError, OSError) as error:
+            if self._shares is not None:
+                self._shares.release(ref.uid)  # a claim not prepared holds no share
+            if made and self._mig is not None and (undone := self._mig.remove(made)):
+                log_event(log, logging.WARNING, "MIG devices left after a failed prepare", error=undone)
+            text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"
+            return self._refused(ref, text)
         answer = tuple(
             PreparedDevice(
                 (r.request,) if r.request else (), self.pool, r.device, (ids[devices[r.device].name],)
             )
             for r in decided.allocated
         )
-        return PreparedClaim(ref.uid, ref.namespace, ref.name, answer)
+        return PreparedClaim(ref.uid, ref.namespace, ref.name, answer, made)
 
     def _save(self) -> str:
         """Write the checkpoint of the prepared claims as they are now; "" or the error."""

@@ -14,6 +14,9 @@ wakes the publisher.
 Before the first slice with devices is written, a dry-run create of one with a tainted device tells
 whether the API server keeps device taints (resource.k8s.io/v1 with DRADeviceTaints). The answer is
 said in one line and decides how an Unhealthy device is shown: tainted `NoSchedule`, or withdrawn.
+Likewise, before the first GPU shared by capacity is written, a dry-run create of it tells whether the
+server keeps `allowMultipleAllocations` (DRAConsumableCapacity); where it does not, shared GPUs are
+published whole (one WARNING line), so that the slices say what the server keeps.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 
 from nvdp.backoff import Backoff
+from nvdp.dra.capacity import unshared
 from nvdp.dra.cluster import ResourceApi, SliceApi
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DRIVER_NAME
@@ -79,6 +83,7 @@ class SlicePublisher:
             logger=log,
         )
         self.taints: bool | None = None
+        self.sharing: bool | None = None  # whether the server keeps allowMultipleAllocations
         self._owner: dict[str, object] | None = None  # the Node's ownerReference, once read
         self._owner_said = False
         self.generation = 0
@@ -165,6 +170,7 @@ class SlicePublisher:
         slices = self._api.slices()
         if self.taints is None and devices:
             self.taints = self._probe(slices, devices[0])
+        devices = self._as_kept(slices, devices)
         taints, owner = bool(self.taints), self._node_owner()
         existing, _ = slices.list(self.node, DRIVER_NAME)
         found = {s["metadata"]["name"]: s for s in existing}
@@ -232,7 +238,9 @@ class SlicePublisher:
 
     def _probe(self, slices: SliceApi, device: DraDevice) -> bool:
         """Whether the server keeps a device's taints (a dry-run create: nothing is stored)."""
-        probe = pool_slices(self.node, 0, [device], {device.name: Taint("probe", PROBE_TIME)}, taints=True)[0]
+        probe = pool_slices(self.node, 0, [device], {device.name: Taint("probe", PROBE_TIME)}, taints=True)[
+            -1
+        ]
         probe["metadata"]["name"] = slice_name(self.node, 0) + "-taint-probe"
         kept = any("taints" in d for d in slices.create(probe, dry_run=True)["spec"].get("devices") or [])
         if kept:
@@ -250,6 +258,24 @@ class SlicePublisher:
                 why="the API server drops device taints (no DRADeviceTaints)",
             )
         return kept
+
+    def _as_kept(self, slices: SliceApi, devices: Sequence[DraDevice]) -> Sequence[DraDevice]:
+        """`devices`, those shared by capacity published whole where the server drops the field (a
+        dry-run create with the first of them tells, once)."""
+        shared = [d for d in devices if d.allow_multiple_allocations]
+        if shared and self.sharing is None:
+            probe = pool_slices(self.node, 0, shared[:1], {}, taints=False)[0]
+            probe["metadata"]["name"] = slice_name(self.node, 0) + "-sharing-probe"
+            answer = slices.create(probe, dry_run=True)["spec"].get("devices") or []
+            self.sharing = any(d.get("allowMultipleAllocations") for d in answer)
+            if not self.sharing:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "GPUs shared by capacity published whole",
+                    why="the API server drops allowMultipleAllocations (no DRAConsumableCapacity)",
+                )
+        return devices if self.sharing or not shared else [unshared(d) for d in devices]
 
     # ---- watching ---------------------------------------------------------------------------------
 

@@ -23,7 +23,8 @@ from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DRIVER_NAME
 
 API_GROUP = "resource.k8s.io"
-MAX_DEVICES_PER_SLICE = 64  # the API's limit for a slice whose devices carry taints
+MAX_DEVICES_PER_SLICE = 64  # the API's limit for a slice whose devices carry taints or consume counters
+MAX_COUNTER_SETS = 8  # the API's limit of counter sets in one slice
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 _NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -68,7 +69,8 @@ def pool_slices(
 ) -> list[Slice]:
     """The pool's slices: `devices` (by name order of the inventory), those named in `unhealthy`
     tainted (`taints`) or left out (not `taints`); owned by `owner` (the Node: they go with it). No
-    devices: one slice without any."""
+    devices: one slice without any. Counter sets the devices consume from: slices of their own first.
+    """
     entries = []
     for device in devices:
         entry = device.slice_entry()
@@ -79,7 +81,8 @@ def pool_slices(
             entry = {**entry, "taints": [taint.entry()]}
         entries.append(entry)
     chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
-    chunks = chunks or [[]]
+    bodies: list[dict[str, Any]] = [{"sharedCounters": sets} for sets in counter_sets(devices)]
+    bodies += [{"devices": chunk} for chunk in chunks or [[]]]
     return [
         {
             "apiVersion": f"{API_GROUP}/v1",
@@ -91,12 +94,20 @@ def pool_slices(
             "spec": {
                 "driver": DRIVER_NAME,
                 "nodeName": node,
-                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": chunk,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(bodies)},
+                **body,
             },
         }
-        for n, chunk in enumerate(chunks)
+        for n, body in enumerate(bodies)
     ]
+
+
+def counter_sets(devices: Sequence[DraDevice]) -> list[list[Mapping[str, Any]]]:
+    """The counter sets the devices consume from, MAX_COUNTER_SETS a slice: since Kubernetes 1.35 a
+    slice holds `sharedCounters` or `devices`, not both (the devices of the pool's other slices name
+    the sets); these slices come first."""
+    sets = list({d.counter_set["name"]: d.counter_set for d in devices if d.counter_set}.values())
+    return [sets[i : i + MAX_COUNTER_SETS] for i in range(0, len(sets), MAX_COUNTER_SETS)]
 
 
 def same_content(published: Slice, wanted: Slice) -> bool:
@@ -111,7 +122,8 @@ def same_content(published: Slice, wanted: Slice) -> bool:
         and spec.get("driver") == want["driver"]
         and spec.get("nodeName") == want["nodeName"]
         and pool == wanted_pool
-        and (spec.get("devices") or []) == want["devices"]
+        and (spec.get("devices") or []) == want.get("devices", [])
+        and (spec.get("sharedCounters") or []) == want.get("sharedCounters", [])
     )
 
 

@@ -4,7 +4,9 @@ devices the ResourceSlices publish, as `status.allocation` (results, node select
 A request (`exactly`, or v1beta1's flat form) asks for `count` devices (allocation mode ExactCount)
 of a DeviceClass, matching the class's selectors and its own. A device is a candidate when no other
 claim holds it, this claim has not taken it for another request, and it carries no NoSchedule or
-NoExecute taint the request does not tolerate. The first candidates in slice order are taken.
+NoExecute taint the request does not tolerate, and (a partitionable device, KEP-4815) what it
+consumes of the pool's shared counters is left (`nvdp.dra_standin.counters`). The first candidates in
+slice order are taken.
 
 Selectors are CEL expressions; this stand-in evaluates the forms NVIDIA's DeviceClasses and the usual
 claims use, and refuses any other with a line that says so (no CEL engine here):
@@ -12,10 +14,22 @@ claims use, and refuses any other with a line that says so (no CEL engine here):
     device.driver == 'gpu.nvidia.com'
     device.attributes['gpu.nvidia.com'].type == 'mig'          (a string, an integer, true / false)
     device.attributes['gpu.nvidia.com'].profile != '1g.5gb'
+    device.allowMultipleAllocations == true                     (KEP-5075: false when not set)
     TERM && TERM && ...
 
 An attribute `device.attributes['D'].name` is the device's attribute `name` when D is its driver's
 name, else its attribute `D/name`; a device without it does not match.
+
+Consumable capacity (KEP-5075), as the scheduler's allocator does it:
+
+- A device with `allowMultipleAllocations` is never taken whole; each result on it consumes, of every
+  capacity of the device, what the request asks (`capacity.requests`) rounded up by the capacity's
+  `requestPolicy` (below `validRange.min`: min; else up to min + n * step; `validValues`: the first
+  not below), or the policy's `default` when the request asks none (no policy: all of it).
+- A share over `validRange.max`, not among `validValues`, or past what the other claims (`consumed`)
+  and this claim left does not fit; nor does a request naming a capacity the device lacks.
+- The result carries `consumedCapacity` and a `shareID`.
+- On any other device a capacity request is a bound: the device's capacity must reach it.
 
 Extended resources through DRA (KEP-5004, resource.k8s.io/v1 `DeviceClass.spec.extendedResourceName`):
 `extended_resource_claim` is the claim the scheduler makes for a pod that asks an extended resource
@@ -27,9 +41,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nvdp.dra.capacity import parse_quantity
+from nvdp.dra.devices import quantity
+from nvdp.dra_standin.counters import Counters
 from nvdp.errors import NvdpError
 
 Obj = Mapping[str, Any]
@@ -37,6 +55,7 @@ DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 _KEEP_OFF = ("NoSchedule", "NoExecute")  # taint effects that keep a device from new claims
 _DRIVER = re.compile(r"^device\.driver\s*(==|!=)\s*(.+)$")
+_MULTIPLE = re.compile(r"^device\.allowMultipleAllocations\s*(==|!=)\s*(.+)$")
 _ATTRIBUTE = re.compile(r"^device\.attributes\[\s*'([^']+)'\s*\]\.([A-Za-z][A-Za-z0-9_]*)\s*(==|!=)\s*(.+)$")
 
 
@@ -76,6 +95,8 @@ def selector_matches(expression: str, driver: str, device: Obj) -> bool:
     for term in (t.strip() for t in expression.split("&&")):
         if (m := _DRIVER.match(term)) is not None:
             operator, equal = m[1], driver == _literal(m[2], expression)
+        elif (m := _MULTIPLE.match(term)) is not None:
+            operator, equal = m[1], bool(device.get("allowMultipleAllocations")) is _literal(m[2], expression)
         elif (m := _ATTRIBUTE.match(term)) is not None:
             domain, name, operator, value = m[1], m[2], m[3], _literal(m[4], expression)
             found = (device.get("attributes") or {}).get(name if domain == driver else f"{domain}/{name}")
@@ -127,8 +148,10 @@ def allocate(
     slices: Sequence[Obj],
     taken: set[DeviceKey],
     node: str,
+    consumed: Mapping[DeviceKey, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """The claim's `status.allocation` on `node` (its slices only). Raises AllocationError."""
+    """The claim's `status.allocation` on `node` (its slices only); `consumed`: what other claims'
+    shares take of the devices that allow multiple allocations. Raises AllocationError."""
     devices = [
         ((s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]), d)
         for s in slices
@@ -137,6 +160,8 @@ def allocate(
     ]
     results = []
     used = set(taken)
+    charged = {key: dict(c) for key, c in (consumed or {}).items()}  # with this claim's shares
+    counters = Counters([s for s in slices if (s.get("spec") or {}).get("nodeName") == node], taken)
     for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
         name = request["name"]
         wanted = request.get("exactly") or request  # v1 / v1beta2, or v1beta1's flat request
@@ -150,24 +175,109 @@ def allocate(
         selectors = [*(class_spec.get("selectors") or []), *(wanted.get("selectors") or [])]
         expressions = [s["cel"]["expression"] for s in selectors]
         tolerations = wanted.get("tolerations") or []
-        picked = [
-            key
+        asked = {
+            k: parse_quantity(v) for k, v in ((wanted.get("capacity") or {}).get("requests") or {}).items()
+        }
+        matching = [
+            (key, device)
             for key, device in devices
-            if key not in used
+            if (key not in used or device.get("allowMultipleAllocations"))
             and all(
                 _tolerated(t, tolerations) for t in device.get("taints") or [] if t.get("effect") in _KEEP_OFF
             )
             and all(selector_matches(e, key[0], device) for e in expressions)
-        ][:count]
+        ]
+        picked: list[tuple[DeviceKey, dict[str, int] | None]] = []
+        for key, device in matching:
+            fits, share = _share(asked, device, charged.get(key, {}))
+            # partitionable devices: what they consume of the pool's shared counters must be left
+            if len(picked) < count and fits and counters.fits(key):
+                counters.take(key)
+                picked.append((key, share))
+                if share is None:
+                    used.add(key)
+                else:
+                    charged[key] = {c: charged.get(key, {}).get(c, 0) + n for c, n in share.items()}
         if len(picked) < count:
+            short = f" with {_said(asked)} to spare" if asked and matching else ""
             raise AllocationError(
                 f"request {name}: {count} device(s) of class {class_name} wanted, "
-                f"{len(picked)} free on node {node} match"
+                f"{len(picked)} free on node {node} match{short}"
             )
-        used.update(picked)
-        results += [{"request": name, "driver": d, "pool": p, "device": n} for d, p, n in picked]
+        for (d, p, n), share in picked:
+            result: dict[str, Any] = {"request": name, "driver": d, "pool": p, "device": n}
+            if share is not None:
+                seed = f"{(claim.get('metadata') or {}).get('uid')}/{name}/{d}/{p}/{n}"
+                result["shareID"] = str(uuid.uuid5(uuid.NAMESPACE_URL, seed))
+                result["consumedCapacity"] = {c: quantity(v)["value"] for c, v in sorted(share.items())}
+            results.append(result)
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
     return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}}
+
+
+def _share(
+    asked: Mapping[str, int], device: Obj, charged: Mapping[str, int]
+) -> tuple[bool, dict[str, int] | None]:
+    """Whether a request fits `device`, and what it takes of it: None (the whole device) or its
+    share (a device that allows multiple allocations)."""
+    capacity = device.get("capacity") or {}
+    if any(name not in capacity for name in asked):
+        return False, None
+    if not device.get("allowMultipleAllocations"):
+        return all(n <= parse_quantity(capacity[c]["value"]) for c, n in asked.items()), None
+    share = {}
+    for name, cap in capacity.items():
+        share[name] = taken = _rounded(asked.get(name), cap)
+        if _violates(taken, cap.get("requestPolicy")) or charged.get(name, 0) + taken > parse_quantity(
+            cap["value"]
+        ):
+            return False, None
+    return True, share
+
+
+def _rounded(asked: int | None, capacity: Obj) -> int:
+    """A share of one capacity as its requestPolicy makes it."""
+    policy = capacity.get("requestPolicy")
+    if asked is None:
+        return parse_quantity((policy or {}).get("default", capacity["value"]))
+    valid_range, valid_values = (policy or {}).get("validRange"), (policy or {}).get("validValues")
+    if valid_range and "min" in valid_range:
+        low = parse_quantity(valid_range["min"])
+        if asked < low or "step" not in valid_range:
+            return max(asked, low)
+        step = parse_quantity(valid_range["step"])
+        return low + -(-(asked - low) // step) * step
+    if valid_values:
+        return next((v for v in map(parse_quantity, valid_values) if asked <= v), asked)
+    return asked
+
+
+def _violates(share: int, policy: Obj | None) -> bool:
+    if not policy or ("default" in policy and share == parse_quantity(policy["default"])):
+        return False
+    valid_range, valid_values = policy.get("validRange"), policy.get("validValues")
+    if valid_range:
+        low = parse_quantity(valid_range.get("min", 0))
+        over = "max" in valid_range and share > parse_quantity(valid_range["max"])
+        return over or ("step" in valid_range and (share - low) % parse_quantity(valid_range["step"]) != 0)
+    return bool(valid_values) and share not in {parse_quantity(v) for v in valid_values or ()}
+
+
+def _said(asked: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {quantity(n)['value']}" for name, n in sorted(asked.items()))
+
+
+def consumed_capacity(claims: Iterable[Obj]) -> dict[DeviceKey, dict[str, int]]:
+    """What the shares of `claims` take of each device, capacity by capacity."""
+    found: dict[DeviceKey, dict[str, int]] = {}
+    for c in claims:
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
+            key = (r["driver"], r["pool"], r["device"])
+            for name, amount in (r.get("consumedCapacity") or {}).items():
+                found.setdefault(key, {})[name] = found.get(key, {}).get(name, 0) + parse_quantity(amount)
+    return found
 
 
 def taken_devices(claims: Iterable[Obj]) -> set[DeviceKey]:

@@ -1,16 +1,13 @@
 """`nvidia.com/gpu.clique` (pure): the node's NVLink clique, from its GPUs' fabric registration.
 
-NVIDIA's rules (gpu-feature-discovery's imex labeler, go-nvlib's IsFabricAttached):
-
-- a GPU counts when it is attached to the fabric: NVML answered (not NVML_ERROR_NOT_SUPPORTED), the
-  state is completed, the cluster UUID is not all zeros and the registration status is success; the
-  other GPUs (no fabric, registration not started or still in progress, failed) are left out;
-- every GPU that counts must name the same cluster UUID and the same clique id, else there is no
-  label (one warning naming the GPUs of each value);
-- the value is `<cluster UUID>.<clique id>`: the UUID in its canonical lowercase 8-4-4-4-12 form,
-  the clique id in decimal. No GPU counts: no label.
-
-IMEX / compute-domain scheduling on GB200 / GB300 NVL systems selects nodes by this label.
+It follows NVIDIA's rules (gfd's imex labeler, go-nvlib's IsFabricAttached):
+- A GPU counts when attached to the fabric: NVML answered (not NVML_ERROR_NOT_SUPPORTED), the state
+  is completed, the cluster UUID is not all zeros, the registration succeeded; others are left out.
+- Every GPU that counts must name the same cluster UUID and clique id, else there is no label (one
+  warning naming the GPUs of each value).
+- The value is `<cluster UUID>.<clique id>`: the UUID in canonical lowercase 8-4-4-4-12 form, the
+  clique id in decimal. No GPU counts: no label.
+- IMEX / compute-domain scheduling on GB200 / GB300 NVL systems selects nodes by this label.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""One labelling pass: NVML facts + the plugin's resources -> labels (thin shell over `labels`).
+"""One labelling pass: NVML facts and the plugin's resources to labels (a thin shell over `labels`).
 
-The resources come from the builder the plugin uses on the same config (`nvdp.inventory`), so the
-labels describe exactly what the plugin advertises. Strict about the config's form, tolerant about
-the node's facts: a part of the config this node does not fit (a sharing entry for a resource it
-lacks, a MIG-enabled GPU without MIG devices) is left out of the labels as it is of the plugin's
-resources, and comes back as a misfit for the caller to report; the rest of the node is labelled.
-Under the single MIG strategy a layout NVIDIA's gfd calls invalid gets NVIDIA's labels for it
-(`nvdp.gfd.labels.invalid_mig_labels`). `nvidia.com/gpu.clique` comes from the GPUs' NVLink fabric
-registration (`nvdp.gfd.clique`); a GPU whose fabric cannot be read costs the node that label alone
-(one warning), where NVIDIA's gfd fails the whole pass.
+- Resources come from the plugin's builder on the same config (`nvdp.inventory`), so the labels
+  describe exactly what the plugin advertises.
+- What of the config this node does not fit is left out of the labels, as of the resources, and
+  returned as a misfit for the caller to report; the rest of the node is labelled.
+- Under the single MIG strategy, a layout NVIDIA's gfd calls invalid gets NVIDIA's labels for it
+  (`nvdp.gfd.labels.invalid_mig_labels`).
+- `nvidia.com/gpu.clique` comes from `nvdp.gfd.clique`; a GPU whose fabric cannot be read costs the
+  node that label alone (one warning), where NVIDIA's gfd fails the whole pass.
 """
 
 from __future__ import annotations

@@ -1,32 +1,20 @@
 """GPU feature labels (pure): NVIDIA's gpu-feature-discovery label set, from the plugin's resources.
 
-The per-resource labels (`<resource>.count`, `.replicas`, `.sharing-strategy`, `.product`,
-`.memory`, ...) are computed from the very `Resource` list the plugin advertises
+Per-resource labels come from the very `Resource` list the plugin advertises
 (`nvdp.resources.build_resources`), so the two cannot disagree:
-
-- `<resource>.count` is the number of distinct GPUs / MIG devices behind the resource;
-- `<resource>.replicas` is the sharing rule's replica count when the resource is shared, else 1;
-  with per-GPU counts (several entries of one name, different `replicas`), the largest: the most
-  devices the kubelet sees for one GPU, so a replica is never less than 1/replicas of a GPU;
-- `<resource>.sharing-strategy` is `time-slicing` / `mps` when shared, else `none`.
-
-`nvidia.com/gpu.*` is always written: when the node advertises no `nvidia.com/gpu` because every GPU
-is MIG-enabled under the mixed strategy, it still names the node's GPU model, with count 0 and
-replicas 0, as NVIDIA does for resources that are not allocatable. Where NVIDIA's gfd writes other
-values than the plugin's resources give, nvdp writes NVIDIA's:
-
-- every GPU of `nvidia.com/gpu` shared under a new name (`renameByDefault`, or a `rename`): NVIDIA's
-  gfd labels them as `nvidia.com/gpu` all the same, with their count, replicas and sharing strategy,
-  and the product without `-SHARED` under `renameByDefault` (the renamed resource gets its own
-  labels beside them);
-- the MIG strategy `none` with every GPU of the labelled model MIG-enabled: `gpu.replicas=0` and
-  sharing strategy `none` (NVIDIA labels MIG-enabled GPUs without their sharing).
-
-A node with several GPU models is labelled with its majority model (a warning names them all).
-
-Under the single MIG strategy a layout NVIDIA's gfd calls invalid (`single_strategy_problem`: a
-MIG-enabled GPU without MIG devices, MIG-enabled beside MIG-disabled GPUs, several MIG profiles) gets
-NVIDIA's labels for it (`invalid_mig_labels`), whatever part of it the plugin serves.
+- `<resource>.count`: the distinct GPUs / MIG devices behind the resource.
+- `<resource>.replicas`: the sharing replica count, else 1; with per-GPU counts, the largest (the
+  most devices the kubelet sees for one GPU).
+- `<resource>.sharing-strategy`: `time-slicing` / `mps` when shared, else `none`.
+- `nvidia.com/gpu.*` is always written: with every GPU MIG-enabled under `mixed`, it names the GPU
+  model with count 0 and replicas 0, as NVIDIA does for resources not allocatable.
+- Where NVIDIA's gfd differs from the resources, nvdp writes NVIDIA's values: GPUs shared under a
+  new name (`renameByDefault`, `rename`) are still labelled `nvidia.com/gpu`, with the product
+  without `-SHARED` under `renameByDefault`, beside the renamed resource's labels; under `none` with
+  every GPU of the model MIG-enabled, `gpu.replicas=0` and sharing strategy `none`.
+- A node of several GPU models is labelled with its majority model (a warning names them all).
+- Under `single`, a layout NVIDIA calls invalid (`single_strategy_problem`) gets NVIDIA's labels
+  for it (`invalid_mig_labels`), whatever part of it the plugin serves.
 """
 
 from __future__ import annotations

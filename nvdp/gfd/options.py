@@ -1,14 +1,12 @@
 """`nvdp gfd` flags and env vars: NVIDIA's gpu-feature-discovery names, defaults and precedence.
 
-The plugin options gfd shares are flags here (GFD's env names first where it has its own, e.g.
-`GFD_MIG_STRATEGY`); the other plugin settings are read from their env vars only. With the Kubernetes
-client and node name groups and GFD's own settings, all go through the plugin family's resolver with
-gfd's rules (`nvdp.config.rules.gfd_problems`): a flag, else its env var, else the config file
-(`flags.gfd`, `flags.useNodeFeatureAPI`), else NVIDIA's default.
-
-`--sleep-interval infinite` labels once and sleeps until a signal. `--use-node-feature-api` left
-unset is None: NVIDIA's default, true, where the Node Feature API can be used (decided at start,
-`nvdp.gfd.run.default_output`), else the feature file.
+- The plugin options gfd shares are flags here (GFD's own env names first, e.g.
+  `GFD_MIG_STRATEGY`); the other plugin settings are read from env vars only.
+- All resolve with gfd's rules (`nvdp.config.rules.gfd_problems`): a flag, else its env var, else
+  the config file (`flags.gfd`, `flags.useNodeFeatureAPI`), else NVIDIA's default.
+- `--sleep-interval infinite` labels once and sleeps until a signal.
+- `--use-node-feature-api` unset is None: true where the Node Feature API can be used (decided at
+  start, `nvdp.gfd.run.default_output`), else the feature file.
 """
 
 from __future__ import annotations

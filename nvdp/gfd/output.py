@@ -1,15 +1,14 @@
 """Where labels go: NFD's local feature file, or a NodeFeature object through the API server.
 
-The feature file is replaced atomically (a temp file in the same directory, then rename), so NFD
-never reads half of it, and only when the labels changed: the timestamp label alone changing does
-not rewrite it. The file itself is never opened for writing: a write that fails anywhere (no room for
-the temp file, a failed write or fsync, a rename refused) removes the temp file and raises, and the
-last labels stay as they were. The NodeFeature is created or replaced through `nvdp.kube`, retried
-with backoff, owned (as NVIDIA's gfd owns it) by this pod's DaemonSet and the pod (`--pod-name` /
-POD_NAME, read from the API server), so that Kubernetes deletes it with the DaemonSet: `helm
-uninstall` takes the node's GPU labels with it. Without a pod name, or a pod that no DaemonSet owns,
-it has no owner (NVIDIA's too); a pod that cannot be read is one WARNING, the object is written
-without owners and the pod is read again at the next write.
+- The feature file is replaced atomically (a temp file in its directory, then rename), and only
+  when the labels changed (the timestamp label alone does not count).
+- A failed write (no room, a failed write or fsync, a refused rename) removes the temp file and
+  raises; the last labels stay.
+- The NodeFeature is created or replaced through `nvdp.kube`, retried with backoff, and owned (as
+  NVIDIA's) by this pod's DaemonSet and the pod (`--pod-name` / POD_NAME), so that `helm uninstall`
+  takes the node's GPU labels with it.
+- Without a pod name or an owning DaemonSet it has no owner; a pod that cannot be read is one
+  WARNING, the object is written without owners, and the pod is read again at the next write.
 """
 
 from __future__ import annotations

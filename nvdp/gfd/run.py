@@ -1,21 +1,16 @@
 """The `nvdp gfd` loop: label, publish, sleep on the interval (or a signal), repeat.
 
-SIGHUP (`request_reload`) re-reads the configuration and labels at once; SIGTERM / SIGINT
-(`request_stop`) end the loop, and the feature file is removed so stale labels do not outlive the
-DaemonSet pod. `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and
-sleeps until a signal. Both of them keep the labels at exit, as NVIDIA's gfd does: labels that are
-written once are meant to stay (`keeps_labels_at_exit`).
-
-A node fact never ends the loop. What of the config does not fit the node (a misfit) is reported
-through `nvdp.misfit_report.MisfitReport`: one WARNING line and one Node event (where the API server
-is reachable) when it first appears, not one per pass. Labels that cannot be published (a full or
-read-only disk, an unreachable API server) leave the last published ones in place: one ERROR line
-when publishing starts failing, a retry each pass (at least every minute, whatever the interval),
-one INFO line when it works again; only `--oneshot`, which has no next pass, exits 1.
-
-`--device-discovery-strategy vfio` (GPUs passed through to virtual machines, bound to vfio-pci) is
-accepted as NVIDIA's gfd accepts it; nvdp reads no GPU outside NVML, so it says so in one line and
-labels the GPUs NVML shows, if any (an NVML that fails to start is then never fatal).
+- SIGHUP (`request_reload`) re-reads the config and labels at once; SIGTERM / SIGINT
+  (`request_stop`) end the loop and remove the feature file, so stale labels do not outlive the pod.
+- `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and sleeps until a
+  signal; both keep the labels at exit, as NVIDIA's gfd does (`keeps_labels_at_exit`).
+- A node fact never ends the loop: a misfit is one WARNING line and one Node event when it first
+  appears (`nvdp.misfit_report.MisfitReport`), not one per pass.
+- Labels that cannot be published leave the last ones in place: one ERROR line when publishing
+  starts failing, a retry each pass (at least every minute), one INFO line when it works again;
+  only `--oneshot` exits 1.
+- `--device-discovery-strategy vfio` is accepted as NVIDIA's gfd accepts it; nvdp reads no GPU
+  outside NVML, so it says so in one line and labels what NVML shows (an NVML failure is not fatal).
 """
 
 from __future__ import annotations

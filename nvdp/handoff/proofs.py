@@ -1,13 +1,13 @@
 """A stopped side's holds, recovered from what the other side can prove once its record and lock are
-gone (a cleaned directory) past LOST_GRACE_S: GPU uuid -> holder, or a one-line reason it cannot be
-proven (then the stopped side stays unknown).
+gone (a cleaned directory) past LOST_GRACE_S.
 
+The answer is GPU uuid -> holder, or a one-line reason it cannot be proven (the side stays unknown).
 - The DRA driver reads the kubelet's PodResources API (`<kubelet root>/pod-resources/kubelet.sock`,
   the kubelet root two levels above its directory): the devices of `nvidia.com/*` resources that
-  containers hold, located among the node's GPUs as the device plugin's own ledger does (an ID of
-  another plugin's making, which no GPU of the node names, is no GPU of this hand-over).
-- The device plugin reads the DRA driver's checkpoint (`nvdp.dra.checkpoint.dra_holds`, handed to its
-  `Handoff` by its wiring, so this package needs nothing of the DRA driver's).
+  containers hold, located among the node's GPUs as the plugin's ledger does; an ID that no GPU of
+  the node names is no GPU of this hand-over.
+- The device plugin reads the DRA driver's checkpoint (`nvdp.dra.checkpoint.dra_holds`, handed to
+  its `Handoff` by its wiring, so this package needs nothing of the DRA driver's).
 """
 
 from __future__ import annotations

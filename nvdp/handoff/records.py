@@ -1,39 +1,30 @@
 """One GPU, one API: the hand-over of a node's GPUs between the device plugin (`nvdp plugin`) and the
 DRA driver (`nvdp dra-kubelet-plugin`), so that no GPU is ever advertised by both.
 
-The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`). Both processes
-read it, but each at its own moment (each is signalled by its own config-manager), and a GPU that a
-running pod holds must stay with the API the pod got it from. So each process keeps a record in a
-directory both see (the DRA driver's own, `<kubelet plugins dir>/gpu.nvidia.com`):
-
-- `served-by-<api>.json`: `{"serving": [GPU uuid, ...], "holds": {GPU uuid: holder}}`, written
-  atomically; `serving` always includes every GPU the API advertises (it names a GPU before the API
-  advertises it, and stops naming it after the API withdrew it); `holds` names the GPUs the API's pods
-  or claims hold now. The device plugin's adds `"units": {resource name: devices}`, what its
-  ListAndWatch streams list now, every resource it listed since it started (0 once none): the DRA
-  driver offers a GPU only once the Node counts no more than that (`nvdp.dra.node_count`).
-- `served-by-<api>.lock`: flock'ed for the life of the process. A record whose lock is free is a
-  stopped process's: what it served is not advertised any more, what it held is still held (its pods
-  run on), until it runs again.
-
-The records fail closed. A record that cannot be read (truncated, not JSON, a symlink, over 1 MiB),
-missing beside its lock file or while its process runs, or gone with its lock (a cleaned directory)
-less than LOST_GRACE_S ago, is *unknown*: the other API may hold every GPU, so none is taken from it
-(said once). Past that grace, with the other process stopped, its holds are what this side can prove
-(`prove`, `nvdp.handoff.proofs`), else unknown.
-Each process writes its own record and lock again when it finds them changed or gone (its directory
-is watched, for a record written in place too).
-
-`settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` is the protocol around it: a
-GPU newly taken is checked against the other record *after* this record names it, so two processes
-that take one GPU at once both back off (and try again at a random moment, every RETRY_S).
+The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`), but each process
+reads it at its own moment and a held GPU stays with its pod's API; so each keeps a record in the
+DRA driver's directory (`<kubelet plugins dir>/gpu.nvidia.com`):
+- `served-by-<api>.json`: `{"serving": [uuid, ...], "holds": {uuid: holder}}`, written atomically;
+  `serving` names a GPU before the API advertises it and until after it withdrew it; `holds` names
+  the GPUs its pods or claims hold now.
+- The device plugin's record adds `"units": {resource: devices}` (every resource listed since start,
+  0 once none); the DRA driver offers a GPU only once the Node counts no more (`nvdp.dra.node_count`).
+- `served-by-<api>.lock` is flock'ed for the process's life; a record whose lock is free is a stopped
+  process's: what it served is no longer advertised, what it held stays held until it runs again.
+- Records fail closed: one unreadable (truncated, not JSON, a symlink, over 1 MiB), missing beside
+  its lock or while its process runs, or gone with its lock less than LOST_GRACE_S ago is *unknown*,
+  and no GPU is taken from the other API (said once); past that grace, with the other process
+  stopped, its holds are what this side can prove (`prove`, `nvdp.handoff.proofs`), else unknown.
+- Each process writes its record and lock again when it finds them changed or gone (watched).
+- `settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` checks a newly taken GPU
+  against the other record after its own names it, so two processes taking one GPU at once both
+  back off and retry at a random moment, every RETRY_S.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -58,6 +49,7 @@ from nvdp.handoff.rule import (
     settle,
     unit_count,
 )
+from nvdp.lock_file import LockFile, is_locked
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
@@ -83,7 +75,7 @@ class Handoff:
         self._prove_other = prove or (device_plugin_holds if api == DRA else None)
         self.other_api = DRA if api == DEVICE_PLUGIN else DEVICE_PLUGIN
         self.directory = directory
-        self._lock_fd: int | None = None
+        self._lock = LockFile(self._path(api, "lock"))
         self._joined = False  # the directory was there once: lock taken (or tried), record written
         self._lock_said = False
         self._serving: frozenset[str] = frozenset()
@@ -127,23 +119,11 @@ class Handoff:
 
     def _take_lock(self) -> None:
         try:
-            fd = os.open(
-                self._path(self.api, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-            )
+            if self._lock.acquire(tries=LOCK_TRIES, every_s=LOCK_TRY_WAIT_S) is None:
+                return
         except OSError as error:
             self._say_lock(f"cannot open the lock: {error.strerror or error}")
             return
-        for _ in range(LOCK_TRIES):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._lock_fd = fd
-                return
-            except BlockingIOError:
-                time.sleep(LOCK_TRY_WAIT_S)
-            except OSError as error:
-                self._say_lock(f"cannot lock: {error.strerror or error}")
-                break
-        os.close(fd)
         self._say_lock(f"another process of {API_WORDS[self.api]} holds the lock")
 
     def _say_lock(self, problem: str) -> None:
@@ -159,14 +139,7 @@ class Handoff:
 
     def _lock_replaced(self) -> bool:
         """Our lock file is gone or another file stands at its path (a cleaned directory)."""
-        if self._lock_fd is None:
-            return False
-        try:
-            found = os.lstat(self._path(self.api, "lock"))
-        except OSError:
-            return True
-        held = os.fstat(self._lock_fd)
-        return (found.st_ino, found.st_dev) != (held.st_ino, held.st_dev)
+        return self._lock.taken and not self._lock.held
 
     def _own_files_changed(self) -> bool:
         """Our record or lock is not what this process left (removed, replaced, edited)."""
@@ -181,7 +154,7 @@ class Handoff:
                 log, logging.WARNING, "GPU hand-over lock removed or replaced; locking again", directory=where
             )
             self.close()
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 self._path(self.api, "lock").unlink()  # ours to make: whatever stands there goes
             self._lock_said = False
             self._take_lock()
@@ -258,17 +231,9 @@ class Handoff:
         """Whether `api`'s process holds its lock (a shared lock taken here would wait); a lock file
         replaced by a symlink counts as held (fail closed: what that side advertises stays its)."""
         try:
-            fd = os.open(self._path(api, "lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            return is_locked(self._path(api, "lock"))
         except OSError as error:
             return error.errno == errno.ELOOP
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        except OSError as error:
-            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-        finally:
-            os.close(fd)
 
     def _write(self, serving: frozenset[str]) -> None:
         """The record, when it says something new (the other side is woken by each write)."""
@@ -344,9 +309,7 @@ class Handoff:
         return self._read(self.api), self._path(self.api, "json"), self._path(self.api, "lock")
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._lock.close()
 
     # ---- when to settle again -----------------------------------------------------------------------
     def retry_in(self) -> float | None:

@@ -1,6 +1,7 @@
 """Device health: XID policy (`xid`) and the health state machine (`state`), both pure, the node's NVML
 monitor thread (`monitor`), routing to plugin servers (`router`), the node's health put together
-(`node`), Kubernetes Node events for transitions (`node_events`), the Node's GPU health condition and
+(`node`), Kubernetes Events on the Node and the pods a transition hits (`node_events`,
+`pod_events`, sent by `event_sender`), the Node's GPU health condition and
 taint (`condition`, pure, written by `node_condition`), value types and seams (`types`)."""
 
 from nvdp.health.monitor import HealthMonitor

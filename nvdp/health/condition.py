@@ -1,15 +1,14 @@
 """What the Node should say about its GPUs' health (pure): the `nvidia.com/GpuHealthy` condition and,
 when asked for, the `nvidia.com/gpu-unhealthy` taint, from the faults the health monitor holds.
 
-The condition turns False when a unit has a *fatal* fault (one that stays until a GPU reset or a
-reboot: `nvdp.health.xid`), with reason `GpuLost` (a GPU lost or not enumerable) or `FatalXid` (a
-fatal XID, a double-bit ECC error or a failed row remap: the events of XIDs 48 and 64), and a message
-naming the GPUs. It stays False until every GPU is healthy again (a fault that recovers by itself
-never sets it). While the health monitor itself has failed beyond its grace period and no fatal fault
-is known, it is Unknown (`MonitorDegraded`): nvdp cannot tell. Otherwise True (`GpusHealthy`).
-
-The taint goes with a False condition on a node where no GPU is left healthy (a GPU with MIG devices
-counts as healthy while one of them is), its value the condition's reason.
+- False when a unit has a *fatal* fault (one that stays until a GPU reset or reboot:
+  `nvdp.health.xid`), with reason `GpuLost` (lost or not enumerable) or `FatalXid` (a fatal XID, a
+  double-bit ECC error or a failed row remap: XIDs 48 and 64) and a message naming the GPUs.
+- It stays False until every GPU is healthy again; a fault that recovers by itself never sets it.
+- Unknown (`MonitorDegraded`) while the monitor has failed beyond its grace period and no fatal
+  fault is known; otherwise True (`GpusHealthy`).
+- The taint goes with a False condition where no GPU is left healthy (a GPU with MIG devices counts
+  as healthy while one of them is); its value is the condition's reason.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The GPU health condition and taint on this node's Node object, written off the health path.
 
-`NodeConditionReporter` is told that health changed (`changed()`: it only wakes its thread; the
-monitor never waits on the API server) and looks by itself every `tick` seconds (a monitor degraded
-beyond its grace period, a fault turned fatal, a reload). Its thread works out what the Node should say
+`NodeConditionReporter.changed()` only wakes its thread (the monitor never waits on the API server);
+the thread also looks every `tick` seconds, works out what the Node should say
 (`nvdp.health.condition`) and writes it when that differs from what it last wrote:
-
-- idempotent: one GET of the Node, then a patch of the condition only when the Node says something
-  else (lastTransitionTime kept while the status stays), of the taints only when nvdp's differs;
-- rate-limited: after a write the next one waits `pacing` (1 s, doubling while the state keeps
-  changing, up to 30 s; back to 1 s after a minute without writes), so a flapping GPU costs a few
-  writes, each of the latest state, never one per flap;
-- retried: a failed write (API server down, 403 without the RBAC, 409 for a taint list changed under
-  it) is tried again after `nvdp.backoff` waits (1 s doubling to 5 min), one WARNING line per new error;
-- once the health monitor runs, it waits `settle` seconds before it confirms a healthy node (clearing
-  a condition left by an earlier run: a GPU reset or a reboot restarts the plugin), so the monitor's
-  first probes speak first and the `kubernetes` client is not loaded while the plugin registers; a
-  fault is written at once.
+- Idempotent: one GET, then a patch of the condition only when the Node says otherwise
+  (lastTransitionTime kept while the status stays), of the taints only when nvdp's differ.
+- Rate-limited: after a write the next waits `pacing` (1 s, doubling while the state keeps
+  changing, up to 30 s; 1 s again after a quiet minute), so a flapping GPU costs a few writes.
+- Retried: a failed write (API down, 403 without RBAC, 409 on a changed taint list) is tried again
+  on `nvdp.backoff` waits (1 s doubling to 5 min), one WARNING line per new error.
+- Once the monitor runs, a healthy node (clearing an earlier run's condition) is confirmed only
+  after `settle` seconds, so the first probes speak first and `kubernetes` is not loaded while the
+  plugin registers; a fault is written at once.
 """
 
 from __future__ import annotations

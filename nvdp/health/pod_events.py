@@ -3,27 +3,24 @@ that went Unhealthy gets a Warning event of its own (GPUUnhealthy), and a Normal
 when it recovers, for `kubectl describe pod` to show: which GPU, the XID and its meaning, since when,
 and whether nvdp expects the GPU back.
 
-Like Node events (`nvdp.health.node_events`) they are posted off the health path: `record()` only
-queues (a full queue drops, with a warning) and one worker thread posts. Each pod's events about one
-GPU are bounded (`nvdp.health.event_budget`): a flapping GPU posts a few, not one per flap.
+Like Node events they are posted off the health path (`nvdp.health.event_sender`). Each pod's events
+about one GPU are bounded (`nvdp.health.event_budget`): a flapping GPU posts a few, not one per flap.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from nvdp import kube
 from nvdp.devices import Device
 from nvdp.health.event_budget import EventBudget
+from nvdp.health.event_sender import Event, EventClient, EventSender, writer_from_env
 from nvdp.health.types import HealthChange
-from nvdp.logs import log_event
+from nvdp.kube import Involved
 from nvdp.units import format_go_duration
 
 if TYPE_CHECKING:
@@ -35,34 +32,6 @@ UNHEALTHY_REASON = "GPUUnhealthy"
 HEALTHY_REASON = "GPUHealthy"
 
 
-class PodEventClient(Protocol):
-    def create_pod_event(
-        self,
-        namespace: str,
-        name: str,
-        uid: str | None,
-        container: str,
-        event_type: str,
-        reason: str,
-        message: str,
-    ) -> None:
-        """Create one Event on the pod. Raises on failure."""
-        ...
-
-
-@dataclass(frozen=True)
-class PodEvent:
-    """One event for one pod (`container`: the one holding the devices, "" when several do)."""
-
-    namespace: str
-    name: str
-    uid: str | None
-    container: str
-    event_type: str
-    reason: str
-    message: str
-
-
 def pod_events(
     resource: str,
     devices: Sequence[Device],
@@ -72,9 +41,10 @@ def pod_events(
     *,
     recovery_quiet_period: float,
     now: float,
-) -> list[PodEvent]:
+) -> list[Event]:
     """One event per pod among `holders` of `devices` (the devices of `resource` on the unit that
-    changed), in the order the pods first appear (pure)."""
+    changed), in the order the pods first appear (pure); on the pod's container holding the devices,
+    on no container when several do."""
     by_pod: dict[tuple[str, str, str | None], list[Holding]] = {}
     for holding in holders:
         by_pod.setdefault((holding.namespace, holding.pod, holding.uid), []).append(holding)
@@ -97,7 +67,7 @@ def pod_events(
         holds = f" This pod holds {resource} {ids} on it (container {', '.join(containers)})."
         message = f"{unit} {state}{holds}{outlook}"
         container = containers[0] if len(containers) == 1 else ""
-        events.append(PodEvent(namespace, name, uid, container, event_type, reason, message))
+        events.append(Event(Involved.pod(namespace, name, uid, container), event_type, reason, message))
     return events
 
 
@@ -127,34 +97,24 @@ def _outlook(change: HealthChange, recovery_quiet_period: float) -> str:
     )
 
 
-class PodEventRecorder:
-    """Bounded queue + one worker thread posting pod events with `client_factory()`'s client (built
+class PodEventRecorder(EventSender):
+    """Events on the pods a health transition hits, posted with `client_factory()`'s client (built
     with the first event). `recovery_quiet_period` is read when a fault is recorded, for the outlook
     its events give."""
 
     def __init__(
         self,
-        client_factory: Callable[[], PodEventClient],
+        client_factory: Callable[[], EventClient],
         *,
         recovery_quiet_period: Callable[[], float],
         budget: EventBudget | None = None,
         max_queue: int = 256,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._factory = client_factory
-        self._client: PodEventClient | None = None
+        super().__init__(client_factory, kind="pod", max_queue=max_queue, log=log)
         self._quiet = recovery_quiet_period
         self._budget = budget or EventBudget()
         self._clock = clock
-        self._queue: queue.Queue[PodEvent | None] = queue.Queue(max_queue)
-        self._closed = False
-        self._abandoned = False
-        self._lock = threading.Lock()
-        self.sent = 0
-        self.failed = 0
-        self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name="nvdp-pod-events", daemon=True)
-        self._thread.start()
 
     def record(
         self,
@@ -171,78 +131,11 @@ class PodEventRecorder:
             resource, devices, change, before, holders, recovery_quiet_period=self._quiet(), now=self._clock()
         )
         for event in events:
-            pod = f"{event.namespace}/{event.name}"
-            if not self._budget.allow(
-                ("pod", pod, event.uid, change.uuid), f"pod {pod} device {change.uuid}"
+            pod = f"{event.about.namespace}/{event.about.name}"
+            if self._budget.allow(
+                ("pod", pod, event.about.uid, change.uuid), f"pod {pod} device {change.uuid}"
             ):
-                continue
-            try:
-                self._queue.put_nowait(event)
-            except queue.Full:
-                with self._lock:
-                    self.dropped += 1
-                log_event(log, logging.WARNING, "pod event dropped: queue full", pod=pod, reason=event.reason)
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Send what is queued within `timeout`, then stop (what is left is dropped). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
-        self._abandoned = True
-
-    def join(self, timeout: float) -> bool:
-        """Wait until every queued event was handled (tests, shutdown); True when done."""
-        done = threading.Event()
-
-        def waiter() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=waiter, daemon=True).start()
-        return done.wait(timeout)
-
-    def _run(self) -> None:
-        while True:
-            event = self._queue.get()
-            try:
-                if event is None or self._abandoned:
-                    return
-                self._send(event)
-            finally:
-                self._queue.task_done()
-
-    def _send(self, event: PodEvent) -> None:
-        try:
-            if self._client is None:
-                self._client = self._factory()
-            self._client.create_pod_event(
-                event.namespace,
-                event.name,
-                event.uid,
-                event.container,
-                event.event_type,
-                event.reason,
-                event.message,
-            )
-        except Exception as error:  # the API server's problems are never ours to raise
-            with self._lock:
-                self.failed += 1
-            log_event(
-                log,
-                logging.WARNING,
-                "pod event not recorded",
-                pod=f"{event.namespace}/{event.name}",
-                reason=event.reason,
-                error=" ".join(str(error).split())[:300] or type(error).__name__,
-            )
-        else:
-            with self._lock:
-                self.sent += 1
+                self.send(event)
 
 
 def pod_events_from_env(
@@ -254,17 +147,10 @@ def pod_events_from_env(
     token_file: str = kube.SERVICE_ACCOUNT_TOKEN,
 ) -> PodEventRecorder | None:
     """A recorder of pod events, posted by this node's plugin (`node`, else NODE_NAME), when the API
-    server is reachable: through `kubeconfig` when given, else with in-cluster credentials; None
-    otherwise (as `nvdp.health.node_events.node_events_from_env` decides for Node events). The
-    `kubernetes` client is built (and ssl let in) only when the first event is sent."""
-    name = environ.get("NODE_NAME", "") if node is None else node
-    if not name:
+    server is reachable (`nvdp.health.event_sender.writer_from_env`); None otherwise."""
+    found = writer_from_env(
+        environ, node=node, kubeconfig=kubeconfig, component=kube.EVENT_SOURCE, token_file=token_file
+    )
+    if found is None:
         return None
-    if kubeconfig:
-        return PodEventRecorder(
-            lambda: kube.KubePodEvents(name, api_client=kube.new_api_client(kubeconfig=kubeconfig)),
-            recovery_quiet_period=recovery_quiet_period,
-        )
-    if not kube.in_cluster(environ, token_file):
-        return None
-    return PodEventRecorder(lambda: kube.KubePodEvents(name), recovery_quiet_period=recovery_quiet_period)
+    return PodEventRecorder(found[1], recovery_quiet_period=recovery_quiet_period)

@@ -1,15 +1,14 @@
 """The node's device health as a state machine: NVML events, probe outcomes and times in, changes out.
 
-No threads, no NVML calls and no clock of its own: the monitor thread (`nvdp.health.monitor`) asks NVML,
-reads its clock and hands both here; every call returns the `HealthChange`s it caused. The only side
-effect is the log line that explains a decision (an ignored event, a probe that stops or starts
-answering).
-
-Units are GPU and MIG uuids. An event on a GPU marks the GPU's uuid; on a MIG-enabled GPU it also marks
-the MIG devices whose GPU-instance / compute-instance ids match the event (every MIG device when the
-event names no instance). A lost GPU marks all of its units, for good (fatal). A unit marked by a
-non-fatal cause recovers when a probe of its GPU passes `recovery_quiet_period` seconds after the
-unit's last event, unless a page retirement or row remap waits for a reset.
+- No threads, NVML calls or clock of its own: the monitor thread (`nvdp.health.monitor`) hands in
+  NVML's answers and its clock; every call returns the `HealthChange`s it caused.
+- Its only side effect is the log line explaining a decision (an ignored event, a probe that stops
+  or starts answering).
+- Units are GPU and MIG uuids. An event on a GPU marks the GPU and, when MIG-enabled, the MIG
+  devices whose GPU / compute instance ids match (all of them when the event names no instance).
+- A lost GPU marks all its units, for good (fatal).
+- A unit marked by a non-fatal cause recovers when a probe of its GPU passes `recovery_quiet_period`
+  seconds after its last event, unless a page retirement or row remap waits for a reset.
 """
 
 from __future__ import annotations

@@ -1,29 +1,21 @@
 """XID catalog and the policy that decides what an NVML event means for a device (pure).
 
-Which XIDs mark a device Unhealthy follows NVIDIA's device plugin:
-
-* every XID marks the device, except the application errors 13, 31, 43, 45, 68 and 109;
-* `DP_DISABLE_HEALTHCHECKS` is a comma list (case-insensitive): `all` or `xids` ignores every XID, a
-  number ignores that XID in addition to the application errors; malformed entries are skipped;
-* `DP_ENABLE_HEALTHCHECKS` is a comma list of XIDs that mark the device whatever else says (the
-  application errors too); `all` (or `xids`) makes every XID mark the device.
-
-Two readings are ours where NVIDIA's plugin has nothing to say or contradicts its own docs: `xids`
-turns off the XID and ECC events but keeps the active probe (a lost GPU is still seen), `all` turns
-off the probe too; and with `DP_DISABLE_HEALTHCHECKS=all`, XIDs listed in `DP_ENABLE_HEALTHCHECKS`
-are still checked, as NVIDIA documents (their current code then turns health checking off entirely).
-A double-bit ECC event follows the rules of XID 48; single-bit ECC events mark a device only when
-the config asks for it.
-
-On top of that nvdp adds the config file's `health.ignoredXids` (ignored like the env list, with the
-env's enable list still winning) and decides which XIDs are *fatal*: the device never returns to
-Healthy by itself. The default fatal set is what NVIDIA's XID catalog (Ampere and newer) resolves
-with a GPU reset or a node reboot (RESET_GPU / RESTART_BM, and the NVLink and double-bit ECC
-workflows, which end in a reset): the plugin cannot see that reset happen, so it keeps the device
-Unhealthy until it is restarted. XIDs the catalog resolves by restarting the application (94 contained
-memory error, 69, ...) or ignoring (63 row remapping recorded, 92 high single-bit ECC rate, 121) are
-recoverable: the device returns after the quiet period once an active probe passes, and a pending
-page retirement / row remapping (which only a reset applies) keeps it Unhealthy until then.
+As in NVIDIA's device plugin:
+- Every XID marks the device Unhealthy except the application errors 13, 31, 43, 45, 68 and 109.
+- `DP_DISABLE_HEALTHCHECKS` (a comma list, any case): `all` or `xids` ignores every XID, a number
+  that XID too; malformed entries are skipped.
+- `DP_ENABLE_HEALTHCHECKS`: XIDs that mark the device whatever else says; `all` / `xids`: every XID.
+- A double-bit ECC event follows XID 48's rules; single-bit ECC events mark only when configured.
+nvdp's own readings and additions:
+- `xids` turns off the XID and ECC events but keeps the active probe (a lost GPU is still seen);
+  `all` turns off the probe too. Under `DP_DISABLE_HEALTHCHECKS=all`, enabled XIDs are still
+  checked, as NVIDIA documents (its code turns health checks off).
+- The config's `health.ignoredXids` ignores like the env list; the env's enable list still wins.
+- *Fatal* XIDs never return to Healthy by themselves: by default those NVIDIA's catalog (Ampere and
+  newer) resolves with a GPU reset or reboot (RESET_GPU / RESTART_BM, the NVLink and double-bit ECC
+  workflows); the plugin cannot see the reset, so they stay Unhealthy until it restarts.
+- Others (94, 69, ...: restart the app; 63, 92, 121: ignore) recover after the quiet period once a
+  probe passes, unless a pending page retirement / row remap (applied only by a reset) waits.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Talking to the Kubernetes API server. `client` is the only importer of the `kubernetes` client
-(lazily: importing this package costs nothing); `events` (Node events), `pod_events` (events on the
+(lazily: importing this package costs nothing); `events` (Events on the Node or on the
 pods a GPU fault hits), `nodes` (the Node's labels and annotations), `node_status` (the Node's
 conditions and taints), `nodefeature` (NFD's NodeFeature objects), `pods` (this process's pod:
 owner references) and `daemonsets` (whether that pod's DaemonSet goes) are requests built on it;
 `reflector` is the one list+watch loop of every watch. The package is a leaf: it imports nothing of
 nvdp but `nvdp.errors` and the leaves `nvdp.backoff`, `nvdp.bounded`, `nvdp.files`. Its callers
-reach it through small protocols of their own (e.g. `nvdp.health.node_events.NodeEventClient`)."""
+reach it through small protocols of their own (e.g. `nvdp.health.event_sender.EventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.daemonsets import daemonset_exists, delete_daemonset, owner_daemonset_removed
-from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, KubeNodeEvents
+from nvdp.kube.events import EVENT_SOURCE, NODE_EVENTS_NAMESPACE, Involved, KubeEvents
 from nvdp.kube.node_status import KubeNodeStatus, NodeConditionsAndTaints
 from nvdp.kube.nodefeature import (
     NODE_FEATURE_GROUP,
@@ -21,7 +21,6 @@ from nvdp.kube.nodefeature import (
     node_feature_body,
 )
 from nvdp.kube.nodes import NodeMeta, node_metadata, patch_node_annotations
-from nvdp.kube.pod_events import KubePodEvents
 from nvdp.kube.pods import OwnerReference, pod_owner_references
 
 __all__ = [
@@ -32,9 +31,9 @@ __all__ = [
     "NODE_FEATURE_PLURAL",
     "NODE_FEATURE_VERSION",
     "SERVICE_ACCOUNT_TOKEN",
-    "KubeNodeEvents",
+    "Involved",
+    "KubeEvents",
     "KubeNodeStatus",
-    "KubePodEvents",
     "NodeConditionsAndTaints",
     "NodeMeta",
     "OwnerReference",

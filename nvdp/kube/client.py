@@ -1,16 +1,15 @@
 """The Kubernetes API transport: the only importer of the `kubernetes` client.
 
-The client (tens of MB) is imported lazily, inside the functions that need it, and only when a
-feature that talks to the API server is on; importing this module costs nothing. A process that
-blocked `ssl` (`nvdp.ssl_block.block_ssl`) lifts the block before it builds a client here.
-
-One client constructor (`new_api_client`: a host for tests, a kubeconfig, or the in-cluster service
-account) serves every user. Requests go through the client's ApiClient untyped (JSON in, JSON out;
-`request`), not the typed APIs, whose models cost about 22 MB more RSS; API failures are one-line
-KubeErrors. Every response body is read to its end before its connection goes back to the client's
-pool (`request`); a watch stream left early closes its connection instead (`_watch_stream`): a
-connection handed back with unread bytes makes the next request on it read them as its status line
-(`BadStatusLine`).
+- The client (tens of MB) is imported lazily, only when a feature that talks to the API server is
+  on; importing this module costs nothing.
+- A process that blocked `ssl` (`nvdp.ssl_block.block_ssl`) lifts the block before building one.
+- One constructor, `new_api_client` (a host for tests, a kubeconfig, or the in-cluster service
+  account), serves every user.
+- Requests go through the ApiClient untyped (JSON in and out, `request`): the typed models cost
+  about 22 MB more RSS. API failures are one-line KubeErrors.
+- Every response body is read to its end before its connection returns to the pool; a watch stream
+  left early closes its connection (`_watch_stream`): unread bytes would become the next request's
+  status line (`BadStatusLine`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The Node's conditions and taints: read in one GET, a condition written with a strategic merge patch
-of the `nodes/status` subresource, the taints with a JSON merge patch of the Node.
+"""The Node's conditions and taints: read in one GET; a condition written with a strategic merge patch
+of `nodes/status`, the taints with a JSON merge patch of the Node.
 
-A condition is merged into `status.conditions` by its `type` (the list's merge key), so one patch sets
-(or, with the `$patch: delete` directive, removes) nvdp's condition and leaves the kubelet's and
-node-problem-detector's as they are: node-problem-detector writes its conditions so, and the patch
-needs RBAC `nodes/status: patch` only. `spec.taints` has no merge key: the whole list is written, with
-the resourceVersion it was read at, so that a taint another client added in between is not lost (the
-server answers 409 Conflict; read again and retry).
+- A condition merges into `status.conditions` by its `type`, so one patch sets (or, with the
+  `$patch: delete` directive, removes) nvdp's condition and leaves the kubelet's and
+  node-problem-detector's alone; it needs RBAC `nodes/status: patch` only.
+- `spec.taints` has no merge key: the whole list is written with the resourceVersion it was read
+  at, so a taint added in between is not lost (409 Conflict: read again and retry).
 """
 
 from __future__ import annotations

@@ -1,28 +1,21 @@
-"""List+watch with client-go's reflector's policy: the one watch loop of every nvdp watch (the
-config-manager's Node and ConfigMap, the DRA plugin's ResourceSlices).
+"""List+watch with client-go's reflector's policy: the one watch loop of every nvdp watch
+(config-manager's Node and ConfigMap, the DRA plugin's ResourceSlices).
 
-A `Reflector` lists, hands the items to `on_list`, then watches from the list's resourceVersion and
-hands each event to `on_event`. A watch the server ends is resumed from the last resourceVersion seen,
-at once when it ran (an event, or at least `short_watch_s`), after a wait when it ended at once. A
-410 Gone ("too old resource version") is answered by a list again, after a wait; every other failure
-(connection refused, an error status) too, and a silent stream by a watch again. The waits are
-client-go's reflector's, one sequence for all of them: 0.8 s doubling to 30 s, each stretched by a
-random factor in [1, 2), starting over once two minutes passed without one (a success does not
-start it over: a server failing every other request still gets one every 30-60 s). Nothing ends
-the loop but its `stop`.
-
-Each watch asks the server to end it after a time drawn from [timeout_s, 2 timeout_s) (client-go
-draws from [5, 10) min; nvdp asks less because HTTP/1.1 has no pings: a stream silent for longer
-than `silence_s` plus the draw's excess is taken for dead and dropped, so a half-open connection is
-noticed within about a minute).
-
-An event is skipped, never ends the watch, when it is no object, has no known type, no object or no
-metadata.resourceVersion, is of another kind, or is about another object than the one watched (a
-proxy that does not honour the field selector); `on_event` failing to decode it (KeyError, TypeError,
-ValueError) skips it too. Each kind of problem is said once per `warn_every_s` at WARNING, with how
-many were skipped since. A watch failing (or ending at once) for `alarm_after_s` says so at ERROR
-once and `problem()` names it until a list succeeds, an event comes or a watch runs: the owner's
-/readyz shows it.
+A `Reflector` lists and hands the items to `on_list`, then watches from the list's resourceVersion
+and hands each event to `on_event`; nothing but its `stop` ends the loop.
+- A watch the server ends resumes from the last resourceVersion: at once if it ran (an event, or
+  `short_watch_s`), after a wait if it ended at once.
+- A 410 Gone and every other failure list again after a wait; a silent stream is watched again.
+- The waits are client-go's: 0.8 s doubling to 30 s, each times a random factor in [1, 2), starting
+  over after two minutes without one (a success does not start them over).
+- Each watch asks the server to end it after [timeout_s, 2 timeout_s) (client-go: [5, 10) min); as
+  HTTP/1.1 has no pings, a stream silent past `silence_s` plus the draw's excess is dropped, so a
+  half-open connection is noticed within about a minute.
+- An event that is no object, of no known type, without object or metadata.resourceVersion, of
+  another kind or about another object, or that `on_event` fails to decode (KeyError, TypeError,
+  ValueError), is skipped; each kind of problem is one WARNING per `warn_every_s`, with a count.
+- A watch failing (or ending at once) for `alarm_after_s` logs one ERROR, and `problem()` names it
+  (for the owner's /readyz) until a list succeeds, an event comes or a watch runs.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""ResourceSlices (resource.k8s.io): which version of the API the server serves, and one node's and
-driver's slices listed, created (or tried: dry run), replaced, deleted and watched.
+"""ResourceSlices (resource.k8s.io): the API version the server serves, and one node's and driver's
+slices listed, created (or dry-run), replaced, deleted and watched.
 
-Callers speak resource.k8s.io/v1 objects. The server may serve an older version only (Kubernetes
-1.32: v1beta1, 1.33: v1beta2); `served_resource_version` says which, and `KubeResourceSlices` of that
-version converts on the way: v1beta2 has v1's shape, v1beta1 wraps each device's attributes,
-capacity and taints in `basic`. An error status is a KubeStatusError (409: the slice exists, or
-changed since it was read; the caller names the slice when it reports it); any other failure a
-one-line KubeError naming the slice.
+- Callers speak resource.k8s.io/v1; `served_resource_version` says which version the server serves
+  (Kubernetes 1.32: v1beta1 only, 1.33: v1beta2), and `KubeResourceSlices` converts to it.
+- v1beta2 has v1's shape; v1beta1 wraps each device's attributes, capacity and taints in `basic`.
+- An error status is a KubeStatusError (409: the slice exists, or changed since it was read; the
+  caller names the slice); any other failure is a one-line KubeError naming the slice.
 """
 
 from __future__ import annotations
@@ -20,7 +19,12 @@ from nvdp.kube.client import MAX_ANSWER_BYTES, get_json, one_line, request, watc
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first: the first the server serves is used
-_BASIC = ("attributes", "capacity", "taints")  # a device's fields v1beta1 keeps under `basic`
+_BASIC = (
+    "attributes",
+    "capacity",
+    "taints",
+    "allowMultipleAllocations",
+)  # a device's fields v1beta1 keeps under `basic`
 
 Obj = dict[str, Any]
 

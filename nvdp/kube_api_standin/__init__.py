@@ -22,7 +22,8 @@ MODIFIED), refused with 409 Conflict when it names a `metadata.resourceVersion` 
 longer at, or a strategic merge patch (`status.conditions` merged by `type`, as the API server does
 for Nodes); a PATCH of `<object>/status` changes only the object's `status`; DELETE removes one.
 `requests` logs (method, path, query) of every request. `drop_device_taints = True` drops the
-`taints` of ResourceSlice devices on writes, as a server without the DRADeviceTaints feature does.
+`taints` of ResourceSlice devices on writes, as a server without the DRADeviceTaints feature does
+(`drop_consumable_capacity = True`: `allowMultipleAllocations` and `requestPolicy`, DRAConsumableCapacity).
 `foreground_deletes = True` answers a DELETE whose body asks `propagationPolicy: Foreground` by
 marking the object (`metadata.deletionTimestamp`) and keeping it, as the server does while the
 garbage collector deletes its dependents; the test `delete`s it when they are gone.

@@ -58,6 +58,7 @@ class KubeApiStandin:
     end_every_watch: bool = False
     ignore_name_selector: bool = False
     drop_device_taints: bool = False
+    drop_consumable_capacity: bool = False
     foreground_deletes: bool = False
     slow_gets: dict[str, float] = field(default_factory=dict)  # path -> seconds a GET of it waits
 
@@ -378,9 +379,15 @@ class KubeApiStandin:
             return self.put(path, self._admitted(path, body))
 
     def _admitted(self, path: str, obj: Obj) -> Obj:
-        """What a server stores of a written object: without device taints when it drops them."""
-        if self.drop_device_taints and "/resourceslices/" in path:
+        """What a server stores of a written object: without device taints, or consumable capacity's
+        fields (`allowMultipleAllocations`, `requestPolicy`), when it drops them."""
+        if "/resourceslices/" in path:
             for device in (obj.get("spec") or {}).get("devices") or []:
-                device.pop("taints", None)
-                (device.get("basic") or {}).pop("taints", None)
+                for fields in (device, device.get("basic") or {}):
+                    if self.drop_device_taints:
+                        fields.pop("taints", None)
+                    if self.drop_consumable_capacity:
+                        fields.pop("allowMultipleAllocations", None)
+                        for capacity in (fields.get("capacity") or {}).values():
+                            capacity.pop("requestPolicy", None)
         return obj

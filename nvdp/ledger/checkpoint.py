@@ -1,13 +1,13 @@
 """Pod UIDs from the kubelet's device-manager checkpoint: what the PodResources API leaves out.
 
-The kubelet keeps its device assignments in `kubelet_internal_checkpoint`, a JSON file in the
-device-plugin directory (the one the plugin already shares with it): one entry per container and
-resource, with the pod's UID, the container's name and the device IDs (a list, or since Kubernetes
-1.20 a map of NUMA node to list). A device ID of one resource is held by one container at a time, so
-(resource, device ID, container) finds the UID of a holding the PodResources API reported. The file
-is the kubelet's own; nvdp reads it (bounded) and never writes it, and its checksum is not checked
-(the kubelet hashes its Go structures): an entry that does not match is simply not used. A file that
-cannot be read or parsed leaves the UIDs unknown.
+- The file is `kubelet_internal_checkpoint` in the device-plugin directory: one entry per container
+  and resource, with the pod's UID, the container's name and the device IDs (a list, or since
+  Kubernetes 1.20 a map of NUMA node to list).
+- A device ID of one resource is held by one container at a time, so (resource, device ID,
+  container) finds the UID of a holding the PodResources API reported.
+- The file is the kubelet's: read bounded, never written; its checksum is not checked (the kubelet
+  hashes Go structures), and an entry that does not match is not used.
+- A file that cannot be read or parsed leaves the UIDs unknown.
 """
 
 from __future__ import annotations

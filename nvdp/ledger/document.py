@@ -1,10 +1,11 @@
 """The ledger as a JSON document (pure): the /allocations page of the metrics endpoint, what
 `nvdp status` reads and `nvdp simulate` prints.
 
-Per resource, every device the plugin advertises (and any device a container still holds that it
-no longer advertises): its GPU, its health as advertised (with why, when Unhealthy) and the containers
-holding it. A device ID is located among the served devices first, else among the node's GPUs
-(`nvdp.ledger.locate`).
+- Per resource, every device advertised (and any still held but no longer advertised): its GPU,
+  its health as advertised (with why, when Unhealthy) and the containers holding it.
+- A device ID is located among the served devices, else among the node's GPUs (`nvdp.ledger.locate`).
+- Without pod detail (--pod-detail): `"podDetail": "withheld"` at the top, and each device's
+  `"holders": <count>` in place of its `pods`.
 
     {"source": ".../pod-resources/kubelet.sock", "readAt": "2025-01-31T12:00:00Z", "ageSeconds": 1.5,
      "problem": null,
@@ -12,9 +13,6 @@ holding it. A device ID is located among the served devices first, else among th
         {"device": "GPU-...::1", "gpu": "GPU-...", "uuid": "GPU-...", "index": "3",
          "advertised": true, "health": "Unhealthy", "reason": "GPU has fallen off the bus",
          "pods": [{"namespace": "ml", "name": "train-0", "uid": "...", "container": "main"}]}]}}
-
-Without the pods (a client --pod-detail does not allow): `"podDetail": "withheld"` at the top, and
-each device says how many containers hold it, `"holders": 1`, in place of its `pods`.
 """
 
 from __future__ import annotations

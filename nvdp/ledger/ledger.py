@@ -1,17 +1,15 @@
 """The allocation ledger: which container holds which device, read from the kubelet's PodResources
-API when something may have changed, kept in memory for whoever asks.
+API when something may have changed, and kept in memory for whoever asks.
 
-A read is one `List` on the local socket (and the kubelet's device checkpoint for the pods' UIDs). It
-happens when asked, never on a timer while nothing happens but a slow resync (RESYNC_S):
-- after each Allocate the plugin answered (the kubelet records the assignment as it gets the answer:
-  reads follow at AFTER_ALLOCATE_S; a burst of Allocates shares them),
-- after each health change (`changed`), so the next questions get a fresh answer,
-- on demand, for a page that wants an answer at most so old (`recent`: /allocations, /metrics); the
-  page waits for it at most PAGE_WAIT_S, and not at all while a read is under way: a kubelet that
-  hangs costs a page nothing, which then shows the last read (`read_at` says how old).
-Questions on the health path (`held`) are answered from memory and never wait for a read. When the
-socket is missing (an old kubelet, the feature gate off, a plugin run by hand) that is said once at
-start and every question gets an empty answer; the ledger starts reading when the socket appears.
+- A read is one `List` on the local socket, plus the kubelet's device checkpoint for pod UIDs.
+- Reads happen after each Allocate answered (at AFTER_ALLOCATE_S; a burst shares them), after each
+  health change (`changed`), on a page's demand, and on a slow resync (RESYNC_S); no other timer.
+- A page asks for an answer at most so old (`recent`: /allocations, /metrics) and waits at most
+  PAGE_WAIT_S, not at all while a read is under way: a hung kubelet costs a page nothing, which
+  then shows the last read (`read_at` says how old).
+- The health path's questions (`held`) are answered from memory, never waiting for a read.
+- A missing socket (an old kubelet, the feature gate off, a plugin run by hand) is said once at
+  start and gets empty answers; reading starts when the socket appears.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """Prometheus metrics and the daemon's HTTP endpoint: /metrics, /healthz, /readyz, /allocations.
 
-One module per job: `families` (the counted metric families and the StatusObserver counting into
-them; the state read at scrape time), `readiness` (/healthz and /readyz, read from the supervisor's
-registration state), `allocations` (/allocations and nvdp_device_allocated, from the allocation
-ledger), `nvml_errors` (counting failed NVML calls), `sources` (the protocols through which all of them
-read the daemon), `service` (`Metrics`: the parts put together). The exposition is
-`nvdp.promtext`; the HTTP server is `nvdp.http_endpoint` (shared with the config-manager, which must not
-import grpc through this package).
-
-Nothing here imports prometheus_client, ssl, http.client or email, which would cost the plugin process
-megabytes of RSS, nor the concrete plugin server. `nvdp.daemon` imports this package only when metrics
-are on (--metrics-address not empty), so a daemon without metrics does not pay even for that.
+- `families`: the counted metric families and the StatusObserver counting into them; the state
+  read at scrape time.
+- `readiness`: /healthz and /readyz, from the supervisor's registration state.
+- `allocations`: /allocations and nvdp_device_allocated, from the allocation ledger.
+- `nvml_errors`: failed NVML calls; `sources`: the protocols through which all of them read the
+  daemon; `service`: `Metrics`, the parts put together.
+- The exposition is `nvdp.promtext`; the HTTP server is `nvdp.http_endpoint` (shared with the
+  config-manager, which must not import grpc through this package).
+- Nothing here imports prometheus_client, ssl, http.client or email (megabytes of RSS) or the
+  concrete plugin server; `nvdp.daemon` imports this package only when metrics are on.
 """
 
 from nvdp.http_endpoint import Endpoint, HttpEndpoint, Pages, parse_address

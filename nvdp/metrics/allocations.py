@@ -1,16 +1,14 @@
 """The allocation ledger on the metrics endpoint: the /allocations page (JSON) and the
 `nvdp_device_allocated` family, both read at request time.
 
-A request reads the kubelet's PodResources API when the ledger's last read is older than the page's
-bound (ALLOCATIONS_MAX_AGE_S for /allocations, METRICS_MAX_AGE_S for a scrape), so a page is never
-staler than that, and a node nobody asks costs no reads. The family has one sample per device held,
-1 while held: its label set is bounded by the node's devices and the pods holding them, and a series
-ends with its pod's hold.
-
-Which pod holds a device is told to clients on the loopback only (`nvdp status` in the plugin's
-container), unless `pod_detail` is "all" (--pod-detail): any other client gets the devices, their
-health and how many containers hold each, and the family without its namespace, pod and container
-labels (one sample per device held).
+- A request reads the PodResources API only when the ledger's last read is older than the page's
+  bound (ALLOCATIONS_MAX_AGE_S; METRICS_MAX_AGE_S for a scrape); a node nobody asks costs no reads.
+- The family has one sample per device held, 1 while held: bounded by the node's devices and the
+  pods holding them; a series ends with its pod's hold.
+- Which pod holds a device is told only to loopback clients (`nvdp status` in the plugin's
+  container), unless `pod_detail` is "all" (--pod-detail).
+- Other clients get the devices, their health and how many containers hold each, and the family
+  without its namespace, pod and container labels.
 """
 
 from __future__ import annotations

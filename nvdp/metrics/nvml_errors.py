@@ -4,10 +4,12 @@ name, then re-raises. NOT_SUPPORTED is a capability answer, not a failure, and i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 from nvdp.errors import NvmlError, NvmlNotSupported
 from nvdp.nvml.types import (
+    ComputeMode,
+    ComputeModes,
     EventSet,
     EventType,
     GpuFabric,
@@ -70,6 +72,16 @@ class CountingNvml:
 
     def gpu_fabric(self, gpu_uuid: str) -> GpuFabric | None:
         return self.call(self._nvml.gpu_fabric, gpu_uuid)
+
+    def compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        return self.call(cast(ComputeModes, self._nvml).compute_mode, gpu_uuid)
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        self.call(cast(ComputeModes, self._nvml).set_compute_mode, gpu_uuid, mode)
+
+    def mig_control(self) -> object:  # the backend's (nvdp.dra.dynamic_mig.mig_control_of)
+        make = getattr(self._nvml, "mig_control", None)
+        return make() if callable(make) else None
 
 
 class _CountingEventSet:

@@ -1,13 +1,12 @@
 """The real NVML backend over pynvml: enumeration, topology and probes (the only pynvml user).
 
-pynvml is imported when a `RealNvml` is constructed, never when this module is imported. Every
-pynvml.NVMLError becomes an `NvmlError` (subclass) naming the NVML error, the call and the device.
-Library lookup lives in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`, MIG
-devices and layouts in `nvdp.nvml.real_mig`.
-
-Enumeration isolates per-GPU faults: a GPU whose queries fail at its first enumeration is listed
-with the facts that could be read and `GpuInfo.fault` set (the health monitor holds it Unhealthy);
-every other GPU is listed as usual. A GPU that fails later keeps its last known facts.
+- pynvml is imported when a `RealNvml` is constructed, never when this module is imported.
+- Every pynvml.NVMLError becomes an `NvmlError` (subclass) naming the NVML error, call and device.
+- Library lookup is in `nvdp.nvml.library`, the event set in `nvdp.nvml.real_events`, MIG devices
+  and layouts in `nvdp.nvml.real_mig`.
+- A GPU whose queries fail at its first enumeration is listed with the facts that could be read and
+  `GpuInfo.fault` set (the health monitor holds it Unhealthy); other GPUs are listed as usual.
+- A GPU that fails later keeps its last known facts.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSup
 from nvdp.nvml.library import LIBRARY, preload
 from nvdp.nvml.naming import normalize_bus_id, pcie_root_of, sysfs_bus_id
 from nvdp.nvml.real_events import RealEventSet
-from nvdp.nvml.real_mig import RealMig
+from nvdp.nvml.real_mig import RealMig, RealMigControl
 from nvdp.nvml.real_topology import RealTopology
 from nvdp.nvml.types import ComputeMode, GpuFabric, GpuInfo, GpuLayout, GpuLink, ProbeResult
 
@@ -367,6 +366,9 @@ class RealNvml:
         self._call("nvmlDeviceSetComputeMode", self._handle(gpu_uuid), int(mode), device=gpu_uuid)
 
     # -- pynvml boundary ---------------------------------------------------------------------
+
+    def mig_control(self) -> RealMigControl:  # making MIG devices: nvdp.nvml.real_mig
+        return RealMigControl(self)
 
     def _handle(self, uuid: str) -> Any:
         if uuid not in self._handles:

@@ -5,12 +5,13 @@ spell profile names through one helper, so the two answers always agree."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import TYPE_CHECKING, Any
 
 from nvdp.errors import NvmlError
 from nvdp.nvml.naming import PROFILE_SUFFIXES, mig_profile_name
-from nvdp.nvml.types import MigDeviceInfo, MigEngines, MigPlacement
+from nvdp.nvml.types import MigDeviceInfo, MigEngines, MigPlacement, MigProfileInfo
 from nvdp.units import MIB
 
 if TYPE_CHECKING:
@@ -167,3 +168,128 @@ def _engines(attributes: Any) -> MigEngines | None:
         )
     except (AttributeError, TypeError, ValueError):
         return None
+
+
+_GI_PROFILE_PREFIX = "NVML_GPU_INSTANCE_PROFILE_"
+_CI_PROFILE_PREFIX = "NVML_COMPUTE_INSTANCE_PROFILE_"
+_UNOFFERED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT")  # not a profile of this GPU
+
+
+class RealMigControl:
+    """`nvdp.nvml.types.MigControl` through pynvml: profiles and placements (nvmlDeviceGetGpuInstance-
+    ProfileInfo, nvmlDeviceGetGpuInstancePossiblePlacements_v2), a GPU instance made at a placement
+    with one compute instance filling it, and both destroyed. MIG mode is never changed."""
+
+    def __init__(self, nvml: RealNvml) -> None:
+        self._nvml = nvml
+        self._mig = RealMig(nvml)
+        self._slice_counts: dict[tuple[str, int], int] = {}  # (GPU uuid, GI profile id) -> slices
+
+    def _slices(self, gpu_uuid: str, placement: MigPlacement) -> int:
+        """The compute slices of a GPU instance profile (its `sliceCount`)."""
+        if (gpu_uuid, placement.profile_id) not in self._slice_counts:
+            self.mig_profiles(gpu_uuid)
+        return self._slice_counts.get((gpu_uuid, placement.profile_id), 0)
+
+    def _constants(self, prefix: str) -> list[tuple[str, int]]:
+        nv = self._nvml._nv
+        found = [(n, getattr(nv, n)) for n in dir(nv) if n.startswith(prefix) and not n.endswith("_COUNT")]
+        return sorted(((n, v) for n, v in found if isinstance(v, int)), key=lambda c: c[1])
+
+    def mig_profiles(self, gpu_uuid: str) -> tuple[MigProfileInfo, ...]:
+        nvml, nv = self._nvml, self._nvml._nv
+        parent = nvml._handle(gpu_uuid)
+        if not int(nvml._call("nvmlDeviceGetMigMode", parent, device=gpu_uuid)[0]):
+            return ()
+        suffixes = dict(PROFILE_SUFFIXES)
+        total = self._mig._parent_memory(parent, gpu_uuid)
+        found = []
+        for constant, value in self._constants(_GI_PROFILE_PREFIX):
+            try:
+                info = nvml._call("nvmlDeviceGetGpuInstanceProfileInfo", parent, value, device=gpu_uuid)
+            except NvmlError as e:
+                if e.code in _UNOFFERED:
+                    continue
+                raise
+            count = ctypes.c_uint(int(info.instanceCount))
+            placements = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            nvml._call(
+                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                parent,
+                int(info.id),
+                placements,
+                ctypes.byref(count),
+                device=gpu_uuid,
+            )
+            slices = int(info.sliceCount)
+            name = mig_profile_name(slices, slices, int(info.memorySizeMB), total)
+            name += suffixes.get(constant, "")
+            engines = MigEngines(
+                int(info.multiprocessorCount),
+                int(info.copyEngineCount),
+                int(info.decoderCount),
+                int(info.encoderCount),
+                int(info.jpegCount),
+                int(info.ofaCount),
+            )
+            where = tuple(
+                MigPlacement(int(info.id), int(p.start), int(p.size)) for p in placements[: count.value]
+            )
+            found.append(MigProfileInfo(name, int(info.id), int(info.memorySizeMB) * MIB, engines, where))
+            self._slice_counts[(gpu_uuid, int(info.id))] = slices
+        return tuple(found)
+
+    def create_mig_device(self, gpu_uuid: str, placement: MigPlacement) -> MigDeviceInfo:
+        nvml, nv = self._nvml, self._nvml._nv
+        parent = nvml._handle(gpu_uuid)
+        where = nv.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = placement.start, placement.size
+        instance = nvml._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", parent, placement.profile_id, where, device=gpu_uuid
+        )
+        try:
+            gi_id = int(nvml._call("nvmlGpuInstanceGetInfo", instance, device=gpu_uuid).id)
+            ci_profile = getattr(nv, f"{_CI_PROFILE_PREFIX}{self._slices(gpu_uuid, placement)}_SLICE")
+            info = nvml._call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo", instance, ci_profile, 0, device=gpu_uuid
+            )
+            nvml._call("nvmlGpuInstanceCreateComputeInstance", instance, int(info.id), device=gpu_uuid)
+        except (NvmlError, AttributeError) as e:
+            try:
+                nvml._call("nvmlGpuInstanceDestroy", instance, device=gpu_uuid)
+            except NvmlError as undone:
+                logger.warning("GPU instance left after a failed create gpu=%s error=%r", gpu_uuid, undone)
+            if isinstance(e, AttributeError):
+                detail = f"no compute instance profile of {placement.size} slices"
+                call = "nvmlGpuInstanceCreateComputeInstance"
+                raise NvmlError("NVML_ERROR_NOT_SUPPORTED", call, detail, gpu_uuid) from e
+            raise
+        index = int(nvml._call("nvmlDeviceGetIndex", parent, device=gpu_uuid))
+        return next(d for d in self._mig.devices(parent, gpu_uuid, index) if d.gi_id == gi_id)
+
+    def destroy_mig_device(self, gpu_uuid: str, gi_id: int) -> None:
+        nvml, nv = self._nvml, self._nvml._nv
+        parent = nvml._handle(gpu_uuid)
+        instance = nvml._call("nvmlDeviceGetGpuInstanceById", parent, gi_id, device=gpu_uuid)
+        for _, value in self._constants(_CI_PROFILE_PREFIX):
+            try:
+                info = nvml._call(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo", instance, value, 0, device=gpu_uuid
+                )
+            except NvmlError as e:
+                if e.code in _UNOFFERED:
+                    continue
+                raise
+            count = ctypes.c_uint(int(info.instanceCount))
+            found = (nv.c_nvmlComputeInstance_t * max(count.value, 1))()
+            nvml._call(
+                "nvmlGpuInstanceGetComputeInstances",
+                instance,
+                int(info.id),
+                found,
+                ctypes.byref(count),
+                device=gpu_uuid,
+            )
+            for ci in found[: count.value]:
+                nvml._call("nvmlComputeInstanceDestroy", ci, device=gpu_uuid)
+        nvml._call("nvmlGpuInstanceDestroy", instance, device=gpu_uuid)

@@ -77,6 +77,19 @@ class MigDeviceInfo:
 
 
 @dataclass(frozen=True)
+class MigProfileInfo:
+    """A GPU instance profile whose GPU instance is one compute instance (nvmlDeviceGetGpuInstance-
+    ProfileInfo), with every placement the GPU offers it (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
+    whether free or not: what a MIG device of it gets and where it may sit."""
+
+    name: str  # "1g.5gb", "1g.5gb+me"
+    profile_id: int
+    memory_bytes: int
+    engines: MigEngines
+    placements: tuple[MigPlacement, ...]
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One physical GPU as NVML reports it.
 
@@ -259,6 +272,26 @@ class Nvml(Protocol):
         """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfo, else ...InfoV); None
         when the GPU or the driver has no fabric (NVML_ERROR_NOT_SUPPORTED, or neither function in
         the library). Other failures raise NvmlError."""
+        ...
+
+
+class MigControl(Protocol):
+    """Making MIG devices (both backends: `Nvml.mig_control()`); MIG mode itself is never changed."""
+
+    def mig_profiles(self, gpu_uuid: str) -> tuple[MigProfileInfo, ...]:
+        """The GPU's GPU instance profiles with their possible placements; () when MIG is off."""
+        ...
+
+    def create_mig_device(self, gpu_uuid: str, placement: MigPlacement) -> MigDeviceInfo:
+        """A GPU instance of `placement.profile_id` at `placement.start` and one compute instance
+        filling it (nvmlDeviceCreateGpuInstanceWithPlacement, nvmlGpuInstanceCreateComputeInstance).
+        Raises NvmlError: NVML_ERROR_INSUFFICIENT_RESOURCES for an occupied placement,
+        NVML_ERROR_INVALID_ARGUMENT for one the profile does not have, NVML_ERROR_NOT_SUPPORTED
+        when MIG mode is off."""
+        ...
+
+    def destroy_mig_device(self, gpu_uuid: str, gi_id: int) -> None:
+        """Destroy the GPU instance `gi_id` and its compute instances (NVML_ERROR_NOT_FOUND: none)."""
         ...
 
 

@@ -1,13 +1,11 @@
 """The device nodes an Allocate answer names, checked and watched: a device whose node is missing is
-left out (`nvdp.unusable`), and comes back when the node appears.
+left out (`nvdp.unusable`) and comes back when the node appears.
 
-Only where answers name device nodes: a CDI strategy (the spec's `deviceNodes`) or
-`--pass-device-specs` (the answer's device specs). With `envvar` / `volume-mounts` alone the runtime
-finds the nodes itself and nothing is checked here.
-
-The directories holding the nodes (`<dev root>/dev`, `<dev root>/dev/nvidia-caps`) join the
-supervisor's inotify watch, so a node that appears (or goes) wakes it and `changed()` says so; an idle
-node has no wake-ups from here. Each directory is watched before the nodes in it are looked at.
+- Checked only where answers name device nodes: a CDI strategy (the spec's `deviceNodes`) or
+  `--pass-device-specs`; with `envvar` / `volume-mounts` alone the runtime finds them itself.
+- Their directories (`<dev root>/dev`, `<dev root>/dev/nvidia-caps`) join the supervisor's inotify
+  watch: a node that appears or goes wakes it and `changed()` says so; an idle node has no wake-ups.
+- Each directory is watched before the nodes in it are looked at.
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """The kubelet directory, claimed: created if missing, and locked for the life of the process.
 
-Two plugin instances on one kubelet directory would delete each other's live sockets as stale and
-flap, so each takes an exclusive `fcntl.flock` on `DIR/nvidia-device-plugin.lock` (owner-only, 0600,
-whatever the umask) and writes its pid there. A second instance says who holds the lock and waits,
-or exits 1 with fail-on-init-error. A directory that cannot be used (read-only, not a directory,
-no permission) is said in one line and retried with backoff, as the kubelet's other socket errors are.
-
-The claim is on the path, not on the directory found at start: a kubelet restart empties the
-directory, lock file included, and a kubelet reinstall may remove it and create a new one, or put
-a file or a symlink to another directory in its place. `refresh()` (called on every supervisor
-wake-up) sees that the lock file at the path is no longer the one it holds and takes the lock again
-on a new file there, so a waiting instance cannot claim the directory then; while that cannot be
-done (the directory is gone, a file, read-only) it says so once and tells the supervisor when to try
-again. After start the directory is never created by nvdp: that is the kubelet's (or its
-installer's) to do, and a directory made in between would get in their way.
-
-In a pod the directory is a hostPath mount: when the host's directory is removed, the container's
-mount keeps the removed one (it reads as a directory with no links, where nothing can be created),
-and no new directory on the host ever shows through it. That is said in the same line, and
-`stale_mount` lets /healthz fail, so the kubelet restarts the container, which mounts the new one.
+Two instances on one directory would delete each other's live sockets as stale and flap, so each
+takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its pid there.
+- A second instance says who holds the lock and waits, or exits 1 with fail-on-init-error.
+- An unusable directory (read-only, not a directory, no permission) is said in one line and retried
+  with backoff, as the kubelet's other socket errors are.
+- The claim is on the path: a kubelet restart or reinstall may empty, remove or replace the
+  directory. `refresh()` (every supervisor wake-up) takes the lock again on a new file at the path,
+  so a waiting instance cannot claim it; while it cannot, it says so once and says when to retry.
+- After start nvdp never creates the directory: that is the kubelet's (or its installer's) to do.
+- In a pod, a removed host directory stays mounted as removed (no links, nothing can be created)
+  and a new one never shows through: said in the same line, and `stale_mount` fails /healthz so the
+  kubelet restarts the container, which mounts the new one.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -35,13 +27,12 @@ from pathlib import Path
 from nvdp.backoff import Backoff
 from nvdp.dirs import make_dirs
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
-from nvdp.files import same_file
+from nvdp.lock_file import REPLACED, LockFile
 from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "nvidia-device-plugin.lock"
-OWNER_ONLY = 0o600
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 HELD_POLL_S = 1.0  # how often a waiting instance tries the lock again
@@ -69,7 +60,7 @@ class DirClaim:
         self._clock = clock
         self.path = directory / lock_name
         self._fail_if_held = fail_if_held
-        self._fd: int | None = None
+        self._lock = LockFile(self.path, note=f"pid={os.getpid()}")
         self._claimed = False  # acquired and not released: refresh() keeps the lock at the path
         self._retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)  # refresh()'s, while the lock cannot be taken
         self._retry_at: float | None = None  # when refresh() tries to lock again
@@ -78,7 +69,7 @@ class DirClaim:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock.taken
 
     def acquire(self, stop: threading.Event) -> bool:
         """Block until the directory is usable and locked (True) or `stop` is set (False). Raises
@@ -123,9 +114,9 @@ class DirClaim:
         before the next try: the first 50 ms after the file went (a directory being removed is
         not filled again under `rm -rf`), then backoff doubling to 5 s. Raises DirLockHeld when
         another process took the directory meanwhile."""
-        if not self._claimed or (self._fd is not None and same_file(self._fd, self.path)):
+        if not self._claimed or self._lock.held:
             return None
-        self._close()
+        self._lock.close()
         now = self._clock()
         if self._retry_at is None:  # just gone: not at once, an `rm -rf` may be under way
             self._retry_at = now + self._retries.next()
@@ -167,60 +158,25 @@ class DirClaim:
     @property
     def problem(self) -> str | None:
         """Why the claim does not hold now (the error refresh() last met), None while it holds."""
-        return self._said if self._claimed and self._fd is None else None
+        return self._said if self._claimed and not self._lock.taken else None
 
     @property
     def stale_mount(self) -> bool:
         """The claim cannot hold because the path names a removed directory (see the module)."""
-        return self._stale and self._claimed and self._fd is None
+        return self._stale and self._claimed and not self._lock.taken
 
     def release(self) -> None:
         """Remove the lock file when it is still ours and unlock. Idempotent."""
         self._claimed = False
-        if self._fd is None:
-            return
-        if same_file(self._fd, self.path):
-            try:
-                self.path.unlink()
-            except OSError:
-                pass
-        self._close()
-
-    def _close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the last descriptor releases the flock
+        self._lock.release()
 
     def _try_lock(self) -> str | None:
-        """Lock the file at `path` (created 0600): None on success, else who holds it. Raises OSError."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, OWNER_ONLY)
-        try:
-            os.fchmod(fd, OWNER_ONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return _holder(fd)
-            if not same_file(fd, self.path):  # removed between open and flock: not a lock at all
-                os.close(fd)
-                return "none (the lock file was removed while locking)"
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid={os.getpid()}\n".encode())
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return None
-
-
-def _holder(fd: int) -> str:
-    """The holder's pid as its lock file says ("unknown" while it is still writing it)."""
-    try:
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    os.close(fd)
-    pid = text.removeprefix("pid=")
-    return pid if pid.isdigit() else "unknown"
+        """Lock the file at `path`: None on success, else the holder's pid. Raises OSError."""
+        holder = self._lock.acquire()
+        if holder is None or holder == REPLACED:
+            return holder
+        pid = holder.removeprefix("pid=")
+        return pid if pid.isdigit() else "unknown"
 
 
 def _removed(directory: Path) -> bool:

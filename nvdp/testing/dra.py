@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
+from nvdp.dra_standin.scheduler import allocate, consumed_capacity, nvidia_device_classes, taken_devices
 from nvdp.kube_api_standin import KubeApiStandin
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
@@ -125,11 +125,15 @@ def make_claim(
     device_class: str = "gpu.nvidia.com",
     selector: str = "",
     namespace: str = "ns",
+    capacity: Mapping[str, str] | None = None,
 ) -> Claim:
-    """Create a one-device claim (a request named `gpu`, with an optional CEL selector)."""
+    """Create a one-device claim (a request named `gpu`, with an optional CEL selector and capacity
+    requests: {"memory": "10Gi"})."""
     exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if capacity is not None:
+        exactly["capacity"] = {"requests": dict(capacity)}
     uid = f"uid-{name}"
     obj = {
         "apiVersion": "resource.k8s.io/v1",
@@ -148,7 +152,9 @@ def schedule(api: KubeApiStandin, claim: Claim, node: str = "node-a") -> list[st
     slices = [o for p, o in sorted(objects.items()) if "/resourceslices/" in p]
     claims = [o for p, o in objects.items() if "/resourceclaims/" in p and o["metadata"]["uid"] != claim.uid]
     path = claim_path(claim.namespace, claim.name)
-    allocation = allocate(objects[path], classes, slices, taken_devices(claims), node)
+    allocation = allocate(
+        objects[path], classes, slices, taken_devices(claims), node, consumed_capacity(claims)
+    )
     api.merge_patch(path, {"status": {"allocation": allocation}})
     return [r["device"] for r in allocation["devices"]["results"]]
 

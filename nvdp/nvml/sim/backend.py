@@ -27,6 +27,7 @@ from nvdp.nvml.sim.events import (
 )
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigLayoutError, place, sim_engines
+from nvdp.nvml.sim.mig_control import SimMigControl
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
 from nvdp.nvml.types import (
     ComputeMode,
@@ -361,6 +362,9 @@ class SimNvml:
         with self._lock:
             self.compute_modes[gpu_uuid] = ComputeMode(mode)
         logger.info("simulated compute mode set gpu=%s mode=%s", gpu_uuid, ComputeMode(mode).name)
+
+    def mig_control(self) -> SimMigControl:  # making MIG devices: nvdp.nvml.sim.mig_control
+        return SimMigControl(self)
 
     def _change_compute_mode(self, gpu: SimGpu, mig: MigDeviceInfo | None, mode: object) -> None:
         """A compute mode changed behind the process's back (nvidia-smi -c, a driver reload)."""

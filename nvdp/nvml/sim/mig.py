@@ -209,3 +209,23 @@ def _fit(todo: list[_GpuInstance], used: int, geometry: MigGeometry) -> bool:
         if _fit(rest, used | mask, geometry):
             return True
     return False
+
+
+def gpu_instance_profiles(geometry: MigGeometry) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+    """The GPU instance profiles a GPU of this geometry has, as the driver lists them (`nvidia-smi mig
+    -lgip`): (name, profile id, memory slices, possible placement starts). A placement starts at a
+    multiple of its size and leaves room for its compute slices (an A100's 1g.5gb: 0-6, 2g.10gb:
+    0, 2, 4, 3g.20gb: 0, 4), as nvmlDeviceGetGpuInstancePossiblePlacements_v2 answers."""
+    found = []
+    for (gpu_slices, slices, suffix), profile_id in _PROFILE_IDS[geometry.memory_slices].items():
+        if gpu_slices > geometry.compute_slices:
+            continue
+        gb = math.floor(slices * geometry.total_gb / geometry.memory_slices + 0.5)
+        name = f"{gpu_slices}g.{gb}gb{suffix}"
+        starts = tuple(
+            start
+            for start in range(0, geometry.memory_slices - slices + 1, slices)
+            if start + gpu_slices <= geometry.compute_slices
+        )
+        found.append((name, profile_id, slices, starts))
+    return tuple(sorted(found, key=lambda p: (p[2], int(p[0].split("g", 1)[0]), p[0])))

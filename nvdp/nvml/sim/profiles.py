@@ -78,6 +78,23 @@ PROFILES: Mapping[str, Mapping[str, object]] = {
         "nvswitch": 12,
         "pcie": _DGX_A100_PCIE,
     },
+    # The dgx-a100 node (same GPU UUIDs) with MIG mode on for every GPU and no MIG device yet: the
+    # state a node starts in whose MIG devices are made per claim (`dra.dynamicMig`).
+    "dgx-a100-mig-empty": {
+        **_DRIVER,
+        "uuid_seed": "dgx-a100",
+        "gpus": [
+            {
+                "name": "NVIDIA A100-SXM4-40GB",
+                "count": 8,
+                "numa_nodes": 2,
+                "pci_bus_ids": _DGX_A100_BUS_IDS,
+                "mig": [],
+            }
+        ],
+        "nvswitch": 12,
+        "pcie": _DGX_A100_PCIE,
+    },
     # DGX H100: 8 x H100 80GB HBM3, every GPU with 18 NVLinks into the NVSwitch fabric, two CPU
     # sockets (GPUs 0-3 on NUMA node 0, 4-7 on NUMA node 1). MIG capable, MIG disabled.
     "dgx-h100": {
