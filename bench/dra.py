@@ -144,9 +144,8 @@ def measure_dynamic_mig(workdir: Path, claims: int) -> list[Row]:
     MIG devices are made per claim (`dra.dynamicMig: all`, simulated dgx-a100-mig-empty): the claim read,
     the GPU instance and compute instance made (simulated NVML), the CDI spec and the checkpoint
     written; unprepare destroys them."""
-    from tests.builders import sim_gpus
-    from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
-    from tests.test_dra_dynamic_mig_e2e import DYNAMIC_ALL, PROFILE, cap_files
+    from nvdp.testing.dra import DYNAMIC_ALL, PROFILE
+    from nvdp.testing.driver_root import cap_files
 
     prepare, unprepare = Sample(), Sample()
     with dra_cluster(workdir, "sim:dgx-a100-mig-empty", config=DYNAMIC_ALL) as cluster:

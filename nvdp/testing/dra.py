@@ -98,6 +98,8 @@ V1 = f"{GROUP}/v1"
 NODE_UID = "5c8a9e1e-0000-4000-8000-00000000000a"
 DEVICE_CLASSES = nvidia_device_classes()
 DRA_ALL_CONFIG = "version: v1\ndra:\n  devices: all\n"
+DYNAMIC_ALL = "version: v1\ndra:\n  devices: all\n  dynamicMig: all\n"  # MIG devices made per claim
+PROFILE = "device.attributes['gpu.nvidia.com'].profile == '{}'"  # a selector of one MIG profile
 
 
 def serve_dra(api: KubeApiStandin, *versions: str) -> None:

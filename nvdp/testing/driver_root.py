@@ -9,8 +9,8 @@ import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from nvdp.devices import gpu_device, mig_device
-from nvdp.nvml.types import GpuInfo
+from nvdp.devices import gpu_device, mig_cap_paths, mig_device
+from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
@@ -97,3 +97,14 @@ def make_char_device(path: Path, mode: int = 0o666) -> bool:
         return False
     os.chmod(path, mode)
     return True
+
+
+def cap_files(root: Path, gpus: list[GpuInfo]) -> None:
+    """The MIG capability nodes of every GPU instance a placement may get (the node's, made empty)."""
+    for gpu in gpus:
+        for gi in range(15):
+            for path in mig_cap_paths(
+                gpu.minor, MigDeviceInfo("", 0, gi, 0, "", 0, gpu.uuid, gpu.index), None
+            ):
+                (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+                (root / path.lstrip("/")).touch()
