@@ -883,3 +883,14 @@ def test_an_unchanged_layout_is_answered_without_reading_the_node_again(
     changed = node.mig_layout()[gpus[0].uuid]
     assert len(reads) == 2 and changed != first[gpus[0].uuid]
     assert changed == GpuLayout.of(node.gpus()[0])
+
+
+def test_a_kept_layout_follows_mig_devices_made_and_destroyed() -> None:
+    node = open_sim("dgx-a100-mig-empty")
+    node.init()
+    control, gpu = node.mig_control(), node.gpus()[0].uuid
+    assert node.mig_layout()[gpu].instances == ()  # the answer kept from here
+    made = control.create_mig_device(gpu, MigPlacement(9, 4, 4))
+    assert node.mig_layout()[gpu].instances == ((made.gi_id, 0, "3g.20gb"),)
+    control.destroy_mig_device(gpu, made.gi_id)
+    assert node.mig_layout()[gpu].instances == ()

@@ -57,6 +57,9 @@ class _GpuState:
     created: int = 0  # MIG layouts applied by events: each re-creates the devices, new UUIDs
 
 
+_ReadFrom = tuple[tuple[MigDeviceInfo, ...] | None, bool]  # a GPU's MIG devices, lost flag
+
+
 class SimNvml:
     """NVML over a simulated node. Thread-safe; one optional events-file follower thread."""
 
@@ -72,8 +75,9 @@ class SimNvml:
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
         self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
-        self._changes = 0  # events applied: the layout is read again only after one
-        self._layout: tuple[tuple[int, int], dict[str, GpuLayout]] | None = None
+        # The last layout query's answer and what it was read from: each GPU's MIG devices (a tuple,
+        # replaced on every change: an event, a MIG device made or destroyed) and lost flag.
+        self._layout: tuple[list[_ReadFrom], int, dict[str, GpuLayout]] | None = None
         self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -151,11 +155,18 @@ class SimNvml:
         before its first listing: MIG disabled, like its faulty record)."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            # Only an applied event or a first listing changes it: an idle rescan costs a lookup.
-            key = (self._changes, len(self._enumerated))
-            if self._layout is None or self._layout[0] != key:
-                self._layout = (key, self._read_layout())
-            return dict(self._layout[1])
+            # Read again only when a GPU's MIG devices or lost flag changed, or a GPU was first
+            # listed: an idle rescan costs a comparison of references.
+            read_from: list[_ReadFrom] = [(state.mig, state.lost) for state in self._state]
+            cached = self._layout
+            if (
+                cached is None
+                or cached[1] != len(self._enumerated)
+                or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(cached[0], read_from, strict=True))
+            ):
+                cached = (read_from, len(self._enumerated), self._read_layout())
+                self._layout = cached
+            return dict(cached[2])
 
     def _read_layout(self) -> dict[str, GpuLayout]:
         return {
@@ -234,7 +245,6 @@ class SimNvml:
             self._fail_next_waits(event.get("code", "NVML_ERROR_UNKNOWN"))
             return
         with self._lock:
-            self._changes += 1
             gpu, mig = self._target(event.get("uuid"))
             if "mig" in event:
                 self._set_mig_layout(gpu, mig, event["mig"])
