@@ -17,7 +17,7 @@ import pytest
 
 from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, open_nvml
-from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
+from nvdp.nvml.sim import SimEventError, SimNvml, layout, load_node_file, open_sim, profile_names
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.types import GpuLayout, MigEngines, MigPlacement
@@ -875,8 +875,8 @@ def test_an_unchanged_layout_is_answered_without_reading_the_node_again(
     node.init()
     gpus = node.gpus()
     reads: list[None] = []
-    read = node._read_layout
-    monkeypatch.setattr(node, "_read_layout", lambda: reads.append(None) or read())
+    read = layout.read_layout
+    monkeypatch.setattr(layout, "read_layout", lambda *a: reads.append(None) or read(*a))
     first = node.mig_layout()
     assert node.mig_layout() == first and len(reads) == 1
     node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})

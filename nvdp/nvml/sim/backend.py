@@ -26,6 +26,7 @@ from nvdp.nvml.sim.events import (
     decode_event,
 )
 from nvdp.nvml.sim.follower import FileFollower
+from nvdp.nvml.sim.layout import KeptLayout
 from nvdp.nvml.sim.mig import MigLayoutError, place, sim_engines
 from nvdp.nvml.sim.mig_control import SimMigControl
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
@@ -57,9 +58,6 @@ class _GpuState:
     created: int = 0  # MIG layouts applied by events: each re-creates the devices, new UUIDs
 
 
-_ReadFrom = tuple[tuple[MigDeviceInfo, ...] | None, bool]  # a GPU's MIG devices, lost flag
-
-
 class SimNvml:
     """NVML over a simulated node. Thread-safe; one optional events-file follower thread."""
 
@@ -75,9 +73,7 @@ class SimNvml:
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
         self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
-        # The last layout query's answer and what it was read from: each GPU's MIG devices (a tuple,
-        # replaced on every change: an event, a MIG device made or destroyed) and lost flag.
-        self._layout: tuple[list[_ReadFrom], int, dict[str, GpuLayout]] | None = None
+        self._layout = KeptLayout()
         self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -155,34 +151,8 @@ class SimNvml:
         before its first listing: MIG disabled, like its faulty record)."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            # Read again only when a GPU's MIG devices or lost flag changed, or a GPU was first
-            # listed: an idle rescan costs a comparison of references.
-            read_from: list[_ReadFrom] = [(state.mig, state.lost) for state in self._state]
-            cached = self._layout
-            if (
-                cached is None
-                or cached[1] != len(self._enumerated)
-                or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(cached[0], read_from, strict=True))
-            ):
-                cached = (read_from, len(self._enumerated), self._read_layout())
-                self._layout = cached
-            return dict(cached[2])
-
-    def _read_layout(self) -> dict[str, GpuLayout]:
-        return {
-            gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
-            if state.lost and gpu.index not in self._enumerated
-            else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
-            if not state.mig
-            else GpuLayout(
-                gpu.index,
-                gpu.uuid,
-                True,
-                tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
-                tuple(sorted(m.uuid for m in state.mig)),
-            )
-            for gpu, state in zip(self.node.gpus, self._state, strict=True)
-        }
+            facts = [(state.mig, state.lost) for state in self._state]
+            return self._layout.get(self.node.gpus, facts, self._enumerated)
 
     def _faulty(self, gpu: SimGpu) -> GpuInfo:
         error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)
