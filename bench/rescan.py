@@ -1,4 +1,4 @@
-"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.plugin.rescan).
+"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.kubeletplugin.rescan).
 
 Run alone: `python -m bench.rescan` prints the table.
 
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvdp.kubeletplugin.rescan import LayoutRescanner
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.rescan import LayoutRescanner
 
 TICKS = 2000
 RUNS = 5

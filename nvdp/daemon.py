@@ -18,20 +18,21 @@ from typing import TYPE_CHECKING
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import PluginOptions
 from nvdp.config.notices import migration_notices
-from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
+from nvdp.daemon_settings import daemon_settings, imex_channels
 from nvdp.dra.checkpoint import dra_holds
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
+from nvdp.health.settings import health_settings
+from nvdp.kubeletplugin.dir_lock import DirClaim
+from nvdp.kubeletplugin.rescan import rescanner_for
 from nvdp.ledger.ledger import AllocationLedger
 from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.host_facts import RealHostFacts
 from nvdp.plugin.probe import rpc_problem
-from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
 from nvdp.plugin.status import AllocateNotice, RpcObserver
@@ -205,6 +206,7 @@ class Daemon:
         )
         self.metrics: Metrics | None = None
         if families is not None:
+            from nvdp.ledger.dra_file import ALLOCATIONS_FILE
             from nvdp.metrics import AllocationPages, Metrics, Probes
 
             probes = Probes(
@@ -215,8 +217,14 @@ class Daemon:
                 registration_problems=self.supervisor.registration_problems,
                 restart_needed=self.supervisor.restart_needed,
             )
+            dra_file = device_plugin_record_dir(settings.kubelet_socket, DRIVER_NAME) / ALLOCATIONS_FILE
             allocations = AllocationPages(
-                self.ledger, self.supervisor, self.health, self.supervisor.served_gpus, runtime.pod_detail
+                self.ledger,
+                self.supervisor,
+                self.health,
+                self.supervisor.served_gpus,
+                runtime.pod_detail,
+                dra_file,
             )
             self.metrics = Metrics(runtime.metrics_address, families, probes, allocations=allocations)
         registry = families.registry if families is not None else None

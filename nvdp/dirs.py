@@ -6,14 +6,14 @@ creates goes through `make_dirs`, parents included; a directory that already exi
 (it is not nvdp's to change). The directories, all 0755 (`DIR_MODE`):
 
 - the kubelet's device-plugin directory and its parents (`--kubelet-socket`'s directory;
-  `nvdp.plugin.dir_lock`), created only at start, when missing;
+  `nvdp.kubeletplugin.dir_lock`), created only at start, when missing;
 - the CDI spec directory (`--cdi-spec-dir`, default /var/run/cdi; `nvdp.cdi.writer`);
 - the MPS root and under it the shm mount point, each resource's pipe and log directories
   (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`);
 - the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`);
 - the kubelet stand-in's plugin directory (`nvdp.kubelet_standin.registration`; tests, `nvdp simulate`);
 - the DRA kubelet plugin's socket directories (`plugins_registry`, `plugins/gpu.nvidia.com`) and its
-  CDI root (`nvdp.dra.server`, `nvdp.dra.claim_specs`).
+  CDI root (`nvdp.kubeletplugin.socket_server`, `nvdp.dra.claim_specs`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The units nvdp reads and writes: Go's durations ("1h30m", "300ms"), as Go's time.ParseDuration
-reads them and Duration.String writes them, and binary sizes (MiB, a size in words)."""
+reads them and Duration.String writes them, binary sizes (MiB, a size in words), and Kubernetes
+quantities ("4Gi", "512M", "1e9") as whole numbers."""
 
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, Decimal
 
 MIB = 1 << 20
 MAX_GO_DURATION_S = (2**63 - 1) / 1e9  # Go durations are int64 nanoseconds
@@ -20,6 +22,14 @@ _NS = {
 }
 _GO_DURATION = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
 _TERM = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
+_QUANTITY = re.compile(
+    r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
+)
+_QUANTITY_SUFFIX = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9))},
+    **{s: Decimal(10) ** e for s, e in (("T", 12), ("P", 15), ("E", 18), ("", 0))},
+}
 
 
 def parse_go_duration(text: str) -> float:
@@ -67,3 +77,18 @@ def describe_size(size: int) -> str:
         if size >= factor and size % factor == 0:
             return f"{size // factor} {unit}"
     return f"{size} bytes"
+
+
+def parse_quantity(text: str) -> int:
+    """A Kubernetes resource quantity ("4Gi", "1500M", "1e9", "0.5Gi") as a whole number, rounded up
+    (as Quantity.Value()); ValueError when `text` is no quantity."""
+    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= 64 else None
+    if match is None:
+        raise ValueError("invalid quantity")
+    number, suffix = match[1], match[2] or ""
+    try:
+        factor = _QUANTITY_SUFFIX.get(suffix) or Decimal(10) ** int(suffix[1:])
+        value = Decimal(number) * factor
+    except (ArithmeticError, ValueError) as error:
+        raise ValueError("invalid quantity") from error
+    return int(value.to_integral_value(rounding=ROUND_CEILING))

@@ -456,3 +456,44 @@ def test_dra_alone(render: Callable[..., Rendered]) -> None:
     assert set(named(out, "DeviceClass")) == {"gpu.nvidia.com", "mig.nvidia.com"}
     for doc in out.docs:
         check_schema(doc)
+
+
+def test_env_vars_added_to_the_dra_container(
+    render: Callable[..., Rendered], render_error: Callable[..., str]
+) -> None:
+    env = [
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+    ]
+    out = render({"dra": {"enabled": True, "containers": {"gpus": {"env": env}}}})
+    (container,) = dra_daemonset(out)["spec"]["template"]["spec"]["containers"]
+    names = [e["name"] for e in container["env"]]
+    assert names.count("NVIDIA_DRIVER_CAPABILITIES") == 1
+    assert names[-2:] == ["NVIDIA_DRIVER_CAPABILITIES", "HTTPS_PROXY"]
+    assert container["env"][-2:] == env
+    assert "HTTPS_PROXY" not in str(render({}).docs)  # the device plugin's container: not given them
+    said = render_error(
+        {"dra": {"enabled": True, "containers": {"gpus": {"env": [{"name": "CDI_ROOT", "value": "/x"}]}}}}
+    )
+    assert "dra.containers.gpus.env: CDI_ROOT is set twice, or also by this chart from its values" in said
+    for entry in ({"value": "x"}, "HTTPS_PROXY=p"):
+        said = render_error({"dra": {"enabled": True, "containers": {"gpus": {"env": [entry]}}}})
+        shown = json.dumps(entry, separators=(",", ":"))
+        assert f"dra.containers.gpus.env: an entry without a name: {shown}" in said
+
+
+def test_mps_shared_memory_for_claims(render: Callable[..., Rendered]) -> None:
+    plain = dra_daemonset(render({"dra": {"enabled": True}}))["spec"]["template"]["spec"]
+    assert "initContainers" not in plain
+    pod = dra_daemonset(render({"dra": {"enabled": True, "mps": True}}))["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    root = "/var/lib/kubelet/plugins/gpu.nvidia.com/mps"
+    assert (init["name"], init["command"]) == ("mps-shm", ["nvdp", "mps-control-daemon", "mount-shm"])
+    assert init["env"] == [{"name": "MPS_ROOT", "value": root}]
+    propagated = {"name": "dra-mps-root", "mountPath": root, "mountPropagation": "Bidirectional"}
+    assert init["volumeMounts"] == [propagated]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dra-mps-shm"] == "/dev/shm"
+    assert {"name": "MPS_ROOT", "value": root} in pod["containers"][0]["env"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert (volumes["dra-mps-root"], volumes["dra-mps-shm"]) == (root, f"{root}/shm")

@@ -1,9 +1,8 @@
 """What of a ResourceClaim is this driver's on this node (pure): the claim the kubelet names must be
 the one the API has (its UID), allocated, and its `status.allocation.devices.results` for the driver
 `gpu.nvidia.com` and this node's pool are the devices to prepare. Results of other drivers and pools
-are someone else's (a claim may span drivers). An opaque device config for this driver (NVIDIA's
-GpuConfig / MigDeviceConfig: time-slicing, MPS) is refused: nvdp does not apply them, and a claim
-must not get a device without the sharing it asked for.
+are someone else's (a claim may span drivers). The opaque device configs for this driver (NVIDIA's
+GpuConfig / MigDeviceConfig: time-slicing, MPS) are `nvdp.dra.sharing`'s to read.
 
 A claim's names are checked before they name a file or an API path (`ref_problem`: the namespace a DNS
 label, the name a DNS subdomain, the UID letters, digits and `-`), and a claim whose shape is not a
@@ -92,20 +91,7 @@ def allocated_devices(claim: object, ref: ClaimRef, pool: str) -> list[Allocated
     ]
     for config in _list(devices.get("config"), ref, "status.allocation.devices.config"):
         config = _map(config, ref, "status.allocation.devices.config[]")
-        opaque = config.get("opaque")
-        requests = set(
-            map(str, _list(config.get("requests"), ref, "status.allocation.devices.config[].requests"))
-        )
-        if isinstance(opaque, Mapping) and opaque.get("driver") == DRIVER_NAME and ours:
-            if not requests or any(
-                a.request in requests or a.request.split("/")[0] in requests for a in ours
-            ):
-                parameters = opaque.get("parameters")
-                kind = parameters.get("kind") if isinstance(parameters, Mapping) else None
-                raise ClaimError(
-                    f"ResourceClaim {ref}: its {kind or 'opaque parameters'} config for {DRIVER_NAME} "
-                    "is not supported by nvdp"
-                )
+        _list(config.get("requests"), ref, "status.allocation.devices.config[].requests")
     return ours
 
 

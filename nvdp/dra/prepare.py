@@ -30,11 +30,13 @@ from typing import Any, Protocol
 
 from nvdp.cdi.names import qualified_name
 from nvdp.dra.checkpoint import Checkpoint, MadeMig, PreparedClaim, PreparedDevice
+from nvdp.dra.claim_parts import NO_CLAIMS, ClaimHooks
 from nvdp.dra.claim_specs import ClaimSpecs
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices, allocated_here, ref_problem
 from nvdp.dra.cluster import ResourceApi
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device
+from nvdp.dra.sharing import OpaqueConfig, opaque_configs
 from nvdp.dra.slices import Taint
 from nvdp.errors import KubeError
 from nvdp.logs import log_event
@@ -91,6 +93,7 @@ class _Decided:
     allocated: list[Allocated]
     devices: dict[str, DraDevice]  # by the name the allocation gives (maybe a former one)
     before: PreparedClaim | None  # a rebuilt claim's entry, kept if this one is not saved
+    configs: list[OpaqueConfig]  # its opaque configs for this driver (`nvdp.dra.sharing`)
 
 
 class ClaimPreparer:
@@ -104,10 +107,12 @@ class ClaimPreparer:
         *,
         changed: Callable[[], None] | None = None,
         shares: Shares | None = None,
+        claims: ClaimHooks = NO_CLAIMS,
         mig: MigMaker | None = None,
     ) -> None:
         self._api = api
         self._shares = shares  # GPUs shared by capacity: their claims' MPS client edits
+        self._claims = claims  # claims' sharing configs applied and undone, their pods read again
         self._mig = mig  # makes the MIG devices of dynamic-MIG placements (and removes them)
         self._changed = changed  # told after a claim was prepared or unprepared
         self.pool = pool
@@ -126,6 +131,7 @@ class ClaimPreparer:
     # ---- the calls ----------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAnswer]:
+        self._claims.touch(ref for ref in claims if ref_problem(ref) is None)  # a pod starts with them
         answers: dict[str, ClaimAnswer] = {}
         to_read: list[ClaimRef] = []
         with self._lock:
@@ -152,9 +158,10 @@ class ClaimPreparer:
                     elif known is not None and _complete(known):
                         answers[ref.uid] = ClaimAnswer(known.devices)
                     else:
+                        found, configs = allocated
                         try:
-                            devices = self._devices(allocated)
-                            decided.append(_Decided(ref, allocated, devices, known))
+                            devices = self._devices(found)
+                            decided.append(_Decided(ref, found, devices, known, configs))
                         except ClaimError as error:
                             answers[ref.uid] = self._refused(ref, str(error))
                 self._busy |= {d.ref.uid for d in decided}
@@ -173,6 +180,7 @@ class ClaimPreparer:
                 if isinstance(claim, ClaimAnswer):
                     answers[d.ref.uid] = claim
                 elif unsaved:
+                    self._claims.release(d.ref.uid)
                     if claim.made and self._mig is not None:
                         self._mig.remove(claim.made)
                     if d.before is None:
@@ -234,6 +242,7 @@ class ClaimPreparer:
                     log_event(log, logging.INFO, "claim unprepared", claim=str(ref), uid=uid)
             self._busy -= set(removed)
             self._lock.notify_all()
+        self._claims.unprepared([ref.uid for ref in refs if answers[ref.uid] == ""])
         if removed and not unsaved and self._changed is not None:
             self._changed()
         return {ref.uid: answers[ref.uid] for ref in claims}
@@ -249,10 +258,12 @@ class ClaimPreparer:
 
     # ---- the steps ----------------------------------------------------------------------------------
 
-    def _read(self, ref: ClaimRef) -> list[Allocated] | ClaimAnswer:
-        """The claim's results of this driver in this pool, from the API (no lock held)."""
+    def _read(self, ref: ClaimRef) -> tuple[list[Allocated], list[OpaqueConfig]] | ClaimAnswer:
+        """The claim's results of this driver in this pool and its configs, from the API (no lock held)."""
         try:
-            return allocated_devices(self._api.claims().get(ref.namespace, ref.name), ref, self.pool)
+            claim = self._api.claims().get(ref.namespace, ref.name)
+            allocated = allocated_devices(claim, ref, self.pool)
+            return allocated, opaque_configs(claim or {}, ref) if allocated else []
         except ClaimError as error:
             return self._refused(ref, str(error))
         except KubeError as error:
@@ -280,11 +291,13 @@ class ClaimPreparer:
             if self._mig is not None:
                 devices, made = self._mig.make(ref.uid, devices)
             edits = self._shares.edits(ref, decided.allocated, devices)[0] if self._shares else {}
+            self._claims.apply(ref, decided.configs, decided.allocated, devices, edits)  # as made
             unique = list({d.name: d for d in devices.values()}.values())
             ids = self._specs.write(ref.uid, unique, dev_nodes, edits)
         except (ClaimError, OSError) as error:
             if self._shares is not None:
                 self._shares.release(ref.uid)  # a claim not prepared holds no share
+            self._claims.release(ref.uid)
             if made and self._mig is not None and (undone := self._mig.remove(made)):
                 log_event(log, logging.WARNING, "MIG devices left after a failed prepare", error=undone)
             text = str(error) if isinstance(error, ClaimError) else f"ResourceClaim {ref}: {error}"

@@ -212,7 +212,25 @@ def allocate(
                 result["consumedCapacity"] = {c: quantity(v)["value"] for c, v in sorted(share.items())}
             results.append(result)
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}}
+    devices_out: dict[str, Any] = {"results": results}
+    if config := allocation_config(claim, classes):
+        devices_out["config"] = config
+    return {"devices": devices_out, "nodeSelector": {"nodeSelectorTerms": [term]}}
+
+
+def allocation_config(claim: Obj, classes: Mapping[str, Obj]) -> list[Obj]:
+    """`status.allocation.devices.config` as the scheduler writes it: each request's DeviceClass
+    configs (`source: FromClass`, for that request), then the claim's own (`FromClaim`)."""
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    config: list[Obj] = []
+    for request in devices.get("requests") or []:
+        wanted = request.get("exactly") or request
+        class_spec = (classes.get(wanted.get("deviceClassName", "")) or {}).get("spec") or {}
+        for entry in class_spec.get("config") or []:
+            config.append({"source": "FromClass", "requests": [request["name"]], **entry})
+    for entry in devices.get("config") or []:
+        config.append({"source": "FromClaim", **entry})
+    return config
 
 
 def _share(

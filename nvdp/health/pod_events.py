@@ -62,9 +62,12 @@ def pod_events(
         outlook = " " + _outlook(change, recovery_quiet_period)
     events = []
     for (namespace, name, uid), held in by_pod.items():
-        containers = list(dict.fromkeys(h.container for h in held))
+        containers = [c for c in dict.fromkeys(h.container for h in held) if c]
         ids = ", ".join(dict.fromkeys(h.device_id for h in held))
-        holds = f" This pod holds {resource} {ids} on it (container {', '.join(containers)})."
+        claims = ", ".join(dict.fromkeys(h.claim for h in held if h.claim))
+        through = f" through ResourceClaim {claims}" if claims else ""
+        where = f" (container {', '.join(containers)})" if containers else ""
+        holds = f" This pod holds {resource} {ids} on it{through}{where}."
         message = f"{unit} {state}{holds}{outlook}"
         container = containers[0] if len(containers) == 1 else ""
         events.append(Event(Involved.pod(namespace, name, uid, container), event_type, reason, message))

@@ -12,9 +12,10 @@ order, for the next `set_targets`, and is reported then by the targets that hold
 no target holds then is a device nobody serves: such changes are dropped).
 
 With the allocation ledger (`allocations`), the log line and the Node event name the pods holding the
-devices (`pods=ns/name,...`, as last read: the health path never waits for a read), each such pod gets
-an event of its own (`pod_events`), and the ledger is asked to read again. Node events are bounded per
-device (`nvdp.health.event_budget`): a flapping GPU does not write to the API server at every flap.
+devices (`pods=ns/name,...`, and DRA's `claims=ns/name,...`, as last read: the health path never
+waits for a read), each such pod gets an event of its own (`pod_events`), and the ledger is asked to
+read again. Node events are bounded per device (`nvdp.health.event_budget`): a flapping GPU does not
+write to the API server at every flap.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ class HealthRouter:
             fields.update(xid=change.xid, reason=change.reason, fatal=change.fatal)
         holders = self._allocations.held(resource, [d.id for d in devices]) if self._allocations else []
         if holders:
+            fields["claims"] = ",".join(dict.fromkeys(h.claim for h in holders if h.claim)) or None
             fields["pods"] = ",".join(dict.fromkeys(h.pod_key for h in holders))
         log_event(log, level, message, **fields)
         if self._node_events is not None and self._budget.allow(

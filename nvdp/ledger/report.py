@@ -2,7 +2,8 @@
 simulate` shows after its Allocate.
 
 Each resource gets a line of counts; every device that a container holds or that is not Healthy gets
-a line of its own (who holds it, why it is Unhealthy); the free, Healthy rest are counted, so a node
+a line of its own (who holds it: the pod's container, or the DRA claim it holds the device through;
+why it is Unhealthy; its share); the free, Healthy rest are counted, so a node
 with hundreds of shared replicas still fits a screen. Where the plugin withholds the pods from this
 client (--pod-detail), a held device shows how many containers hold it. The document may come from
 another nvdp version: what it lacks is shown as unknown, never a traceback.
@@ -65,19 +66,26 @@ def _resource(name: str, devices: list[Mapping[str, Any]]) -> str:
         )
         if device.get("reason"):
             lines.append(f"  {'':<47} {'':<6} why: {device['reason']}\n")
+        if device.get("share"):
+            lines.append(f"  {'':<47} {'':<6} share: {device['share']}\n")
     return "".join(lines)
 
 
 def _is_held(device: Mapping[str, Any]) -> bool:
     holders = device.get("holders")
-    return bool(device.get("pods")) or (isinstance(holders, int) and holders > 0)
+    return bool(device.get("pods") or device.get("claims")) or (isinstance(holders, int) and holders > 0)
 
 
 def _holders(device: Mapping[str, Any]) -> str:
     """The containers holding `device`: named, or counted where the pods are withheld."""
     pods = device.get("pods")
-    if isinstance(pods, list):
+    if pods and isinstance(pods, list):
         return ", ".join(_pod(p) for p in pods if isinstance(p, Mapping)) or "-"
+    claims = device.get("claims")
+    if claims and isinstance(claims, list):  # a DRA claim whose pods are not known (yet)
+        return ", ".join(
+            f"claim {c.get('namespace', '?')}/{c.get('name', '?')}" for c in claims if isinstance(c, Mapping)
+        )
     count = device.get("holders")
     if isinstance(count, int) and count > 0:
         return f"{count} container{'' if count == 1 else 's'} (pods withheld)"
@@ -85,4 +93,5 @@ def _holders(device: Mapping[str, Any]) -> str:
 
 
 def _pod(pod: Mapping[str, Any]) -> str:
-    return f"{pod.get('namespace', '?')}/{pod.get('name', '?')} ({pod.get('container', '?')})"
+    held = f"claim {pod['claim']}" if pod.get("claim") else pod.get("container", "?")  # DRA's: a claim
+    return f"{pod.get('namespace', '?')}/{pod.get('name', '?')} ({held})"

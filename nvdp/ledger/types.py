@@ -12,7 +12,8 @@ class Holding:
     """One device ID of one resource, held by one container (as the kubelet's PodResources API says).
 
     `uid` is the pod's UID when the kubelet's device checkpoint names it (the PodResources API does
-    not carry it); None when unknown."""
+    not carry it); None when unknown. `claim` (`namespace/name`) is the ResourceClaim a DRA device is
+    held through ("" for the device plugin's devices; `container` is then "" as well)."""
 
     resource: str
     device_id: str
@@ -20,6 +21,7 @@ class Holding:
     pod: str
     container: str
     uid: str | None = None
+    claim: str = ""
 
     @property
     def pod_key(self) -> str:

@@ -9,6 +9,8 @@
   container), unless `pod_detail` is "all" (--pod-detail).
 - Other clients get the devices, their health and how many containers hold each, and the family
   without its namespace, pod and container labels.
+- On a node split between the APIs, the DRA plugin's devices are listed too, under `gpu.nvidia.com`
+  (its allocations file, `nvdp.ledger.dra_file`): the claims and pods holding each, its share.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from nvdp.health.types import HealthChange
 from nvdp.http_endpoint import is_loopback
 from nvdp.ledger.document import Served, allocations_document
+from nvdp.ledger.dra_file import dra_resource, read_dra_allocations
 from nvdp.metrics.sources import HealthView, LedgerView, RegistrationState
 from nvdp.nvml.types import GpuInfo
 from nvdp.promtext import MetricFamily
@@ -48,9 +52,11 @@ class AllocationPages:
         health: HealthView | None,
         gpus: Callable[[], Sequence[GpuInfo] | None],
         pod_detail: str = "local",
+        dra_file: Path | None = None,
     ) -> None:
         self._ledger, self._registrations, self._health, self._gpus = ledger, registrations, health, gpus
         self.pod_detail = pod_detail
+        self._dra_file = dra_file  # the DRA plugin's allocations on a node split between the APIs
 
     def shows_pods(self, peer: str) -> bool:
         """Whether the client at `peer` (its IP address) is told which pods hold the devices."""
@@ -66,7 +72,11 @@ class AllocationPages:
         unhealthy: Mapping[str, HealthChange] = self._health.unhealthy() if self._health is not None else {}
         reasons = {uuid: unhealthy_reason(change) for uuid, change in unhealthy.items()}
         gpus = self._gpus() or []
-        return allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
+        document = allocations_document(snapshot, served, reasons, gpus, time.time(), pods=pods)
+        dra = read_dra_allocations(self._dra_file) if self._dra_file is not None else None
+        if dra is not None:  # the DRA driver's name as the resource's
+            document["resources"][dra[0]] = dra_resource(dra[1], pods)
+        return document
 
     def render(self, peer: str) -> bytes:
         """/allocations for the client at `peer`."""

@@ -7,7 +7,7 @@ resource until it registers again) is this module's one job; without a kubelet s
 --kubelet-socket: NVIDIA's "serve without registering") a server counts as done once it listens.
 The supervisor's loop decides when
 (`nvdp.plugin.supervisor`). The Register call itself is the `Registrar` seam
-(`nvdp.plugin.registration.register` in the daemon), so this is unit-tested with a hand-written fake.
+(`nvdp.kubeletplugin.registration.register` in the daemon), so this is unit-tested with a hand-written fake.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A stand-in `nvidia-cuda-mps-control` for the tests and the benchmarks: a small script written into
-a temp dir that goes first on PATH. It records every invocation (argv, the MPS env vars, stdin) as a
-JSON line in
-`calls.jsonl`; `-d` "starts" a daemon (a `control` file in the pipe dir and a line in
+a temp dir that goes first on PATH. It records every invocation (argv, the MPS env vars,
+CUDA_VISIBLE_DEVICES, stdin) as a JSON line in `calls.jsonl`; `-d` "starts" a daemon (a `control`
+file in the pipe dir and a line in
 `<log>/control.log`); a command needs that file (else it fails like the real one with no daemon),
 answers `get_*` with 100 and `quit` removes the file. Like a daemon that keeps its inherited
 stdout / stderr, the forked "daemon" holds them until it quits. Knob files make it fail: `fail-start` /

@@ -1,4 +1,5 @@
-"""The kubelet directory, claimed: created if missing, and locked for the life of the process.
+"""A plugin's directory, claimed: created if missing, and locked for the life of the process (the
+device plugin's kubelet directory; the DRA plugin's plugin directory, with its own lock name).
 
 Two instances on one directory would delete each other's live sockets as stale and flap, so each
 takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its pid there.
@@ -6,7 +7,7 @@ takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and write
 - An unusable directory (read-only, not a directory, no permission) is said in one line and retried
   with backoff, as the kubelet's other socket errors are.
 - The claim is on the path: a kubelet restart or reinstall may empty, remove or replace the
-  directory. `refresh()` (every supervisor wake-up) takes the lock again on a new file at the path,
+  directory. `refresh()` (every main-loop wake-up) takes the lock again on a new file at the path,
   so a waiting instance cannot claim it; while it cannot, it says so once and says when to retry.
 - After start nvdp never creates the directory: that is the kubelet's (or its installer's) to do.
 - In a pod, a removed host directory stays mounted as removed (no links, nothing can be created)

@@ -1,0 +1,168 @@
+"""Claims that say how to share, end to end: `nvdp dra-kubelet-plugin` as a process on a simulated node,
+the kubelet stand-in over its socket, the API stand-in and the stand-in scheduler copying the
+DeviceClass's and the claim's configs into the allocation, and the `nvidia-cuda-mps-control`
+stand-in on PATH. TimeSlicing from the class, overridden by the claim; MPS with its limits in the
+claim's CDI spec; a bad config refused for its claim alone; everything undone at unprepare."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from nvdp.kubelet_standin.dra import Claim
+from nvdp.testing import wait_until
+from tests.builders import sim_gpus
+from tests.cdi_support import load_schema, validate
+from tests.dra_support import V1, claim_path, dra_cluster, make_claim, schedule, slices_of
+from tests.mps_standin import Standin
+
+GPUS = [g.uuid for g in sim_gpus("pcie-4")]
+DRIVER = "gpu.nvidia.com"
+API = "resource.nvidia.com/v1beta1"
+
+
+def config_for(parameters: dict[str, Any], requests: list[str] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": DRIVER, "parameters": parameters}}
+    return {**entry, "requests": requests} if requests else entry
+
+
+def sharing(strategy: str, **settings: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": strategy, **settings}}
+
+
+def with_config(cluster: Any, claim: Claim, *config: dict[str, Any]) -> Claim:
+    cluster.api.merge_patch(
+        claim_path(claim.namespace, claim.name), {"spec": {"devices": {"config": list(config)}}}
+    )
+    return claim
+
+
+def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
+    standin = Standin(tmp_path / "standin")
+    env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
+    with dra_cluster(tmp_path, env=env) as cluster:
+        short = sharing("TimeSlicing", timeSlicingConfig={"interval": "Short"})
+        cluster.api.put(
+            f"{V1}/deviceclasses/gpu-short.nvidia.com",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "gpu-short.nvidia.com"},
+                "spec": {
+                    "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
+                    "config": [config_for(short)],
+                },
+            },
+        )
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
+
+        sliced = make_claim(cluster.api, "sliced", "gpu-short.nvidia.com")  # the class's Short
+        longer = with_config(
+            cluster,
+            make_claim(cluster.api, "longer", "gpu-short.nvidia.com"),
+            config_for(sharing("TimeSlicing", timeSlicingConfig={"interval": "Long"}), ["gpu"]),
+        )
+        limits = {
+            "defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "8Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"0": "4Gi"},
+        }
+        mps = with_config(
+            cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS", mpsConfig=limits))
+        )
+        bad = with_config(
+            cluster, make_claim(cluster.api, "bad"), config_for({"apiVersion": API, "kind": "TpuConfig"})
+        )
+        claims = [sliced, longer, mps, bad]
+        assert [schedule(cluster.api, c) for c in claims] == [["gpu-0"], ["gpu-1"], ["gpu-2"], ["gpu-3"]]
+        answers = cluster.kubelet.node_prepare(DRIVER, claims).claims
+        assert answers[bad.uid].error == (
+            "ResourceClaim ns/bad: a gpu.nvidia.com config's kind 'TpuConfig' is not GpuConfig or "
+            "MigDeviceConfig"
+        )
+        assert [answers[c.uid].error for c in claims[:3]] == ["", "", ""]
+
+        log = cluster.log()
+        assert f"simulated compute mode set gpu={GPUS[0]} mode=DEFAULT" in log
+        assert f"simulated time slice set gpu={GPUS[0]} interval=Short smi_level=1" in log
+        assert f"simulated time slice set gpu={GPUS[1]} interval=Long smi_level=3" in log
+        assert f"simulated compute mode set gpu={GPUS[2]} mode=EXCLUSIVE_PROCESS" in log
+        mps_root = cluster.node.plugins / DRIVER / "mps"
+        pipe = mps_root / GPUS[2] / "pipe"
+        assert standin.running(pipe)
+        assert {c["visible"] for c in standin.calls()} == {GPUS[2]}
+
+        spec = cluster.specs()[f"k8s.gpu.nvidia.com-claim_{mps.uid}.json"]
+        (device,) = spec["devices"]
+        assert device["containerEdits"]["env"] == [
+            f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
+        ]
+        options = ["rw", "nosuid", "nodev", "bind"]
+        assert device["containerEdits"]["mounts"] == [
+            {"hostPath": str(pipe), "containerPath": str(pipe), "options": options},
+            {"hostPath": str(tmp_path / "mps-root/shm"), "containerPath": "/dev/shm", "options": options},
+        ]
+        assert validate(spec, load_schema(), strict=False) == []
+        sliced_spec = cluster.specs()[f"k8s.gpu.nvidia.com-claim_{sliced.uid}.json"]
+        assert "env" not in sliced_spec["devices"][0]["containerEdits"]
+        sliced_gpus = json.loads((cluster.node.plugins / DRIVER / "timeslices.json").read_text())
+        assert sliced_gpus == {GPUS[0]: sliced.uid, GPUS[1]: longer.uid}
+
+        unprepared = cluster.kubelet.node_unprepare(DRIVER, claims[:3]).claims
+        assert [unprepared[c.uid].error for c in claims[:3]] == ["", "", ""]
+        log = cluster.log()
+        for gpu in GPUS[:2]:
+            assert f"simulated time slice set gpu={gpu} interval=Default smi_level=0" in log
+        assert not standin.running(pipe)
+        assert standin.commands(pipe)[-1] == "quit"
+        assert f"simulated compute mode set gpu={GPUS[2]} mode=DEFAULT" in log
+        assert json.loads((cluster.node.plugins / DRIVER / "timeslices.json").read_text()) == {}
+        assert "Traceback" not in log
+
+
+def test_mps_without_the_control_binary_is_that_claims_error(tmp_path: Path) -> None:
+    with dra_cluster(tmp_path, env={"PATH": str(tmp_path)}) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
+        mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
+        plain = make_claim(cluster.api, "plain")
+        schedule(cluster.api, mps)
+        schedule(cluster.api, plain)
+        answers = cluster.kubelet.node_prepare(DRIVER, [mps, plain]).claims
+        assert (
+            answers[mps.uid].error == "ResourceClaim ns/mps: MPS: nvidia-cuda-mps-control not found on PATH"
+        )
+        assert answers[plain.uid].error == ""
+        assert sorted(cluster.specs()) == [f"k8s.gpu.nvidia.com-claim_{plain.uid}.json"]
+        assert f"simulated compute mode set gpu={GPUS[0]}" not in cluster.log()
+
+
+def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Path) -> None:
+    standin = Standin(tmp_path / "standin")
+    env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
+    with dra_cluster(tmp_path, env=env) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
+        mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
+        schedule(cluster.api, mps)
+        assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        pipe = cluster.node.plugins / DRIVER / "mps" / GPUS[0] / "pipe"
+        assert standin.running(pipe)
+        assert cluster.process is not None
+        cluster.process.stop()
+        assert not standin.running(pipe)
+        assert f"simulated compute mode set gpu={GPUS[0]} mode=DEFAULT" in cluster.log()
+        cluster.start()
+        cluster.registered(after=1)
+        wait_until(lambda: standin.running(pipe), 10, "the daemon started again")
+        assert cluster.log().count(f"starting MPS daemon daemon={GPUS[0]}") == 2
+        assert cluster.kubelet.node_unprepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        assert not standin.running(pipe)
