@@ -139,6 +139,16 @@ def test_other_entries_of_the_parents_do_not_wake_it(watched: tuple[Path, DirWat
     assert not watcher.wait(CHANGE_S)  # woken, and no change seen
 
 
+def test_an_added_parent_with_names_wakes_only_for_those_entries(watched: tuple[Path, DirWatcher]) -> None:
+    directory, watcher = watched
+    parent = directory.parent.parent  # e.g. /var/lib/kubelet, watched for plugins/ to appear
+    assert watcher.add(parent, names=frozenset({"plugins"}))
+    (parent / "other-traffic").mkdir()
+    assert not watcher.wait(QUIET_S)
+    (parent / "plugins").mkdir()
+    assert watcher.wait(CHANGE_S)
+
+
 # ---- the lock follows the path ------------------------------------------------------------------
 
 

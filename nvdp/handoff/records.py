@@ -323,9 +323,12 @@ class Handoff:
         """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
         or while it is missing the nearest of its two parents there is (it appears with the DRA driver);
         a record written in place (not replaced) wakes it too."""
-        for directory in (self.directory, self.directory.parent, self.directory.parent.parent):
-            if directory.is_dir():
-                watcher.add(directory, IN_CLOSE_WRITE if directory == self.directory else 0)
+        if self.directory.is_dir():
+            watcher.add(self.directory, IN_CLOSE_WRITE)
+            return
+        for directory in (self.directory.parent, self.directory.parent.parent):
+            if directory.is_dir():  # only the next component's arrival wakes it
+                watcher.add(directory, names=frozenset({self.directory.relative_to(directory).parts[0]}))
                 return
 
     # ---- what to say ---------------------------------------------------------------------------------
