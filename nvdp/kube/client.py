@@ -25,6 +25,7 @@ from typing import Any
 from nvdp.bounded import BoundExceeded, loads_json, loads_yaml
 from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent, UnreadableFile
 from nvdp.files import read_bounded
+from nvdp.kube.transport import LightClient, light_client, lines
 from nvdp.units import MIB
 
 log = logging.getLogger(__name__)
@@ -46,26 +47,26 @@ def new_api_client(
     --kubeconfig); else the in-cluster service account. `retries`: urllib3's own retries of a failed
     connection (0 where the caller retries with backoff). Raises KubeError (one line) when no
     configuration can be loaded. A process that blocked `ssl` lifts the block first."""
+    if host is not None:
+        return LightClient(host, token=token or "", retries=retries)
+    if kubeconfig and not os.path.isfile(kubeconfig):
+        raise KubeError(f"cannot load kubeconfig {kubeconfig}: no such file")
+    if kubeconfig:
+        _check_kubeconfig(kubeconfig)
+    light = light_client(kubeconfig=kubeconfig, retries=retries)
+    if light is not None:
+        return light
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    if host is not None:
-        configuration.host = host
-        if token:
-            configuration.api_key = {"authorization": token}
-            configuration.api_key_prefix = {"authorization": "Bearer"}
-    else:
-        if kubeconfig and not os.path.isfile(kubeconfig):
-            raise KubeError(f"cannot load kubeconfig {kubeconfig}: no such file")
-        try:
-            if kubeconfig:
-                _check_kubeconfig(kubeconfig)
-                config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            else:
-                config.load_incluster_config(client_configuration=configuration)
-        except (config.ConfigException, OSError, ValueError, TypeError) as error:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
-            raise KubeError(f"cannot load {where}: {' '.join(str(error).split())}") from error
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError, TypeError) as error:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
+        raise KubeError(f"cannot load {where}: {' '.join(str(error).split())}") from error
     configuration.retries = retries
     return client.ApiClient(configuration)
 
@@ -112,12 +113,10 @@ def watch(
     An ERROR event raises KubeStatusError (KubeGone for 410); a stream that says nothing, not even
     its headers, for `silence` s (a half-open connection, a stalled server) raises KubeWatchSilent;
     any other failure KubeError (one line)."""
-    from kubernetes.watch.watch import iter_resp_lines
-
     heard = time.monotonic()
     try:
         with _watch_stream(api_client, path, query, (10, silence)) as response:
-            for line in iter_resp_lines(response):
+            for line in lines(response):
                 heard = time.monotonic()
                 if not line.strip():
                     continue
@@ -155,6 +154,13 @@ def _send(
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
+    if isinstance(api_client, LightClient):
+        raw = api_client.send(method, path, query, timeout, body, headers)
+        if not 200 <= raw.status <= 299:
+            with _released(raw):
+                data = raw.data
+            raise _status_error(raw.status, data, raw.reason)
+        return raw
     if hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
         serialized = api_client.param_serialize(
             method,
