@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import start_plugin
+from nvdp.testing import start_plugin, wait_until
+from nvdp.testing.dra import dra_cluster, slices_of
 from tests.test_footprint import run_python
 
 
@@ -36,3 +37,17 @@ def test_plugin_modules_leave_difflib_out() -> None:
         """
     )
     assert out.split() == ["False"]
+
+
+def test_dra_plugin_process_imports_no_kubernetes_client(tmp_path: Path) -> None:
+    """The `kubernetes` package (its __init__ imports the whole client: about 17 MiB) is left out of
+    the DRA plugin serving a token kubeconfig: nvdp.kube's own transport talks to the API server."""
+    with dra_cluster(tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: slices_of(cluster.api), 30, "the ResourceSlices")
+        log = cluster.log().splitlines()
+    imported = {line.split("|")[-1].strip() for line in log if "import time:" in line}
+    assert "nvdp.kube.transport" in imported
+    client = sorted(m for m in imported if m.partition(".")[0] in ("kubernetes", "pydantic", "requests"))
+    assert client == []

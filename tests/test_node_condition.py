@@ -1,5 +1,5 @@
 """The GPU health condition and taint on the Node: what the Node should say (pure), and the reporter
-that writes it through the real `kubernetes` client to the API stand-in: idempotent, rate-limited,
+that writes it through nvdp.kube (its own transport here) to the API stand-in: idempotent, rate-limited,
 retried, never in the health path's way."""
 
 from __future__ import annotations
@@ -435,7 +435,7 @@ def test_from_env(tmp_path: Path) -> None:
     assert node_condition_from_env(in_cluster, node=NODE, token_file=str(token)) is not None
 
 
-def test_the_kubernetes_client_is_loaded_with_the_first_write(tmp_path: Path) -> None:
+def test_the_api_transport_is_loaded_with_the_first_write(tmp_path: Path) -> None:
     with KubeApiStandin() as api:
         api.put(NODE_PATH, {"metadata": {"name": NODE}, "status": {}})
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -454,11 +454,11 @@ view.current = {{"GPU-0": HealthChange("GPU-0", False, "lost", None, True)}}
 view.started = False
 reporter.start(view)
 reporter.changed()
-before = "kubernetes" in sys.modules or sys.modules.get("ssl") is not None
+before = "urllib3" in sys.modules or "kubernetes" in sys.modules or sys.modules.get("ssl") is not None
 view.started = True
 reporter.changed()
 wait_until(lambda: reporter.syncs, 60, "a write")
-print(before, "kubernetes" in sys.modules)
+print(before, "urllib3" in sys.modules)
 """
         done = subprocess.run(
             [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120

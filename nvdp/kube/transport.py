@@ -85,7 +85,10 @@ class LightClient:
             sent["Authorization"] = authorization
         if body is not None and not isinstance(body, bytes | str):
             body = json.dumps(body)
-        limit = urllib3.Timeout(*timeout) if isinstance(timeout, tuple) else urllib3.Timeout(total=timeout)
+        if isinstance(timeout, tuple):  # (connect, read), as the client takes it
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
         return self.pool.request(method, url, body=body, headers=sent, timeout=limit, preload_content=False)
 
 
