@@ -4,9 +4,12 @@
   on; importing this module costs nothing.
 - A process that blocked `ssl` (`nvdp.ssl_block.block_ssl`) lifts the block before building one.
 - One constructor, `new_api_client` (a host for tests, a kubeconfig, or the in-cluster service
-  account), serves every user.
-- Requests go through the ApiClient untyped (JSON in and out, `request`): the typed models cost
-  about 22 MB more RSS. API failures are one-line KubeErrors.
+  account), serves every user. The in-cluster account and plain kubeconfigs (a token or a client
+  certificate) get nvdp's own transport over urllib3 (`nvdp.kube.transport`): importing any part
+  of the `kubernetes` package imports the whole client, about 17 MiB of RSS. Other configurations
+  (exec or auth-provider users, basic auth, proxies) get the client's ApiClient.
+- Requests go through either untyped (JSON in and out, `request`): the typed models cost about
+  22 MB more RSS. API failures are one-line KubeErrors.
 - Every response body is read to its end before its connection returns to the pool; a watch stream
   left early closes its connection (`_watch_stream`): unread bytes would become the next request's
   status line (`BadStatusLine`).
@@ -42,8 +45,9 @@ def in_cluster(environ: Mapping[str, str], token_file: str = SERVICE_ACCOUNT_TOK
 def new_api_client(
     *, kubeconfig: str | None = None, host: str | None = None, token: str | None = None, retries: int = 1
 ) -> Any:
-    """The one way this module builds a `kubernetes.client.ApiClient`: `host` (+ bearer `token`) points
-    at a server directly (tests: a local stand-in); else the `kubeconfig` file (KUBECONFIG /
+    """The one way to build an API client (a LightClient where `nvdp.kube.transport` can serve the
+    configuration, else a `kubernetes.client.ApiClient`): `host` (+ bearer `token`) points at a
+    server directly (tests: a local stand-in); else the `kubeconfig` file (KUBECONFIG /
     --kubeconfig); else the in-cluster service account. `retries`: urllib3's own retries of a failed
     connection (0 where the caller retries with backoff). Raises KubeError (one line) when no
     configuration can be loaded. A process that blocked `ssl` lifts the block first."""
@@ -156,12 +160,7 @@ def _send(
         headers["Content-Type"] = content_type
     if isinstance(api_client, LightClient):
         raw = api_client.send(method, path, query, timeout, body, headers)
-        if not 200 <= raw.status <= 299:
-            with _released(raw):
-                data = raw.data
-            raise _status_error(raw.status, data, raw.reason)
-        return raw
-    if hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
+    elif hasattr(api_client, "param_serialize"):  # clients >= 34 (openapi-generator): no raise on non-2xx
         serialized = api_client.param_serialize(
             method,
             path,
@@ -175,12 +174,26 @@ def _send(
             method, url, header_params=headers, body=body, _request_timeout=timeout
         )
         raw = response.response
-        if not 200 <= raw.status <= 299:
-            with _released(raw):
-                data = raw.data
-            raise _status_error(raw.status, data, raw.reason)
-        return raw
-    from kubernetes.client.exceptions import ApiException  # older clients (swagger-codegen)
+    else:
+        return _send_swagger(api_client, method, path, query, timeout, body, headers)
+    if not 200 <= raw.status <= 299:
+        with _released(raw):
+            data = raw.data
+        raise _status_error(raw.status, data, raw.reason)
+    return raw
+
+
+def _send_swagger(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    timeout: float | tuple[float, float],
+    body: object,
+    headers: dict[str, str],
+) -> Any:
+    """`_send` through a client older than 34 (swagger-codegen), which raises on a non-2xx answer."""
+    from kubernetes.client.exceptions import ApiException
 
     try:
         return api_client.call_api(
