@@ -93,3 +93,16 @@ def test_plugin_start_loads_no_module_of_a_feature_it_does_not_use(tmp_path: Pat
         """
     )
     assert out.split() == ["none"]
+
+
+def test_importing_the_kube_package_loads_no_http_client() -> None:
+    """urllib3 (and, for the configurations nvdp.kube.transport cannot serve, `kubernetes`) come
+    with the first API client built, not with the import."""
+    out = run_python(
+        """
+        import sys
+        import nvdp.kube, nvdp.kube.transport
+        print(*[m for m in ("urllib3", "kubernetes", "ssl", "yaml") if m in sys.modules] or ["none"])
+        """
+    )
+    assert out.split() == ["none"]

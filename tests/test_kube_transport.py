@@ -247,3 +247,16 @@ def test_requests_and_watches_of_a_plain_kubeconfig_leave_the_kubernetes_package
         """
     )
     assert out.split() == ["ADDED", "False", "False"]
+
+
+def test_a_token_missing_mid_rotation_leaves_the_last_one(
+    tmp_path: Path, certs: Path, server: TlsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = _account(tmp_path, certs)
+    client = _in_cluster(server, account)
+    assert client is not None
+    get_json(client, PATH, {}, timeout=10)
+    monkeypatch.setattr(transport, "TOKEN_REFRESH_SECONDS", 0.0)
+    (account / "token").unlink()
+    get_json(client, PATH, {}, timeout=10)
+    assert [auth for _, auth, _ in server.seen] == ["Bearer account-token"] * 2

@@ -62,8 +62,11 @@ class LightClient:
 
     def authorization(self) -> str:
         if self.token_file and time.monotonic() - self._read_at >= TOKEN_REFRESH_SECONDS:
-            with open(self.token_file) as file:
-                self.token = file.read().strip()
+            try:
+                with open(self.token_file) as file:
+                    self.token = file.read().strip() or self.token
+            except OSError:  # mid-rotation: the last token until the next read
+                pass
             self._read_at = time.monotonic()
         return f"Bearer {self.token}" if self.token else ""
 
