@@ -47,6 +47,7 @@ PURE = {
     "nvdp.dra.devices",
     "nvdp.dra.names",
     "nvdp.dra.slices",
+    "nvdp.dra_standin.counters",
     "nvdp.dra_standin.scheduler",
     "nvdp.gfd.clique",
     "nvdp.gfd.labels",
