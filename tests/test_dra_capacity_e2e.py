@@ -92,7 +92,8 @@ def test_a_daemon_that_cannot_start_fails_the_claim_in_one_line(tmp_path: Path) 
         answer = cluster.kubelet.node_prepare("gpu.nvidia.com", [claim]).claims[claim.uid]
         assert answer.error == (
             f"ResourceClaim ns/first: gpu-0: MPS daemon {GPU0} is not ready: MPS daemon failed to start: "
-            "nvidia-cuda-mps-control: start the MPS control daemon failed with exit status 1: stand-in: told to fail -d"
+            "nvidia-cuda-mps-control: start the MPS control daemon failed with exit status 1: "
+            "stand-in: told to fail -d"
         )
         assert cluster.specs() == {}
         whole = Claim("ns", "first", claim.uid)

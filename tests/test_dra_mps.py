@@ -56,7 +56,7 @@ def daemon_dir(tmp_path: Path, name: str) -> Path:
 
 def test_one_daemon_per_gpu_set_from_first_holder_to_last(tmp_path: Path, nvml: SimNvml) -> None:
     standin = Standin(tmp_path / "standin")
-    mps = dra_mps(tmp_path, nvml, standin.env())
+    mps = dra_mps(tmp_path, nvml, standin.env(), health_interval=3600)  # no health query meanwhile
     daemon = mps.ensure_daemon([GPUS[1]], holder="uid-a")
     assert daemon == MpsDaemon(
         GPUS[1], (GPUS[1],), daemon_dir(tmp_path, GPUS[1]) / "pipe", tmp_path / "mps/shm"
@@ -125,7 +125,7 @@ def test_a_daemon_that_stops_answering_is_started_again(tmp_path: Path, nvml: Si
 
 def test_a_restarted_plugin_finds_its_daemons(tmp_path: Path, nvml: SimNvml) -> None:
     standin = Standin(tmp_path / "standin")
-    first = dra_mps(tmp_path, nvml, standin.env())
+    first = dra_mps(tmp_path, nvml, standin.env(), health_interval=3600)  # as if gone: it never looks again
     daemon = first.ensure_daemon([GPUS[3]], holder="uid-a")
     again = dra_mps(tmp_path, nvml, standin.env())  # the first one ended without its stop (a crash)
     assert again.holders() == {GPUS[3]: frozenset({"uid-a"})}
@@ -154,7 +154,8 @@ def test_a_record_not_trusted_never_stops_the_daemon(
     tmp_path: Path, nvml: SimNvml, record: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
     standin = Standin(tmp_path / "standin")
-    daemon = dra_mps(tmp_path, nvml, standin.env()).ensure_daemon([GPUS[2]], holder="uid-a")
+    crashed = dra_mps(tmp_path, nvml, standin.env(), health_interval=3600)  # as if gone: it never looks again
+    daemon = crashed.ensure_daemon([GPUS[2]], holder="uid-a")
     path = daemon_dir(tmp_path, GPUS[2]) / HOLDERS_FILE
     if record is None:
         path.unlink()

@@ -225,7 +225,8 @@ class DraMps:
             running.holders.add(holder)
             marker = self.root.marker(self.resource(name))
             try:
-                self._save(running)
+                if added:
+                    self._save(running)
                 if self._simulated:
                     self._mark_simulated(running)
                     return running.daemon
@@ -326,9 +327,9 @@ class DraMps:
             self._save(running)
         except MpsError as error:
             log_event(log, logging.WARNING, "cannot write MPS holders", error=str(error))
-        if running.holders or running.kept:
+        if running.holders or running.kept or self._running.get(running.daemon.name) is not running:
             return
-        self._running.pop(running.daemon.name, None)
+        del self._running[running.daemon.name]
         self._stop(running)
         log_event(log, logging.INFO, "MPS daemon stopped", daemon=running.daemon.name)
 
