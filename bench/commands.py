@@ -7,12 +7,12 @@ Each process runs as a real process, as in a pod:
 - `nvdp plugin` with `--device-list-strategy=cdi-cri` (the CDI spec written into a temp dir for a
   simulated dgx-a100 driver root), after 400 Allocate calls;
 - `nvdp plugin` with an MPS config (sim:pcie-4, 4 replicas per GPU), served once the
-  `nvdp mps-control-daemon` next to it (over the tests' stand-in `nvidia-cuda-mps-control`,
-  tests/mps_standin.py) has written its ready marker, after 400 Allocate calls;
+  `nvdp mps-control-daemon` next to it (over the stand-in `nvidia-cuda-mps-control`,
+  nvdp/testing/mps_control.py) has written its ready marker, after 400 Allocate calls;
 - `nvdp mps-control-daemon` itself (its health query runs `nvidia-cuda-mps-control` every 5 s by
   default; the CPU of those children, here the Python stand-in, is shown apart from the daemon's own);
 - `nvdp gfd` in loop mode writing a labels file, and with `--use-node-feature-api` against the
-  Kubernetes API stand-in (tests/kube_api_nodefeature.py) through the real `kubernetes` client;
+  Kubernetes API stand-in (nvdp/kube_api_standin) through the real `kubernetes` client;
 - `nvdp config-manager` watching a node label (bench/config_manager.py).
 
 The heavy modules a process imported are read from its `sys.modules` when it exits: a
@@ -44,6 +44,7 @@ GPU = "nvidia.com/gpu"
 HEAVY = ("kubernetes", "ssl", "http.client")
 ALLOCATES = 400
 MPS4 = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: 4\n"
+PRODUCT_NAME = "NVIDIA DGX A100 920-23687-2530-000\n"  # what a DGX's DMI product_name says
 NODE_FEATURE = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu-ns/nodefeatures/nvidia-features-for-node-a"
 
 SITECUSTOMIZE = '''"""bench/commands.py: write the names in sys.modules to $NVDP_BENCH_MODULES at exit."""
@@ -146,10 +147,10 @@ def _allocate(kubelet: Kubelet, calls: int) -> None:
 
 
 def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
-    from tests.builders import sim_gpus
-    from tests.cdi_support import make_node
-    from tests.kube_api_nodefeature import KubeApi
-    from tests.mps_standin import Standin
+    from nvdp.kube_api_standin import KubeApiStandin
+    from nvdp.testing import sim_gpus
+    from nvdp.testing.driver_root import make_node
+    from nvdp.testing.mps_control import Standin
 
     work = Path(tempfile.mkdtemp(prefix="nvdp-bench-cmd-", dir="/tmp"))
     r = Runner(work)
@@ -225,9 +226,10 @@ def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
             # gfd, loop mode, labels file
             gdir = r.dir("gfd")
             dirs.append(gdir)
-            data = REPO / "tests" / "data" / "gfd"
+            product_name = gdir / "product_name"
+            product_name.write_text(PRODUCT_NAME)
             gfd = [sys.executable, "-m", "nvdp.cli", "gfd", "--nvml", "sim:pcie-4"]
-            gfd += ["--machine-type-file", str(data / "product_name")]
+            gfd += ["--machine-type-file", str(product_name)]
             base = clean_env()
             for name in list(base):
                 if name.startswith("GFD_") or name in ("KUBECONFIG", "KUBERNETES_NAMESPACE", "POD_NAMESPACE"):
@@ -244,7 +246,7 @@ def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
             wait_until(lambda: out.exists(), 60, "gfd labels file")
 
             # gfd --use-node-feature-api
-            api = stack.enter_context(KubeApi())
+            api = stack.enter_context(KubeApiStandin())
             kubeconfig = api.write_kubeconfig(gdir / "kubeconfig")
             nf_env = {**base, "KUBECONFIG": str(kubeconfig), "NODE_NAME": "node-a"}
             nf_env["KUBERNETES_NAMESPACE"] = "gpu-ns"
@@ -256,7 +258,7 @@ def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
                 modules,
                 gdir / "gfd-nf.log",
             )
-            wait_until(lambda: api.get(NODE_FEATURE), 60, "NodeFeature created")
+            wait_until(lambda: NODE_FEATURE in api.objects, 60, "NodeFeature created")
 
             time.sleep(1.0)  # start-up work done
             for w in watched:

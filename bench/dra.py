@@ -24,28 +24,25 @@ from pathlib import Path
 from typing import Any
 
 from bench.budgets import (
+    DRA_IDLE_BUDGET_PCT,
     DRA_LAYOUT_BUDGET_MS,
     DRA_MIG_PREPARE_BUDGET_MS,
     DRA_PREPARE_BUDGET_MS,
     DRA_START_BUDGET_MS,
-    IDLE_BUDGET_PCT,
     SIDE_RSS_BUDGET_MB,
 )
 from bench.dra_capacity import measure_capacity
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
 from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import ProcStats, free_port, wait_until
+from nvdp.testing import ProcStats, append_sim_event, free_port, http_get, sim_gpus, wait_until
+from nvdp.testing.dra import claim_path, dra_cluster, make_claim, published, schedule, slices_of
 
 LAYOUTS = (["3g.20gb", "3g.20gb"], ["1g.5gb"] * 7)  # GPU 0 of dgx-a100-mig, back and forth
 FIRST_DEVICE = ("gpu-0-mig-3g20gb-9-0", "gpu-0-mig-1g5gb-19-0")  # what each layout publishes first on GPU 0
 
 
 def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_seconds: float) -> list[Row]:
-    from tests.builders import append_sim_event, sim_gpus
-    from tests.dra_support import claim_path, dra_cluster, make_claim, published, schedule, slices_of
-    from tests.readings import http_get
-
     rows: list[Row] = []
     events = workdir / "events.jsonl"
     events.touch()
@@ -135,8 +132,8 @@ def measure(workdir: Path, claims: int, starts: int, layout_changes: int, idle_s
                     "dra",
                     f"{elapsed:.0f} s",
                     value=f"{cpu_ms:.0f} ms CPU = {pct:.3f}% core, {wakeups:.0f} wake-ups/s",
-                    budget=f"{IDLE_BUDGET_PCT}% core",
-                    ok=pct <= IDLE_BUDGET_PCT,
+                    budget=f"{DRA_IDLE_BUDGET_PCT}% core",
+                    ok=pct <= DRA_IDLE_BUDGET_PCT,
                 )
             )
     return rows
@@ -147,9 +144,8 @@ def measure_dynamic_mig(workdir: Path, claims: int) -> list[Row]:
     MIG devices are made per claim (`dra.dynamicMig: all`, simulated dgx-a100-mig-empty): the claim read,
     the GPU instance and compute instance made (simulated NVML), the CDI spec and the checkpoint
     written; unprepare destroys them."""
-    from tests.builders import sim_gpus
-    from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
-    from tests.test_dra_dynamic_mig_e2e import DYNAMIC_ALL, PROFILE, cap_files
+    from nvdp.testing.dra import DYNAMIC_ALL, PROFILE
+    from nvdp.testing.driver_root import cap_files
 
     prepare, unprepare = Sample(), Sample()
     with dra_cluster(workdir, "sim:dgx-a100-mig-empty", config=DYNAMIC_ALL) as cluster:

@@ -21,7 +21,7 @@ RPC_TIMEOUT_S = 600.0
 
 def allocated_claim(n: int, devices: int) -> tuple[str, dict[str, object]]:
     """The API path and object of claim `n`: allocated GPU n % `devices` of node-a, reserved for a pod."""
-    from tests.dra_support import claim_path
+    from nvdp.testing.dra import claim_path
 
     name = f"batch-{n}"
     result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": f"gpu-{n % devices}"}
@@ -39,7 +39,7 @@ def allocated_claim(n: int, devices: int) -> tuple[str, dict[str, object]]:
 
 def measure(workdir: Path, sizes: list[int]) -> list[Row]:
     from nvdp.testing import wait_until
-    from tests.dra_support import dra_cluster, slices_of
+    from nvdp.testing.dra import dra_cluster, slices_of
 
     rows: list[Row] = []
     for size in sizes:

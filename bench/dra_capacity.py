@@ -21,8 +21,8 @@ CONFIG = "version: v1\nflags:\n  mpsRoot: {root}\ndra:\n  devices: all\n  consum
 
 
 def measure_capacity(workdir: Path, claims: int) -> list[Row]:
-    from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
-    from tests.mps_standin import Standin
+    from nvdp.testing.dra import claim_path, dra_cluster, make_claim, schedule, slices_of
+    from nvdp.testing.mps_control import Standin
 
     standin = Standin(workdir / "mps-standin")
     prepare, unprepare = Sample(), Sample()

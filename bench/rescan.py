@@ -1,4 +1,4 @@
-"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.plugin.rescan).
+"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.kubeletplugin.rescan).
 
 Run alone: `python -m bench.rescan` prints the table.
 
@@ -8,12 +8,12 @@ nothing changes, split into the layout query (`Nvml.mig_layout()`, the cheap que
 the rest (one comparison with the served layout), best of 5 runs of 2000 ticks; then the CPU per
 minute at the default 10 s interval (6 ticks) and at 1 s. The full enumeration (`Nvml.gpus()`, what
 a tick read before the cheap query, and what a change's apply still makes) is timed beside it. The
-simulated node answers from memory, so its queries are the Python side only; the NVML calls one
-tick makes on the real backend are counted over the fake pynvml of the tests (the same node shapes,
-A100 GPU instance profiles: `+me` suffix lookups included), each a driver query a real node adds.
-The real backend's own CPU (nvdp, pynvml, ctypes) is timed over the C NVML stand-in of the tests
-(tests/nvml_standin, built with `cc`; the same node shapes, its commands file off), 500 queries,
-best of 5, in a subprocess; the stand-in answers from memory, so the driver's share is not in it.
+simulated node keeps its layout until an event changes it, so its idle tick is a lookup. The real
+backend's own CPU (nvdp, pynvml, ctypes) is timed over the C NVML stand-in
+(tests/nvml_standin/libnvidia-ml.c, built with `cc`; the same node shapes, its commands file off),
+500 queries, best of 5, in a subprocess, and the NVML calls of one query counted there (each a
+driver query a real node adds); the stand-in answers from memory, so the driver's share is not in
+it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from nvdp.kubeletplugin.rescan import LayoutRescanner
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.rescan import LayoutRescanner, layout_of
 
 TICKS = 2000
 RUNS = 5
@@ -77,8 +76,7 @@ def measure(profile: str) -> Row:
         assert not requests, "no change: no rescan request"
     finally:
         nvml.shutdown()
-    calls, full_calls = _real_nvml_calls(served) or (None, None)
-    real_query_us, real_full_us = _standin_cpu_us(served) or (None, None)
+    real_query_us, real_full_us, calls, full_calls = _standin_cpu_us(served) or (None, None, None, None)
     return Row(
         profile,
         len(served),
@@ -98,61 +96,27 @@ def measure(profile: str) -> Row:
 A100_GI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}  # GPU instance slices -> profile id on an A100
 
 
-def _real_nvml_calls(gpus: list[GpuInfo]) -> tuple[int, int] | None:
-    """NVML calls of one layout query and of one full enumeration by the real backend over the tests'
-    fake pynvml, same node shape, once its caches are filled (the first enumeration at start)."""
-    try:
-        from tests import fake_pynvml as fake
-    except ImportError:
-        return None
-    from nvdp.nvml.real import RealNvml
-
-    fakes = []
-    for g in gpus:
-        slots = {}
-        for m in g.mig_devices:
-            slices = int(m.profile.split("g.")[0].split(".")[-1])
-            mib = m.memory_bytes // (1024 * 1024)
-            slots[m.index] = fake.FakeMig(
-                m.uuid, m.gi_id, m.ci_id, slices, slices, mib, A100_GI_PROFILE_IDS[slices]
-            )
-        mode = (
-            (fake.NVML_DEVICE_MIG_ENABLE if g.mig_enabled else fake.NVML_DEVICE_MIG_DISABLE)
-            if g.mig_capable
-            else None
-        )
-        fakes.append(
-            fake.FakeGpu(
-                g.uuid,
-                g.pci_bus_id,
-                minor=g.minor,
-                memory_bytes=g.memory_bytes,
-                mig_mode=mode,
-                mig_slots=slots,
-                gi_profiles={
-                    **{i: i for i in A100_GI_PROFILE_IDS.values()},
-                    fake.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: 7,
-                },
-            )
-        )
-    lib = fake.FakePynvml(fakes)
-    calls = _count_calls(lib)
-    nvml = RealNvml(pynvml=lib, sysfs_root="/nonexistent")
-    nvml.init()
-    served = nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)
-    calls[0] = 0
-    assert nvml.mig_layout() == layout_of(served), "the layout query names what the enumeration names"
-    layout_calls, calls[0] = calls[0], 0
-    nvml.gpus()
-    return layout_calls, calls[0]
-
-
 _STANDIN_SCRIPT = """
 import json, time
+import pynvml
+calls = [0]
+def counted(fn):
+    def call(*args):
+        calls[0] += 1
+        return fn(*args)
+    return call
+for name in dir(pynvml):
+    if name.startswith("nvml") and callable(getattr(pynvml, name)):
+        setattr(pynvml, name, counted(getattr(pynvml, name)))
 from nvdp.nvml.real import RealNvml
-nvml = RealNvml(sysfs_root="/nonexistent")
+nvml = RealNvml(pynvml=pynvml, sysfs_root="/nonexistent")
 nvml.init()
+nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)
+calls[0] = 0
+nvml.mig_layout()
+layout_calls, calls[0] = calls[0], 0
 nvml.gpus()
+full_calls = calls[0]
 def cpu_us(fn, n=500):
     best = float("inf")
     for _ in range(5):
@@ -161,7 +125,7 @@ def cpu_us(fn, n=500):
             fn()
         best = min(best, time.thread_time() - start)
     return best / n * 1e6
-print(json.dumps([cpu_us(nvml.mig_layout), cpu_us(nvml.gpus)]))
+print(json.dumps([cpu_us(nvml.mig_layout), cpu_us(nvml.gpus), layout_calls, full_calls]))
 """
 
 
@@ -185,25 +149,33 @@ def _standin_node(gpus: list[GpuInfo]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float] | None:
-    """CPU µs of one layout query and one full enumeration by the real backend (pynvml over the C
-    stand-in), or None without a C compiler or when it cannot run."""
+def mock_library(gpus: list[GpuInfo], directory: Path) -> dict[str, str] | None:
+    """The C NVML stand-in built into `directory` as `libnvidia-ml.so.1` for a node of `gpus`: the env
+    vars that make `--nvml real` load it (None without a C compiler, or when it does not build)."""
     source = Path(__file__).parent.parent / "tests" / "nvml_standin" / "libnvidia-ml.c"
     compiler = shutil.which("cc")
     if compiler is None or not source.exists():
         return None
+    library = directory / "libnvidia-ml.so.1"
+    node = directory / "node.txt"
+    node.write_text(_standin_node(gpus))
+    build = [compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lpthread"]
+    try:
+        subprocess.run(build, check=True, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"LD_LIBRARY_PATH": str(directory), "NVML_STANDIN_NODE": str(node)}
+
+
+def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float, int, int] | None:
+    """CPU µs and NVML calls of one layout query and of one full enumeration by the real backend
+    (pynvml over the C stand-in), or None without a C compiler or when it cannot run."""
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-standin-") as tmp:
-        library = Path(tmp) / "libnvidia-ml.so.1"
-        node = Path(tmp) / "node.txt"
-        node.write_text(_standin_node(gpus))
-        build = [compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lpthread"]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LD_LIBRARY_PATH": tmp,
-            "NVML_STANDIN_NODE": str(node),
-        }
+        library_env = mock_library(gpus, Path(tmp))
+        if library_env is None:
+            return None
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **library_env}
         try:
-            subprocess.run(build, check=True, capture_output=True, timeout=120)
             done = subprocess.run(
                 [sys.executable, "-c", _STANDIN_SCRIPT],
                 env=env,
@@ -215,26 +187,8 @@ def _standin_cpu_us(gpus: list[GpuInfo]) -> tuple[float, float] | None:
             )
         except (OSError, subprocess.SubprocessError):
             return None
-    query_us, full_us = json.loads(done.stdout)
-    return float(query_us), float(full_us)
-
-
-def _count_calls(lib: Any) -> list[int]:
-    """Count every nvml* function call on a pynvml-like object (its methods wrapped in place)."""
-    calls = [0]
-    for name in dir(lib):
-        value = getattr(lib, name)
-        if name.startswith("nvml") and callable(value):
-            setattr(lib, name, _counted(value, calls))
-    return calls
-
-
-def _counted(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
-        calls[0] += 1
-        return fn(*args)
-
-    return call
+    query_us, full_us, calls, full_calls = json.loads(done.stdout)
+    return float(query_us), float(full_us), int(calls), int(full_calls)
 
 
 def rows() -> list[Row]:

@@ -36,6 +36,11 @@ process boundary; the client is the kubelet stand-in's channel in this process:
 - Peak RSS, heavy imports (kubernetes, ssl, http.client) and idle CPU of the plugin with a CDI
   strategy and with an MPS config, of mps-control-daemon, gfd (labels file; NodeFeature API) and
   config-manager (bench/commands.py; budgets 45 MB for the plugin, 80 MB for side commands).
+- The footprint beside NVIDIA's binaries (bench/footprint.py; full run): peak RSS and idle CPU of the
+  plugin and the DRA plugin on the C NVML stand-in (the mock library) and on the simulated node, with
+  issue 27's NVIDIA numbers; spawn -> Register also as a multiple of NVIDIA's 26 ms.
+- API requests per node per hour of every command while idle, and for one fleet-wide ConfigMap
+  edit, each against an API stand-in of its own (bench/api_cost.py; full run, with the side commands).
 - The DRA kubelet plugin (bench/dra.py, also in --quick): start until its ResourceSlice is published
   (1 s), a MIG re-partition until it is republished (1 s, max), NodePrepareResources of a one-GPU
   claim (20 ms, p50), of a share of a GPU shared by capacity (50 ms, p50; bench/dra_capacity.py), its
@@ -60,8 +65,10 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # grpc core's INFO lines (GOAWAY...) are not results
 
+from bench.api_cost import section as api_cost_section
 from bench.budgets import verdict
 from bench.dra import section as dra_section
+from bench.footprint import section as footprint_section
 from bench.harness import compile_bytecode, machine_lines
 from bench.idle import commands_table, idle
 from bench.in_process import allocation_tables, rescan_table
@@ -87,6 +94,8 @@ def measure(s: Session) -> Table:
     rescan_table(s)
     if s.o.commands:
         commands_table(s)
+        api_cost_section(s)
+    footprint_section(s)
     return s.table
 
 

@@ -2,7 +2,8 @@
 plugin's ResourceSlices) against the API stand-in, with production's timers:
 `python -m bench.watch_requests idle|storm410|endatonce|malformed|other SECONDS` from the repository
 root. To measure an older nvdp, export its tree (`git archive REF nvdp | tar -x -C DIR`) and run with
-`PYTHONPATH=DIR` (its `nvdp` is then imported, this checkout's tests' stand-in still)."""
+`PYTHONPATH=DIR` (its `nvdp` is then imported, with its own API stand-in). Every command's requests
+per hour, idle and after a ConfigMap edit, are `bench/api_cost.py`'s."""
 
 import collections
 import json
@@ -15,22 +16,20 @@ import nvdp
 from nvdp import kube
 from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch
 from nvdp.dra.cluster import KubeResourceApi
-from nvdp.dra.devices import node_devices
+from nvdp.dra.devices import DriverFacts, node_devices
 from nvdp.dra.publisher import SlicePublisher
-from tests.builders import sim_gpus
-from tests.kube_api_standin import KubeApiStandin
-from tests.test_dra_slices import FACTS
-from tests.test_kube_dra import GROUP, discovery
+from nvdp.kube_api_standin import KubeApiStandin
+from nvdp.testing import sim_gpus
+from nvdp.testing.dra import GROUP, serve_dra
+
+FACTS = DriverFacts("550.54.15", "12.4")
 
 logging.disable(logging.CRITICAL)
 scenario, seconds = sys.argv[1], float(sys.argv[2])
 NS = "gpu-system"
 out = {"nvdp": nvdp.__file__, "scenario": scenario, "seconds": seconds}
 with KubeApiStandin() as api:
-    api.put(GROUP, discovery("v1"))
-    api.put(
-        "/api/v1/nodes/node-a", {"kind": "Node", "metadata": {"name": "node-a", "uid": "u-1", "labels": {}}}
-    )
+    serve_dra(api)
     api.put(
         f"/api/v1/namespaces/{NS}/configmaps/cfg",
         {"kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": NS}, "data": {"a": "1"}},

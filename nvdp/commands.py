@@ -256,7 +256,7 @@ def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str])
     while what an uninstall leaves is cleaned up (`nvdp.uninstall`)."""
     from nvdp.dra.driver import from_command_line
     from nvdp.dra.names import CHECKPOINT_FILE, PLUGIN_LOCK_FILE
-    from nvdp.plugin.dir_lock import DirClaim
+    from nvdp.kubeletplugin.dir_lock import DirClaim
     from nvdp.uninstall import clean_up_dra_node, release_from_env
 
     try:

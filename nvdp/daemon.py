@@ -18,20 +18,21 @@ from typing import TYPE_CHECKING
 from nvdp.allocation import AllocationPolicy, Allocator, Topology
 from nvdp.config import PluginOptions
 from nvdp.config.notices import migration_notices
-from nvdp.daemon_settings import daemon_settings, health_settings, imex_channels
+from nvdp.daemon_settings import daemon_settings, imex_channels
 from nvdp.dra.checkpoint import dra_holds
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.handoff import DEVICE_PLUGIN, Handoff, device_plugin_record_dir
 from nvdp.health.node import NodeHealth
+from nvdp.health.settings import health_settings
+from nvdp.kubeletplugin.dir_lock import DirClaim
+from nvdp.kubeletplugin.rescan import rescanner_for
 from nvdp.ledger.ledger import AllocationLedger
 from nvdp.logs import NOTICE, log_event
 from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, Nvml
-from nvdp.plugin.dir_lock import DirClaim
 from nvdp.plugin.host_facts import RealHostFacts
 from nvdp.plugin.probe import rpc_problem
-from nvdp.plugin.rescan import rescanner_for
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer, PreferredAllocator
 from nvdp.plugin.status import AllocateNotice, RpcObserver

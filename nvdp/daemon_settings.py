@@ -1,6 +1,7 @@
 """The resolved config mapped onto what the plugin daemon runs with: the supervisor's `DaemonSettings`
-(resource rules, Allocate answers' options, CDI and health settings), and the one node fact that
-mapping reads, the IMEX channels present (`imex_channels`).
+(resource rules, Allocate answers' options, CDI settings, and the health settings of
+`nvdp.health.settings`), and the one node fact that mapping reads, the IMEX channels present
+(`imex_channels`).
 
 What nvdp refuses is decided before, by the config's validation (`nvdp.config.rules`); the mapping
 itself (`daemon_settings`) is pure and total: it never raises.
@@ -16,7 +17,7 @@ from nvdp.cdi.roots import visible_roots
 from nvdp.config import Config, RuntimeOptions
 from nvdp.config.model import DEFAULT_KUBELET_SOCKET
 from nvdp.errors import ConfigError
-from nvdp.health.types import DEFAULT_DEGRADED_GRACE_PERIOD, HealthSettings
+from nvdp.health.settings import health_settings
 from nvdp.inventory import ResourceRules
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.types import DaemonSettings
@@ -69,22 +70,6 @@ def feature_envs(config: Config) -> tuple[tuple[str, str], ...]:
         if on
     ]
     return tuple(envs)
-
-
-def health_settings(config: Config) -> HealthSettings:
-    """The config's `health` section as the monitor's plain values."""
-    h = config.health
-    return HealthSettings(
-        ignored_xids=frozenset(h.ignored_xids),
-        fatal_xids=None if h.fatal_xids is None else frozenset(h.fatal_xids),
-        recovery_quiet_period=h.recovery_quiet_period,
-        probe_interval=h.probe_interval,
-        single_bit_ecc=h.single_bit_ecc,
-        degraded_grace_period=(
-            DEFAULT_DEGRADED_GRACE_PERIOD if h.degraded_grace_period is None else h.degraded_grace_period
-        ),
-        taint_on_fatal=h.taint_on_fatal,
-    )
 
 
 def cdi_settings(

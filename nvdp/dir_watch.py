@@ -99,7 +99,7 @@ class Watcher(Protocol):
     follows or by `wake()`; the parts that serve by node facts `add` their directories to it."""
 
     def wait(self, timeout: float | None) -> bool: ...
-    def add(self, directory: Path, extra_events: int = ...) -> bool: ...
+    def add(self, directory: Path, extra_events: int = ..., names: Names = ...) -> bool: ...
     def wake(self) -> None: ...
     def close(self) -> None: ...
 
@@ -123,7 +123,7 @@ class DirWatcher:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._fd: int | None = None
         self._watches: dict[int, Names] = {}  # watch descriptor -> what matters there
-        self._added: dict[Path, int] = {}  # directories `add`ed by the caller -> their extra events
+        self._added: dict[Path, tuple[int, Names]] = {}  # `add`ed directories -> extra events, names
         libc = self._libc = _libc()
         fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if libc is not None else -1
         if fd < 0:
@@ -162,18 +162,24 @@ class DirWatcher:
             if changed or woken or not ready or left == 0.0:
                 return changed
 
-    def add(self, directory: Path, extra_events: int = 0) -> bool:
+    def add(self, directory: Path, extra_events: int = 0, names: Names = None) -> bool:
         """Also wake on changes in `directory` (idempotent), and on `extra_events` there (e.g.
-        IN_CLOSE_WRITE for files written in place). False when it cannot be watched (no inotify:
-        `wait` polls anyway; or the directory is gone)."""
+        IN_CLOSE_WRITE for files written in place); with `names`, only on changes of those entries
+        (a parent watched for one directory to appear: /tmp or /var/lib/kubelet/plugins have other
+        traffic). False when it cannot be watched (no inotify: `wait` polls anyway; or the directory
+        is gone)."""
         if self._fd is None:
             return False
-        extra = self._added.get(directory, 0) | extra_events
+        old_extra, old_names = self._added.get(directory, (0, frozenset()))
+        extra = old_extra | extra_events
+        if directory in self._added:
+            names = None if names is None or old_names is None else old_names | names
         wd = self._add_watch(directory, self._content_mask | extra)
         if wd < 0:
             return False
-        self._added[directory] = extra
-        self._watches[wd] = None
+        self._added[directory] = (extra, names)
+        before = self._watches.get(wd, frozenset())
+        self._watches[wd] = None if names is None or before is None else before | names
         return True
 
     def close(self) -> None:
@@ -284,8 +290,8 @@ class DirWatcher:
                 current = candidate
             else:
                 break  # a file where a directory should be: watched until it is replaced
-        for directory, extra in list(self._added.items()):
-            if not watch(str(directory), self._content_mask | extra, None):
+        for directory, (extra, names) in list(self._added.items()):
+            if not watch(str(directory), self._content_mask | extra, names):
                 del self._added[directory]
         if self._fd is None:  # gave up on inotify while arming
             return

@@ -1,19 +1,14 @@
-"""Creating directories with an explicit mode, whatever the process's umask.
+"""Creating directories with an explicit mode (`DIR_MODE`, 0755), whatever the process's umask.
 
-`mkdir -p` under umask 000 makes world-writable directories, and in some of nvdp's a stranger's file
-would be trusted (a CDI spec's hooks run as root in the container runtime). Every directory nvdp
-creates goes through `make_dirs`, parents included; a directory that already exists keeps its mode
-(it is not nvdp's to change). The directories, all 0755 (`DIR_MODE`):
-
-- the kubelet's device-plugin directory and its parents (`--kubelet-socket`'s directory;
-  `nvdp.plugin.dir_lock`), created only at start, when missing;
-- the CDI spec directory (`--cdi-spec-dir`, default /var/run/cdi; `nvdp.cdi.writer`);
-- the MPS root and under it the shm mount point, each resource's pipe and log directories
-  (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`);
-- the directory of config-manager's `--config-file-dst` (`nvdp.configmanager.files`);
-- the kubelet stand-in's plugin directory (`nvdp.kubelet_standin.registration`; tests, `nvdp simulate`);
-- the DRA kubelet plugin's socket directories (`plugins_registry`, `plugins/gpu.nvidia.com`) and its
-  CDI root (`nvdp.dra.server`, `nvdp.dra.claim_specs`).
+- Every directory nvdp creates goes through `make_dirs`, parents included: under umask 000 a
+  stranger's file could land in one and be trusted (a CDI spec's hooks run as root).
+- A directory that already exists keeps its mode (it is not nvdp's to change).
+- Users: the kubelet's device-plugin directory, only at start (`nvdp.kubeletplugin.dir_lock`); the
+  CDI spec directory (`nvdp.cdi.writer`); the MPS root, shm mount point, pipe and log directories
+  (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`); config-manager's
+  `--config-file-dst` directory (`nvdp.configmanager.files`); the kubelet stand-in's plugin directory
+  (`nvdp.kubelet_standin.registration`); the DRA plugin's socket directories and CDI root
+  (`nvdp.kubeletplugin.socket_server`, `nvdp.dra.claim_specs`).
 """
 
 from __future__ import annotations

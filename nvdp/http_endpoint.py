@@ -1,20 +1,15 @@
-"""The HTTP endpoint of nvdp's processes: /metrics, /healthz and /readyz on a listen address (the
-plugin's `--metrics-address` through `nvdp.metrics`, the config-manager's), a few lines on
-`socketserver`.
+"""The HTTP endpoint of nvdp's processes: /metrics, /healthz and /readyz on a listen address, a few
+lines on `socketserver` (the plugin's `--metrics-address` through `nvdp.metrics`, config-manager's).
 
-One request per connection, GET and HEAD only. Slow or idle clients cannot hold it: the request line
-and headers (at most 100 header lines of 8 KiB each, 64 KiB in all) must arrive within
-REQUEST_DEADLINE_S of the connection, else it is answered 408 and closed; a reply must be taken within
-REPLY_DEADLINE_S. At most MAX_CONNECTIONS connections are handled at once, a thread each; one over
-that closes the oldest connection still sending its request, so a flood of slow clients cannot keep
-the kubelet's probes out (a probe sends its request at once).
-
-It imports neither http.server nor http.client, ssl or email, which would cost the plugin process
-megabytes of RSS. What it serves comes from `Pages` (a command may add pages of its own: the plugin's
-/allocations), told the client's address (`peer`; `is_loopback` says whether it is on this host's
-loopback, as `nvdp status` in the plugin's container is); `ServedPages` is the one shape of a command's
-status pages with their endpoint (the plugin's `nvdp.metrics.Metrics`, the config-manager's
-`nvdp.configmanager.status.StatusServer`).
+- One request per connection, GET and HEAD only.
+- The request line and headers (at most 100 lines of 8 KiB, 64 KiB in all) must arrive within
+  REQUEST_DEADLINE_S, else 408 and close; a reply must be taken within REPLY_DEADLINE_S.
+- At most MAX_CONNECTIONS at once, a thread each; one more closes the oldest still sending its
+  request, so slow clients cannot keep the kubelet's probes out.
+- No http.server, http.client, ssl or email import: they cost megabytes of RSS.
+- Content comes from `Pages` (a command may add its own: the plugin's /allocations), told `peer`
+  (`is_loopback`: on this host, as `nvdp status` is); `ServedPages` is a command's status pages with
+  their endpoint (`nvdp.metrics.Metrics`, `nvdp.configmanager.status.StatusServer`).
 """
 
 from __future__ import annotations

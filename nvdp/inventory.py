@@ -1,13 +1,13 @@
-"""What a config makes of this node's GPUs: the one resource builder of every command that takes a
-config and the node's GPUs (`nvdp plugin`, `nvdp gfd`, `nvdp mps-control-daemon`, `nvdp config
-check`), so that the plugin, the labels and the MPS daemons agree on what is served.
+"""What a config makes of this node's GPUs: the one resource builder of `nvdp plugin`, `nvdp gfd`,
+`nvdp mps-control-daemon` and `nvdp config check`, so the plugin, labels and MPS daemons agree.
 
-`ResourceRules` are the parts of a config that name and share devices; `build` applies them
-(`nvdp.resources.build_resources`) and then MPS's limits on this node's GPUs: an MPS resource MPS
-cannot serve here (MIG devices, more clients than a GPU before compute capability 7.5 takes) is
-withheld, with a misfit that says why (what MPS refuses of the config alone: `nvdp.config.rules`).
-`dra_gpus` is the part of the node the config gives the DRA driver (the device plugin serves the rest);
-`dra_sharing` which of those it shares by capacity and which it partitions by MIG on demand.
+- `ResourceRules` are the config's parts that name and share devices; `build` applies them
+  (`nvdp.resources.build_resources`), then MPS's limits on this node's GPUs.
+- An MPS resource MPS cannot serve here (MIG devices, more clients than a GPU before compute
+  capability 7.5 takes) is withheld with a misfit saying why; what MPS refuses of the config alone
+  is `nvdp.config.rules`.
+- `dra_gpus`: the GPUs the config gives the DRA driver (the device plugin serves the rest);
+  `dra_sharing`: which of those it shares by capacity and which it partitions by MIG on demand.
 """
 
 from __future__ import annotations

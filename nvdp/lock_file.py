@@ -8,7 +8,7 @@
 - After the flock, the file must still be the one at the path (st_dev, st_ino): a holder that
   removed or replaced it meanwhile did not hand over the lock.
 - A wait for the lock is bounded (`tries`).
-- Users: the kubelet directory's claim (`nvdp.plugin.dir_lock`), the CDI spec directory's
+- Users: the kubelet directory's claim (`nvdp.kubeletplugin.dir_lock`), the CDI spec directory's
   (`nvdp.cdi.publisher`) and the GPU hand-over records' (`nvdp.handoff.records`).
 """
 

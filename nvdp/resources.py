@@ -1,21 +1,16 @@
 """From NVML facts and config to the resources the plugin advertises (pure), by NVIDIA's rules.
 
-- MIG strategy `none`: every GPU, MIG-enabled or not, is matched against `resources.gpus`.
-- `single`: MIG-enabled GPUs are advertised as their MIG devices (default `nvidia.com/gpu`).
-- `mixed`: whole GPUs as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
-- Sharing (time-slicing, MPS) replaces a resource's devices by replicas `<uuid>::<n>`, under the
-  same name or a `rename`; entries with disjoint `devices` may share a name, each with its own
-  `replicas`; devices no entry selects stay whole; `replicas: 1` keeps a device whole (no `::`).
-- Device records come from `nvdp.devices`.
-
-What does not fit the node is left out and named in a `Misfit` (`nvdp.misfits`); the rest is served:
-- a device that matches no `resources.gpus` / `resources.mig` pattern;
-- a MIG-enabled GPU without MIG devices yet (mig-manager between layouts; the rescan serves them);
-- under `single`: the whole GPUs of a node that mixes MIG-enabled and MIG-disabled GPUs, and all
-  MIG profiles but the most common one (on a tie, the first by name);
-- a sharing entry that names no resource here, or selects devices an earlier entry of the same name
-  selected (one selecting devices the node lacks shares those it has);
-- a resource whose ListAndWatch list would exceed the kubelet's message limit (`nvdp.list_size`).
+- MIG strategy `none`: every GPU is matched against `resources.gpus`; `single`: MIG-enabled GPUs as
+  their MIG devices (default `nvidia.com/gpu`); `mixed`: GPUs as `nvidia.com/gpu`, MIG devices as
+  `nvidia.com/mig-<profile>`. Device records come from `nvdp.devices`.
+- Sharing replaces a resource's devices by replicas `<uuid>::<n>`, under its name or a `rename`;
+  entries with disjoint `devices` may share a name, each with its `replicas`; unselected devices
+  stay whole; `replicas: 1` keeps a device whole (no `::`).
+- Left out and named in a `Misfit` (the rest is served): a device no `resources.gpus` / `.mig`
+  pattern matches; a MIG-enabled GPU without MIG devices yet; under `single`, the whole GPUs of a
+  mixed node and all MIG profiles but the most common (tie: first by name); a sharing entry naming no
+  resource here or devices an earlier same-name entry selected (one naming absent devices shares
+  those present); a resource whose ListAndWatch list exceeds the kubelet's limit (`nvdp.list_size`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Signals of every long-running nvdp command, in one place: SIGTERM / SIGINT stop, SIGHUP reloads.
 
-Nothing but async-signal-safe work happens in a signal handler. CPython's own C handler writes each
-signal's number into a wake-up pipe (`signal.set_wakeup_fd`), whichever thread the kernel picked;
-the Python-level handler does nothing at all, so a storm of signals can neither nest handlers
-(RecursionError) nor interrupt a thread inside a lock it would then wait for (a wedged process). A
-dispatcher thread reads the pipe and acts as an ordinary thread, free to log and take locks:
-
-- SIGHUP: the command's `reload()`. SIGHUPs coalesce: those that come within RELOAD_INTERVAL_S of
-  the last reload request are passed on as one when the interval ends, and any number while a
-  reload is pending fold into it (`reload()` answers whether it made one pending; only that is
-  logged). A storm of thousands of SIGHUPs is at most ten reload requests a second.
-- The first SIGTERM or SIGINT: the command's `stop()`, logged once; SIGHUPs are ignored from then on.
-- A second SIGTERM or SIGINT, or the stop not done `STOP_DEADLINE_S` after the first (something in
-  the loop blocks: a hung NVML call, a hung child): the command's `abandon()` removes what must not
-  outlive the process (sockets, the directory lock, ready markers; compute modes restored), bounded
-  by `ABANDON_BUDGET_S`, one ERROR line, and the process exits at once with status 1 without
-  waiting for any thread. Kubernetes sends SIGKILL 30 s (the default terminationGracePeriodSeconds)
-  after SIGTERM; 10 s + 2 s leave room to spare.
-
-A signal that comes while the command is still being built is kept and delivered by `attach()`.
+- Handlers do nothing: CPython's C handler writes the signal to a wake-up pipe
+  (`signal.set_wakeup_fd`), and a dispatcher thread reads it, free to log and take locks.
+- SIGHUP calls `reload()`; those within RELOAD_INTERVAL_S of the last request, or while one is
+  pending, fold into one (at most ten a second); only a reload made pending is logged.
+- The first SIGTERM / SIGINT calls `stop()`, logged once; later SIGHUPs are ignored.
+- A second one, or a stop not done within STOP_DEADLINE_S: `abandon()` removes what must not outlive
+  the process (sockets, directory lock, ready markers; compute modes restored) within
+  ABANDON_BUDGET_S, logs one ERROR and exits 1 at once (10 s + 2 s is well inside Kubernetes' 30 s).
+- A signal that comes while the command is being built is delivered by `attach()`.
 """
 
 from __future__ import annotations

@@ -6,15 +6,14 @@ only the facts it is about."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from nvdp.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
-from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.resources import Resource
+from nvdp.testing.nodes import append_sim_event as append_sim_event
+from nvdp.testing.nodes import sim_gpus as sim_gpus
 
 GIB = 1 << 30
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -113,20 +112,3 @@ def replicas(gpu: GpuInfo, count: int, mig: MigDeviceInfo | None = None) -> list
 def resource(name: str, devices: Iterable[Device] = ()) -> Resource:
     """A served resource `name` of `devices` (none by default), whole: no sharing."""
     return Resource(name, DeviceSet(devices))
-
-
-def sim_gpus(profile: str = "dgx-a100") -> list[GpuInfo]:
-    """The GPUs of a built-in simulated node (`sim:<profile>`), as the plugin under test sees them."""
-    nvml = open_nvml(f"sim:{profile}")
-    nvml.init()
-    try:
-        return nvml.gpus()
-    finally:
-        nvml.shutdown()
-
-
-def append_sim_event(events: Path, **event: object) -> None:
-    """Append one line to the simulated node's events file (NVDP_SIM_EVENTS), which it applies:
-    `uuid=..., xid=79`, `event="gpu-lost"`, `mig=[...]`; `**{"compute-mode": ...}`."""
-    with events.open("a") as f:
-        f.write(json.dumps(event) + "\n")

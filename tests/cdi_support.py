@@ -1,4 +1,5 @@
-"""Test helpers for CDI: a fake driver root and a small JSON-schema validator.
+"""Test helpers for CDI: the fake driver root (`nvdp.testing.driver_root`) and a small JSON-schema
+validator.
 
 The validator covers the subset of draft-07 the CDI schema uses (type, properties, required, items,
 $ref to local definitions, minimum, maximum, patternProperties, additionalProperties); any other
@@ -9,106 +10,36 @@ the schema does not name, which the published schema allows but nvdp never means
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nvdp.devices import gpu_device, mig_device
-from nvdp.nvml.types import GpuInfo
+from nvdp.testing.driver_root import (
+    DRIVER_VERSION,
+    LIB_DIR,
+    LIBRARIES,
+    device_numbers,
+    make_char_device,
+    make_node,
+)
 
-DRIVER_VERSION = "550.54.15"
-LIB_DIR = "usr/lib/x86_64-linux-gnu"
-LIBRARIES = ("libnvidia-ml", "libcuda", "libnvidia-ptxjitcompiler", "libcudadebugger", "libnvidia-allocator")
+__all__ = [
+    "DRIVER_VERSION",
+    "LIB_DIR",
+    "LIBRARIES",
+    "assert_valid",
+    "device_numbers",
+    "load_schema",
+    "make_char_device",
+    "make_node",
+    "strict_schema",
+    "validate",
+    "without_device_fields",
+]
+
 SCHEMA = Path(__file__).parent / "data" / "cdi" / "schema-0.5.0.json"
-_IGNORED = {"description", "$schema", "$comment", "ref"}  # "ref": a typo in the published defs.json
-
-
-def make_node(
-    root: Path,
-    gpus: Sequence[GpuInfo],
-    *,
-    extra_nodes: Iterable[str] = (),
-    mig_minors: dict[str, int] | None = None,
-) -> bool:
-    """A driver root (= dev root) with the driver's libraries (plus `.so.1` SONAME symlinks, `.so`
-    symlinks for two of them, a library of another version, a library reached through a symlink,
-    NVIDIA's legacy NVVM library and a GL library behind two symlinks), binaries, firmware,
-    nvidia-persistenced's socket, the control nodes and every device node the GPUs need. Device
-    nodes are character devices (mode 0666, numbers as the driver gives them: `device_numbers`)
-    when mknod is permitted, else empty files. Returns whether mknod worked."""
-    lib = root / LIB_DIR
-    lib.mkdir(parents=True, exist_ok=True)
-    for name in LIBRARIES:
-        path = lib / f"{name}.so.{DRIVER_VERSION}"
-        path.write_bytes(b"\x7fELF fake " + name.encode())
-        (lib / f"{name}.so.1").symlink_to(path.name)
-    (lib / "libcuda.so").symlink_to("libcuda.so.1")
-    (lib / "libnvidia-ml.so").symlink_to("libnvidia-ml.so.1")
-    (lib / "libnvidia-nvvm70.so.4").write_bytes(b"\x7fELF legacy nvvm")
-    (lib / "libEGL.so.1.1.0").write_bytes(b"\x7fELF glvnd")
-    (lib / "libEGL.so.1").symlink_to("libEGL.so.1.1.0")
-    (lib / "libEGL.so").symlink_to("libEGL.so.1")
-    (root / "lib64").symlink_to(LIB_DIR)  # merged /usr: the same libraries under a second name
-    (lib / "libcuda.so.535.104.05").write_bytes(b"\x7fELF other version")
-    real = root / "opt/nvidia/libnvidia-cfg.so.real"
-    real.parent.mkdir(parents=True)
-    real.write_bytes(b"\x7fELF cfg")
-    (lib / f"libnvidia-cfg.so.{DRIVER_VERSION}").symlink_to("/opt/nvidia/libnvidia-cfg.so.real")
-    for binary in ("nvidia-smi", "nvidia-persistenced"):
-        path = root / "usr/bin" / binary
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"#!fake")
-    firmware = root / "lib/firmware/nvidia" / DRIVER_VERSION / "gsp_ga10x.bin"
-    firmware.parent.mkdir(parents=True)
-    firmware.write_bytes(b"gsp")
-    socket = root / "run/nvidia-persistenced/socket"
-    socket.parent.mkdir(parents=True)
-    socket.touch()  # a socket to the spec, which only checks that it is no directory
-    nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", *extra_nodes]
-    for gpu in gpus:
-        nodes += gpu_device(gpu).paths
-        for mig in gpu.mig_devices:
-            nodes += mig_device(gpu, mig, mig_minors).paths
-    mknod_ok = True
-    for node in dict.fromkeys(nodes):
-        mknod_ok = make_char_device(root / node.lstrip("/")) and mknod_ok
-    return mknod_ok
-
-
-def device_numbers(path: str) -> tuple[int, int]:
-    """(major, minor) of a device node as a host gives them: 195 for the GPUs and nvidiactl, and
-    dynamic majors (here 510, 511, 512, 513) for nvidia-uvm, the caps, IMEX channels and the rest."""
-    name = os.path.basename(path)
-    fixed = {"nvidiactl": (195, 255), "nvidia-modeset": (195, 254), "nvidia-uvm": (510, 0)}
-    if name in fixed:
-        return fixed[name]
-    if name == "nvidia-uvm-tools":
-        return 510, 1
-    number = int(re.sub(r"\D", "", name) or 0)
-    if re.fullmatch(r"nvidia\d+", name):
-        return 195, number
-    return (511 if name.startswith("nvidia-cap") else 512 if name.startswith("channel") else 513), number
-
-
-def make_char_device(path: Path, mode: int = 0o666) -> bool:
-    """A character device at `path` (numbers by its name: `device_numbers`; `mode` whatever the
-    umask), or an empty file where mknod is not permitted; False then."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        return True
-    try:
-        os.mknod(path, mode | stat.S_IFCHR, os.makedev(*device_numbers(str(path))))
-    except (PermissionError, OSError):
-        path.touch()
-        return False
-    os.chmod(path, mode)
-    return True
-
-
 DEVICE_FIELDS = ("major", "minor", "fileMode", "permissions", "gid")
+_IGNORED = {"description", "$schema", "$comment", "ref"}  # "ref": a typo in the published defs.json
 
 
 def without_device_fields(spec: Any) -> Any:

@@ -65,6 +65,9 @@ class FakeServer:
     def socket_is_ours(self) -> bool:
         return self.started and not self.stopped and not self.wiped
 
+    def abandon(self) -> None:
+        self.wiped = True
+
     def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
         self.resource, self.allocator = resource, allocator
 

@@ -1,7 +1,7 @@
 """Both real processes on one node, each holding a GPU the config gives the other (a pod through the
 device plugin, a claim through the DRA driver), and the holder's hand-over record tampered with while
 a thread samples what each API advertises: for tests/test_handoff_tampered_e2e.py and
-`python -m bench.handoff_tamper`.
+`python -m tests.handoff_tamper_run`.
 
 The device plugin's advertised GPUs are the kubelet stand-in's ListAndWatch devices, the DRA driver's
 the devices of the API stand-in's ResourceSlices."""

@@ -3,23 +3,12 @@ writes them."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import pytest
 
 from nvdp.logs import FIELDS_ATTR, format_fields
+from nvdp.testing import http_get
 
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    """The status and body of `path` on 127.0.0.1:`port`; (0, "") while nothing answers there."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-    except OSError:
-        return 0, ""
+__all__ = ["http_get", "log_lines"]
 
 
 def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -123,3 +123,28 @@ def test_check_exits_1_naming_the_missed_budget_and_0_when_every_budget_is_met(t
     ]
     met = _bench_check(_report(tmp_path / "met.json", allocate(1.0, True)))
     assert (met.returncode, met.stdout.splitlines()[-1]) == (0, "every budget met (1 checked)"), met.stderr
+
+
+def test_api_cost_counts_each_open_watch_by_its_timeout_and_other_requests_at_their_rate() -> None:
+    """bench/api_cost.py: a watch re-opened every `timeoutSeconds` costs 3600 / it an hour; a GET that
+    is no watch in the idle window is a poll (a watch could have answered it)."""
+    from bench.api_cost import Command, _open_watches
+
+    watch = {"watch": "true", "fieldSelector": "metadata.name=node-a"}
+    requests = [
+        ("GET", "/api/v1/nodes", {"fieldSelector": "metadata.name=node-a"}),  # the list at start
+        ("GET", "/api/v1/nodes", {**watch, "timeoutSeconds": "60"}),
+        ("GET", "/api/v1/nodes", {**watch, "timeoutSeconds": "90"}),  # the same stream, opened again
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices", {"watch": "true"}),  # no timeout: 1800 s
+    ]
+    assert _open_watches(requests) == {
+        ("/api/v1/nodes", "metadata.name=node-a"): 90.0,
+        ("/apis/resource.k8s.io/v1/resourceslices", ""): 1800.0,
+    }
+    command = Command("config-manager", None, None, idle_s=60.0)  # type: ignore[arg-type]
+    command.watches = _open_watches(requests)
+    command.idle = [requests[2], ("POST", "/api/v1/namespaces/default/events", {})]
+    assert command.per_hour() == pytest.approx(60 + 3600 / 90 + 3600 / 1800)
+    assert command.polls() == 0
+    command.idle.append(("GET", "/api/v1/nodes/node-a", {}))
+    assert command.polls() == 1

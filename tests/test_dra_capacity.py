@@ -57,7 +57,9 @@ def shared_slices(shared: set[str] | None = None) -> list[dict[str, Any]]:
     return pool_slices("node-a", 1, devices, {}, taints=True)
 
 
-def claim(name: str, capacity: dict[str, str] | None = None, selector: str = INDEX_0) -> dict[str, Any]:
+def capacity_claim(
+    name: str, capacity: dict[str, str] | None = None, selector: str = INDEX_0
+) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": 1}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
@@ -117,7 +119,11 @@ def test_only_the_named_whole_gpus_are_shared() -> None:
 
 def test_three_claims_share_a_gpu_as_the_scheduler_accounts_them() -> None:
     slices = shared_slices()
-    asked = [claim("a", {"memory": "10Gi", "compute": "50"}), claim("b", {"memory": "1500Mi"}), claim("c")]
+    asked = [
+        capacity_claim("a", {"memory": "10Gi", "compute": "50"}),
+        capacity_claim("b", {"memory": "1500Mi"}),
+        capacity_claim("c"),
+    ]
     results = schedule_all(asked, slices)
     assert [r["device"] for r in results] == ["gpu-0"] * 3
     assert [r["consumedCapacity"] for r in results] == [
@@ -128,12 +134,12 @@ def test_three_claims_share_a_gpu_as_the_scheduler_accounts_them() -> None:
     assert len({r["shareID"] for r in results}) == 3
     # 13Gi of 40Gi and 50 of 100 taken: 27Gi and 50 left on gpu-0
     assert (
-        schedule_all([*asked, claim("d", {"memory": "27Gi", "compute": "50"})], slices)[-1]["device"]
+        schedule_all([*asked, capacity_claim("d", {"memory": "27Gi", "compute": "50"})], slices)[-1]["device"]
         == "gpu-0"
     )
     for too_much in ({"memory": "28Gi"}, {"compute": "51"}):
         with pytest.raises(AllocationError) as error:
-            schedule_all([*asked, claim("e", too_much)], slices)
+            schedule_all([*asked, capacity_claim("e", too_much)], slices)
         (what,) = [f"{k} {v}" for k, v in too_much.items()]
         assert str(error.value) == (
             "request gpu: 1 device(s) of class gpu.nvidia.com wanted, 0 free on node node-a match "
@@ -146,24 +152,28 @@ def test_a_request_outside_the_policy_or_naming_no_capacity_of_the_device_gets_n
     device = slices[0]["spec"]["devices"][0]
     device["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] = "8Gi"
     assert (
-        schedule_all([claim("fits", {"memory": "7.5Gi"})], slices)[0]["consumedCapacity"]["memory"] == "8Gi"
+        schedule_all([capacity_claim("fits", {"memory": "7.5Gi"})], slices)[0]["consumedCapacity"]["memory"]
+        == "8Gi"
     )
     for asked in ({"memory": "9Gi"}, {"encoders": "1"}):
         with pytest.raises(AllocationError, match="0 free on node node-a match with"):
-            schedule_all([claim("no", asked)], slices)
+            schedule_all([capacity_claim("no", asked)], slices)
     device["capacity"]["memory"]["requestPolicy"] = {"default": "4Gi", "validValues": ["4Gi", "20Gi"]}
-    assert schedule_all([claim("v", {"memory": "5Gi"})], slices)[0]["consumedCapacity"]["memory"] == "20Gi"
+    assert (
+        schedule_all([capacity_claim("v", {"memory": "5Gi"})], slices)[0]["consumedCapacity"]["memory"]
+        == "20Gi"
+    )
     with pytest.raises(AllocationError):
-        schedule_all([claim("v", {"memory": "21Gi"})], slices)
+        schedule_all([capacity_claim("v", {"memory": "21Gi"})], slices)
 
 
 def test_a_gpu_not_shared_is_taken_whole_and_a_capacity_request_bounds_it() -> None:
     slices = shared_slices({GPUS[0].uuid})
     one = "device.attributes['gpu.nvidia.com'].index == 1"
-    (whole,) = schedule_all([claim("w", {"memory": "40Gi"}, one)], slices)
+    (whole,) = schedule_all([capacity_claim("w", {"memory": "40Gi"}, one)], slices)
     assert whole == {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}
     with pytest.raises(AllocationError):
-        schedule_all([claim("big", {"memory": "41Gi"}, one)], slices)
+        schedule_all([capacity_claim("big", {"memory": "41Gi"}, one)], slices)
 
 
 def shared_device() -> Any:
@@ -310,10 +320,10 @@ def test_the_documented_config_and_claims_do_as_the_docs_say() -> None:
         ("gpu-0", {"memory": "2Gi", "compute": "0"}),
         ("gpu-0", {"memory": "1Gi", "compute": "0"}),
     ]
-    fourth = claim("d", {"memory": "30Gi"}, selector="device.allowMultipleAllocations == true")
+    fourth = capacity_claim("d", {"memory": "30Gi"}, selector="device.allowMultipleAllocations == true")
     with pytest.raises(AllocationError, match="with memory 30Gi to spare$"):
         schedule_all([*documented, fourth], slices)
-    whole = claim("w", {"memory": "40Gi"}, selector="device.allowMultipleAllocations == false")
+    whole = capacity_claim("w", {"memory": "40Gi"}, selector="device.allowMultipleAllocations == false")
     assert schedule_all([*documented, whole], slices)[-1] == {
         "request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"
     }  # fmt: skip

@@ -36,7 +36,7 @@ def shared_node(tmp_path: Path) -> Iterator[tuple[DraCluster, Standin, Path]]:
         yield cluster, standin, root
 
 
-def container_env(spec: dict[str, Any]) -> dict[str, str]:
+def cdi_container_env(spec: dict[str, Any]) -> dict[str, str]:
     """The env a container of the claim gets from its CDI spec (the spec's edits, then its device's)."""
     edits = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
     return dict(e.split("=", 1) for edit in edits for e in edit.get("env") or [])
@@ -62,7 +62,7 @@ def test_three_claims_share_a_gpu_each_limited_to_its_share(tmp_path: Path) -> N
         specs = cluster.specs()
         limits = {}
         for name, claim in claims.items():
-            env = container_env(specs[f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"])
+            env = cdi_container_env(specs[f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"])
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
             connected = standin.connect(name, env)
             assert connected.returncode == 0, connected.stderr

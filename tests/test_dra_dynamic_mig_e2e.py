@@ -18,7 +18,6 @@ import pytest
 
 from nvdp.config import RuntimeOptions
 from nvdp.config.model import Config, Dra
-from nvdp.devices import mig_cap_paths
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DraSettings
@@ -27,26 +26,14 @@ from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_de
 from nvdp.kubelet_standin.dra import Claim, DraManager
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.nvml.sim import open_sim
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
 from nvdp.testing import wait_until
+from nvdp.testing.dra import DYNAMIC_ALL, PROFILE
+from nvdp.testing.driver_root import cap_files
 from tests.builders import append_sim_event, sim_gpus
 from tests.cdi_support import make_node
 from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of
 
 GOLDEN = Path(__file__).parent / "data" / "dra"
-DYNAMIC_ALL = "version: v1\ndra:\n  devices: all\n  dynamicMig: all\n"
-PROFILE = "device.attributes['gpu.nvidia.com'].profile == '{}'"
-
-
-def cap_files(root: Path, gpus: list[GpuInfo]) -> None:
-    """The MIG capability nodes of every GPU instance a placement may get (the node's, made empty)."""
-    for gpu in gpus:
-        for gi in range(15):
-            for path in mig_cap_paths(
-                gpu.minor, MigDeviceInfo("", 0, gi, 0, "", 0, gpu.uuid, gpu.index), None
-            ):
-                (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-                (root / path.lstrip("/")).touch()
 
 
 def whole_pool(api: Any) -> bool:

@@ -21,14 +21,14 @@ from nvdp.nvml.types import GpuInfo, MigPlacement
 FACTS = DriverFacts("550.54.15", "12.4")
 
 
-def _gpu(index: int = 0) -> tuple[Any, GpuInfo]:
+def _placement_gpu(index: int = 0) -> tuple[Any, GpuInfo]:
     node = open_sim("dgx-a100-mig-empty")
     node.init()
     return node, node.gpus()[index]
 
 
 def test_counter_set_and_placements_of_an_a100() -> None:
-    node, gpu = _gpu()
+    node, gpu = _placement_gpu()
     devices = partitions(gpu, profiles_of(node.node.gpus[0]), FACTS)
     assert len(devices) == 25  # 7 + 7 + 4 + 3 + 2 + 1 + 1 placements
     counters = devices[0].counter_set["counters"]  # type: ignore[index]
@@ -54,7 +54,7 @@ def test_counter_set_and_placements_of_an_a100() -> None:
 
 
 def test_a_mig_device_no_claim_made_is_taken_out_of_the_counters() -> None:
-    node, gpu = _gpu()
+    node, gpu = _placement_gpu()
     made = node.mig_control().create_mig_device(gpu.uuid, MigPlacement(14, 2, 2))  # 2g.10gb, slices 2-3
     counters = partitions(gpu, profiles_of(node.node.gpus[0]), FACTS, [made])[0].counter_set["counters"]  # type: ignore[index]
     assert counters["memory-slice-2"] == counters["memory-slice-3"] == {"value": "0"}

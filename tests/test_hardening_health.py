@@ -160,7 +160,7 @@ def test_readyz_fails_with_the_reason_once_failing() -> None:
 
 def test_degraded_grace_period_config_key() -> None:
     from nvdp.config import parse
-    from nvdp.daemon_settings import health_settings
+    from nvdp.health.settings import health_settings
 
     assert health_settings(parse({})).degraded_grace_period == 300.0
     assert health_settings(parse({"health": {"degradedGracePeriod": "90s"}})).degraded_grace_period == 90.0

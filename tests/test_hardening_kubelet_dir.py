@@ -14,7 +14,7 @@ import pytest
 from nvdp.dir_watch import file_id
 from nvdp.errors import DirLockHeld
 from nvdp.kubelet_standin import Kubelet
-from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
+from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.plugin.supervisor import Supervisor
 from nvdp.plugin.types import DaemonSettings
 from nvdp.testing import Process, start_plugin, wait_until

@@ -393,6 +393,26 @@ def test_start_stop_idempotent_and_prompt(node: Node) -> None:
     monitor.stop()
 
 
+@pytest.mark.parametrize("armed", [True, False], ids=["event set armed", "no event set"])
+def test_a_long_wait_on_the_event_set_ends_for_an_update_and_a_stop(node: Node, armed: bool) -> None:
+    """An idle monitor wakes once per wait (1 s by default): an update or a stop does not wait for it."""
+    settings = HealthSettings(probe_interval=3600.0)
+    environ = {} if armed else {"DP_DISABLE_HEALTHCHECKS": "xids"}
+    monitor = node.monitor(wait_timeout=60.0, settings=settings, environ=environ)
+    monitor.start()
+    node.wait_first_probe_cycle()
+    sets, probes = node.nvml.event_sets, node.nvml.probes
+    started = time.monotonic()
+    monitor.update_gpus(node.gpus[:4])
+    if armed:
+        wait_until(lambda: node.nvml.event_sets > sets, 5.0, "re-armed with the new GPUs")
+    else:
+        wait_until(lambda: node.nvml.probes > probes, 5.0, "the new GPUs probed")
+    monitor.stop()
+    assert time.monotonic() - started < 5.0
+    assert not monitor.status().running
+
+
 def test_update_gpus_keeps_known_states(node: Node, running: HealthMonitor) -> None:
     gpu0 = node.gpus[0].uuid
     node.inject(uuid=gpu0, xid=79)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
-from nvdp.plugin.dir_lock import LOCK_NAME
+from nvdp.kubeletplugin.dir_lock import LOCK_NAME
 from nvdp.testing import Process, free_port, short_temp_dir, start_plugin, wait_until
 from tests.readings import http_get
 

@@ -22,10 +22,10 @@ from nvdp.api import pb, pb_grpc
 from nvdp.dir_watch import DirWatcher
 from nvdp.errors import DirLockHeld, NvdpError
 from nvdp.inventory import ResourceRules
+from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
+from nvdp.kubeletplugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import open_sim
-from nvdp.plugin.dir_lock import LOCK_NAME, DirClaim
-from nvdp.plugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer
 from nvdp.plugin.supervisor import DaemonSettings
@@ -139,6 +139,16 @@ def test_other_entries_of_the_parents_do_not_wake_it(watched: tuple[Path, DirWat
     assert not watcher.wait(CHANGE_S)  # woken, and no change seen
 
 
+def test_an_added_parent_with_names_wakes_only_for_those_entries(watched: tuple[Path, DirWatcher]) -> None:
+    directory, watcher = watched
+    parent = directory.parent.parent  # e.g. /var/lib/kubelet, watched for plugins/ to appear
+    assert watcher.add(parent, names=frozenset({"plugins"}))
+    (parent / "other-traffic").mkdir()
+    assert not watcher.wait(QUIET_S)
+    (parent / "plugins").mkdir()
+    assert watcher.wait(CHANGE_S)
+
+
 # ---- the lock follows the path ------------------------------------------------------------------
 
 
@@ -155,7 +165,7 @@ def test_claim_is_taken_again_in_a_new_directory(tmp_path: Path, caplog: pytest.
     assert claim.acquire(threading.Event())
     assert claim.refresh() is None and claim.problem is None
     shutil.rmtree(directory)
-    with caplog.at_level(logging.INFO, logger="nvdp.plugin.dir_lock"):
+    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.dir_lock"):
         assert refresh_when_due() == 0.05 and claim.problem is None  # not at once: rm -rf may be running
         delays = [refresh_when_due() for _ in range(3)]
         assert delays == [0.1, 0.2, 0.4]  # backoff while the directory is gone
@@ -226,7 +236,7 @@ def test_supervisor_retries_a_server_that_cannot_listen(
 ) -> None:
     FailingServer.plan = {GPU: 5}
     rig = Rig(tmp_path, DaemonSettings(kubelet_socket=tmp_path / "kubelet.sock"), server_type=FailingServer)
-    with caplog.at_level(logging.INFO, logger="nvdp.plugin.listen_retry"):
+    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.listen_retry"):
         rig.start()
         try:
             assert rig.supervisor.ready.wait(10), "registered once it listens"

@@ -52,6 +52,7 @@ PURE = {
     "nvdp.gfd.clique",
     "nvdp.gfd.labels",
     "nvdp.health.condition",
+    "nvdp.health.settings",
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",
@@ -238,6 +239,7 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
     }
     wire = (
         "nvdp.plugin.",
+        "nvdp.kubeletplugin.",
         "nvdp.kubelet_standin.",
         "nvdp.mps.allocate",
         "nvdp.simulate",

@@ -4,12 +4,14 @@ state, the metrics over an endpoint, the HTTP endpoint over pages. The real daem
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Mapping
 
 import pytest
 
 from nvdp.errors import NvmlError
 from nvdp.metrics import HttpEndpoint, MetricFamilies, Metrics, Pages, Probes
+from nvdp.nvml import open_nvml
 from tests.fakes import BrokenNvml, FakeHealth, FakeHttpEndpoint, FakeSupervisor
 
 A, B = "nvidia.com/a", "nvidia.com/b"
@@ -87,6 +89,21 @@ def test_failed_nvml_calls_are_counted_by_call() -> None:
         with pytest.raises(NvmlError):
             nvml.init()
     assert b'\nnvdp_nvml_errors_total{call="nvmlInit_v2"} 2\n' in metrics.render_metrics("127.0.0.1")
+
+
+def test_a_counted_event_set_passes_an_interrupt_on() -> None:
+    """The health monitor ends a wait on the event set it was given, which is this wrapper."""
+    nvml = Metrics(":0").families.count_nvml_errors(open_nvml("sim:pcie-4"))
+    nvml.init()
+    try:
+        event_set = nvml.create_event_set()
+        event_set.interrupt()
+        started = time.monotonic()
+        assert event_set.wait(30_000) is None
+        assert time.monotonic() - started < 5.0
+        event_set.close()
+    finally:
+        nvml.shutdown()
 
 
 class FixedPages:

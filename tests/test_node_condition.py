@@ -17,7 +17,6 @@ import pytest
 
 from nvdp.backoff import Backoff
 from nvdp.config import parse
-from nvdp.daemon_settings import health_settings
 from nvdp.health.condition import (
     CONDITION_TYPE,
     MAX_NAMED,
@@ -28,6 +27,7 @@ from nvdp.health.condition import (
     taints_with,
 )
 from nvdp.health.node_condition import NodeConditionReporter, node_condition_from_env
+from nvdp.health.settings import health_settings
 from nvdp.health.state import GPU_LOST_REASON, HealthState
 from nvdp.health.types import HealthChange, HealthSettings
 from nvdp.health.xid import XidPolicy

@@ -15,10 +15,10 @@ import pytest
 from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
 from nvdp.errors import NvmlError
+from nvdp.kubeletplugin.rescan import layout_of
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.types import GpuLayout
-from nvdp.plugin.rescan import layout_of
 from tests import test_nvml_standin
 from tests.test_nvml_real import opened
 
@@ -215,7 +215,7 @@ mig gpu=0 uuid=MIG-d gi=3 ci=0 gi_slices=2 ci_slices=2 memory_mb=19968 profile=1
 STANDIN_SCRIPT = """
 import json, pynvml
 from nvdp.nvml.real import RealNvml
-from nvdp.plugin.rescan import layout_of
+from nvdp.kubeletplugin.rescan import layout_of
 calls = []
 for name in dir(pynvml):
     fn = getattr(pynvml, name)

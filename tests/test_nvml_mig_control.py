@@ -19,7 +19,7 @@ EIGHT_SLICES = [
 ]  # fmt: skip
 
 
-def _node(tmp_path: Path, gpu: str) -> SimNvml:
+def _mig_node(tmp_path: Path, gpu: str) -> SimNvml:
     path = tmp_path / "node.yaml"
     path.write_text(f'gpus: [{{name: "{gpu}", mig: []}}]\n')
     node = SimNvml(load_node_file(str(path)))
@@ -46,7 +46,7 @@ def _node(tmp_path: Path, gpu: str) -> SimNvml:
     ids=["a100-40gb", "a100-80gb", "h100"],
 )
 def test_profiles_and_placements(tmp_path: Path, gpu: str, names: list[str]) -> None:
-    node = _node(tmp_path, gpu)
+    node = _mig_node(tmp_path, gpu)
     profiles = node.mig_control().mig_profiles(node.gpus()[0].uuid)
     assert [p.name for p in profiles] == names
     got = [
@@ -58,7 +58,7 @@ def test_profiles_and_placements(tmp_path: Path, gpu: str, names: list[str]) -> 
 
 
 def test_a100_40gb_profile_shares(tmp_path: Path) -> None:
-    node = _node(tmp_path, "NVIDIA A100-SXM4-40GB")
+    node = _mig_node(tmp_path, "NVIDIA A100-SXM4-40GB")
     by_name = {p.name: p for p in node.mig_control().mig_profiles(node.gpus()[0].uuid)}
     assert by_name["1g.5gb"].memory_bytes == 4864 << 20
     assert by_name["7g.40gb"].memory_bytes == 40192 << 20

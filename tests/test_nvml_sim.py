@@ -17,7 +17,7 @@ import pytest
 
 from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, open_nvml
-from nvdp.nvml.sim import SimEventError, SimNvml, load_node_file, open_sim, profile_names
+from nvdp.nvml.sim import SimEventError, SimNvml, layout, load_node_file, open_sim, profile_names
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.types import GpuLayout, MigEngines, MigPlacement
@@ -865,3 +865,32 @@ def test_events_file_yet_to_be_created_is_no_warning(
         follower.start()
         follower.stop()
     assert caplog.records == []
+
+
+def test_an_unchanged_layout_is_answered_without_reading_the_node_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DRA plugin's rescan asks twice a second: while no event was applied, the answer is kept."""
+    node = open_sim("dgx-a100-mig")
+    node.init()
+    gpus = node.gpus()
+    reads: list[None] = []
+    read = layout.read_layout
+    monkeypatch.setattr(layout, "read_layout", lambda *a: reads.append(None) or read(*a))
+    first = node.mig_layout()
+    assert node.mig_layout() == first and len(reads) == 1
+    node.inject({"uuid": gpus[0].uuid, "mig": ["1g.5gb"] * 7})
+    changed = node.mig_layout()[gpus[0].uuid]
+    assert len(reads) == 2 and changed != first[gpus[0].uuid]
+    assert changed == GpuLayout.of(node.gpus()[0])
+
+
+def test_a_kept_layout_follows_mig_devices_made_and_destroyed() -> None:
+    node = open_sim("dgx-a100-mig-empty")
+    node.init()
+    control, gpu = node.mig_control(), node.gpus()[0].uuid
+    assert node.mig_layout()[gpu].instances == ()  # the answer kept from here
+    made = control.create_mig_device(gpu, MigPlacement(9, 4, 4))
+    assert node.mig_layout()[gpu].instances == ((made.gi_id, 0, "3g.20gb"),)
+    control.destroy_mig_device(gpu, made.gi_id)
+    assert node.mig_layout()[gpu].instances == ()

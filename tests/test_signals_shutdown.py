@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
+from nvdp.kubeletplugin.dir_lock import LOCK_NAME
 from nvdp.mps.controller import STOP_QUIT_TIMEOUT_S
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
-from nvdp.plugin.dir_lock import LOCK_NAME
 from nvdp.plugin.supervisor import DaemonSettings
 from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S
 from nvdp.testing import Process, start_plugin, wait_until, write_time_slicing_config

@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from nvdp.api.dra import PLUGIN_TYPE, registration
-from nvdp.dra.server import UnixServer
 from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
+from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.nvml.sim import open_sim
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import DevicePluginServer
@@ -62,7 +62,7 @@ def device_plugin_server(path: Path, executor: ThreadPoolExecutor) -> Any:
 
 
 def dra_server(path: Path, executor: ThreadPoolExecutor) -> Any:
-    return UnixServer(path, lambda server: None, executor)
+    return UnixSocketServer(path, lambda server: None, executor)
 
 
 @pytest.fixture

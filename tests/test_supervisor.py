@@ -15,8 +15,8 @@ from nvdp.config import ReplicatedResource
 from nvdp.errors import ConfigError
 from nvdp.health.types import HealthSettings
 from nvdp.inventory import ResourceRules
+from nvdp.kubeletplugin.rescan import LayoutRescanner
 from nvdp.nvml import open_nvml
-from nvdp.plugin.rescan import LayoutRescanner
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor

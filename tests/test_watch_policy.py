@@ -327,7 +327,7 @@ def test_the_dra_readyz_names_a_dead_slice_watch_and_clears(
 ) -> None:
     """The DRA plugin's /readyz: the slice watch failing (500s) for its alarm time is a 503 naming the
     watch and the error; a list that succeeds clears it."""
-    from nvdp.dra.status import DraStatus
+    from nvdp.dra.status import DraCounters, DraStatus
 
     timers = WatchTimers(
         timeout_s=5, silence_s=10, alarm_after_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.2
@@ -336,7 +336,7 @@ def test_the_dra_readyz_names_a_dead_slice_watch_and_clears(
     wait_until(lambda: run.watches() >= 1, 10, "the watch")
     publisher = run.publisher
     assert publisher is not None
-    status = DraStatus("127.0.0.1:0", DraParts(publisher)).start()  # type: ignore[arg-type]
+    status = DraStatus("127.0.0.1:0", DraCounters(), DraParts(publisher)).start()  # type: ignore[arg-type]
     try:
         assert http_get(status.port, "/readyz")[1].splitlines() == ["starting"]
         api.fail(500, 10_000, path_prefix=SLICES, method="GET")

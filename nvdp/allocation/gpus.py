@@ -3,14 +3,13 @@
 Of the sets S of `size` available GPUs holding every required one, the best has, in order:
 1. the highest score (the sum of pair scores over S's pairs);
 2. the fewest NUMA nodes;
-3. the best-connected leftovers: the lowest degree sum over S (deg: a GPU's summed weight to the
-   other available GPUs), so with one GPU of two NVLink pairs taken, one more takes its partner;
+3. the lowest degree sum over S (deg: a GPU's summed weight to the other available GPUs): the
+   leftovers stay best connected (of two NVLink pairs with one GPU taken, one more takes its partner);
 4. the lowest GPU indices (sorted index tuples, compared lexicographically).
-
 - Up to 16 candidates, or one GPU: exact, a depth-first branch and bound in index order (the first
   of equal keys is the lowest), seeded by the heuristic's answer.
-- More candidates: a heuristic (greedy growth within SEED_WORK or shrinking, then single swaps);
-  not guaranteed optimal, bench/allocation.py measures how often it is.
+- More: a heuristic (greedy growth within SEED_WORK or shrinking, then single swaps); not
+  guaranteed optimal, bench/allocation.py measures how often it is.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The container edits of the `gpu` spec (pure), as NVIDIA's container toolkit (nvcdi) writes them:
-device node entries, the driver's mounts, the createContainer hooks and the env.
+"""The container edits of the `gpu` spec (pure), as NVIDIA's container toolkit (nvcdi) writes them.
 
-Common edits, in NVIDIA's order: env `NVIDIA_CTK_LIBCUDA_DIR` (the driver's library directories)
-then `NVIDIA_VISIBLE_DEVICES=void`; the control device nodes; read-only recursive private bind mounts
-of the driver's files (the IPC sockets without `ro`, with `noexec`); and the hooks `create-symlinks`,
-`enable-cuda-compat --host-driver-version=<version>`, `update-ldcache`,
-`disable-device-node-modification` and `update-application-profile`, each with
-`NVIDIA_CTK_DEBUG=false`. Device nodes and mounts are sorted as NVIDIA's spec sorts them (shallow
-paths first, then by path).
+- Common edits, in NVIDIA's order: env `NVIDIA_CTK_LIBCUDA_DIR` (the driver's library directories)
+  and `NVIDIA_VISIBLE_DEVICES=void`; the control device nodes; read-only recursive private bind
+  mounts of the driver's files (IPC sockets without `ro`, with `noexec`); the hooks
+  `create-symlinks`, `enable-cuda-compat --host-driver-version=<version>`, `update-ldcache`,
+  `disable-device-node-modification`, `update-application-profile`, each with `NVIDIA_CTK_DEBUG=false`.
+- Device nodes and mounts are sorted as NVIDIA sorts them: shallow paths first, then by path.
 """
 
 from __future__ import annotations

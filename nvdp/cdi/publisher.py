@@ -1,26 +1,15 @@
-"""The supervisor's hook: claim the spec directory, scan, build, write and keep the specs, and say
-which devices may be advertised.
+"""The supervisor's CDI hook: claim the spec directory, build, write and keep the specs, and say which
+devices may be advertised. It runs before servers start and on every apply.
 
-Called before servers start (so before the first registration) and on every apply (SIGHUP, a MIG
-re-partition, a device node that came, a retry). A device is advertised only when every CDI name its
-Allocate answers can carry is defined in a spec that is on disk; what keeps one from it is a misfit
-(`nvdp.misfits`), and the rest is served:
-
-- a device left out of the spec (`CdiDeviceNotInSpec`) is left out of its resources;
-- a spec that cannot be written (`CdiSpecNotWritten`: read-only or full directory) or a spec
-  directory another device plugin holds (`CdiSpecDirInUse`) withholds the resources that need it;
-  the publish is retried with capped backoff (`retry_in`), no SIGHUP needed.
-
-Two device plugins writing the same spec files would overwrite each other's specs without a word, so
-before writing, nvdp takes the lock file `<spec dir>/.<vendor>.lock` (`nvdp.lock_file`; a hidden name
-the CDI library does not read) and writes who it is there (`pid=... host=...`; in a pod the host name
-is the pod's name). The holder removes the lock file on stop, which wakes a waiting plugin's
-spec-directory watch; a lock file removed under its holder (the directory deleted) is taken again.
-
-Specs written are kept: the spec directory joins the supervisor's inotify watch (`changed`), and a
-spec removed or changed under the plugin is written again at once (its content is compared, so our
-own writes do not loop). Specs are left in place on stop: running containers may still be resolved
-through them; the lock is released.
+- A device is advertised only when every CDI name its Allocate can carry is in a spec on disk;
+  what keeps one out is a misfit (`nvdp.misfits`) and the rest is served.
+- A device left out of the spec (`CdiDeviceNotInSpec`) is left out of its resources; an unwritable
+  spec (`CdiSpecNotWritten`) or a directory another plugin holds (`CdiSpecDirInUse`) withholds the
+  resources that need it, retried with capped backoff (`retry_in`).
+- Before writing, it takes `<spec dir>/.<vendor>.lock` (`nvdp.lock_file`) noting `pid=... host=...`;
+  it is removed on stop (waking a waiting plugin's watch) and taken again if removed under us.
+- The spec directory is in the supervisor's watch (`changed`): a spec removed or changed is written
+  again (content compared, so own writes do not loop). Specs stay on stop; the lock is released.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """nvdp configuration: NVIDIA's v1 config file, flags and env vars, with the same precedence.
 
-- `model`: the v1 file as frozen dataclasses (`Config`: `version`, `flags`, `resources`,
-  `sharing`, `imex`, and nvdp's `health`).
-- `runtime`: what only flags and env vars set (`RuntimeOptions`) and `PluginOptions`, the config
-  beside them; `options.to_json()` is the start-up log line.
-- `load`: `load_file`, `parse_text`, `parse` validate a file; `decode`: text to plain data, bounded;
-  `notices`: one line per key read in another letter case or applied unlike NVIDIA's plugin.
-- `options`: the one flag / env framework; `groups`: the groups commands share; `precedence`:
-  `add_plugin_flags(parser)` and `resolve(args, environ)`: flag > env > file > default.
+- `model`: the v1 file as frozen dataclasses (`Config`); `runtime`: `RuntimeOptions` (flags and
+  env only) and `PluginOptions` (`options.to_json()` is the start-up log line).
+- `load`: `load_file`, `parse_text`, `parse`; `decode`: text to plain data, bounded; `notices`: a
+  line per key read in another case or applied unlike NVIDIA's plugin.
+- `options`: the one flag / env framework; `groups`: shared flag groups; `precedence`:
+  `add_plugin_flags(parser)`, `resolve(args, environ)`: flag > env > file > default.
 - `rules`: what the plugin accepts and this version supports; `values`: shared scalar checks.
-- Strict about form, tolerant about the node: bad types, values, ranges and conflicts are refused,
-  one line each, all at once (`ConfigError`); nothing here reads the node. What does not fit a node
-  is a misfit, found where resources are built (`nvdp.resources`, `nvdp.misfits`), never refused.
+- Strict about form: bad types, values, ranges, conflicts are refused, one line each, all at once
+  (`ConfigError`); nothing here reads the node. What does not fit a node is a misfit
+  (`nvdp.resources`, `nvdp.misfits`), never refused.
 """
 
 from nvdp.config.groups import PLUGIN_OPTIONS

@@ -1,17 +1,14 @@
 """Reading and validating a v1 config file (YAML or JSON), as NVIDIA's plugin reads it.
 
-- The walk follows the field metadata of `nvdp.config.model`; each problem is one line naming the
-  field path, all in one `ConfigError` (MAX_PROBLEMS lines, then a count). `null` means unset.
-- An empty file, or one without `version`, is v1 with defaults, as in NVIDIA's plugin.
-- An unknown key is a WARNING line with a "did you mean" hint, so newer NVIDIA files still load;
-  `strict=True` (`--strict-config`, `nvdp config check`) makes it an error.
-- Refused, unlike NVIDIA's plugin: duplicate keys, and sharing with both time-slicing and MPS.
-- Keys match in any letter case where NVIDIA's plugin does (Go's encoding/json) and in nvdp's
-  sections, recorded in `recased_keys` (`nvdp.config.notices`); messages use the schema's spelling.
-  Sections NVIDIA decodes by exact key (`_EXACT_CASE`) take exact keys; two spellings are refused.
-- Only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`).
-- A mapping with no config key at top level (a wrong path, say `/etc/shadow`) is refused in one line
-  quoting none of its content; quoted values are cut short (`nvdp.config.values.show`).
+- The walk follows `nvdp.config.model`'s field metadata; each problem is one line naming the field
+  path, all in one `ConfigError` (MAX_PROBLEMS, then a count). `null` means unset.
+- An empty file, or one without `version`, is v1 with defaults.
+- An unknown key is a WARNING with a "did you mean" hint; `strict=True` (`--strict-config`,
+  `nvdp config check`) makes it an error. Refused unlike NVIDIA: duplicate keys, time-slicing + MPS.
+- Keys match in any case where NVIDIA's does (Go's encoding/json) and in nvdp's sections, recorded
+  in `recased_keys`; `_EXACT_CASE` sections take exact keys; two spellings are refused.
+- Only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`); a mapping with no
+  config key at top level is refused quoting none of it; quoted values are cut short (`values.show`).
 """
 
 from __future__ import annotations

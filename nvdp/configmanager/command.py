@@ -15,9 +15,10 @@ from nvdp import kube
 from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch, ObjectWatch
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
+from nvdp.configmanager.spread import Spread
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
-from nvdp.kube.configmaps import read_configmap
+from nvdp.kube.configmaps import ConfigMapData, read_configmap
 from nvdp.kube.reflector import WatchTimers
 from nvdp.logs import log_event
 from nvdp.uninstall import Release
@@ -103,12 +104,14 @@ def serve(
     watch_client = kube.new_api_client(kubeconfig=settings.kubeconfig, retries=0)
     watch = NodeWatch(watch_client, settings.node_name, lambda node: _set_node(manager, node))
     configmap_watch = None
+    spread: Spread[ConfigMapData | None] | None = None
     if settings.configmap_name:
+        spread = Spread(manager.sources.set_api, settings.configmap_spread)
         configmap_watch = ConfigMapWatch(
             watch_client,
             settings.namespace,
             settings.configmap_name,
-            manager.sources.set_api,
+            spread,
             on_failure=manager.sources.api_failed,
             on_recovered=manager.sources.api_recovered,
         )
@@ -151,6 +154,8 @@ def serve(
     try:
         manager.run(stop)
     finally:
+        if spread is not None:
+            spread.close()
         if status is not None:
             status.stop()
     if release is not None and release.removed():

@@ -1,14 +1,12 @@
-"""The reconcile loop of `nvdp config-manager`.
+"""The reconcile loop of `nvdp config-manager`: each pass selects an entry and, when the effective file
+differs from what the destination serves, validates it, swaps the link and signals once.
 
-Each pass selects an entry and, when the effective file (link target or content) differs from what
-the destination serves, validates it with the plugin's rules, swaps the link and signals once.
 - Inputs: the node's label and annotations (Node watch, or one GET with --oneshot), the mounted
-  ConfigMap directory (inotify on its `..data` swap; polled every `--poll-interval` only without
-  inotify), and with --configmap-name the API's copy (`sources` picks which).
-- A refusal (unknown label value, invalid entry) is one log line naming node, label value and
-  reason, plus a Warning Event on the Node; the config stays until the label or ConfigMap changes.
-- A failure to put a config in place is reported the same way and retried with backoff; `retrying`
-  says why meanwhile (readiness). Each problem is reported once, not every pass.
+  ConfigMap (inotify on `..data`; `--poll-interval` only without inotify), the API's copy with
+  --configmap-name (`sources` picks).
+- A refusal is one log line (node, label value, reason) plus a Warning Event; the config stays
+  until the label or ConfigMap changes. A failure to apply is reported so and retried with backoff
+  (`retrying` feeds readiness). Each problem is reported once.
 - Each applied config is recorded on the Node (`APPLIED_ANNOTATION`, `AppliedRecord`): a restarted
   pod whose label names no usable entry starts on it, as the emptyDir destination is lost.
 """

@@ -19,6 +19,7 @@ from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, LOGGING, NODE_NAME, SERVICE_ACCOUNT_NAMESPACE, pod_namespace
 from nvdp.config.options import add_options, flag, read_options
 from nvdp.config.runtime import listen_address
+from nvdp.configmanager.spread import DEFAULT_SPREAD_S
 from nvdp.errors import ConfigError
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
@@ -53,6 +54,7 @@ class Settings:
     strict_config: bool = False
     configmap_name: str = ""  # "": the mounted ConfigMap only, as NVIDIA's config-manager
     namespace: str = ""  # the ConfigMap's; "": the pod's (its service account's)
+    configmap_spread: float = DEFAULT_SPREAD_S  # an API-heard edit waits random() * this
     log_format: str = "text"
     log_level: str = "info"
 
@@ -70,13 +72,24 @@ def _named(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
     return parse
 
 
-def _nonnegative_seconds(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
-        seconds = float(text)
+        return float(text)
     except ValueError:
-        seconds = v.parse_go_duration(text)
+        return v.parse_go_duration(text)
+
+
+def _nonnegative_seconds(text: str) -> float:
+    seconds = _seconds(text)
     if not seconds > 0:
         raise v.InvalidValue(f"must be > 0, got {v.show(text)}")
+    return seconds
+
+
+def _seconds_or_zero(text: str) -> float:
+    seconds = _seconds(text)
+    if not seconds >= 0:
+        raise v.InvalidValue(f"must be >= 0, got {v.show(text)}")
     return seconds
 
 
@@ -140,6 +153,14 @@ _DECLARED = (
         "--namespace $NAMESPACE",
         _named(_DNS_LABEL, "namespace"),
         "nvdp: the namespace of --configmap-name (when unset: the pod's, from its service account)",
+    ),
+    flag(
+        "--configmap-spread $NVDP_CONFIGMAP_SPREAD",
+        _seconds_or_zero,
+        "nvdp: an edit of --configmap-name heard through the API applies after a random delay of up to"
+        " this (seconds or Go duration), so that a fleet does not reload in one second"
+        " (0: at once)",
+        "seconds",
     ),
     *LOGGING,
 )

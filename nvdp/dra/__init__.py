@@ -1,10 +1,10 @@
-"""`nvdp dra-kubelet-plugin`: the DRA kubelet plugin of the driver `gpu.nvidia.com`, built on the same
-inventory, health and CDI code as the device plugin.
+"""`nvdp dra-kubelet-plugin`: the DRA kubelet plugin of the driver `gpu.nvidia.com`, on the device
+plugin's inventory, health and CDI code and the kubelet-plugin shell (`nvdp.kubeletplugin`).
 
-Pure parts: `names` (driver, device, socket and CDI names), `devices` (this node's devices with
-NVIDIA's attributes and capacities), `slices` (the ResourceSlices that publish them), `claims` (what
-of a ResourceClaim's allocation is this driver's on this node). I/O: `publisher` (keeps the slices
-published), `checkpoint` and `claim_specs` (prepared claims and their CDI specs on disk), `prepare`
-(NodePrepareResources / NodeUnprepareResources), `health` (device health to the slices and the
-kubelet), `server` (the registration and DRA gRPC services), `options` and `driver` (the command).
+- Pure: `names` (driver, device, socket, CDI names), `devices` (devices with NVIDIA's attributes
+  and capacities), `slices` (the ResourceSlices), `claims` (this driver's part of an allocation).
+- I/O: `publisher` (keeps slices published), `checkpoint` and `claim_specs` (prepared claims and
+  their CDI specs), `prepare` (Node(Un)PrepareResources), `health` (to slices and kubelet),
+  `server` (gRPC services, registration info).
+- Wiring: `options`, `driver` (the command's parts) and `loop` (its main loop).
 """

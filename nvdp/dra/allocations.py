@@ -1,18 +1,14 @@
-"""The DRA plugin's allocations file, for the device plugin's /allocations and `nvdp status` on a node
-split between the APIs: `<plugin dir>/allocations.json`, beside the hand-over records.
+"""The DRA plugin's allocations file, `<plugin dir>/allocations.json` beside the hand-over records, for
+the device plugin's /allocations and `nvdp status` on a node split between the APIs:
 
-    {"driver": "gpu.nvidia.com", "writtenAt": "2026-12-06T03:00:00Z", "devices": [
-      {"device": "gpu-0", "gpu": "GPU-...", "uuid": "GPU-...", "index": "0", "advertised": true,
-       "health": "Healthy", "share": "MPS: 50% of the threads, 4096M pinned",
-       "claims": [{"namespace": "ns", "name": "train", "uid": "..."}],
-       "pods": [{"namespace": "ns", "name": "train-0", "uid": "...", "container": "", "claim": "ns/train"}]}]}
+    {"driver": "gpu.nvidia.com", "writtenAt": "...", "devices": [{"device": "gpu-0", "gpu": "GPU-...",
+      "uuid": "GPU-...", "index": "0", "advertised": true, "health": "Healthy", "share": "MPS: ...",
+      "claims": [{"namespace", "name", "uid"}], "pods": [{..., "container": "", "claim": "ns/train"}]}]}
 
 - One entry per device of the slices, and per device a prepared claim holds that they no longer
-  list (`advertised: false`).
-- Who holds it: the claims, and the pods each is reserved for, as last read.
-- Its share: a MIG device's profile and memory slices; the sharing a claim's config applied.
-- Written atomically when it changed; removed when the plugin stops. The device plugin reads it
-  with `nvdp.ledger.dra_file`.
+  list (`advertised: false`); holders are the claims and their pods, as last read.
+- `share`: a MIG device's profile and memory slices, or the sharing a claim's config applied.
+- Written atomically when changed, removed at stop; read by `nvdp.ledger.dra_file`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """The prepared claims on disk (`<kubelet plugins dir>/gpu.nvidia.com/checkpoint.json`), so that a
 restarted plugin answers a repeated NodePrepareResources the same and can still unprepare.
 
-One JSON object `{"version": "nvdp/v1", "claims": {uid: {namespace, name, devices: [...]}}}`, written
-atomically (`nvdp.files.write_atomic`) once per change (a NodePrepareResources call's claims together),
-never larger than the reader takes (MAX_CHECKPOINT_BYTES: a save over it is refused, one line). A file
-that cannot be read or is not ours (truncated, not JSON, too large, a symlink, FIFO or directory) is one
-WARNING line and is set aside as `checkpoint.json.bad-<unix time>` (the last KEPT_BAD of them kept);
-`load` then says None and the claim preparer rebuilds the prepared claims from the claims' CDI specs and
-the API (`nvdp.dra.prepare`): nothing a running container uses is removed.
+- One JSON object `{"version": "nvdp/v1", "claims": {uid: {namespace, name, devices: [...]}}}`,
+  written atomically once per change (a NodePrepareResources call's claims together).
+- A save over MAX_CHECKPOINT_BYTES is refused, one line.
+- A file unreadable or not ours (truncated, not JSON, too large, symlink, FIFO, directory) is one
+  WARNING and set aside as `checkpoint.json.bad-<unix time>` (KEPT_BAD kept); `load` says None and
+  `nvdp.dra.prepare` rebuilds the claims from their CDI specs and the API: nothing in use is removed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The DRA plugin's parts about its prepared claims, built together and handed to the preparer as one:
+"""The DRA plugin's parts about its prepared claims, built together and handed to the preparer as one.
 
-- `sharing`: the claims' sharing configs applied and undone (`nvdp.dra.claim_sharing`);
-- `holders`: the pods each claim is reserved for, and the allocations file (`nvdp.dra.holders`);
-- `health`: the node's health, whose transitions name those claims and pods (log line, Node event);
-- `node_events`, `pod_events`: the Events it posts (each holding pod gets its own), when the API
-  server is reachable.
-
-The preparer calls `touch` / `apply` at prepare and `unprepared` at unprepare (`release` where a
-claim is not prepared after all); `NO_CLAIMS` does nothing (a preparer built without these parts).
+- `sharing`: claims' sharing configs applied and undone (`nvdp.dra.claim_sharing`); `holders`: the
+  pods each claim is reserved for, and the allocations file (`nvdp.dra.holders`).
+- `health`: the node's health, whose transitions name those claims and pods (log line, Node event).
+- `node_events`, `pod_events`: the Events it posts (one per holding pod), when the API is reachable.
+- The preparer calls `touch` / `apply` at prepare, `unprepared` at unprepare (`release` where a
+  claim is not prepared after all); `NO_CLAIMS` does nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nvdp.daemon_settings import health_settings
 from nvdp.dra.allocations import ALLOCATIONS_FILE
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import PreparedClaim
@@ -31,6 +28,7 @@ from nvdp.dra.sharing import OpaqueConfig
 from nvdp.health.node import NodeHealth
 from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
 from nvdp.health.pod_events import PodEventRecorder, pod_events_from_env
+from nvdp.health.settings import health_settings
 from nvdp.nvml.types import Nvml
 
 if TYPE_CHECKING:
@@ -78,7 +76,9 @@ class DriverParts(Protocol):
     api: ResourceApi
     capacity: CapacityDaemons  # its `mps`: the node's MPS daemons
     state: NodeState
-    preparer: ClaimPreparer | None
+
+    @property
+    def preparer(self) -> ClaimPreparer | None: ...
 
 
 @dataclass

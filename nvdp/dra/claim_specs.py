@@ -1,19 +1,13 @@
-"""The CDI spec of each prepared claim: `<cdi root>/k8s.gpu.nvidia.com-claim_<uid>.json`, kind
-`k8s.gpu.nvidia.com/claim`, one CDI device `<uid>-<device>` per device of the claim with that
-device's nodes, and the driver's common edits (control nodes, libraries, binaries, hooks,
-NVIDIA_VISIBLE_DEVICES=void) as the spec's edits: what the device plugin's specs hold, built by the
-same pure builder (`nvdp.cdi.spec.build_specs`), written the same way (`nvdp.files.write_atomic`).
+"""The CDI spec of each prepared claim, `<cdi root>/k8s.gpu.nvidia.com-claim_<uid>.json`, kind
+`k8s.gpu.nvidia.com/claim`: one device `<uid>-<device>` per claimed device with its nodes, and the
+driver's common edits, built and written as the device plugin's (`nvdp.cdi.spec.build_specs`).
 
-NVIDIA's DRA driver writes the same spec as YAML (`k8s.gpu.nvidia.com-claim_<uid>.yaml`): a claim
-it prepared keeps that file until unprepared here, and one no prepared claim owns is removed.
-
-A spec names its claim (the file name) and the claim's devices (`<uid>-<device>`), which is what
-`devices` reads back when the checkpoint is unreadable: the prepared claims are rebuilt from the
-specs (and the API), never removed with it.
-
-The builder's `all` device is left out of a claim's spec: every claim would define it, and a runtime
-refuses a device name two spec files of one kind define. A device whose nodes are missing under the
-dev root keeps its claim from being prepared (the error names it).
+- NVIDIA's DRA driver's YAML spec of a claim stays until unprepared here; one no claim owns is removed.
+- File and device names identify the claim: an unreadable checkpoint is rebuilt from the specs
+  (and the API), never removed with it.
+- The builder's `all` device is left out: a runtime refuses a name two specs of one kind define.
+- A device whose nodes are missing under the dev root keeps its claim from being prepared (the
+  error names it).
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
-"""This node's DRA devices with the attributes and capacities NVIDIA's DRA driver publishes (pure).
+"""This node's DRA devices with NVIDIA's DRA driver's attributes and capacities (pure), so its
+DeviceClasses and users' selectors match: a GPU without MIG is type `gpu`, a MIG-enabled GPU is its
+MIG devices, type `mig` (the GPU itself is not offered).
 
-A GPU without MIG is one device of type `gpu`; a MIG-enabled GPU is its MIG devices, each of type
-`mig` (the GPU itself is not offered while MIG is on, as NVIDIA's driver does). The attribute names,
-value kinds and capacity names are NVIDIA's, so that its DeviceClasses and users' selectors match:
-
-- gpu (NVIDIA's current driver, v25.12 on): `type`, `uuid`, `productName`, `brand`, `architecture`,
-  `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions as semver: `8.0.0`), and
-  the standard `resource.kubernetes.io/pciBusID` (lower case, domain of 4 digits: `0000:07:00.0`)
-  and `resource.kubernetes.io/pcieRoot` (`pci0000:00`; left out where the PCIe root is not known);
-  capacity `memory`.
-- mig: `type`, `uuid`, `parentUUID`, `profile`, and the parent's product, brand, architecture,
-  versions, PCI bus id and PCIe root; capacities `memory`, `multiprocessors`, `copyEngines`,
-  `decoders`, `encoders`, `jpegEngines`, `ofaEngines` and `memorySlice<N>` (1 for each memory slice
-  its GPU instance sits on).
-- kept from NVIDIA's earlier releases, so that claims written for them still select: `index`,
-  `minor` (gpu) and `index`, `parentIndex` (mig), v25.3's; `pcieBusID` (both), v25.3's and v25.8's.
-
-`brand` is read from the product name (NVML's brand query is not in the facade): Tesla, Quadro,
-QuadroRTX, GeForce, GeForceRTX, Titan, TitanRTX, NvidiaRTX, else Nvidia. `architecture` is the
-compute capability's: Volta, Turing, Ampere, Ada Lovelace, Hopper, Blackwell, ...
+- gpu: `type`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`,
+  `driverVersion`, `cudaDriverVersion` (semver), `resource.kubernetes.io/pciBusID` (`0000:07:00.0`),
+  `resource.kubernetes.io/pcieRoot` (`pci0000:00`, left out when unknown); capacity `memory`.
+- mig: `type`, `uuid`, `parentUUID`, `profile` and the parent's product to PCIe root; capacities
+  `memory`, `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`,
+  `memorySlice<N>` (1 per memory slice of its GPU instance).
+- Kept for older claims: `index`, `minor` (gpu), `index`, `parentIndex` (mig), `pcieBusID` (both).
+- `brand` is read from the product name (Tesla, Quadro, ..., else Nvidia); `architecture` from
+  the compute capability (Volta, ..., Blackwell).
 """
 
 from __future__ import annotations

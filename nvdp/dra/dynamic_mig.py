@@ -1,20 +1,15 @@
-"""MIG made on demand (`dra.dynamicMig`): the DRA driver's GPUs named there are published as
-partitionable devices (`nvdp.dra.mig_partitions`), and a claim's allocated placement becomes a MIG
-device when the claim is prepared and is destroyed when it is unprepared.
+"""MIG made on demand (`dra.dynamicMig`): the GPUs named there are published as partitionable devices
+(`nvdp.dra.mig_partitions`); a claim's placement becomes a MIG device at prepare, destroyed at unprepare.
 
-Prepare makes, through NVML (`nvdp.nvml.types.MigControl`), a GPU instance at the allocated placement
-and one compute instance filling it; the claim's CDI spec then names that MIG device (its uuid, its
-device nodes) as a static MIG device's would. A placement NVML refuses (a MIG device someone made
-there meanwhile: NVML_ERROR_INSUFFICIENT_RESOURCES) is an error for that claim only, and what the
-claim had made already is destroyed. What was made is in the checkpoint with the claim
-(`nvdp.dra.checkpoint.MadeMig`), so a restarted plugin destroys it at unprepare and does not count it
-as foreign; a MIG device at the allocated placement that no claim made (left by a plugin stopped
-between making it and writing the checkpoint) is taken over by the claim. MIG mode is never changed.
-
-MIG devices on a named GPU that no claim made stay as they are; their memory slices are taken out of
-the GPU's counters, and one WARNING names them all (`reason=MigDevicesNotClaimed`), said again when
-that set changes. The device rescan sees what prepare makes: a MIG device is registered as the
-claims' under the same lock that lists the placements, so it is never taken for a foreign one.
+- Prepare makes through NVML (`MigControl`) a GPU instance at the placement and one compute
+  instance filling it; the claim's CDI spec names it as a static MIG device's would.
+- A placement NVML refuses (NVML_ERROR_INSUFFICIENT_RESOURCES) fails that claim only; what it made
+  already is destroyed. MIG mode is never changed.
+- What was made is checkpointed with the claim (`MadeMig`), so a restarted plugin destroys it at
+  unprepare; an unclaimed MIG device at the allocated placement is taken over by the claim.
+- MIG devices no claim made stay; their slices leave the counters, one WARNING names them
+  (`reason=MigDevicesNotClaimed`). A made device is registered under the placements' lock, so the
+  rescan never takes it for a foreign one.
 """
 
 from __future__ import annotations

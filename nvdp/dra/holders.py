@@ -1,13 +1,12 @@
-"""Which pods hold the DRA plugin's devices: each prepared claim's `status.reservedFor`, read from the
-API in the background, so that a health transition names the claims and pods it hits and each pod
-gets its event (`nvdp.health.router`, `nvdp.health.pod_events`), as the device plugin's ledger does.
+"""Which pods hold the DRA plugin's devices: each prepared claim's `status.reservedFor`, read in the
+background, so a health transition names its claims and pods (`nvdp.health.router`, `pod_events`).
 
 - `touch`: every NodePrepareResources queues a read of its claims; `forget`: unprepare drops one.
 - `changed` (a device changed health) reads every prepared claim again; so does the first `publish`.
 - `held` answers from memory and never waits (the health path calls it).
 - The reads run on one thread; a full queue drops (the next touch reads again).
-- After each batch of reads, and when `publish()` asks, that thread writes the allocations file
-  (`nvdp.dra.allocations`) if it changed; `close()` removes it.
+- After each batch, and when `publish()` asks, it writes the allocations file
+  (`nvdp.dra.allocations`) if changed; `close()` removes it.
 """
 
 from __future__ import annotations

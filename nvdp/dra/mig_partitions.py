@@ -1,21 +1,14 @@
-"""A GPU whose MIG devices are made per claim (`dra.dynamicMig`), published as partitionable devices
-(KEP-4815, resource.k8s.io/v1 `sharedCounters` / `consumesCounters`) as NVIDIA's DRA driver publishes
-them with its DynamicMIG feature (pure).
+"""GPUs whose MIG devices are made per claim (`dra.dynamicMig`), published as partitionable devices
+(KEP-4815 `sharedCounters` / `consumesCounters`) as NVIDIA's DRA driver's DynamicMIG does (pure).
 
-Per GPU one counter set, `gpu-<minor>-counter-set`, holding what the GPU's MIG profiles consume:
-`memory` (bytes), `multiprocessors`, `copy-engines`, `decoders`, `encoders`, `jpeg-engines`,
-`ofa-engines` (each the largest any profile has: the whole GPU's), and `memory-slice-<n>` (1) for
-each memory slice. Per possible placement of each profile whose GPU instance is one compute instance,
-one device of type `mig`, named as the MIG device it becomes (`gpu-0-mig-1g5gb-19-3`: profile, GPU
-instance profile id, placement start), with the parent's attributes (no `uuid`: it has none until
-made), capacities `memory`, `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`,
-`ofaEngines`, consuming those and the memory slices of its placement. The scheduler so packs
-placements: two that share a memory slice are never both allocated. The whole GPU is not offered
-(MIG mode stays on; the largest profile, `7g.40gb`, is the whole GPU's share), as NVIDIA's driver on
-a GPU whose MIG mode it cannot change.
-
-MIG devices on such a GPU that no claim made (`foreign`) stay; their memory slices are 0 in the
-counter set and their share is taken out of the other counters.
+- Per GPU a counter set `gpu-<minor>-counter-set`: `memory` (bytes), `multiprocessors`,
+  `copy-engines`, `decoders`, `encoders`, `jpeg-engines`, `ofa-engines` (the whole GPU's), and
+  `memory-slice-<n>` (1) per memory slice.
+- Per placement of each profile whose GPU instance is one compute instance, one `mig` device named
+  as the MIG device it becomes (`gpu-0-mig-1g5gb-19-3`), with the parent's attributes (no `uuid`),
+  its capacities, consuming them and its placement's memory slices: overlapping ones never both fit.
+- The whole GPU is not offered (MIG stays on; `7g.40gb` is the whole GPU's share).
+- MIG devices no claim made (`foreign`) stay; their slices are 0 and their share leaves the counters.
 """
 
 from __future__ import annotations

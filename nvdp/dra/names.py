@@ -1,16 +1,13 @@
-"""The names a DRA driver is known by (pure): the driver, its devices, its sockets and files, and the
-CDI names of prepared claims, as NVIDIA's DRA driver (k8s-dra-driver-gpu) spells them.
+"""The names a DRA driver is known by (pure), spelled as NVIDIA's k8s-dra-driver-gpu does: the driver,
+its devices, sockets and files, and the CDI names of prepared claims.
 
-Devices are named after the GPU's minor number: `gpu-0`; a MIG device after its GPU, its profile
-(lower case, dots dropped, any other character but letters, digits and `-` made `-`), its GPU
-instance's profile id and the placement's first memory slice: `gpu-0-mig-1g5gb-19-4`,
-`gpu-0-mig-1g10gb-me-20-0` (NVIDIA's form from v25.12). nvdp's own cases, which NVIDIA's driver
-does not publish: a compute instance sharing its GPU instance adds `-ci<id>` to the profile
-(`gpu-0-mig-1c2g10gb-ci1-14-0`); where NVML gives no placement, the GPU and compute instance ids
-stand for the tail (`gpu-0-mig-2g10gb-gi1-ci0`). The form nvdp used before (`gpu-0-mig-19-4-1`,
-NVIDIA's up to v25.8) is still understood for claims prepared or allocated under it
-(`former_mig_device_name`). A prepared claim's devices are CDI devices
-`k8s.gpu.nvidia.com/claim=<claim uid>-<device>`, in a spec file of that claim.
+- A GPU is `gpu-<minor>`; a MIG device adds its profile (lower case, dots dropped, other non
+  `[a-z0-9-]` made `-`), GPU instance profile id and first memory slice: `gpu-0-mig-1g5gb-19-4`.
+- nvdp's own: a compute instance sharing its GPU instance adds `-ci<id>` (`gpu-0-mig-1c2g10gb-ci1-14-0`);
+  without a placement, GPU and compute instance ids end it (`gpu-0-mig-2g10gb-gi1-ci0`).
+- The former form (`gpu-0-mig-19-4-1`, NVIDIA's up to v25.8) is still understood
+  (`former_mig_device_name`).
+- A prepared claim's devices are CDI devices `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`.
 """
 
 from __future__ import annotations

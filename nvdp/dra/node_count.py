@@ -1,18 +1,13 @@
-"""The Node's count of the device plugin's resources, as the scheduler reads it, against what the
-device plugin lists: a GPU the DRA driver takes from the device plugin is offered in a ResourceSlice
-only once the Node no longer counts it, so that the scheduler never sees one GPU in both APIs. (The
-device plugin withdraws a GPU from ListAndWatch at once; the kubelet writes the Node's status some
-seconds later, every `nodeStatusUpdateFrequency`.)
+"""The Node's count of the device plugin's resources against what the device plugin lists: a GPU the
+DRA driver takes over is published only once the Node no longer counts it, so the scheduler never
+sees one GPU in both APIs (the kubelet updates the Node seconds after ListAndWatch changes).
 
-The rule (`still_counted`, pure), for each resource the device plugin's hand-over record names: where
-it lists devices, the Node's capacity is at most their number (the kubelet counts every device in
-capacity, the healthy ones in allocatable, and writes both at once); where it lists none, the Node's
-allocatable is 0 (a stopped plugin's devices stay in capacity, unhealthy, for minutes).
-
-`NodeCountGate` reads the Node while a GPU waits on this (every POLL_S; after WARN_S it says so once,
-reports each GPU as a misfit and reads every SLOW_POLL_S) and lets the GPUs through once the rule
-holds. A Node that cannot be read keeps them waiting (read again after SLOW_POLL_S: the main loop
-makes the read); without a Node nothing counts them.
+- `still_counted` (pure), per resource of the device plugin's hand-over record: where it lists
+  devices, Node capacity must be at most their number; where it lists none, allocatable must be 0.
+- `NodeCountGate` reads the Node while a GPU waits (every POLL_S; after WARN_S it says so once,
+  reports each GPU as a misfit, and reads every SLOW_POLL_S), and lets GPUs through once that holds.
+- A Node that cannot be read keeps them waiting (read again after SLOW_POLL_S by the main loop);
+  without a Node nothing counts them.
 """
 
 from __future__ import annotations

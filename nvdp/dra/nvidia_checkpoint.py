@@ -1,22 +1,15 @@
-"""NVIDIA's DRA driver's checkpoint, adopted: a node moved from NVIDIA's gpu-kubelet-plugin keeps the
-claims that driver prepared. Both drivers keep `checkpoint.json` in the same directory
-(`<kubelet plugins dir>/gpu.nvidia.com/`); this module reads NVIDIA's form before nvdp's reader does.
+"""NVIDIA's DRA driver's checkpoint, adopted, so a node moved from its gpu-kubelet-plugin keeps the
+claims it prepared; both keep `<kubelet plugins dir>/gpu.nvidia.com/checkpoint.json`.
 
-NVIDIA's form: `{"checksum": C, "v1": {"preparedClaims": {uid: V1 claim}}, "v2": {"checksum": C2,
-"preparedClaims": {uid: V2 claim}, "nodeBootID": ...}}`. Its releases 25.3 write `v1` only; later ones
-write both (`v1` then holds the completed claims only). A claim has `status` (the ResourceClaim's) and
-`preparedDevices` (groups of `{"devices": [{"gpu" | "mig" | "vfio": {..., "device": D}}]}`, D being
-NodePrepareResources' answer: `Requests`, `PoolName`, `DeviceName`, `CDIDeviceIDs`); a V2 claim adds
-`checkpointState` (`PrepareStarted`, `PrepareCompleted`), `name` and `namespace`. The checksums are the
-kubelet checkpoint manager's: FNV-32a of the compact JSON with the checksum set to 0 (for `v1`: the
-object without `v2`), printed as Go's spew prints a byte slice.
-
-Adopted: the completed claims, into nvdp's checkpoint, so that the kubelet's NodeUnprepareResources
-finds them, a repeated NodePrepareResources gets the same CDI devices, and the hand-over keeps their GPUs
-held. NVIDIA's file is kept beside as `checkpoint.json.nvidia`. Not adopted: claims whose preparation
-had only started (the kubelet was never answered; it prepares them again), and every claim of a
-checkpoint from before the node's last boot (no container survived it). A checksum that does not match
-is one WARNING line; the claims are adopted anyway (holding a GPU a pod may use is the safe side).
+- Form: `{"checksum", "v1": {"preparedClaims"}, "v2": {"checksum", "preparedClaims", "nodeBootID"}}`
+  (25.3: `v1` only, then completed claims only); a claim has `status` and `preparedDevices` (gpu /
+  mig / vfio entries with NodePrepareResources' answer); V2 adds `checkpointState`, `name`, `namespace`.
+- Checksums: FNV-32a of the compact JSON with the checksum 0 (`v1`: without `v2`), as Go's spew
+  prints bytes; a mismatch is one WARNING and the claims are adopted anyway (the safe side).
+- Completed claims go into nvdp's checkpoint (unprepare finds them, re-prepare answers the same,
+  the hand-over keeps their GPUs); NVIDIA's file is kept as `checkpoint.json.nvidia`.
+- Not adopted: claims only started (the kubelet prepares them again), and all claims from before
+  the node's last boot.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""`nvdp dra-kubelet-plugin` flags and env vars: NVIDIA's DRA kubelet plugin's names and defaults
-(`--node-name` NODE_NAME, `--cdi-root` CDI_ROOT, `--kubelet-registrar-directory-path`
-KUBELET_REGISTRAR_DIRECTORY_PATH, `--kubelet-plugins-directory-path` KUBELET_PLUGINS_DIRECTORY_PATH,
-`--kubeconfig` KUBECONFIG, `--nvidia-driver-root` NVIDIA_DRIVER_ROOT, `--container-driver-root`
-CONTAINER_DRIVER_ROOT, `--nvidia-cdi-hook-path` NVIDIA_CDI_HOOK_PATH), plus the plugin's `--nvml`,
-logging, `--config-file` (its `health` section: the same XID policy as the device plugin) and
-`--device-rescan-interval` (0.5 s here: a MIG re-partition is published within a second) and
-`--metrics-address` (/metrics, /healthz and /readyz: `nvdp.dra.status`).
-Precedence and errors are the plugin family's (`nvdp.config.precedence.resolve_command`).
+"""`nvdp dra-kubelet-plugin` flags and env vars, with NVIDIA's DRA kubelet plugin's names and defaults.
+
+- NVIDIA's: `--node-name`, `--cdi-root`, `--kubelet-registrar-directory-path`,
+  `--kubelet-plugins-directory-path`, `--kubeconfig`, `--nvidia-driver-root`,
+  `--container-driver-root`, `--nvidia-cdi-hook-path` (env: the upper-case names).
+- The plugin's: `--nvml`, logging, `--config-file` (its `health` section), `--metrics-address`
+  (`nvdp.dra.status`), `--device-rescan-interval` (0.5 s: a MIG re-partition shows within a second).
+- Precedence and errors are the plugin family's (`nvdp.config.precedence.resolve_command`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""NodePrepareResources and NodeUnprepareResources, apart from their wire: per claim, an answer or a
+"""NodePrepareResources and NodeUnprepareResources apart from their wire: per claim an answer or a
 one-line error, never one claim's failure for the others.
 
-Prepare checks the kubelet's names of the claim (`claims.ref_problem`), reads the claim through the
-API (`nvdp.dra.claims`: the UID must match, the allocation is there), takes this driver's results in
-this node's pool, checks each device is on the node and healthy (an Unhealthy device is not handed to
-a new claim), writes the claim's CDI spec and answers the CDI device IDs per request; the checkpoint is
-written once for the call's claims, before any is answered. A claim prepared already (the checkpoint
-says so, across restarts) gets the same answer again without asking the API. Unprepare removes the
-spec, then the checkpoint entry; an unknown claim is unprepared already.
-
-A call's API reads run at once (up to API_READERS) and outside the lock, so a claim whose read hangs
-holds up no other call; what is decided on the state (the devices, the prepared claims) is decided
-under the lock, and a claim one call works on is waited for by another call naming it (`_busy`).
-
-A checkpoint that cannot be read is rebuilt, not forgotten: every claim whose CDI spec is on disk and
-every claim the API says is allocated in this node's pool and reserved for a pod is prepared still
-(its devices held from the hand-over); one whose namespace, requests or CDI devices are not all known
-so is answered through the API again when the kubelet prepares it again.
+- Prepare checks the claim's names (`claims.ref_problem`), reads it from the API (UID matches,
+  allocated), takes this driver's results in this node's pool, checks each device is here and
+  healthy, writes the CDI spec and answers the CDI device IDs per request.
+- The checkpoint is written once for the call's claims, before any is answered; a prepared claim
+  gets the same answer again without the API. Unprepare removes spec then entry; unknown is done.
+- API reads run at once (up to API_READERS), outside the lock; decisions on the state are under
+  the lock; a claim one call works on is waited for by another (`_busy`).
+- An unreadable checkpoint is rebuilt: claims with a CDI spec on disk, or allocated here and
+  reserved, stay prepared; ones not fully known are read from the API when prepared again.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""Keeps this node's pool published: the ResourceSlices `nvdp.dra.slices` makes of the devices and
-their health, written when they change and written again when someone else changes or deletes them
-(the kubelet deletes a node's slices when it starts; an operator may delete them).
+"""Keeps this node's pool published: the ResourceSlices of `nvdp.dra.slices`, written when they change
+and again when someone else changes or deletes them (the kubelet does at start).
 
-Two threads, both asleep while nothing changes. The publisher waits for `update()` (a new inventory or
-health) or for the watcher, then lists the node's slices of this driver, and creates, replaces and
-deletes until they say what it wants, bumping the pool's generation when their content changes (slices
-that already say it are left alone, generation and all: a restart writes nothing). A failure is
-retried with capped backoff. The watcher (`nvdp.kube.reflector.Reflector`: client-go's list+watch and
-backoff, malformed events skipped) follows the same slices once the publisher synced: a listed slice
-or an event that is not one of our own writes and leaves a slice saying something else (or gone)
-wakes the publisher.
-
-Before the first slice with devices is written, a dry-run create of one with a tainted device tells
-whether the API server keeps device taints (resource.k8s.io/v1 with DRADeviceTaints). The answer is
-said in one line and decides how an Unhealthy device is shown: tainted `NoSchedule`, or withdrawn.
-Likewise, before the first GPU shared by capacity is written, a dry-run create of it tells whether the
-server keeps `allowMultipleAllocations` (DRAConsumableCapacity); where it does not, shared GPUs are
-published whole (one WARNING line), so that the slices say what the server keeps.
+- The publisher thread waits for `update()` or the watcher, lists this driver's slices of the node
+  and creates, replaces, deletes until they match, bumping the generation when content changes
+  (matching slices are left alone: a restart writes nothing); failures retry with capped backoff.
+- The watcher (`nvdp.kube.reflector.Reflector`) follows the slices once synced; one not our own
+  write that leaves a slice different or gone wakes the publisher.
+- A dry-run create first tells whether the server keeps device taints (DRADeviceTaints): an
+  Unhealthy device is tainted `NoSchedule`, else withdrawn; said in one line.
+- A dry-run tells whether it keeps `allowMultipleAllocations` (DRAConsumableCapacity); if not,
+  shared GPUs are published whole (one WARNING).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The ResourceSlices that publish this node's pool (pure): resource.k8s.io/v1 objects.
 
-One pool per node, named after the node, in as many slices as its devices need (at most
-MAX_DEVICES_PER_SLICE each; `resourceSliceCount` says how many), all of one `generation`, which the
-publisher bumps whenever what they say changes. Slices are named `<node>-gpu.nvidia.com-<n>`. A pool
-without devices is one slice with none (as NVIDIA's driver publishes it): the node is there, with
-nothing to give.
-
-An Unhealthy device is shown one of two ways, whichever the API server keeps (`nvdp.dra.publisher`
-finds out): a `NoSchedule` taint `gpu.nvidia.com/unhealthy` on the device (the scheduler then gives
-it to no new claim; running pods keep it), or, where the server drops device taints, the device is
-left out of the slice until it recovers.
+- One pool per node, named after it, in slices `<node>-gpu.nvidia.com-<n>` of at most
+  MAX_DEVICES_PER_SLICE devices (`resourceSliceCount` says how many), all of one `generation`.
+- A pool without devices is one empty slice, as NVIDIA's driver publishes it.
+- An Unhealthy device carries a `NoSchedule` taint `gpu.nvidia.com/unhealthy` (no new claim gets it;
+  running pods keep it), or, where the server drops device taints (`nvdp.dra.publisher` finds out),
+  is left out until it recovers.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""The DRA kubelet plugin's HTTP endpoint (`--metrics-address`, the device plugin's flag and
-default): /metrics, /healthz and /readyz on nvdp's endpoint (`nvdp.http_endpoint`, slow clients
-bounded) in nvdp's exposition (`nvdp.promtext`).
+"""The DRA kubelet plugin's HTTP endpoint (`--metrics-address`, the device plugin's flag and default):
+/metrics, /healthz and /readyz on `nvdp.http_endpoint` in nvdp's exposition (`nvdp.promtext`).
 
-/metrics: the device plugin's counted families (`nvdp.metrics.MetricFamilies`: gRPC requests and
-their latency, here resource `gpu.nvidia.com` and methods NodePrepareResources and
-NodeUnprepareResources; kubelet registrations, reloads, NVML errors, layout changes, build info),
-its health monitor and misfit families, and the DRA plugin's own: claims by outcome (counted as they
-are answered), and read at scrape time the devices the slices say by type, each device's health, the
-prepared claims, the slice writes and failed publishes. Labels are bounded by the node's devices.
-
-/healthz: the main loop takes up what wakes it and goes back to waiting in good time (`LoopWatch`);
-nothing ticks while nothing happens. NVML failing at start is not a liveness failure: the plugin
-retries it (a restart would not help), and /readyz says it. /readyz: started (NVML initialised),
-registered with the kubelet, both sockets served, the slices published at least once, their watch
-not failing for its alarm time (`nvdp.kube.reflector`), the health monitor running; else every
-reason, one line each.
+- /metrics: the device plugin's families (`MetricFamilies`, here resource `gpu.nvidia.com` and
+  methods Node(Un)PrepareResources), its health and misfit families, and the DRA plugin's own:
+  claims by outcome, and at scrape time devices by type, health, prepared claims, slice writes and
+  failed publishes. Labels are bounded by the node's devices.
+- /healthz: the main loop returns to waiting in good time (`LoopWatch`); NVML failing at start is
+  no liveness failure (retried; /readyz says it).
+- /readyz: NVML started, registered, both sockets served, slices published once, their watch not
+  failing past its alarm time, health monitor running; else every reason, one line each.
 """
 
 from __future__ import annotations
@@ -24,14 +18,15 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from nvdp.dra.loop_watch import LoopWatch
 from nvdp.dra.names import DRIVER_NAME, GPU_TYPE, MIG_TYPE
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
-from nvdp.dra.server import RegistrationService, UnixServer
 from nvdp.errors import NvdpError
 from nvdp.http_endpoint import ServedPages
+from nvdp.kubeletplugin.loop_watch import LoopWatch
+from nvdp.kubeletplugin.registration import RegistrationService
+from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.metrics.families import MetricFamilies, health_monitor_families, misfit_families
 from nvdp.metrics.readiness import monitor_problem
 from nvdp.metrics.sources import HealthView, MisfitView
@@ -42,10 +37,10 @@ T = TypeVar("T")
 
 
 class DraSources(Protocol):
-    """What the pages read of the driver (`nvdp.dra.driver.DraDriver`), at request time."""
+    """What the pages read of the driver's parts (`nvdp.dra.loop.DraLoop`), at request time."""
 
     @property
-    def loop(self) -> LoopWatch: ...
+    def loop_watch(self) -> LoopWatch: ...
     @property
     def registration(self) -> RegistrationService: ...
     @property
@@ -67,7 +62,7 @@ class DraSources(Protocol):
         ...
 
     @property
-    def sockets(self) -> Sequence[UnixServer]:
+    def sockets(self) -> Sequence[UnixSocketServer]:
         """The DRA socket's server and the registration socket's."""
         ...
 
@@ -117,11 +112,11 @@ class DraCounters:
 
 
 class DraStatus(ServedPages):
-    """/metrics, /healthz and /readyz on `address`: its `counters` and what `sources` say at request
-    time (so they may be built after this)."""
+    """/metrics, /healthz and /readyz on `address`: the `counters` (fed since the start) and what the
+    built parts (`sources`) say at request time."""
 
-    def __init__(self, address: str, sources: DraSources) -> None:
-        self.counters = DraCounters()
+    def __init__(self, address: str, counters: DraCounters, sources: DraSources) -> None:
+        self.counters = counters
         self.sources = sources
         self.registry = self.counters.families.registry
         self.registry.register(_DraState(sources))
@@ -132,7 +127,7 @@ class DraStatus(ServedPages):
         return self.registry.render()
 
     def liveness_problem(self) -> str | None:
-        return self.sources.loop.problem()
+        return self.sources.loop_watch.problem()
 
     def readiness_problem(self) -> str | None:
         """Every reason the plugin is not ready, one line each; None when ready."""
@@ -144,7 +139,9 @@ class DraStatus(ServedPages):
         registration = s.registration.problem()
         if registration is not None:
             problems.append(registration)
-        problems += [f"socket not served: {server.path}" for server in s.sockets if not server.is_ours()]
+        problems += [
+            f"socket not served: {server.socket_path}" for server in s.sockets if not server.socket_is_ours()
+        ]
         if not s.publisher.published.is_set():
             failing = s.publisher.failing
             problems.append("ResourceSlices not published yet" + (f": {failing}" if failing else ""))

@@ -1,40 +1,22 @@
-"""The scheduler's part of DRA, for the stand-ins (pure): allocate a ResourceClaim's requests from the
-devices the ResourceSlices publish, as `status.allocation` (results, node selector).
+"""The scheduler's part of DRA, for the stand-ins (pure): a ResourceClaim's requests allocated from the
+ResourceSlices' devices, as `status.allocation` (results, node selector).
 
-A request (`exactly`, or v1beta1's flat form) asks for `count` devices (allocation mode ExactCount)
-of a DeviceClass, matching the class's selectors and its own. A device is a candidate when no other
-claim holds it, this claim has not taken it for another request, and it carries no NoSchedule or
-NoExecute taint the request does not tolerate, and (a partitionable device, KEP-4815) what it
-consumes of the pool's shared counters is left (`nvdp.dra_standin.counters`). The first candidates in
-slice order are taken.
-
-Selectors are CEL expressions; this stand-in evaluates the forms NVIDIA's DeviceClasses and the usual
-claims use, and refuses any other with a line that says so (no CEL engine here):
-
-    device.driver == 'gpu.nvidia.com'
-    device.attributes['gpu.nvidia.com'].type == 'mig'          (a string, an integer, true / false)
-    device.attributes['gpu.nvidia.com'].profile != '1g.5gb'
-    device.allowMultipleAllocations == true                     (KEP-5075: false when not set)
-    TERM && TERM && ...
-
-An attribute `device.attributes['D'].name` is the device's attribute `name` when D is its driver's
-name, else its attribute `D/name`; a device without it does not match.
-
-Consumable capacity (KEP-5075), as the scheduler's allocator does it:
-
-- A device with `allowMultipleAllocations` is never taken whole; each result on it consumes, of every
-  capacity of the device, what the request asks (`capacity.requests`) rounded up by the capacity's
-  `requestPolicy` (below `validRange.min`: min; else up to min + n * step; `validValues`: the first
-  not below), or the policy's `default` when the request asks none (no policy: all of it).
-- A share over `validRange.max`, not among `validValues`, or past what the other claims (`consumed`)
-  and this claim left does not fit; nor does a request naming a capacity the device lacks.
-- The result carries `consumedCapacity` and a `shareID`.
-- On any other device a capacity request is a bound: the device's capacity must reach it.
-
-Extended resources through DRA (KEP-5004, resource.k8s.io/v1 `DeviceClass.spec.extendedResourceName`):
-`extended_resource_claim` is the claim the scheduler makes for a pod that asks an extended resource
-(`nvidia.com/gpu: 1`) a DeviceClass names, on a node whose allocatable does not have that resource (a
-device plugin that advertises it wins); `allocate` allocates it as any other claim.
+- A request (`exactly`, or v1beta1's flat form) takes `count` devices (ExactCount) of a DeviceClass,
+  the first candidates in slice order matching the class's selectors and its own.
+- A candidate is held by no other claim nor by this one for another request, has no untolerated
+  NoSchedule / NoExecute taint, and fits the pool's shared counters (KEP-4815, `counters`).
+- Selectors are CEL; only these forms are evaluated, any other is refused in one line:
+  `device.driver == 'gpu.nvidia.com'`, `device.attributes['gpu.nvidia.com'].type == 'mig'` or `!=`
+  (string, integer, true / false), `device.allowMultipleAllocations == true` (unset: false),
+  `T && T && ...`; `device.attributes['D'].name` is attribute `name` when D is the driver, else
+  `D/name` (a device without it does not match).
+- Consumable capacity (KEP-5075): an `allowMultipleAllocations` device is never taken whole; a result
+  consumes each capacity's request rounded up by its `requestPolicy` (to `validRange.min`, then
+  min + n * step, or the first `validValues` not below; none asked: `default`; no policy: all), and
+  fails past `validRange.max`, off `validValues`, beyond what is left, or on a capacity the device
+  lacks; it carries `consumedCapacity` and a `shareID`. Elsewhere a request is a lower bound.
+- `extended_resource_claim` (KEP-5004) is the claim the scheduler makes for a pod asking an extended
+  resource a DeviceClass names, where no device plugin advertises it; `allocate` allocates it.
 """
 
 from __future__ import annotations

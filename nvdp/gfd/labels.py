@@ -1,20 +1,15 @@
-"""GPU feature labels (pure): NVIDIA's gpu-feature-discovery label set, from the plugin's resources.
+"""GPU feature labels (pure): NVIDIA's gpu-feature-discovery label set, from the very `Resource` list
+the plugin advertises (`nvdp.resources.build_resources`), so the two cannot disagree.
 
-Per-resource labels come from the very `Resource` list the plugin advertises
-(`nvdp.resources.build_resources`), so the two cannot disagree:
-- `<resource>.count`: the distinct GPUs / MIG devices behind the resource.
-- `<resource>.replicas`: the sharing replica count, else 1; with per-GPU counts, the largest (the
-  most devices the kubelet sees for one GPU).
-- `<resource>.sharing-strategy`: `time-slicing` / `mps` when shared, else `none`.
-- `nvidia.com/gpu.*` is always written: with every GPU MIG-enabled under `mixed`, it names the GPU
-  model with count 0 and replicas 0, as NVIDIA does for resources not allocatable.
-- Where NVIDIA's gfd differs from the resources, nvdp writes NVIDIA's values: GPUs shared under a
-  new name (`renameByDefault`, `rename`) are still labelled `nvidia.com/gpu`, with the product
-  without `-SHARED` under `renameByDefault`, beside the renamed resource's labels; under `none` with
-  every GPU of the model MIG-enabled, `gpu.replicas=0` and sharing strategy `none`.
-- A node of several GPU models is labelled with its majority model (a warning names them all).
-- Under `single`, a layout NVIDIA calls invalid (`single_strategy_problem`) gets NVIDIA's labels
-  for it (`invalid_mig_labels`), whatever part of it the plugin serves.
+- `<resource>.count`: distinct GPUs / MIG devices; `.replicas`: the sharing replicas, else 1 (with
+  per-GPU counts, the largest); `.sharing-strategy`: `time-slicing`, `mps` or `none`.
+- `nvidia.com/gpu.*` is always written: every GPU MIG-enabled under `mixed` gives the model with
+  count 0 and replicas 0, as NVIDIA does.
+- Where NVIDIA's gfd differs from the resources, nvdp writes NVIDIA's values: renamed GPUs are
+  still labelled `nvidia.com/gpu` (product without `-SHARED` under `renameByDefault`) beside the
+  renamed labels; under `none` with the model all MIG-enabled, `gpu.replicas=0`, strategy `none`.
+- A node of several GPU models gets its majority model (a warning names them all); under `single`,
+  a layout NVIDIA calls invalid (`single_strategy_problem`) gets `invalid_mig_labels`.
 """
 
 from __future__ import annotations

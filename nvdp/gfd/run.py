@@ -1,16 +1,13 @@
 """The `nvdp gfd` loop: label, publish, sleep on the interval (or a signal), repeat.
 
 - SIGHUP (`request_reload`) re-reads the config and labels at once; SIGTERM / SIGINT
-  (`request_stop`) end the loop and remove the feature file, so stale labels do not outlive the pod.
-- `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and sleeps until a
-  signal; both keep the labels at exit, as NVIDIA's gfd does (`keeps_labels_at_exit`).
-- A node fact never ends the loop: a misfit is one WARNING line and one Node event when it first
-  appears (`nvdp.misfit_report.MisfitReport`), not one per pass.
-- Labels that cannot be published leave the last ones in place: one ERROR line when publishing
-  starts failing, a retry each pass (at least every minute), one INFO line when it works again;
-  only `--oneshot` exits 1.
-- `--device-discovery-strategy vfio` is accepted as NVIDIA's gfd accepts it; nvdp reads no GPU
-  outside NVML, so it says so in one line and labels what NVML shows (an NVML failure is not fatal).
+  (`request_stop`) end the loop and remove the feature file.
+- `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and sleeps; both
+  keep the labels at exit, as NVIDIA's gfd does (`keeps_labels_at_exit`).
+- A misfit is one WARNING and one Node event when it first appears (`nvdp.misfit_report`).
+- A failed publish keeps the last labels: one ERROR when it starts failing, a retry each pass (at
+  least every minute), one INFO when it works again; only `--oneshot` exits 1.
+- `--device-discovery-strategy vfio` is accepted, said in one line, and NVML's view labelled.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""One GPU, one API: the hand-over of a node's GPUs between the device plugin (`nvdp plugin`) and the
-DRA driver (`nvdp dra-kubelet-plugin`), so that no GPU is ever advertised by both.
+"""One GPU, one API: the hand-over of a node's GPUs between `nvdp plugin` and `nvdp dra-kubelet-plugin`,
+so no GPU is advertised by both, through records in `<kubelet plugins dir>/gpu.nvidia.com`.
 
-The config says which API owns each GPU (`dra.devices`, `nvdp.inventory.dra_gpus`), but each process
-reads it at its own moment and a held GPU stays with its pod's API; so each keeps a record in the
-DRA driver's directory (`<kubelet plugins dir>/gpu.nvidia.com`):
-- `served-by-<api>.json`: `{"serving": [uuid, ...], "holds": {uuid: holder}}`, written atomically;
-  `serving` names a GPU before the API advertises it and until after it withdrew it; `holds` names
-  the GPUs its pods or claims hold now.
-- The device plugin's record adds `"units": {resource: devices}` (every resource listed since start,
-  0 once none); the DRA driver offers a GPU only once the Node counts no more (`nvdp.dra.node_count`).
-- `served-by-<api>.lock` is flock'ed for the process's life; a record whose lock is free is a stopped
-  process's: what it served is no longer advertised, what it held stays held until it runs again.
-- Records fail closed: one unreadable (truncated, not JSON, a symlink, over 1 MiB), missing beside
-  its lock or while its process runs, or gone with its lock less than LOST_GRACE_S ago is *unknown*,
-  and no GPU is taken from the other API (said once); past that grace, with the other process
-  stopped, its holds are what this side can prove (`prove`, `nvdp.handoff.proofs`), else unknown.
-- Each process writes its record and lock again when it finds them changed or gone (watched).
-- `settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` checks a newly taken GPU
-  against the other record after its own names it, so two processes taking one GPU at once both
-  back off and retry at a random moment, every RETRY_S.
+- `served-by-<api>.json`: `{"serving": [uuid], "holds": {uuid: holder}}`, atomic; `serving` names a
+  GPU before it is advertised and until after withdrawn; the device plugin's adds `"units"`
+  (`nvdp.dra.node_count`). `served-by-<api>.lock` is flock'ed for the process's life.
+- A record with a free lock is a stopped process's: its GPUs are not advertised, its holds stay.
+- Fail closed: a record unreadable, missing beside its lock or while its process runs, or gone
+  less than LOST_GRACE_S is *unknown* (no GPU taken, said once); later, holds are `prove`n
+  (`nvdp.handoff.proofs`) or unknown. Changed or gone records and locks are written again.
+- `settle` (`nvdp.handoff.rule`) says what an API may serve; `Handoff` re-checks a new GPU against the
+  other record, so two takers both back off and retry at random, every RETRY_S.
 """
 
 from __future__ import annotations
@@ -332,9 +323,12 @@ class Handoff:
         """Keep the records' directory in `watcher`'s inotify watch (the other record's writes wake it),
         or while it is missing the nearest of its two parents there is (it appears with the DRA driver);
         a record written in place (not replaced) wakes it too."""
-        for directory in (self.directory, self.directory.parent, self.directory.parent.parent):
-            if directory.is_dir():
-                watcher.add(directory, IN_CLOSE_WRITE if directory == self.directory else 0)
+        if self.directory.is_dir():
+            watcher.add(self.directory, IN_CLOSE_WRITE)
+            return
+        for directory in (self.directory.parent, self.directory.parent.parent):
+            if directory.is_dir():  # only the next component's arrival wakes it
+                watcher.add(directory, names=frozenset({self.directory.relative_to(directory).parts[0]}))
                 return
 
     # ---- what to say ---------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The node's health monitor thread: one NVML event set for every GPU, an active probe, re-arming.
 
-The thread waits on the event set with a short timeout (an event returns the wait at once) and, every
+The thread waits on the event set up to `wait_timeout` (1 s; an event returns the wait at once, and
+so do a stop and a new enumeration or settings, which interrupt it where NVML can: the simulated
+node; real NVML's wait ends at its timeout) and, every
 `probe_interval`, makes one cheap query per GPU on the same long-lived NVML session. What NVML says
 goes to the health state machine (`nvdp.health.state`, which decides what is healthy); the changes
 it returns go to a listener (normally `HealthRouter`) in batches, from the monitor thread.
@@ -47,6 +49,9 @@ __all__ = [
 ]
 
 _MAX_BATCH = 64  # events drained from the set into one batch
+# The longest wait on the event set: what an idle node's monitor costs (a wake-up per wait) and, on
+# real NVML, how long a stop or an update can wait for the wait to end (NVIDIA's plugin waits 5 s).
+WAIT_TIMEOUT_S = 1.0
 
 
 class HealthMonitor:
@@ -65,7 +70,7 @@ class HealthMonitor:
         policy: XidPolicy | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wait_timeout: float = 0.2,
+        wait_timeout: float = WAIT_TIMEOUT_S,
         backoff: Backoff | None = None,
     ) -> None:
         self._nvml = nvml
@@ -78,6 +83,7 @@ class HealthMonitor:
         self._rearm_waits = backoff or Backoff(0.1, 5.0)  # after a failed arming: 0.1 s doubling to 5 s
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a stop or an update while no event set is armed
         self._thread: threading.Thread | None = None
         self._event_set: EventSet | None = None
         self._next_probe = 0.0
@@ -160,11 +166,13 @@ class HealthMonitor:
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop the thread and free the event set. Idempotent."""
+        """Stop the thread and free the event set. Idempotent. Waits up to `timeout` plus the wait
+        on the event set (real NVML cannot end it early)."""
         self._stop.set()
+        self._interrupt()
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join(timeout)
+            thread.join(timeout + self._wait_ms / 1000)
             if thread.is_alive():
                 log_event(log, logging.WARNING, "health monitor did not stop in time", timeout=timeout)
                 return
@@ -176,6 +184,7 @@ class HealthMonitor:
         with self._lock:
             self._pending_gpus = list(gpus)
             self._pending_gone.update(gone)
+        self._interrupt()
 
     def update_settings(self, settings: HealthSettings, policy: XidPolicy) -> None:
         """New health settings (config reload). Units keep their state: a device already marked stays
@@ -183,6 +192,14 @@ class HealthMonitor:
         The event set is re-armed, since the event types may have changed."""
         with self._lock:
             self._pending_settings = (settings, policy)
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """End the thread's wait: on the event set where NVML can, else at its timeout."""
+        self._wake.set()
+        event_set = self._event_set
+        if event_set is not None:
+            event_set.interrupt()
 
     # ---- thread ----------------------------------------------------------------------------
 
@@ -236,7 +253,8 @@ class HealthMonitor:
         if rearming:
             budget = min(budget, self._rearm_at - self._clock())
         if self._event_set is None:
-            self._stop.wait(max(budget, 0.001))
+            self._wake.wait(max(budget, 0.001))
+            self._wake.clear()
             return
         events, error = self._collect(self._event_set, max(0, int(budget * 1000)))
         self._emit(self._handle_events(events))

@@ -1,17 +1,14 @@
 """The GPU health condition and taint on this node's Node object, written off the health path.
 
-`NodeConditionReporter.changed()` only wakes its thread (the monitor never waits on the API server);
-the thread also looks every `tick` seconds, works out what the Node should say
-(`nvdp.health.condition`) and writes it when that differs from what it last wrote:
-- Idempotent: one GET, then a patch of the condition only when the Node says otherwise
-  (lastTransitionTime kept while the status stays), of the taints only when nvdp's differ.
-- Rate-limited: after a write the next waits `pacing` (1 s, doubling while the state keeps
-  changing, up to 30 s; 1 s again after a quiet minute), so a flapping GPU costs a few writes.
-- Retried: a failed write (API down, 403 without RBAC, 409 on a changed taint list) is tried again
-  on `nvdp.backoff` waits (1 s doubling to 5 min), one WARNING line per new error.
-- Once the monitor runs, a healthy node (clearing an earlier run's condition) is confirmed only
-  after `settle` seconds, so the first probes speak first and `kubernetes` is not loaded while the
-  plugin registers; a fault is written at once.
+- `NodeConditionReporter.changed()` only wakes its thread (the monitor never waits on the API); the
+  thread also looks every `tick`, works out what the Node should say (`nvdp.health.condition`) and
+  writes it when that differs from its last write.
+- Idempotent: one GET, then a patch of the condition only when the Node differs (lastTransitionTime
+  kept while the status stays), of the taints only when nvdp's differ.
+- Rate-limited: the next write waits `pacing` (1 s doubling to 30 s while changing; 1 s after a
+  quiet minute). Failures (API down, 403, 409) retry on `nvdp.backoff`, one WARNING per new error.
+- A healthy node (clearing an earlier condition) is confirmed only after `settle` seconds, so probes
+  speak first and `kubernetes` is not loaded during registration; a fault is written at once.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""Route the monitor's health changes to every plugin server, with one log line per transition.
+"""Routes the monitor's health changes to every plugin server, with one log line per transition.
 
-A change concerns a GPU or MIG uuid; every device of every target whose `Device.uuid` is that uuid
-(all replicas under sharing) follows it. Each target gets at most one `set_health` call per direction
-per batch, so the kubelet sees one ListAndWatch update. The router remembers which uuids are
-Unhealthy, so targets created on a reload start with those devices Unhealthy, until a uuid leaves the
-node's enumeration (`forget`).
-
-Every transition is reported (log line, Node event) exactly once: a change whose uuid no target holds
-yet (the monitor reports a GPU lost at start before the supervisor hands over its servers) waits, in
-order, for the next `set_targets`, and is reported then by the targets that hold its uuid (a uuid
-no target holds then is a device nobody serves: such changes are dropped).
-
-With the allocation ledger (`allocations`), the log line and the Node event name the pods holding the
-devices (`pods=ns/name,...`, and DRA's `claims=ns/name,...`, as last read: the health path never
-waits for a read), each such pod gets an event of its own (`pod_events`), and the ledger is asked to
-read again. Node events are bounded per device (`nvdp.health.event_budget`): a flapping GPU does not
-write to the API server at every flap.
+- A change to a GPU or MIG uuid reaches every device of every target with that `Device.uuid` (all
+  replicas); each target gets at most one `set_health` per direction per batch.
+- Unhealthy uuids are remembered, so targets made on a reload start Unhealthy, until `forget`.
+- Each transition is reported (log line, Node event) exactly once: one no target holds yet waits,
+  in order, for the next `set_targets`; if still no target holds it then, it is dropped.
+- With the ledger (`allocations`), lines and events name the holding pods (`pods=`, DRA's `claims=`,
+  as last read, never waiting), each pod gets its own event (`pod_events`), and the ledger rereads.
+- Node events are bounded per device (`nvdp.health.event_budget`).
 """
 
 from __future__ import annotations

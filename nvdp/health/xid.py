@@ -1,21 +1,15 @@
 """XID catalog and the policy that decides what an NVML event means for a device (pure).
 
-As in NVIDIA's device plugin:
-- Every XID marks the device Unhealthy except the application errors 13, 31, 43, 45, 68 and 109.
-- `DP_DISABLE_HEALTHCHECKS` (a comma list, any case): `all` or `xids` ignores every XID, a number
-  that XID too; malformed entries are skipped.
-- `DP_ENABLE_HEALTHCHECKS`: XIDs that mark the device whatever else says; `all` / `xids`: every XID.
-- A double-bit ECC event follows XID 48's rules; single-bit ECC events mark only when configured.
-nvdp's own readings and additions:
-- `xids` turns off the XID and ECC events but keeps the active probe (a lost GPU is still seen);
-  `all` turns off the probe too. Under `DP_DISABLE_HEALTHCHECKS=all`, enabled XIDs are still
-  checked, as NVIDIA documents (its code turns health checks off).
-- The config's `health.ignoredXids` ignores like the env list; the env's enable list still wins.
-- *Fatal* XIDs never return to Healthy by themselves: by default those NVIDIA's catalog (Ampere and
-  newer) resolves with a GPU reset or reboot (RESET_GPU / RESTART_BM, the NVLink and double-bit ECC
-  workflows); the plugin cannot see the reset, so they stay Unhealthy until it restarts.
-- Others (94, 69, ...: restart the app; 63, 92, 121: ignore) recover after the quiet period once a
-  probe passes, unless a pending page retirement / row remap (applied only by a reset) waits.
+- As NVIDIA's plugin: every XID marks Unhealthy but the application errors 13, 31, 43, 45, 68, 109;
+  `DP_DISABLE_HEALTHCHECKS` (comma list, any case; `all` / `xids` or numbers) ignores, malformed
+  entries skipped; `DP_ENABLE_HEALTHCHECKS` XIDs always mark; double-bit ECC follows XID 48's rules,
+  single-bit only when configured.
+- nvdp's: `xids` turns off XID and ECC events, keeping the probe; `all` also the probe; enabled
+  XIDs still count under `all`, as NVIDIA documents. `health.ignoredXids` ignores like the env list.
+- *Fatal* XIDs (by default NVIDIA's RESET_GPU / RESTART_BM ones, NVLink and double-bit ECC) stay
+  Unhealthy until the plugin restarts: it cannot see the reset.
+- Others (94, 69, ...: restart the app; 63, 92, 121: ignore) recover after the quiet period once
+  a probe passes, unless a pending page retirement / row remap waits for a reset.
 """
 
 from __future__ import annotations

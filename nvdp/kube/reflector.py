@@ -1,21 +1,15 @@
-"""List+watch with client-go's reflector's policy: the one watch loop of every nvdp watch
-(config-manager's Node and ConfigMap, the DRA plugin's ResourceSlices).
+"""List+watch with client-go's reflector's policy: the one watch loop of every nvdp watch (config-
+manager's Node and ConfigMap, the DRA plugin's ResourceSlices); only `stop` ends it.
 
-A `Reflector` lists and hands the items to `on_list`, then watches from the list's resourceVersion
-and hands each event to `on_event`; nothing but its `stop` ends the loop.
-- A watch the server ends resumes from the last resourceVersion: at once if it ran (an event, or
-  `short_watch_s`), after a wait if it ended at once.
-- A 410 Gone and every other failure list again after a wait; a silent stream is watched again.
-- The waits are client-go's: 0.8 s doubling to 30 s, each times a random factor in [1, 2), starting
-  over after two minutes without one (a success does not start them over).
-- Each watch asks the server to end it after [timeout_s, 2 timeout_s) (client-go: [5, 10) min); as
-  HTTP/1.1 has no pings, a stream silent past `silence_s` plus the draw's excess is dropped, so a
-  half-open connection is noticed within about a minute.
-- An event that is no object, of no known type, without object or metadata.resourceVersion, of
-  another kind or about another object, or that `on_event` fails to decode (KeyError, TypeError,
-  ValueError), is skipped; each kind of problem is one WARNING per `warn_every_s`, with a count.
-- A watch failing (or ending at once) for `alarm_after_s` logs one ERROR, and `problem()` names it
-  (for the owner's /readyz) until a list succeeds, an event comes or a watch runs.
+- It lists to `on_list`, watches from that resourceVersion to `on_event`; a watch the server ends
+  resumes from the last version (at once if it ran, else after a wait).
+- 410 Gone and other failures relist after a wait; a silent stream is watched again. Waits: 0.8 s
+  doubling to 30 s, times [1, 2), reset only by two minutes without one (not by a success).
+- Each watch asks for an end after [timeout_s, 2 timeout_s) (client-go: [5, 10) min); one silent
+  past `silence_s` (plus the draw's excess) is dropped: a half-open connection shows within a minute.
+- A malformed or foreign event, or one `on_event` cannot decode, is skipped: one WARNING per kind
+  per `warn_every_s`, with a count.
+- Failing for `alarm_after_s` logs one ERROR; `problem()` names it for /readyz until it recovers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Kubelet stand-in: the kubelet's side of the device-plugin protocol, in process.
+"""Kubelet stand-in: the kubelet's side of the device-plugin and DRA protocols, in process, for the
+test suite, `nvdp simulate` and the benchmarks.
 
-Used by the test suite, `nvdp simulate` and the benchmarks. `Kubelet` (manager) puts together the
-Registration server (registration), one endpoint per plugin (endpoint) and the device state (state),
-which talk through the handler protocols `PluginHandler` and `ListAndWatchReceiver`; it admits pods
-(admission) and serves their devices on the PodResources API (pod_resources); `node_status` writes its
-device counts into a Node's status, late, as the kubelet's status update. For DRA drivers:
-`plugin_watcher` (the plugins_registry watcher: GetInfo, NotifyRegistrationStatus) and `dra` (the DRA
-manager: NodePrepareResources / NodeUnprepareResources, the resource-health stream).
+- `manager` (`Kubelet`) wires the Registration server (`registration`), one endpoint per plugin
+  (`endpoint`) and the device state (`state`), which talk through `PluginHandler` and
+  `ListAndWatchReceiver`.
+- `admission` admits pods; `pod_resources` serves their devices on the PodResources API;
+  `node_status` writes device counts into a Node's status, late, as the kubelet does.
+- For DRA: `plugin_watcher` (the plugins_registry watcher) and `dra` (the DRA manager).
 """
 
 from nvdp.errors import KubeletError, PluginNotConnected

@@ -1,12 +1,12 @@
 """The kubelet's DRA manager, for the stand-in: NodePrepareResources and NodeUnprepareResources to a
-registered DRA plugin (through the service the plugin watcher chose), claims reference-counted by the
-pods that use them as the kubelet does (prepared for the first pod, unprepared after the last), and
-the plugin's DRAResourceHealth stream followed (what the kubelet shows in pods' status).
+registered DRA plugin, through the service the plugin watcher chose.
 
-A pod that asks an extended resource a DeviceClass serves (KEP-5004) names no claim in its spec: the
-scheduler wrote the claim it made into `status.extendedResourceClaimStatus`, with the request each
-container's resource maps to; `start_extended_resource_pod` prepares that claim and gives each container
-the CDI devices of its requests.
+- Claims are reference-counted by the pods using them: prepared for the first, unprepared after
+  the last.
+- The plugin's DRAResourceHealth stream is followed (what the kubelet shows in pods' status).
+- A pod asking an extended resource a DeviceClass serves (KEP-5004) names no claim: the scheduler's
+  claim is in `status.extendedResourceClaimStatus`; `start_extended_resource_pod` prepares it and
+  gives each container the CDI devices of its requests.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""`Kubelet`, the stand-in put together: its parts wired, its calls to the plugins, its restarts.
+"""`Kubelet`, the stand-in put together as the kubelet's device manager is: a Registration server on
+`kubelet.sock` (`registration`), one endpoint per plugin with its ListAndWatch (`endpoint`), and the
+device state they report to through small handler interfaces (`state`).
 
-`Kubelet` puts the parts together the way the kubelet's device manager does: a Registration server on
-`kubelet.sock` (`registration`), one endpoint per plugin with its ListAndWatch stream (`endpoint`), and
-the device state they report to through small handler interfaces (`state`). It calls
-GetPreferredAllocation, Allocate and PreStartContainer for tests, `nvdp simulate` and benchmarks, and
-hands out the state's observations (registrations, device lists with receive times, stream ends) for
-them to wait on.
-
-A restart is what a real kubelet restart looks like to a plugin: every connection drops, every socket in
-the plugin directory but the checkpoint goes, and `kubelet.sock` comes back (optionally refusing
-connections for a while first).
-
-Pods are admitted as the kubelet admits them (`admit_pod`: GetPreferredAllocation, Allocate, the
-assignment recorded; `nvdp.kubelet_standin.admission`); with `pod_resources` the record is served on the
-PodResources API beside the plugin directory (`nvdp.kubelet_standin.pod_resources`), as a kubelet's is.
-Admitted pods outlive restarts, as the kubelet's checkpoint keeps them.
+- It calls GetPreferredAllocation, Allocate and PreStartContainer, and hands out the state's
+  observations (registrations, timed device lists, stream ends) for callers to wait on.
+- `restart` looks like a kubelet restart: connections drop, every plugin-directory socket but the
+  checkpoint goes, `kubelet.sock` comes back (optionally refusing connections for a while).
+- `admit_pod` admits as the kubelet does (`nvdp.kubelet_standin.admission`); with `pod_resources`
+  the record is served on the PodResources API (`nvdp.kubelet_standin.pod_resources`).
+- Admitted pods outlive restarts, as the kubelet's checkpoint keeps them.
 """
 
 from __future__ import annotations

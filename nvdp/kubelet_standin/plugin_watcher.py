@@ -1,15 +1,12 @@
-"""The kubelet's plugin watcher, for DRA plugins: the registration side of a DRA driver's kubelet
-plugin (tests, `nvdp simulate --api dra`, benchmarks).
+"""The kubelet's plugin watcher for DRA plugins (tests, `nvdp simulate --api dra`, benchmarks): it
+watches a `plugins_registry` directory (inotify) and dials each socket that appears for GetInfo.
 
-Like the kubelet's plugin manager it watches a `plugins_registry` directory (inotify, no polling);
-each socket that appears is dialled and asked GetInfo. A DRA plugin (type DRAPlugin) that names an
-absolute endpoint and a DRAPlugin service this kubelet speaks is registered, with the newest of those
-services and the newest DRAResourceHealth service it names, and told so through
-NotifyRegistrationStatus; anything else is told why not. A socket that does not answer GetInfo yet
-is asked again (every RETRY_S, as the kubelet's reconciler does). A socket that goes away (or is
-replaced) deregisters its plugin; a chmod of it does not. `restart()` is a kubelet restart:
-everything is forgotten and the directory read again, so every plugin whose socket is there registers
-again.
+- A DRAPlugin naming an absolute endpoint and a DRAPlugin service this kubelet speaks is registered
+  with the newest such service and the newest DRAResourceHealth it names, and told so
+  (NotifyRegistrationStatus); anything else is told why not.
+- A socket not answering GetInfo yet is asked again every RETRY_S, as the kubelet's reconciler does.
+- A socket removed or replaced deregisters its plugin; a chmod of it does not.
+- `restart()`: everything is forgotten and the directory read again; every plugin there re-registers.
 """
 
 from __future__ import annotations

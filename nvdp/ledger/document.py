@@ -1,18 +1,15 @@
-"""The ledger as a JSON document (pure): the /allocations page of the metrics endpoint, what
-`nvdp status` reads and `nvdp simulate` prints.
+"""The ledger as a JSON document (pure): the metrics endpoint's /allocations page, what `nvdp status`
+reads and `nvdp simulate` prints.
 
-- Per resource, every device advertised (and any still held but no longer advertised): its GPU,
-  its health as advertised (with why, when Unhealthy) and the containers holding it.
-- A device ID is located among the served devices, else among the node's GPUs (`nvdp.ledger.locate`).
-- Without pod detail (--pod-detail): `"podDetail": "withheld"` at the top, and each device's
-  `"holders": <count>` in place of its `pods`.
+    {"source": ".../pod-resources/kubelet.sock", "readAt": "...", "ageSeconds": 1.5, "problem": null,
+     "resources": {"nvidia.com/gpu": [{"device": "GPU-...::1", "gpu": "GPU-...", "uuid": "GPU-...",
+       "index": "3", "advertised": true, "health": "Unhealthy", "reason": "GPU has fallen off the bus",
+       "pods": [{"namespace": "ml", "name": "train-0", "uid": "...", "container": "main"}]}]}}
 
-    {"source": ".../pod-resources/kubelet.sock", "readAt": "2025-01-31T12:00:00Z", "ageSeconds": 1.5,
-     "problem": null,
-     "resources": {"nvidia.com/gpu": [
-        {"device": "GPU-...::1", "gpu": "GPU-...", "uuid": "GPU-...", "index": "3",
-         "advertised": true, "health": "Unhealthy", "reason": "GPU has fallen off the bus",
-         "pods": [{"namespace": "ml", "name": "train-0", "uid": "...", "container": "main"}]}]}}
+- Per resource, every advertised device (and any held but no longer advertised), located among the
+  served devices, else the node's GPUs (`nvdp.ledger.locate`).
+- Without pod detail (--pod-detail): top-level `"podDetail": "withheld"`, and `"holders": <count>`
+  in place of each device's `pods`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The /allocations document as one screen of text (pure): what `nvdp status` prints and `nvdp
 simulate` shows after its Allocate.
 
-Each resource gets a line of counts; every device that a container holds or that is not Healthy gets
-a line of its own (who holds it: the pod's container, or the DRA claim it holds the device through;
-why it is Unhealthy; its share); the free, Healthy rest are counted, so a node
-with hundreds of shared replicas still fits a screen. Where the plugin withholds the pods from this
-client (--pod-detail), a held device shows how many containers hold it. The document may come from
-another nvdp version: what it lacks is shown as unknown, never a traceback.
+- Each resource gets a line of counts; each held or not Healthy device a line (holder: pod
+  container or DRA claim; why Unhealthy; its share); the free Healthy rest are only counted.
+- Without pod detail (--pod-detail), a held device shows how many containers hold it.
+- A document from another nvdp version shows what it lacks as unknown, never a traceback.
 """
 
 from __future__ import annotations

@@ -95,5 +95,8 @@ class _CountingEventSet:
     def wait(self, timeout_ms: int) -> NvmlEvent | None:
         return self._nvml.call(self._set.wait, timeout_ms)
 
+    def interrupt(self) -> None:  # no NVML call: nothing to count
+        self._set.interrupt()
+
     def close(self) -> None:
         self._nvml.call(self._set.close)

@@ -1,15 +1,14 @@
 """The MPS control daemon's main loop: one `nvidia-cuda-mps-control` daemon per MPS resource.
 
-Per resource: set its GPUs to EXCLUSIVE_PROCESS, create the pipe and log directories, start the
-daemon, send the default limits, then create the ready marker the plugin waits for. Every
-`health_interval` a cheap query goes through the pipe; a daemon that fails it (or fails to start)
-loses its marker and is started again after a capped exponential backoff; meanwhile its status file
-says why (`nvdp.mps.status`: `nvidia-cuda-mps-control not found`), for the plugin to name. The
-daemon's own log files are followed into this process's log. `request_reload()` converges on new
-plans by diff (start, stop or re-limit). `request_stop()` ends the loop within a few seconds whatever
-the daemons do: a control command in flight is killed, then the markers go, the GPUs' compute modes
-are restored to DEFAULT, and every daemon is sent `quit` at once, each bounded by
-STOP_QUIT_TIMEOUT_S. Both requests come from another thread (nvdp.signals' dispatcher) and never block.
+- Start per resource: its GPUs to EXCLUSIVE_PROCESS, pipe and log directories, the daemon, the
+  default limits, then the ready marker the plugin waits for.
+- Every `health_interval` a cheap query goes through the pipe; a daemon failing it (or to start)
+  loses its marker and restarts after capped exponential backoff, its status file saying why
+  (`nvdp.mps.status`). The daemon's log files are followed into this process's log.
+- `request_reload()` converges on new plans by diff (start, stop or re-limit).
+- `request_stop()` ends within seconds whatever the daemons do: an in-flight command is killed, the
+  markers go, compute modes return to DEFAULT, every daemon gets `quit` (STOP_QUIT_TIMEOUT_S each).
+- Both requests come from another thread (nvdp.signals' dispatcher) and never block.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """MPS rules over plain data (pure): the daemons a node needs, their limits and per-container limits
 (what MPS refuses: of a config, `nvdp.config.rules`; of a node, `nvdp.inventory`).
 
-Limits follow NVIDIA's control daemon: each GPU's default pinned-memory limit is its memory divided
-by its replicas (in MiB, `<n>M`), the default active-thread percentage is 100 / replicas. On top of
-that a container gets its own limits sized to the replicas it received, so a container given 2 of 4
-replicas of a GPU may use half of it, not a quarter (and never more).
-
-Replica counts are per GPU (`Resource.replicas_of`): several entries of one name may cut their GPUs
-into different counts. The pinned-memory limits and a container's limits use each GPU's own count;
-the daemon's one default thread percentage is the share of its most divided GPU.
+- Defaults, as NVIDIA's control daemon: pinned memory per GPU is its memory / replicas (MiB,
+  `<n>M`); active threads are 100 / replicas percent.
+- A container's own limits match the replicas it got: 2 of 4 replicas of a GPU may use half of
+  it, never more.
+- Replica counts are per GPU (`Resource.replicas_of`); memory and container limits use each GPU's
+  count; the daemon's one thread percentage is its most divided GPU's share.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The plugin's side of MPS readiness: an MPS resource is served only while its control daemon's
 ready marker `<root>/<resource>/.started` exists.
 
-The supervisor filters the resources it builds through `MpsReadiness.filter`: an MPS resource without
-its marker is left out with a misfit (`MpsDaemonNotReady`, withholding it, so `/readyz` fails) that
-names why, as the MPS control daemon wrote it next to the marker (`nvdp.mps.status`: "waiting for the
-MPS control daemon: nvidia-cuda-mps-control not found"), or that no marker is there yet. On every
-wake-up of its directory watcher the supervisor asks `changed()`: the marker directories (or their
-nearest existing parent, before the daemon has created them) are added to the same inotify watch, so
-a marker or status that appears, changes or goes wakes the supervisor at once; there is no polling
-loop. Each level is watched before the one below it is looked at, so a directory the daemon creates
-meanwhile is never missed.
+- `MpsReadiness.filter` leaves out an MPS resource without its marker, with a misfit
+  (`MpsDaemonNotReady`, withholding it, so `/readyz` fails) naming the daemon's reason
+  (`nvdp.mps.status`) or that no marker is there yet.
+- `changed()`, asked at every wake, adds the marker directories (or their nearest existing
+  parent) to the supervisor's inotify watch: a marker or status change wakes it; no polling.
+- Each level is watched before the one below is looked at, so a directory made meanwhile is seen.
 """
 
 from __future__ import annotations

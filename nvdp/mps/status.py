@@ -1,12 +1,10 @@
 """Why an MPS resource is not ready, from the MPS control daemon to the plugin: `<root>/<resource>/.status`.
 
-The daemon (`nvdp.mps.controller`) writes one line there when it cannot start or keep a resource's
-`nvidia-cuda-mps-control` daemon (`nvidia-cuda-mps-control not found`), atomically (a temp file
-renamed over it, so the plugin's watch of that directory wakes and it never reads half a line), and
-removes it when the daemon is ready or stopped. The plugin (`nvdp.mps.ready`) reads at most
-MAX_BYTES of it, first line only, printable characters only: the reason it names in its warning,
-its Node event and `/readyz`. The text stays the same while the cause does (no counts, no times), so
-each cause is reported once.
+- The daemon (`nvdp.mps.controller`) writes one line (`nvidia-cuda-mps-control not found`)
+  atomically when it cannot start or keep a resource's daemon, and removes it once ready or stopped.
+- The plugin (`nvdp.mps.ready`) reads at most MAX_BYTES, first line, printable characters only:
+  the reason in its warning, Node event and `/readyz`.
+- The text stays the same while the cause does (no counts, no times), so each cause is reported once.
 """
 
 from __future__ import annotations

@@ -58,6 +58,9 @@ class RealEventSet:
             ci_id=_instance(int(data.computeInstanceId)),
         )
 
+    def interrupt(self) -> None:
+        """nvmlEventSetWait cannot be ended early: the wait ends at its timeout."""
+
     def close(self) -> None:
         if self._closed:
             return

@@ -221,6 +221,11 @@ class EventSet(Protocol):
         """Block up to timeout_ms for one event; None on timeout. Other failures raise NvmlError."""
         ...
 
+    def interrupt(self) -> None:
+        """From any thread: a wait in progress (or the next one) returns None now. Real NVML cannot
+        end a wait early: there it is a no-op and the wait ends at its timeout."""
+        ...
+
     def close(self) -> None:
         """Free the set. Idempotent."""
         ...

@@ -1,1 +1,2 @@
-"""The device-plugin daemon: gRPC servers, kubelet registration, and the supervisor."""
+"""The device plugin's daemon: its gRPC servers, its registrations with the kubelet, and the
+supervisor (on the kubelet-plugin shell both plugins share: `nvdp.kubeletplugin`)."""

@@ -1,13 +1,12 @@
 """The supervisor's registrations with the kubelet: which servers the running kubelet knows.
 
-Registering the servers not registered with this kubelet socket yet (retried with backoff),
-forgetting every registration when the kubelet's socket goes (a kubelet restart), and forgetting one
-when the kubelet's ListAndWatch stream of it ends while the kubelet stays (the kubelet then drops the
-resource until it registers again) is this module's one job; without a kubelet socket (an empty
---kubelet-socket: NVIDIA's "serve without registering") a server counts as done once it listens.
-The supervisor's loop decides when
-(`nvdp.plugin.supervisor`). The Register call itself is the `Registrar` seam
-(`nvdp.plugin.registration.register` in the daemon), so this is unit-tested with a hand-written fake.
+- It registers servers not yet registered with this kubelet socket (retried with backoff).
+- It forgets all registrations when the kubelet's socket goes (a restart), and one when the
+  kubelet's ListAndWatch stream of it ends (the kubelet dropped the resource).
+- Without a kubelet socket (empty --kubelet-socket: serve without registering) a listening server
+  counts as done.
+- The supervisor decides when (`nvdp.plugin.supervisor`); the call is the `Registrar` seam
+  (`nvdp.kubeletplugin.registration.register`), so it is unit-tested with a fake.
 """
 
 from __future__ import annotations

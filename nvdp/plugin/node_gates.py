@@ -1,14 +1,12 @@
-"""The node facts between the resources a config makes of the node and what the supervisor serves.
+"""The node facts between the resources a config makes of the node and what the supervisor serves:
+four gates that withhold devices, each fixable under a running plugin.
 
-Four gates, each a fact that can withhold devices and that the node can fix under a running plugin:
-- `own_gpus`: the GPUs the DRA driver serves (the config's `dra.devices` and the hand-over,
-  `nvdp.handoff`), applied before the resources are built;
-- the MPS control daemon's readiness (`nvdp.mps.ready`);
-- the device nodes that Allocate answers name (`nvdp.plugin.device_nodes`);
-- the CDI specs on disk (`nvdp.cdi.publisher`).
-Each reports its misfits under its own source (`handoff`, `mps`, `device-nodes`, `cdi`).
-`changed()` keeps their directories in the supervisor's inotify watch and says when to apply again;
-`retry_in()` is the CDI retry's and the hand-over's timer, None while all is well.
+- `own_gpus`: the GPUs the DRA driver serves (`dra.devices`, `nvdp.handoff`), applied before the
+  resources are built; MPS readiness (`nvdp.mps.ready`); the device nodes Allocate names
+  (`nvdp.plugin.device_nodes`); the CDI specs on disk (`nvdp.cdi.publisher`).
+- Each reports misfits under its own source (`handoff`, `mps`, `device-nodes`, `cdi`).
+- `changed()` keeps their directories in the supervisor's inotify watch and says when to apply
+  again; `retry_in()` is the CDI retry's and hand-over's timer, None while all is well.
 """
 
 from __future__ import annotations

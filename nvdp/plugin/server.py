@@ -1,28 +1,20 @@
 """One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
 
-Unary RPCs run on the worker pool handed in (shared by the node's servers); ListAndWatch streams run
-on a pool of each server's own, so no number of open streams can hold a worker that Allocate needs.
-
-Streams are served independently: every open stream gets every device-list change, and no stream is
-ended by another client's arrival. A server serves at most MAX_LIST_AND_WATCH_STREAMS at once, one
-place kept for the kubelet: the first stream opened after each registration (`expect_kubelet_stream`)
-is the kubelet's and is always admitted; a stream from any other client (a debugging grpcurl, a
-monitoring agent) beyond the bound is refused with RESOURCE_EXHAUSTED. Over a unix socket every peer
-reads "unix:", so which stream is the kubelet's is known only by when it opens.
-
-When the kubelet's stream ends while the server serves, the kubelet has dropped the resource (it
-treats a stream end as the plugin's disconnect and marks every device unhealthy); the callback handed
-in with the registration is told, so that the resource registers again (`nvdp.plugin.kubelet_link`).
-
-Every RPC goes through `nvdp.plugin.status.rpc`, the one place where nvdp errors become gRPC status
-codes.
+- Unary RPCs run on the shared worker pool handed in; ListAndWatch streams on a pool of the
+  server's own, so open streams never hold a worker Allocate needs.
+- Every open stream gets every device-list change; no stream is ended by another client's arrival.
+- At most MAX_LIST_AND_WATCH_STREAMS at once, one kept for the kubelet: the first stream after each
+  registration (`expect_kubelet_stream`) is the kubelet's (peers all read "unix:"); others beyond
+  the bound get RESOURCE_EXHAUSTED.
+- When the kubelet's stream ends while serving, the kubelet dropped the resource; the registration's
+  callback is told so it registers again (`nvdp.plugin.kubelet_link`).
+- Every RPC goes through `nvdp.plugin.status.rpc`, the one mapping of nvdp errors to gRPC codes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -36,8 +28,8 @@ import grpc
 from nvdp.api import HEALTHY, UNHEALTHY, pb, pb_grpc
 from nvdp.config.model import MPS
 from nvdp.devices import Device, DeviceSet, format_ids
-from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import NvdpError, RequestError
+from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.logs import log_event
 from nvdp.plugin.responses import ResponseOptions, container_response
 from nvdp.plugin.status import RpcObserver, rpc
@@ -46,7 +38,6 @@ from nvdp.resources import Resource
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
 # Per server, the kubelet's stream included: the kubelet and a few debuggers or monitors. An idle stream
 # costs a parked thread (docs/hardening.md has the measured memory).
 MAX_LIST_AND_WATCH_STREAMS = 16
@@ -103,7 +94,6 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self.observer = observer
         self.socket_path = socket_path
         self.options = options
-        self._executor = executor
         self._allocator = allocator
         self._cond = threading.Condition()
         self._health: dict[str, bool] = dict.fromkeys(resource.devices, True)
@@ -116,8 +106,7 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._refused = 0  # streams refused since the last refusal line
         self._refusal_logged: float | None = None  # time.monotonic() of the last refusal line
         self._stream_pool: ThreadPoolExecutor | None = None
-        self._server: grpc.Server | None = None
-        self._socket_id: FileId | None = None
+        self._socket = UnixSocketServer(socket_path, self._add_services, executor)
         self._needs_request_id = "cdi-annotations" in options.device_list_strategy
 
     # ---- identity, used by the supervisor and the health router -------------------------------
@@ -144,79 +133,47 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind the socket (replacing a stale one from a killed run), owner-only (0600) whatever the
-        umask, and start serving. Raises NvdpError (one line, with the OS error) when the socket
-        cannot be made; nothing is left running then, and start() may be called again."""
-        if self._server is not None:
+        """Listen on the socket (`nvdp.kubeletplugin.socket_server`: a stale one replaced, 0600 from
+        bind) and serve. Raises NvdpError (one line, with the OS error) when the socket cannot be
+        made; nothing is left running then, and start() may be called again."""
+        if self._socket.serving:
             return
-        try:
-            self.socket_path.unlink()
-            log_event(log, logging.INFO, "removed stale socket", path=str(self.socket_path))
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            raise self._cannot_listen(error) from error
-        server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         # Room over the bound for earlier kubelet streams the kubelet has not closed yet and for
         # refusing excess streams; a thread starts only when a stream needs it.
-        self._stream_pool = ThreadPoolExecutor(
+        pool = ThreadPoolExecutor(
             max_workers=2 * MAX_LIST_AND_WATCH_STREAMS, thread_name_prefix="grpc-stream"
         )
+        self._stream_pool = pool
         with self._cond:
             self._stopping = False
-        pb_grpc.add_DevicePluginServicer_to_server(_Handlers(self, self._stream_pool), server)
         try:
-            self._listen(server)
+            self._socket.start()
         except NvdpError:
-            pool, self._stream_pool = self._stream_pool, None
+            self._stream_pool = None
             pool.shutdown(wait=False)
             raise
-        server.start()
-        self._server = server
-        # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then
-        # False and the supervisor restarts this server.
-        self._socket_id = file_id(self.socket_path)
 
-    def _listen(self, server: grpc.Server) -> None:
-        old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-        except RuntimeError as error:  # gRPC does not say why: a plain bind() does
-            raise self._cannot_listen(_bind_error(self.socket_path) or error) from error
-        finally:
-            os.umask(old_umask)
-        try:  # another thread's umask meanwhile
-            if os.stat(self.socket_path).st_mode & 0o777 != SOCKET_MODE:
-                os.chmod(self.socket_path, SOCKET_MODE)
-        except OSError as error:
-            server.stop(None)
-            raise self._cannot_listen(error) from error
-
-    def _cannot_listen(self, error: Exception) -> NvdpError:
-        text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        return NvdpError(f"cannot listen on {self.socket_path}: {text}")
+    def _add_services(self, server: grpc.Server) -> None:
+        assert self._stream_pool is not None
+        pb_grpc.add_DevicePluginServicer_to_server(_Handlers(self, self._stream_pool), server)
 
     def socket_is_ours(self) -> bool:
         """False when our socket file was deleted or replaced (a kubelet restart wipes it)."""
-        return self._socket_id is not None and file_id(self.socket_path) == self._socket_id
+        return self._socket.socket_is_ours()
+
+    def abandon(self) -> None:
+        """A stop that did not finish: remove our socket file now, without stopping."""
+        self._socket.abandon()
 
     def stop(self, grace: float = 0.5) -> None:
         """End ListAndWatch streams cleanly, stop the server, remove our socket. Idempotent."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop(grace).wait(grace + 1.0)
+        self._socket.stop(grace)
         pool, self._stream_pool = self._stream_pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        if self.socket_is_ours():
-            try:
-                self.socket_path.unlink()
-            except FileNotFoundError:
-                pass
-        self._socket_id = None
 
     # ---- health -------------------------------------------------------------------------------
     def set_health(self, device_ids: Collection[str], healthy: bool) -> None:
@@ -403,18 +360,3 @@ class DevicePluginServer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             self._version += 1
             self._list_response = self._build_list()
             self._cond.notify_all()
-
-
-def _bind_error(path: Path) -> OSError | None:
-    """Why a unix socket cannot be bound at `path` (read-only or full directory, a file in the way,
-    path too long), None when a plain bind() works now (its file is removed again)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(os.fsencode(path))
-        except OSError as error:
-            return error
-    try:
-        path.unlink()
-    except OSError:
-        pass
-    return None

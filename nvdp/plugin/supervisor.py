@@ -1,16 +1,12 @@
-"""The plugin's main loop: resources from NVML, one server per resource, reloads by diff, and when
-to (re-)register with the kubelet (the registrations themselves: `nvdp.plugin.kubelet_link`).
+"""The plugin's main loop: resources from NVML, one server per resource, reloads by diff, and when to
+(re-)register with the kubelet (the registrations: `nvdp.plugin.kubelet_link`).
 
-The supervisor runs on the main thread and sleeps in its watcher's `wait`: it wakes only when the
-kubelet's directory changes (or what its path names: removed, re-created, replaced), a stop or
-reload is requested, a retry is due (a registration, a server that could not listen, the
-directory's lock while the directory is unusable, a CDI spec write), or the kubelet's ListAndWatch
-stream of a resource ended (the kubelet dropped it: register it again). The directories of node
-facts it serves by (MPS ready markers, device nodes, the CDI spec directory) join the same watch,
-and a change there re-applies the resources.
-Everything outside the loop comes in through a seam (`nvdp.plugin.types`: servers, registration,
-directory watch, node facts, health, observer), so it is unit-tested with hand-written fakes. A reload
-reads in one direction: the loop calls its `reload()` source for new settings and converges onto them.
+- It runs on the main thread, asleep in its watcher's `wait`, woken by: the kubelet directory (or
+  its path) changing, a stop or reload, a due retry (registration, listen, directory lock, CDI
+  write), or a resource's ListAndWatch stream ending (register again).
+- Node-fact directories (MPS markers, device nodes, CDI specs) join the watch; a change re-applies.
+- Everything outside comes through seams (`nvdp.plugin.types`), unit-tested with fakes.
+- A reload reads one way: the loop calls its `reload()` source and converges onto the settings.
 """
 
 from __future__ import annotations
@@ -26,13 +22,13 @@ from nvdp.dir_watch import DirWatcher, FileId, Watcher, call_aside, file_id
 from nvdp.dirs import make_dirs
 from nvdp.errors import InitError, NvdpError
 from nvdp.handoff import Handoff
+from nvdp.kubeletplugin.registration import register
+from nvdp.kubeletplugin.serve_loop import ServeLoop, sooner
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, Nvml
 from nvdp.plugin.converge import plan_servers
 from nvdp.plugin.kubelet_link import KubeletLink
-from nvdp.plugin.listen_retry import ListenRetry
 from nvdp.plugin.node_gates import NodeGates
-from nvdp.plugin.registration import register
 from nvdp.plugin.responses import ResponseOptions
 from nvdp.plugin.server import PreferredAllocator
 from nvdp.plugin.types import (
@@ -95,70 +91,60 @@ class Supervisor(Generic[S]):
         self._gates = NodeGates(misfits, handoff, holds)
         self.plugin_dir = settings.kubelet_socket.parent
         self.servers: dict[str, S] = {}
-        self._stop = threading.Event()
-        self._reload_requested = threading.Event()
-        self._rescan = threading.Event()  # a device layout change to apply (nvdp.plugin.rescan)
+        # wakes ("reload", "rescan": a device layout change to apply, "kubelet": the kubelet's stream
+        # of a resource ended), the stop, and the servers that could not listen on their socket
+        self._loop = ServeLoop()
         self._watcher: Watcher | None = None
         self._nvml_ok = False
         self.ready = threading.Event()  # set once every resource is registered
         self.started = False  # what to serve is decided (possibly nothing); read by /readyz
         self._kubelet = KubeletLink(
-            settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._wake
+            settings.kubelet_socket, register, ready=self.ready, observer=observer, wake=self._kubelet_woke
         )
-        self._listening = ListenRetry()  # servers that could not listen on their socket
         self.gpus: list[GpuInfo] = []
         self._enumerated = False  # self.gpus holds an enumeration (served_gpus)
 
     # ---- requests from other threads (nvdp.signals' dispatcher, tests) --------------------------
     def request_stop(self) -> None:
-        self._stop.set()
-        self._wake()
+        self._loop.request_stop()
 
     def request_reload(self) -> bool:
         """Ask for a reload; True when that made one pending (False: one already was, and this
         request is part of it)."""
-        newly = not self._reload_requested.is_set()
-        self._reload_requested.set()
-        self._wake()
-        return newly
+        return self._loop.wake("reload")
 
     def abandon(self) -> None:
         """The stop did not finish (the loop is blocked): remove our sockets and the directory lock
         now, without waiting for the loop or the servers. Any thread; the process exits next."""
         for server in list(self.servers.values()):
-            if server.socket_is_ours():
-                try:
-                    server.socket_path.unlink()
-                except OSError:
-                    pass
+            server.abandon()
         if self._dir_claim is not None:
             self._dir_claim.release()
 
-    def _wake(self) -> None:
-        """Wake the loop (also the kubelet link's, when the kubelet's stream of a resource ended)."""
-        if self._watcher:
-            self._watcher.wake()
+    def _kubelet_woke(self) -> None:
+        """The kubelet link's wake: the kubelet's stream of a resource ended (register it again)."""
+        self._loop.wake("kubelet")
 
     # ---- main loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until request_stop(). Raises InitError when NVML fails and fail-on-init-error."""
         if self._dir_claim is None:
             make_dirs(self.plugin_dir)
-        elif not self._dir_claim.acquire(self._stop):
+        elif not self._dir_claim.acquire(self._loop.stopped):
             return
         self._watcher = self._make_watcher(self.plugin_dir)
+        self._loop.attach(self._watcher)
         try:
             self._start_nvml()
             if self._nvml_ok:
                 self._apply(self.settings)
             retry_in: float | None = None
-            while not self._stop.is_set():
+            pending = self._loop.take()
+            while not self._loop.stopped.is_set():
                 dir_retry = self._dir_claim.refresh() if self._dir_claim is not None else None
-                if self._reload_requested.is_set():
-                    self._reload_requested.clear()
+                if "reload" in pending:
                     self._do_reload()
-                if self._rescan.is_set():
-                    self._rescan.clear()
+                if "rescan" in pending:
                     self._do_rescan()
                 if self._nvml_ok and self._gates.changed(self._watcher):
                     self._apply_node_facts()
@@ -171,7 +157,7 @@ class Supervisor(Generic[S]):
                         self._kubelet.serve_unregistered(
                             {n: s for n, s in self.servers.items() if s.socket_is_ours()}
                         )
-                        wait = self._listening.retry_in()
+                        wait = self._loop.listen.retry_in()
                 elif kubelet_id is None:
                     self._kubelet.kubelet_gone()
                     retry_in = None
@@ -179,10 +165,10 @@ class Supervisor(Generic[S]):
                     self._restart_wiped_servers()
                     listening = {n: s for n, s in self.servers.items() if s.socket_is_ours()}
                     retry_in = self._kubelet.register_pending(listening, kubelet_id, retry_in)
-                    wait = _sooner(retry_in, self._listening.retry_in())
-                if self._stop.is_set():
+                    wait = sooner(retry_in, self._loop.listen.retry_in())
+                if self._loop.stopped.is_set():
                     break
-                self._watcher.wait(_sooner(wait, self._gates.retry_in()))
+                pending = self._loop.wait(sooner(wait, self._gates.retry_in()))
         finally:
             self._shutdown()
 
@@ -241,7 +227,7 @@ class Supervisor(Generic[S]):
         server = self._make_server(resource, socket_path, options, allocator)
         self.servers[resource.name] = server
         self._kubelet.expect(resource.name)
-        self._listening.start(server)
+        self._loop.listen.start(resource.name, server.start)
         return server
 
     def _servers_changed(self) -> None:
@@ -255,19 +241,18 @@ class Supervisor(Generic[S]):
     def _restart_wiped_servers(self) -> None:
         """Start a new server, same resource and socket, for each one whose socket was removed;
         start again those that could not listen, when their retry is due."""
-        failing = self._listening.failing
-        if failing and self._listening.take_due():
-            for name in list(failing):
-                self._listening.start(self.servers[name])
-        wiped = [
-            s for s in self.servers.values() if s.resource_name not in failing and not s.socket_is_ours()
-        ]
-        for server in wiped:
-            log_event(
-                log, logging.INFO, "plugin socket removed; restarting server", resource=server.resource_name
-            )
+        wiped: list[str] = []
+
+        def serve_again(name: str, server: S) -> S:
+            log_event(log, logging.INFO, "plugin socket removed; restarting server", resource=name)
             server.stop(grace=0.0)
-            self._serve(server.resource, server.socket_path, server.options, server.allocator)
+            wiped.append(name)
+            new = self._make_server(server.resource, server.socket_path, server.options, server.allocator)
+            self.servers[name] = new
+            self._kubelet.expect(name)
+            return new
+
+        self._loop.keep_serving(list(self.servers.items()), serve_again)
         if wiped:
             self._servers_changed()
 
@@ -288,7 +273,7 @@ class Supervisor(Generic[S]):
         for name in (*plan.stop, *plan.restart):
             self.servers.pop(name).stop(grace=0.2)
             self._kubelet.forget(name)
-            self._listening.forget(name)
+            self._loop.listen.forget(name)
             reason = "removed" if name in plan.stop else "changed"
             log_event(log, logging.INFO, "stopped plugin", resource=name, reason=reason)
         for name, resource in wanted.items():
@@ -331,7 +316,7 @@ class Supervisor(Generic[S]):
         log_event(log, logging.INFO, "reloading configuration")
         try:
             assert self._watcher is not None  # set by run() before its loop
-            loaded = call_aside(self._reload_source, self._watcher, self._stop, "config-reload")
+            loaded = call_aside(self._reload_source, self._watcher, self._loop.stopped, "config-reload")
             if loaded is None:
                 log_event(log, logging.INFO, "reload abandoned: stopping")
                 return
@@ -381,17 +366,16 @@ class Supervisor(Generic[S]):
     def registration_problems(self) -> dict[str, str]:
         """Resource -> why it cannot be registered now (its server cannot listen, the kubelet
         directory is unusable), for /readyz; a snapshot that any thread may take."""
-        problems = dict(self._listening.failing)
+        problems = dict(self._loop.listen.failing)
         directory = self._dir_claim.problem if self._dir_claim is not None else None
         if directory is not None:
             problems = dict.fromkeys(list(self.servers), f"kubelet directory unusable: {directory}")
         return problems
 
-    # ---- device layout changes (nvdp.plugin.rescan) ----------------------------------------------
+    # ---- device layout changes (nvdp.kubeletplugin.rescan) -----------------------------------
     def request_rescan(self) -> None:
         """Apply the node's current layout with the current settings, as a reload does."""
-        self._rescan.set()
-        self._wake()
+        self._loop.wake("rescan")
 
     def served_gpus(self) -> list[GpuInfo] | None:
         """The enumeration the served resources come from; None before the first one."""
@@ -411,8 +395,3 @@ class Supervisor(Generic[S]):
         log_event(
             log, logging.INFO, "device layout applied", resources=",".join(sorted(self.servers)) or "none"
         )
-
-
-def _sooner(a: float | None, b: float | None) -> float | None:
-    """The shorter of two optional delays (None: no timer)."""
-    return b if a is None else a if b is None else min(a, b)

@@ -70,6 +70,10 @@ class PluginServer(HealthTarget, Protocol):
         """False when the socket file was deleted or replaced (a kubelet restart wipes it)."""
         ...
 
+    def abandon(self) -> None:
+        """A stop that did not finish: remove the socket file if it is ours (any thread)."""
+        ...
+
     def update_resource(self, resource: Resource, allocator: PreferredAllocator | None) -> None:
         """Serve changed devices of the same resource on the running server (same stream and
         registration); devices that remain keep their health."""
@@ -99,8 +103,8 @@ class ServerFactory(Protocol[S_co]):
 
 
 class Registrar(Protocol):
-    """Registers one server with the kubelet (`nvdp.plugin.registration.register`); returns the identity
-    of the kubelet socket that accepted. Raises RegistrationError."""
+    """Registers one server with the kubelet (`nvdp.kubeletplugin.registration.register`); returns
+    the identity of the kubelet socket that accepted. Raises RegistrationError."""
 
     def __call__(
         self,
@@ -152,7 +156,7 @@ class StatusObserver(RpcObserver, Protocol[S_contra]):
 
 
 class DirClaimHooks(Protocol):
-    """The kubelet directory claimed for this process (`nvdp.plugin.dir_lock.DirClaim`)."""
+    """The kubelet directory claimed for this process (`nvdp.kubeletplugin.dir_lock.DirClaim`)."""
 
     def acquire(self, stop: threading.Event) -> bool:
         """Block until the directory is usable and locked (True) or `stop` is set (False)."""

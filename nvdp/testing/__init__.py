@@ -4,12 +4,13 @@ used by the plugin itself (it never imports this package)."""
 
 from nvdp.testing.dirs import short_temp_dir
 from nvdp.testing.dra import DraNode, start_dra_plugin
-from nvdp.testing.nodes import write_node_file, write_time_slicing_config
+from nvdp.testing.nodes import append_sim_event, sim_gpus, write_node_file, write_time_slicing_config
 from nvdp.testing.processes import (
     REPO,
     Process,
     clean_env,
     free_port,
+    http_get,
     plugin_argv,
     start_plugin,
     wait_until,
@@ -22,9 +23,12 @@ __all__ = [
     "ProcStats",
     "Process",
     "clean_env",
+    "append_sim_event",
     "free_port",
+    "http_get",
     "plugin_argv",
     "short_temp_dir",
+    "sim_gpus",
     "start_dra_plugin",
     "start_plugin",
     "wait_until",

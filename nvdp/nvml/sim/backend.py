@@ -26,6 +26,7 @@ from nvdp.nvml.sim.events import (
     decode_event,
 )
 from nvdp.nvml.sim.follower import FileFollower
+from nvdp.nvml.sim.layout import KeptLayout
 from nvdp.nvml.sim.mig import MigLayoutError, place, sim_engines
 from nvdp.nvml.sim.mig_control import SimMigControl
 from nvdp.nvml.sim.node import SimGpu, SimNode, derived_uuid
@@ -72,6 +73,7 @@ class SimNvml:
         self._index = {gpu.uuid: gpu.index for gpu in node.gpus}
         self._state = [_GpuState(self._mig_devices(gpu, gpu.mig), gpu.lost) for gpu in node.gpus]
         self._enumerated: set[int] = set()  # GPUs listed with their facts once (real NVML keeps them)
+        self._layout = KeptLayout()
         self._faults_logged: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -149,20 +151,8 @@ class SimNvml:
         before its first listing: MIG disabled, like its faulty record)."""
         self._require_init("nvmlDeviceGetHandleByIndex")
         with self._lock:
-            return {
-                gpu.uuid: GpuLayout(gpu.index, gpu.uuid, False)
-                if state.lost and gpu.index not in self._enumerated
-                else GpuLayout(gpu.index, gpu.uuid, state.mig is not None)
-                if not state.mig
-                else GpuLayout(
-                    gpu.index,
-                    gpu.uuid,
-                    True,
-                    tuple(sorted((m.gi_id, m.ci_id, m.profile) for m in state.mig)),
-                    tuple(sorted(m.uuid for m in state.mig)),
-                )
-                for gpu, state in zip(self.node.gpus, self._state, strict=True)
-            }
+            facts = [(state.mig, state.lost) for state in self._state]
+            return self._layout.get(self.node.gpus, facts, self._enumerated)
 
     def _faulty(self, gpu: SimGpu) -> GpuInfo:
         error = nvml_error("NVML_ERROR_GPU_IS_LOST", "nvmlDeviceGetMemoryInfo", "GPU is lost", gpu.uuid)

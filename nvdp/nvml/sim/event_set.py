@@ -24,6 +24,7 @@ class SimEventSet:
         self._types: dict[str, EventType] = {}
         self._error: str | None = None
         self._closed = False
+        self._interrupted = False
         self._stale = False  # the NVML session it belonged to was shut down
 
     def register(self, gpu_uuid: str, event_types: EventType) -> EventType:
@@ -47,10 +48,18 @@ class SimEventSet:
                     raise nvml_error(code, call, "injected wait error")
                 if self._events:
                     return self._events.popleft()
+                if self._interrupted:
+                    self._interrupted = False
+                    return None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def interrupt(self) -> None:
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

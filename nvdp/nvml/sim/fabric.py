@@ -9,8 +9,7 @@ fabric:
   status: 0                    # the registration's nvmlReturn_t; default 0 (success)
   gpus: {3: {clique_id: 2}, 5: null}   # per GPU index: other values, or null (no fabric)
 ```
-
-A node without the section has no fabric: every GPU answers NVML_ERROR_NOT_SUPPORTED.
+- Without the section every GPU answers NVML_ERROR_NOT_SUPPORTED.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Follow a file like `tail -F`: hand every line appended to it to a callback, from one thread.
 
-The thread polls stat() every `interval_s` (idle cost: one syscall per poll), starts at the file's
-end, and copes with the file appearing later, being truncated, removed, or replaced (renamed over).
-A line is handed over once its newline is written. The callback's failures are logged, never fatal.
-A line longer than `max_line` bytes is dropped with one warning (its rest is skipped up to the next
-newline), so a writer that never ends a line cannot grow the follower's memory without bound. Only a
-regular file is read, at most 1 MiB a poll: a directory, FIFO or device at the path is one warning
-and is never opened (a FIFO swapped in between the checks cannot block the open: O_NONBLOCK).
+- It polls stat() every `interval_s`, starts at the file's end, and copes with the file appearing
+  later, truncated, removed or replaced.
+- A line is handed over once its newline is written; callback failures are logged, never fatal.
+- A line over `max_line` bytes is dropped with one warning (skipped to the next newline).
+- Only a regular file is read, at most 1 MiB a poll; a directory, FIFO or device is one warning and
+  never opened (O_NONBLOCK, so a FIFO swapped in cannot block).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """MIG geometry of a simulated GPU: profile names, placements, instance ids and memory (pure).
 
-A MIG-capable GPU has `compute_slices` compute slices (7 on A100/H100, 4 on A30) and a power of
-two of memory slices (8, or 4 when there are 4 compute slices). A GPU instance of profile `Gg.Mgb`
-takes G compute slices and the memory slices that hold M GB; it is placed at a start aligned to its
-memory size, as the driver does. GPU instance ids follow the driver's numbering of placements (a
-binary tree over the memory slices): on an A100 7g.40gb is GI 0, 3g.20gb GI 1-2, 2g.10gb GI 3-6,
-1g.5gb GI 7-13. A profile `Cc.Gg.Mgb` is a compute instance of C slices inside a `Gg.Mgb` GPU
-instance; consecutive ones share a GPU instance (compute instance ids 0, 1, ...).
-
-Each MIG device also carries what NVML reports of its GPU instance (`MigPlacement`: the driver's
-profile id, as `nvidia-smi mig -lgip` lists them for A100/H100 and A30, and the memory slices it
-sits on) and its multiprocessors and engines (`sim_engines`: the driver's sizing on Ampere and Hopper).
+- A GPU has `compute_slices` (7 on A100/H100, 4 on A30) and 8 memory slices (4 with 4 compute).
+- `Gg.Mgb` takes G compute slices and the memory slices holding M GB, at a start aligned to its
+  memory size; GI ids follow the driver's tree over memory slices (A100: 7g.40gb GI 0, 3g.20gb 1-2,
+  2g.10gb 3-6, 1g.5gb 7-13).
+- `Cc.Gg.Mgb` is a C-slice compute instance in a `Gg.Mgb` GPU instance; consecutive ones share it
+  (compute instance ids 0, 1, ...).
+- Each MIG device carries its `MigPlacement` (the driver's profile id as `nvidia-smi mig -lgip`
+  lists them, its memory slices) and its multiprocessors and engines (`sim_engines`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """MIG devices made and destroyed on a simulated node (`SimNvml.mig_control()`), as real NVML answers:
-the profiles and possible placements `nvidia-smi mig -lgip / -lgipp` lists, a GPU instance created at
-a placement with one compute instance filling it, and the driver's refusals with its error codes:
+profiles and placements as `nvidia-smi mig -lgip / -lgipp` lists, a GPU instance at a placement with
+one compute instance filling it, and the driver's refusals:
 
 - NVML_ERROR_NOT_SUPPORTED: MIG mode is off (nvdp never turns it on);
 - NVML_ERROR_INVALID_ARGUMENT: a profile the GPU lacks, or a start that is none of its placements;
-- NVML_ERROR_INSUFFICIENT_RESOURCES: a memory slice of the placement is taken, the compute slices are
-  all in use, or a second GPU instance of a profile the GPU has once (`+me`: the media engines);
+- NVML_ERROR_INSUFFICIENT_RESOURCES: a memory slice taken, compute slices all used, or a second
+  instance of a once-per-GPU profile (`+me`);
 - NVML_ERROR_NOT_FOUND: destroying a GPU instance that is not there.
-
-A created MIG device gets a new UUID (as NVML gives each one), GPU instance id as the driver numbers
-placements, compute instance 0; MIG device indices follow (GPU instance, compute instance) order.
+- A new MIG device gets a new UUID, the driver's GI id, compute instance 0; indices follow (GI, CI).
 """
 
 from __future__ import annotations

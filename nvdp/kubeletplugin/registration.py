@@ -1,17 +1,30 @@
-"""Registering a plugin server with the kubelet."""
+"""Registering with the kubelet, both ways it knows:
+
+- a device plugin calls the kubelet's Registration.Register (`register`), once per resource;
+- a DRA plugin serves pluginregistration's Registration on a socket in the kubelet's
+  plugins_registry, which the kubelet's plugin watcher finds and asks (`RegistrationService`).
+"""
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
+from nvdp.api.dra import registration
 from nvdp.backoff import Backoff
 from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import RegistrationError
+from nvdp.logs import log_event
+
+log = logging.getLogger(__name__)
 
 # Between two tries of a Register the kubelet answered UNAVAILABLE (it was going away).
 RETRY_UNAVAILABLE_S = 0.005
@@ -85,3 +98,74 @@ def _wait_until_accepting(path: Path, deadline: float, resource_name: str) -> Fi
         finally:
             probe.close()
         time.sleep(waits.next())
+
+
+class RegistrationService:
+    """pluginregistration.Registration for the kubelet's plugin watcher: GetInfo names the plugin
+    (`plugin_type`, `name`, its service `endpoint`, the `versions` it serves, newest first);
+    `on_info()` is told each GetInfo (a registration begins), `on_registered(first)` each registration
+    the kubelet reports."""
+
+    def __init__(
+        self,
+        plugin_type: str,
+        name: str,
+        endpoint: Path,
+        versions: Sequence[str],
+        *,
+        on_registered: Callable[[bool], None] | None = None,
+        on_info: Callable[[], None] | None = None,
+    ) -> None:
+        self.plugin_type = plugin_type
+        self.name = name
+        self.endpoint = endpoint
+        self.versions = tuple(versions)
+        self._on_registered = on_registered
+        self._on_info = on_info
+        self.registered = threading.Event()
+        self.last_status: tuple[bool, str] | None = None  # what the kubelet said last (bounded: a
+        # client calling NotifyRegistrationStatus over and over grows nothing)
+
+    def problem(self) -> str | None:
+        """None when the kubelet's last word was that the plugin is registered, else why not."""
+        if self.last_status is None:
+            return "not registered with the kubelet"
+        registered, error = self.last_status
+        return None if registered else f"the kubelet refused the registration: {error}"
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if self._on_info is not None:
+            self._on_info()
+        return registration.pb.PluginInfo(
+            type=self.plugin_type,
+            name=self.name,
+            endpoint=str(self.endpoint),
+            supported_versions=list(self.versions),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.last_status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            log_event(
+                log,
+                logging.INFO,
+                "registered with the kubelet",
+                driver=self.name,
+                endpoint=str(self.endpoint),
+            )
+            first = not self.registered.is_set()
+            self.registered.set()
+            if self._on_registered is not None:
+                self._on_registered(first)
+        else:
+            log_event(
+                log,
+                logging.ERROR,
+                "the kubelet refused the registration",
+                driver=self.name,
+                error=request.error,
+            )
+        return registration.pb.RegistrationStatusResponse()
+
+    def add_to(self, server: grpc.Server) -> None:
+        registration.grpc.add_RegistrationServicer_to_server(self, server)

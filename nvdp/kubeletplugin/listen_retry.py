@@ -1,11 +1,11 @@
 """Starting plugin servers whose socket may not be bindable now, and retrying those that fail.
 
 A server that cannot listen on its socket (the kubelet directory read-only, full, replaced by a
-file) is a node fact that can be fixed under a running pod: the supervisor keeps the server, the
-other resources keep serving, and the failed ones are tried again with backoff (50 ms doubling to
-5 s) until they listen. Each failure is one ERROR line, said again only when its error changes, and
-the recovery one INFO line; `/readyz` reads the errors (`failing`). Starting and the backoff are
-this module's one job; the supervisor decides when to start what.
+file) is a node fact that can be fixed under a running pod: the plugin keeps the server, its other
+servers keep serving, and the failed ones are tried again with backoff (50 ms doubling to 5 s) until
+they listen. Each failure is one ERROR line, said again only when its error changes, and the
+recovery one INFO line; `/readyz` reads the errors (`failing`). Starting and the backoff are this
+module's one job; the main loop (`nvdp.kubeletplugin.serve_loop`) decides when to start what.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from nvdp.backoff import Backoff
 from nvdp.errors import NvdpError
@@ -25,29 +24,20 @@ RETRY_MIN_S = 0.05
 RETRY_MAX_S = 5.0
 
 
-class Startable(Protocol):
-    """What starting a server needs of it (a `nvdp.plugin.types.PluginServer` is one)."""
-
-    @property
-    def resource_name(self) -> str: ...
-    def start(self) -> None: ...
-
-
 class ListenRetry:
     """Starts servers; remembers which could not listen, and when to try them again."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self.failing: dict[str, str] = {}  # resource -> why its server does not listen
+        self.failing: dict[str, str] = {}  # server's name -> why its server does not listen
         self._retries = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._next: float | None = None  # when failing servers are tried again
 
-    def start(self, server: Startable) -> bool:
-        """Start `server`: True when it listens. A failure (NvdpError, one line) is said once per
-        error and schedules a retry."""
-        name = server.resource_name
+    def start(self, name: str, start: Callable[[], None]) -> bool:
+        """`start()` the server named `name` (a resource, a socket path): True when it listens. A
+        failure (NvdpError, one line) is said once per error and schedules a retry."""
         try:
-            server.start()
+            start()
         except NvdpError as error:
             text = str(error)
             if self.failing.get(name) != text:

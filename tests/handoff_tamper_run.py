@@ -5,7 +5,8 @@ claim holding one through DRA while the config gives each to the other API: per 
 and in the whole history of the kubelet's ListAndWatch updates and the ResourceSlice writes: must be
 0), and the time until the holder's record said its hold again.
 
-Run alone (not part of `python -m bench`): `python -m bench.handoff_tamper [--runs N]`.
+A measurement over the tests' two-API node, so it lives with them (not part of `python -m bench`):
+`python -m tests.handoff_tamper_run [--runs N]`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ COLUMNS = ("holder", "tamper", "runs", "both sampled", "both history", "rewritte
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.handoff_tamper", description=__doc__.splitlines()[0]
+        prog="python -m tests.handoff_tamper_run", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--window-seconds", type=float, default=1.0)
@@ -33,7 +34,7 @@ def main() -> None:
     rows: list[tuple[str, ...]] = []
     seen = 0  # moments of the node's history both APIs advertised a held GPU, so far
     with (
-        tempfile.TemporaryDirectory(prefix="nvdp-bench-handoff-", dir="/tmp") as work,
+        tempfile.TemporaryDirectory(prefix="nvdp-handoff-tamper-", dir="/tmp") as work,
         crossed_node(Path(work)) as node,
     ):
         for holder in HOLDERS:

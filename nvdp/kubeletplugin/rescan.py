@@ -1,5 +1,6 @@
-"""Live device-layout changes: a timer re-reads the node's GPU / MIG layout and asks the supervisor to
-re-apply its resources when the layout differs from the one it serves (`--device-rescan-interval`).
+"""Live device-layout changes: a timer re-reads the node's GPU / MIG layout and asks the plugin's main
+loop (the device plugin's supervisor, the DRA plugin's loop) to re-apply what it serves when the
+layout differs from the one it serves (`--device-rescan-interval`).
 
 A *layout* (`nvdp.nvml.types.GpuLayout`) is, per GPU: its index, uuid, MIG mode and its MIG devices
 as (GPU instance id, compute instance id, profile) and their UUIDs (an identical layout destroyed and

@@ -1,6 +1,6 @@
-"""Whether the DRA driver's main loop is alive, for /healthz: each wake is taken up, and each turn
-ends, within STUCK_AFTER_S. Nothing ticks while nothing happens: a loop asleep with nothing to do is
-alive, and costs no wake-ups to say so."""
+"""Whether a plugin's main loop (`nvdp.kubeletplugin.serve_loop`) is alive, for /healthz: each wake
+is taken up, and each turn ends, within STUCK_AFTER_S. Nothing ticks while nothing happens: a loop
+asleep with nothing to do is alive, and costs no wake-ups to say so."""
 
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
-"""The kubelet directory, claimed: created if missing, and locked for the life of the process.
+"""A plugin's directory, claimed: created if missing, and locked for the process's life (the device
+plugin's kubelet directory; the DRA plugin's plugin directory, with its own lock name).
 
-Two instances on one directory would delete each other's live sockets as stale and flap, so each
-takes the lock file `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) and writes its pid there.
-- A second instance says who holds the lock and waits, or exits 1 with fail-on-init-error.
-- An unusable directory (read-only, not a directory, no permission) is said in one line and retried
-  with backoff, as the kubelet's other socket errors are.
-- The claim is on the path: a kubelet restart or reinstall may empty, remove or replace the
-  directory. `refresh()` (every supervisor wake-up) takes the lock again on a new file at the path,
-  so a waiting instance cannot claim it; while it cannot, it says so once and says when to retry.
-- After start nvdp never creates the directory: that is the kubelet's (or its installer's) to do.
-- In a pod, a removed host directory stays mounted as removed (no links, nothing can be created)
-  and a new one never shows through: said in the same line, and `stale_mount` fails /healthz so the
-  kubelet restarts the container, which mounts the new one.
+- The lock is `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) with the pid: two instances would
+  delete each other's sockets as stale. A second says who holds it and waits, or exits 1 with
+  fail-on-init-error.
+- An unusable directory (read-only, no directory, no permission) is one line, retried with backoff.
+- The claim is on the path: `refresh()` (each main-loop wake) locks a new file at the path again,
+  so a waiting instance cannot take it; while it cannot, it says so once with when to retry.
+- After start nvdp never creates the directory: that is the kubelet's (or its installer's) job.
+- In a pod a removed host directory stays mounted as removed: said in the same line, and
+  `stale_mount` fails /healthz so the kubelet restarts the container onto the new one.
 """
 
 from __future__ import annotations
