@@ -29,7 +29,6 @@ from nvdp.dra.capacity import (
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice, quantity
 from nvdp.dra.mps import ClientLimits, DraMps, client_edits
-from nvdp.dra.options import DraSettings
 from nvdp.errors import MpsError
 from nvdp.inventory import dra_sharing
 from nvdp.logs import log_event
@@ -48,11 +47,6 @@ class CapacityDaemons:
         self._lock = threading.Lock()
         self.shared: frozenset[str] | None = None  # the GPUs shared by capacity, as last settled
         self._held: dict[str, tuple[Share, ...]] = {}  # claim UID -> its shares (since the start)
-
-    @staticmethod
-    def for_node(nvml: object, settings: DraSettings, environ: Mapping[str, str]) -> CapacityDaemons:
-        """With the node's MPS daemons (`DraMps.for_node`; the claims' configs use them too)."""
-        return CapacityDaemons(DraMps.for_node(nvml, settings, environ))
 
     def settle(
         self,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nvdp.dra.allocations import ALLOCATIONS_FILE
-from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import PreparedClaim
 from nvdp.dra.claim_sharing import ClaimSharing, node_sharing
 from nvdp.dra.claims import Allocated, ClaimRef
@@ -69,12 +68,11 @@ NO_CLAIMS: ClaimHooks = _NoClaims()
 
 
 class DriverParts(Protocol):
-    """What of the driver the parts read: NVML, the API, the capacity shares (their MPS daemons,
-    built after the parts), the node's state and the preparer (built at the driver's start)."""
+    """What of the driver the parts read: NVML, the API, the node's state and the preparer (built
+    after the parts, at the driver's start)."""
 
     nvml: Nvml
     api: ResourceApi
-    capacity: CapacityDaemons  # its `mps`: the node's MPS daemons
     state: NodeState
 
     @property
@@ -93,7 +91,7 @@ class ClaimParts:
     @classmethod
     def of(cls, driver: DriverParts, settings: DraSettings, environ: Mapping[str, str]) -> ClaimParts:
         node, kubeconfig = settings.node_name, settings.kubeconfig
-        sharing = node_sharing(settings, driver.nvml, environ, lambda: driver.capacity.mps)
+        sharing = node_sharing(settings, driver.nvml, environ)
 
         def prepared() -> dict[str, PreparedClaim]:
             preparer = driver.preparer

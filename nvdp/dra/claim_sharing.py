@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,21 +40,15 @@ TIMESLICES_FILE = "timeslices.json"  # in the DRA plugin's directory
 
 
 class ClaimSharing:
-    def __init__(
-        self, plugin_dir: Path, nvml: ComputeModes, mps: DraMps | Callable[[], DraMps], slicer: TimeSlicer
-    ) -> None:
-        """`mps`: the node's MPS daemons, or where to find them once the driver has made them."""
+    def __init__(self, plugin_dir: Path, nvml: ComputeModes, mps: DraMps, slicer: TimeSlicer) -> None:
+        """`mps`: the node's MPS daemons (the capacity shares' too)."""
         self._file = plugin_dir / TIMESLICES_FILE
         self._nvml = nvml
-        self._mps = mps
+        self.mps = mps
         self._slicer = slicer
         self._lock = threading.Lock()
         self._sliced: dict[str, str] = self._load()  # GPU UUID -> the claim UID that set its interval
         self._shares: dict[str, dict[str, str]] = {}  # claim UID -> device name -> its sharing, in words
-
-    @property
-    def mps(self) -> DraMps:
-        return self._mps if isinstance(self._mps, DraMps) else self._mps()
 
     def apply(
         self,
@@ -151,18 +145,17 @@ class ClaimSharing:
         return {str(gpu): str(uid) for gpu, uid in found.items()}
 
 
-def node_sharing(
-    settings: DraSettings, nvml: object, environ: Mapping[str, str], mps: Callable[[], DraMps]
-) -> ClaimSharing:
-    """The DRA plugin's: the node's MPS daemons (`mps()`, those of the capacity shares too), time
-    slices through the driver root's nvidia-smi (recorded instead on a simulated node)."""
+def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]) -> ClaimSharing:
+    """The DRA plugin's: the node's MPS daemons (`DraMps.for_node`; the driver hands them to the
+    capacity shares too), time slices through the driver root's nvidia-smi (recorded instead on a
+    simulated node)."""
     modes = cast(ComputeModes, nvml)
     slicer: TimeSlicer = SimulatedTimeSlices()
     if not settings.runtime.nvml.startswith("sim:"):
         flags = settings.config.flags
         here, _ = visible_roots(flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root)
         slicer = NvidiaSmi.of_root(here, environ)
-    return ClaimSharing(settings.plugin_dir, modes, mps, slicer)
+    return ClaimSharing(settings.plugin_dir, modes, DraMps.for_node(nvml, settings, environ), slicer)
 
 
 def _mps_words(limits: ClientLimits, uuid: str) -> str:
