@@ -53,15 +53,17 @@ from nvdp.lock_file import LockFile, is_locked
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
+from nvdp.timers import TIMERS as T
 
 log = logging.getLogger(__name__)
 
-RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
-SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it) is said after this
+# Timers (nvdp.timers; production's): RETRY_S [5 s] look again while a GPU waits or is kept (randomised by
+# half); SWITCH_GRACE_S [30 s] then a free GPU the other side still advertises is said; LOST_GRACE_S [30 s] a
+# record and lock gone (a running side rewrites them in ms) stay unknown this long.
+RETRY_S, SWITCH_GRACE_S, LOST_GRACE_S = T.handoff_retry, T.handoff_switch_grace, T.handoff_lost_grace
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
-LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for this long (rewritten in ms)
 
 
 class Handoff:
