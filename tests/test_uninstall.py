@@ -9,6 +9,7 @@ read their DaemonSet, and the hook a Role to delete those DaemonSets alone."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import json
@@ -313,7 +314,14 @@ def test_the_dra_plugin_removes_its_record_and_checkpoint_unless_a_claim_is_prep
         if not prepared:
             assert cluster.kubelet.end_pod("pod-1", "gpu.nvidia.com", [claim]) == [claim.uid]
         directory = cluster.node.checkpoint.parent
-        wait_until(lambda: (directory / "served-by-dra.json").exists(), 10, "the record")
+
+        def holds() -> dict[str, str] | None:
+            with contextlib.suppress(OSError, ValueError):
+                return dict(json.loads((directory / "served-by-dra.json").read_text())["holds"])
+            return None
+
+        # the record as of now: a claim unprepared a moment ago may still be named in it
+        wait_until(lambda: holds() is not None and bool(holds()) == prepared, 10, "the record")
         put_release(cluster.api, daemonset)
         assert process.stop(timeout=20) == 0
         left = sorted(p.name for p in directory.iterdir() if not p.name.endswith(".sock"))
