@@ -57,9 +57,7 @@ from nvdp.timers import TIMERS as T
 
 log = logging.getLogger(__name__)
 
-# Timers (nvdp.timers; production's): RETRY_S [5 s] look again while a GPU waits or is kept (randomised by
-# half); SWITCH_GRACE_S [30 s] then a free GPU the other side still advertises is said; LOST_GRACE_S [30 s] a
-# record and lock gone (a running side rewrites them in ms) stay unknown this long.
+# Settings of nvdp.timers, production's 5 s (randomised by half), 30 s, 30 s: see above and `Timers`.
 RETRY_S, SWITCH_GRACE_S, LOST_GRACE_S = T.handoff_retry, T.handoff_switch_grace, T.handoff_lost_grace
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02

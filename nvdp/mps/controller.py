@@ -6,10 +6,9 @@ daemon, send the default limits, then create the ready marker the plugin waits f
 loses its marker and is started again after a capped exponential backoff; meanwhile its status file
 says why (`nvdp.mps.status`: `nvidia-cuda-mps-control not found`), for the plugin to name. The
 daemon's own log files are followed into this process's log. `request_reload()` converges on new
-plans by diff (start, stop or re-limit). `request_stop()` ends the loop within a few seconds whatever
-the daemons do: a control command in flight is killed, then the markers go, the GPUs' compute modes
-are restored to DEFAULT, and every daemon is sent `quit` at once, each bounded by
-STOP_QUIT_TIMEOUT_S. Both requests come from another thread (nvdp.signals' dispatcher) and never block.
+plans by diff (start, stop or re-limit). `request_stop()` ends the loop within seconds: a command in
+flight is killed, the markers go, compute modes go back to DEFAULT, every daemon is sent `quit` (each
+bounded by STOP_QUIT_TIMEOUT_S). Both come from another thread (nvdp.signals') and never block.
 """
 
 from __future__ import annotations
