@@ -89,7 +89,9 @@ class KubeApiStandin:
     ignore_name_selector: bool = False
     drop_device_taints: bool = False
     foreground_deletes: bool = False
-    slow_gets: dict[str, float] = field(default_factory=dict)  # path -> seconds a GET of it waits
+    held_gets: dict[str, threading.Event] = field(
+        default_factory=dict
+    )  # path -> a GET of it waits for it (30 s)
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -535,7 +537,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, query = self._parse()
-        time.sleep(self.api.slow_gets.get(path, 0.0))
+        held = self.api.held_gets.get(path)
+        if held is not None:
+            held.wait(30)
         watch = query.get("watch") in ("true", "1")
         if self._failed(path, watch):
             return
