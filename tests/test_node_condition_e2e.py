@@ -13,11 +13,13 @@ import pytest
 from nvdp.health.condition import TAINT_KEY
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.timers import as_env
 from tests.builders import append_sim_event, sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_node_condition import NODE, NODE_PATH, READY, condition, our_taints, said, stored_node
 
 GPU = "nvidia.com/gpu"
+SETTLE_S = 0.3  # a healthy node is confirmed this long after the monitor runs (production: 3 s)
 PCIE = sim_gpus("pcie-4")
 FAST_RECOVERY = "version: v1\nhealth:\n  recoveryQuietPeriod: 100ms\n  probeInterval: 20ms\n"
 FLAPPING = (
@@ -48,7 +50,7 @@ class ReportingNode:
 
     def start(self, *, through_env: bool) -> Process:
         """The plugin, given the kubeconfig and node name as env vars or as flags."""
-        env = {"NVDP_SIM_EVENTS": str(self.events)}
+        env = {"NVDP_SIM_EVENTS": str(self.events), **as_env(node_condition_settle=SETTLE_S)}
         extra: tuple[str, ...] = ()
         if through_env:
             env |= {"KUBECONFIG": str(self.kubeconfig), "NODE_NAME": NODE}

@@ -37,10 +37,11 @@ from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
 from nvdp.kube.client import one_line
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
+from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 
-SETTLE = 3.0
+SETTLE = TIMERS.node_condition_settle  # 3 s
 TICK = 2.0
 
 
