@@ -32,6 +32,7 @@ class Timers:
     handoff_switch_grace: float = 30.0  # other side still advertising a free GPU: said after this
     handoff_lost_grace: float = 30.0  # record and lock gone: unknown for this long
     node_condition_settle: float = 3.0  # a healthy node confirmed after this (nvdp.health.node_condition)
+    node_condition_pacing: float = 1.0  # the first wait between two writes of the Node condition
     watch_backoff: float = 0.8  # a watch's first wait before a re-list or retry (nvdp.kube.reflector)
     mps_quit_timeout: float = 3.0  # an MPS daemon's `quit` at stop; killed then (nvdp.mps.controller)
 

@@ -21,6 +21,7 @@ def test_the_defaults_are_productions() -> None:
         handoff_switch_grace=30.0,
         handoff_lost_grace=30.0,
         node_condition_settle=3.0,
+        node_condition_pacing=1.0,
         watch_backoff=0.8,
         mps_quit_timeout=3.0,
     )
@@ -48,8 +49,8 @@ def test_as_env_is_what_parse_reads() -> None:
 
 
 NAMES = (
-    "handoffLostGrace, handoffRetry, handoffSwitchGrace, mpsQuitTimeout, nodeConditionSettle,"
-    " requestDeadline, stopDeadline, watchBackoff"
+    "handoffLostGrace, handoffRetry, handoffSwitchGrace, mpsQuitTimeout, nodeConditionPacing,"
+    " nodeConditionSettle, requestDeadline, stopDeadline, watchBackoff"
 )
 NOT_A_DURATION = "must be a duration >= 0 such as 500ms or 0.5, got"
 

@@ -5,7 +5,7 @@ the thread also looks every `tick` seconds, works out what the Node should say
 (`nvdp.health.condition`) and writes it when that differs from what it last wrote:
 - Idempotent: one GET, then a patch of the condition only when the Node says otherwise
   (lastTransitionTime kept while the status stays), of the taints only when nvdp's differ.
-- Rate-limited: after a write the next waits `pacing` (1 s, doubling while the state keeps
+- Rate-limited: after a write the next waits `pacing` (1 s: `nvdp.timers`, doubling while the state keeps
   changing, up to 30 s; 1 s again after a quiet minute), so a flapping GPU costs a few writes.
 - Retried: a failed write (API down, 403 without RBAC, 409 on a changed taint list) is tried again
   on `nvdp.backoff` waits (1 s doubling to 5 min), one WARNING line per new error.
@@ -98,7 +98,7 @@ class NodeConditionReporter:
         self._factory = client_factory
         self._client: NodeStatusClient | None = None
         self._settle, self._tick, self._clock = settle, tick, clock
-        self._pacing = pacing or Backoff(1.0, 30.0, reset_after=60.0)
+        self._pacing = pacing or Backoff(TIMERS.node_condition_pacing, 30.0, reset_after=60.0)
         self._retries = retries or Backoff(1.0, 300.0, jitter=0.2)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -180,6 +180,14 @@ class NodeConditionReporter:
         node = self._client.read()
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.syncs += 1
+        taints = taints_with(node.taints, said.taint, effect, now)  # first: a condition's patch moves
+        # the resourceVersion on, and the taints are replaced at the one read (else a 409, a retry)
+        if taints is not None:
+            self._client.replace_taints(taints, node.resource_version)
+            if said.taint is not None and effect is not None:
+                log_event(log, logging.WARNING, "node tainted", taint=f"{TAINT_KEY}={said.taint}:{effect}")
+            else:
+                log_event(log, logging.INFO, "node taint removed", taint=TAINT_KEY)
         condition = condition_body(said, node.condition(CONDITION_TYPE), now)
         if condition is not None:
             self._client.patch_condition(condition)
@@ -192,13 +200,6 @@ class NodeConditionReporter:
                 reason=said.reason,
                 detail=said.message,
             )
-        taints = taints_with(node.taints, said.taint, effect, now)
-        if taints is not None:
-            self._client.replace_taints(taints, node.resource_version)
-            if said.taint is not None and effect is not None:
-                log_event(log, logging.WARNING, "node tainted", taint=f"{TAINT_KEY}={said.taint}:{effect}")
-            else:
-                log_event(log, logging.INFO, "node taint removed", taint=TAINT_KEY)
         if self._error is not None:
             log_event(log, logging.INFO, "node condition written again", failures=self.failures)
             self._error = None
