@@ -105,6 +105,7 @@ class CrossedNode:
         rewritten: float | None = None
         stop = threading.Event()
         started = threading.Event()
+        tampered = threading.Event()  # the record is looked at again only once the tamper is done
         at = 0.0
 
         def sample() -> None:
@@ -114,7 +115,7 @@ class CrossedNode:
                 plugin, dra = self.node.by_plugin(), self.node.by_dra()
                 both.update((plugin & {self.by_claim}) | (dra & {self.by_pod}))
                 samples += 1
-                if rewritten is None and at and self.rewritten(holder):
+                if rewritten is None and tampered.is_set() and self.rewritten(holder):
                     rewritten = time.monotonic() - at
                 stop.wait(SAMPLE_S)
 
@@ -123,6 +124,7 @@ class CrossedNode:
         started.wait()
         at = time.monotonic()
         tamper(self.directory / f"served-by-{holder}.json")
+        tampered.set()
         deadline = at + window_s
         while time.monotonic() < deadline or (rewritten is None and time.monotonic() < at + rewrite_s):
             time.sleep(SAMPLE_S)

@@ -245,8 +245,8 @@ class Handoff:
             return
         try:
             path = self._path(self.api, "json")
-            write_atomic(path, body.encode(), 0o644)
-            self._written, self._written_id = body, _stat(path)
+            written = write_atomic(path, body.encode(), 0o644)  # its id, even if it is removed at once
+            self._written, self._written_id = body, (written.st_ino, written.st_mtime_ns)
         except OSError as error:
             log_event(
                 log,
