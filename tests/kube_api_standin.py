@@ -265,6 +265,15 @@ class KubeApiStandin:
             self._generation += 1
             self._lock.notify_all()
 
+    def stop_watch(self, stop: threading.Event, thread: threading.Thread, timeout: float = 5.0) -> None:
+        """Stop a watch loop running on `thread`: `stop` set, and its watches ended until the thread
+        returned (a watch it began after one end_watches() would wait for the server's timeout)."""
+        stop.set()
+        deadline = time.monotonic() + timeout
+        while thread.is_alive() and time.monotonic() < deadline:
+            self.end_watches()
+            thread.join(0.05)
+
     def writes(self, prefix: str) -> list[tuple[float, str, Obj | None]]:
         """Every write under `prefix` as (time.monotonic() when stored, path, the object; None when
         deleted), in order: what a watcher of those objects saw, and when."""

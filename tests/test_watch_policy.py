@@ -106,9 +106,7 @@ def running(
             thread.start()
 
             def stopped() -> None:
-                stop.set()
-                api.end_watches()
-                thread.join(5)
+                api.stop_watch(stop, thread)
 
             stops.append(stopped)
             return RunningWatch(watch.reflector, CONFIGMAPS, api, stopped)
@@ -240,9 +238,7 @@ def test_a_malformed_event_is_skipped_with_one_warning_and_the_watch_goes_on(
         assert api.count("GET", CONFIGMAPS, watch=True) == 1  # the same stream went on
         assert thread.is_alive() and watch.failing_since is None
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     skipped = [r.getMessage() for r in caplog.records if "watch event skipped" in r.getMessage()]
     assert len(skipped) == 1, skipped
     assert skipped[0].startswith(f"configmap watch event skipped configmap={NS}/{NAME} problem={problem!r}")
@@ -270,9 +266,7 @@ def test_an_event_for_another_configmap_is_ignored(
         api.put(f"{CONFIGMAPS}/{NAME}", configmap_of(NAME, "2"))
         wait_until(lambda: seen.last() == {"a": b"2"}, 10, "the watched one's change")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     assert seen.data == [{"a": b"1"}, {"a": b"2"}]
     skipped = [r.getMessage() for r in caplog.records if "watch event skipped" in r.getMessage()]
     assert len(skipped) == 1 and "problem='another object'" in skipped[0], skipped
@@ -317,9 +311,7 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
         api.end_every_watch = False
         wait_until(lambda: http_get(status.port, "/readyz")[0] == 200, 10, "200 again")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
         status.stop()
 
 
@@ -387,7 +379,5 @@ def test_a_node_watch_skips_another_node(api: KubeApiStandin) -> None:
         api.patch_labels("/api/v1/nodes/node-a", {"x": "a2"})
         wait_until(lambda: labels and labels[-1] == {"x": "a2"}, 10, "node-a's change")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     assert labels == [{"x": "a"}, {"x": "a2"}]
