@@ -6,9 +6,8 @@
   loses its marker and restarts after capped exponential backoff, its status file saying why
   (`nvdp.mps.status`). The daemon's log files are followed into this process's log.
 - `request_reload()` converges on new plans by diff (start, stop or re-limit).
-- `request_stop()` ends within seconds whatever the daemons do: an in-flight command is killed, the
-  markers go, compute modes return to DEFAULT, every daemon gets `quit` (each bounded by
-  `mpsQuitTimeout`, `nvdp.timers`).
+- `request_stop()` ends within seconds: an in-flight command is killed, the markers go, compute
+  modes return to DEFAULT, every daemon gets `quit` (bounded by `nvdp.timers`' mpsQuitTimeout).
 - Both requests come from another thread (nvdp.signals' dispatcher) and never block.
 """
 
