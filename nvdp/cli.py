@@ -27,6 +27,8 @@ from nvdp.commands import (
     run_simulate,
     run_status,
 )
+from nvdp.errors import ConfigError
+from nvdp.timers import check as check_timers
 
 log = logging.getLogger("nvdp")
 
@@ -70,6 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only the named command's parser: the plugin's start-up imports no other command's modules.
     parser, commands = build_parser(first if first in COMMANDS else None)
     args = _parse(parser, argv, commands)
+    try:
+        check_timers(os.environ)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     _log_as_given(args, os.environ)
     if args.command == "plugin":
         return run_plugin(args, os.environ)

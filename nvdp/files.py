@@ -89,9 +89,10 @@ def _is_null_device(found: os.stat_result) -> bool:
     return stat.S_ISCHR(found.st_mode) and found.st_rdev == _NULL_DEVICE
 
 
-def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> os.stat_result:
     """Replace `path` by a file holding `content`, with `mode`, in one rename: a temporary file in
-    the same directory, fsync, rename, fsync of the directory. Raises OSError, leaving no temporary
+    the same directory, fsync, rename, fsync of the directory. Returns the written file's stat (its
+    inode and mtime, whatever stands at `path` a moment later). Raises OSError, leaving no temporary
     file behind."""
     import tempfile  # here: a plugin start that writes no file does not load it
 
@@ -101,6 +102,7 @@ def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
             out.write(content)
             out.flush()
             os.fsync(out.fileno())
+            written = os.fstat(out.fileno())
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
@@ -113,6 +115,7 @@ def write_atomic(path: Path, content: bytes, mode: int = 0o644) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+    return written
 
 
 def same_file(fd: int, path: Path) -> bool:

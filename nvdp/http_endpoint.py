@@ -27,10 +27,11 @@ from typing import Protocol, Self
 from nvdp.errors import NvdpError
 from nvdp.logs import log_event
 from nvdp.promtext import CONTENT_TYPE
+from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 
-REQUEST_DEADLINE_S = 3.0  # from the connection to the end of its headers
+REQUEST_DEADLINE_S = TIMERS.request_deadline  # from the connection to the end of its headers (3 s)
 REPLY_DEADLINE_S = 5.0  # for the client to take the reply
 MAX_CONNECTIONS = 32  # handled at once (a thread each)
 

@@ -25,12 +25,13 @@ from types import FrameType
 from typing import Any
 
 from nvdp.logs import log_event
+from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD_SIGNAL = signal.SIGHUP
-STOP_DEADLINE_S = 10.0  # from the first stop signal to a forced exit
+STOP_DEADLINE_S = TIMERS.stop_deadline  # from the first stop signal to a forced exit (10 s)
 ABANDON_BUDGET_S = 2.0  # the most a forced exit waits for `abandon()`
 RELOAD_INTERVAL_S = 0.1  # SIGHUPs closer than this to the last reload request wait for its end
 FORCED_EXIT_STATUS = 1

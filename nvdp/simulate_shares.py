@@ -1,7 +1,7 @@
 """`nvdp simulate --api dra` on a node with `dra.consumableCapacity`: one GPU shared by three claims,
 each allocated by the stand-in scheduler (`consumedCapacity`, `shareID`) and prepared as an MPS client
 limited to its share, a fourth that does not fit, then all unprepared. A simulated node runs no MPS
-control daemon (`nvdp.dra.capacity_mps`: its ready marker is written instead)."""
+control daemon (`nvdp.dra.mps`: its ready marker is written instead)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import re
 from decimal import ROUND_CEILING, Decimal
 
 MIB = 1 << 20
+MAX_QUANTITY_DIGITS = 30  # a quantity is at most 10**31 (Kubernetes' own values stop at 2**63)
 MAX_GO_DURATION_S = (2**63 - 1) / 1e9  # Go durations are int64 nanoseconds
 
 _NS = {
@@ -79,16 +80,22 @@ def describe_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def parse_quantity(text: str) -> int:
-    """A Kubernetes resource quantity ("4Gi", "1500M", "1e9", "0.5Gi") as a whole number, rounded up
-    (as Quantity.Value()); ValueError when `text` is no quantity."""
-    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= 64 else None
+def parse_quantity(text: object) -> int:
+    """A Kubernetes resource quantity ("4Gi", "1500M", "1e9", "0.5Gi", or an int) as a whole number,
+    rounded up (as Quantity.Value()); ValueError "invalid quantity" when `text` is no quantity, and
+    "quantity out of range" past MAX_QUANTITY (refused before any arithmetic: `1e999999999`)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _QUANTITY.fullmatch(text.strip()) if isinstance(text, str) and len(text) <= 64 else None
     if match is None:
         raise ValueError("invalid quantity")
-    number, suffix = match[1], match[2] or ""
+    number, suffix = Decimal(match[1]), match[2] or ""
+    factor = _QUANTITY_SUFFIX.get(suffix)
+    exponent = int(suffix[1:]) if factor is None else 0
+    if number and number.adjusted() + exponent + (factor or Decimal(1)).adjusted() > MAX_QUANTITY_DIGITS:
+        raise ValueError("quantity out of range")
     try:
-        factor = _QUANTITY_SUFFIX.get(suffix) or Decimal(10) ** int(suffix[1:])
-        value = Decimal(number) * factor
-    except (ArithmeticError, ValueError) as error:
+        value = number * (factor if factor is not None else Decimal(10) ** exponent)
+    except ArithmeticError as error:  # a tiny one: below Decimal's range
         raise ValueError("invalid quantity") from error
     return int(value.to_integral_value(rounding=ROUND_CEILING))

@@ -14,6 +14,18 @@ from nvdp.logs import JsonFormatter, TextFormatter
 from nvdp.testing import Process, short_temp_dir
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (the default, pyproject's addopts): two workers per CPU this process may run on, up to
+    16 (or one per CPU beyond). A test spends most of its time waiting on sockets, child processes and
+    timers, so a worker per CPU leaves small machines' CPUs idle; PYTEST_XDIST_AUTO_NUM_WORKERS, when
+    set, decides (as pytest-xdist's own rule)."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cpus = len(os.sched_getaffinity(0))
+    return min(2 * cpus, max(cpus, 16))
+
+
 @pytest.fixture
 def tmp_path() -> Iterator[Path]:
     """Pytest's `tmp_path`, made short: tests bind unix sockets in it, and sun_path holds 107 bytes,

@@ -12,7 +12,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -97,14 +97,15 @@ class CrossedNode:
             return False
         return isinstance(record, dict) and self.held_by(api) in (record.get("holds") or {})
 
-    def tamper(self, holder: str, tamper: Tamper, window_s: float) -> Outcome:
+    def tamper(self, holder: str, tamper: Tamper, window_s: float, rewrite_s: float = 30) -> Outcome:
         """Tamper with `holder`'s record and sample both APIs every SAMPLE_S for `window_s` (and until
-        the record was written again)."""
+        the record was written again, for at most `rewrite_s`: 0 for a stopped holder)."""
         both: set[str] = set()
         samples = 0
         rewritten: float | None = None
         stop = threading.Event()
         started = threading.Event()
+        tampered = threading.Event()  # the record is looked at again only once the tamper is done
         at = 0.0
 
         def sample() -> None:
@@ -114,7 +115,7 @@ class CrossedNode:
                 plugin, dra = self.node.by_plugin(), self.node.by_dra()
                 both.update((plugin & {self.by_claim}) | (dra & {self.by_pod}))
                 samples += 1
-                if rewritten is None and at and self.rewritten(holder):
+                if rewritten is None and tampered.is_set() and self.rewritten(holder):
                     rewritten = time.monotonic() - at
                 stop.wait(SAMPLE_S)
 
@@ -123,8 +124,9 @@ class CrossedNode:
         started.wait()
         at = time.monotonic()
         tamper(self.directory / f"served-by-{holder}.json")
+        tampered.set()
         deadline = at + window_s
-        while time.monotonic() < deadline or (rewritten is None and time.monotonic() < at + 30):
+        while time.monotonic() < deadline or (rewritten is None and time.monotonic() < at + rewrite_s):
             time.sleep(SAMPLE_S)
         stop.set()
         thread.join()
@@ -132,6 +134,8 @@ class CrossedNode:
 
 
 @contextmanager
-def crossed_node(tmp_path: Path) -> Iterator[CrossedNode]:
-    with one_node(tmp_path) as node:
+def crossed_node(tmp_path: Path, timers: Mapping[str, str] | None = None) -> Iterator[CrossedNode]:
+    """`timers`: both processes' (`nvdp.timers`); production's by default: a record is written again
+    when its directory's watch wakes, long before the hand-over's retry."""
+    with one_node(tmp_path, timers=timers or {}) as node:
         yield CrossedNode(node)

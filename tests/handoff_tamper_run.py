@@ -23,7 +23,7 @@ from tests.handoff_tamper_node import HOLDERS, TAMPERS, crossed_node
 COLUMNS = ("holder", "tamper", "runs", "both sampled", "both history", "rewritten p50 ms", "max ms")
 
 
-def main() -> None:
+def run_tampers() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tests.handoff_tamper_run", description=__doc__.splitlines()[0]
     )
@@ -73,4 +73,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        main()
+        run_tampers()

@@ -63,7 +63,10 @@ class KubeApi:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="kube-api", daemon=True)
+        serve = self._server.serve_forever
+        self._thread = threading.Thread(
+            target=serve, args=(0.02,), name="kube-api", daemon=True
+        )  # stops at once
 
     @property
     def url(self) -> str:

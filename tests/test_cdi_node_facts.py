@@ -192,7 +192,7 @@ def test_a_spec_removed_or_overwritten_under_a_serving_plugin_is_written_back(
     # Our own writes do not start a rewrite loop: the spec stays the same file. An observation
     # window (not a wait for a condition): nothing may happen in it.
     settled = spec.stat().st_ino
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert spec.stat().st_ino == settled and len(warnings(plugin.log())) == 3
     assert spec.read_bytes() == ours and len(kubelet.devices(GPU)) == 8
 

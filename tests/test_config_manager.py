@@ -19,6 +19,7 @@ import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, ProcStats, clean_env, wait_until
+from nvdp.timers import as_env
 from tests.kube_api_standin import KubeApiStandin
 
 GPU = "nvidia.com/gpu"
@@ -92,8 +93,9 @@ class Setup:
         self.plugin_exe = console_script(base / "bin", "nvidia-device-plugin", "plugin_main")
 
     def manager(self, *extra: str, log: str = "manager.log", **env: str) -> Process:
+        """`nvdp config-manager`, its Node watch retried after 0.05 s, 0.1 s, ... (production: 0.8 s, ...)."""
         argv = manager_argv(self.kubeconfig, self.src.root, self.dst, self.plugin_exe, *extra)
-        process = Process(argv, self.base / log, clean_env(env))
+        process = Process(argv, self.base / log, clean_env({**as_env(watch_backoff=0.05), **env}))
         self.processes.append(process)
         return process
 

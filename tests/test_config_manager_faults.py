@@ -189,6 +189,33 @@ def test_the_record_is_retried_when_the_api_fails_and_never_fought_over(
     assert node.api.count("PATCH", NODE_PATH) == 5
 
 
+class RaceyRecord:
+    """An AppliedRecord whose first write is answered only after the Node's watch saw the record
+    and then saw it removed (another pod's config-manager, at an uninstall of its own DaemonSet)."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.manager: ConfigManager | None = None
+
+    def write(self, entry: str) -> None:
+        self.written.append(entry)
+        if len(self.written) == 1 and self.manager is not None:
+            self.manager.set_labels({LABEL: "a"}, {APPLIED_ANNOTATION: entry})
+            self.manager.set_labels({LABEL: "a"}, {})
+
+
+def test_a_record_removed_while_it_was_written_is_written_again(node: ManagedNode) -> None:
+    dst = node.base / "dst" / "config.yaml"
+    record = RaceyRecord()
+    manager = ConfigManager(Settings(NODE, str(node.src.root), str(dst), send_signal=False), record=record)
+    record.manager = manager
+    manager.set_labels({LABEL: "a"}, {})
+    assert manager.reconcile().changed and record.written == ["a"]
+    assert manager.recorded is None  # the watch's last word, not the write's older answer
+    manager.reconcile()
+    assert record.written == ["a", "a"] and manager.recorded == "a"
+
+
 def test_io_failures_are_retried_and_refusals_wait_for_a_change(node: ManagedNode) -> None:
     """`retrying` (readiness, the retry loop) is set for what a retry may fix, the source or the
     destination failing, and not for a refusal, which only a label or ConfigMap change fixes."""

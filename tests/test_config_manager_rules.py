@@ -486,9 +486,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
                 assert ok.status == 200
             with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as metrics:
                 assert b"nvdp_config_manager_watch_healthy 1" in metrics.read()
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
         server.stop()
         assert not thread.is_alive()
 

@@ -76,7 +76,7 @@ def test_no_spread_applies_every_change_at_once_and_close_drops_a_waiting_one() 
     assert waiting.data() == ["listed"]
 
 
-def _resolve(argv: list[str], environ: dict[str, str]) -> float:
+def _spread_of(argv: list[str], environ: dict[str, str]) -> float:
     parser = argparse.ArgumentParser()
     add_flags(parser)
     base = {"NODE_NAME": "node-a", "CONFIG_FILE_SRCDIR": "/src", "CONFIG_FILE_DST": "/dst"}
@@ -89,10 +89,10 @@ def _resolve(argv: list[str], environ: dict[str, str]) -> float:
     ids=["default", "flag", "env, off"],
 )
 def test_the_spread_setting(argv: list[str], environ: dict[str, str], seconds: float) -> None:
-    assert _resolve(argv, environ) == seconds
+    assert _spread_of(argv, environ) == seconds
 
 
 def test_a_negative_spread_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError) as refused:
-        _resolve([], {"NVDP_CONFIGMAP_SPREAD": "-1s"})
+        _spread_of([], {"NVDP_CONFIGMAP_SPREAD": "-1s"})
     assert str(refused.value) == 'NVDP_CONFIGMAP_SPREAD: must be >= 0, got "-1s"'

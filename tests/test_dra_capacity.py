@@ -22,16 +22,15 @@ from nvdp.config.load import parse_text
 from nvdp.dra.capacity import (
     Share,
     capacity_misfits,
-    client_edits,
     kept_shared,
     one_gpu,
-    parse_quantity,
     share_of,
     shared_by_capacity,
 )
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
 from nvdp.dra.devices import DriverFacts, node_devices
+from nvdp.dra.mps import DraMps
 from nvdp.dra.slices import pool_slices
 from nvdp.dra_standin.scheduler import AllocationError, allocate, consumed_capacity, nvidia_device_classes
 from nvdp.kube.resourceslices import from_served, to_served
@@ -118,22 +117,6 @@ def test_only_the_named_whole_gpus_are_shared() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("40Gi", 40 << 30), ("1500Mi", 1500 << 20), ("25", 25), ("1e3", 1000), ("1.5Gi", 3 << 29), ("500m", 1),
-     ("2k", 2000), ("0", 0), (7, 7), ("1.5", 2)],
-    ids=str,
-)  # fmt: skip
-def test_quantities(text: object, value: int) -> None:
-    assert parse_quantity(text) == value
-
-
-@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1 Gi", "-", None, "1.2.3"], ids=repr)
-def test_not_quantities(text: object) -> None:
-    with pytest.raises(ValueError, match="is not a quantity"):
-        parse_quantity(text)
-
-
 def test_three_claims_share_a_gpu_as_the_scheduler_accounts_them() -> None:
     slices = shared_slices()
     asked = [
@@ -201,9 +184,10 @@ def test_a_share_makes_an_mps_client_limited_to_it(tmp_path: Path) -> None:
     device = shared_device()
     share = share_of(device, {"memory": "10Gi", "compute": "50"}, "ns/a")
     assert share == Share("gpu-0", GPUS[0].uuid, 10 << 30, 50)
-    root = MpsRoot(tmp_path)
+    shares = simulated_shares(tmp_path)
+    result = Allocated("gpu", device.name, {"memory": "10Gi", "compute": "50"}, "share-a")
+    edits = shares.edits(ClaimRef("ns", "a", "a"), [result], {device.name: device})[0][device.name]
     pipe = f"{tmp_path}/gpu.nvidia.com/{GPUS[0].uuid}/pipe"
-    edits = client_edits(share, root)
     assert edits["env"] == [
         f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
         f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPUS[0].uuid}=10240M",
@@ -213,7 +197,8 @@ def test_a_share_makes_an_mps_client_limited_to_it(tmp_path: Path) -> None:
         (pipe, pipe),
         (f"{tmp_path}/shm", "/dev/shm"),
     ]
-    no_cap = client_edits(share_of(device, {"memory": "1Gi", "compute": "0"}, "ns/b"), root)["env"]
+    result = Allocated("gpu", device.name, {"memory": "1Gi", "compute": "0"}, "share-b")
+    no_cap = shares.edits(ClaimRef("ns", "b", "b"), [result], {device.name: device})[0][device.name]["env"]
     assert [e.split("=")[0] for e in no_cap] == [
         "CUDA_MPS_PIPE_DIRECTORY",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
@@ -354,8 +339,12 @@ class NoComputeModes:
         raise AssertionError(gpu_uuid)
 
 
+def simulated_shares(root: Path) -> CapacityDaemons:
+    return CapacityDaemons(DraMps(MpsRoot(root), NoComputeModes(), {}, simulated=True))
+
+
 def test_prepared_shares_never_exceed_the_gpu(tmp_path: Path) -> None:
-    daemons = CapacityDaemons(NoComputeModes(), MpsRoot(tmp_path), {}, simulated=True)
+    daemons = simulated_shares(tmp_path)
     device = shared_device()
     devices = {device.name: device}
 

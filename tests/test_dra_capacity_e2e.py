@@ -1,7 +1,8 @@
 """`nvdp dra-kubelet-plugin` with `dra.consumableCapacity`, as a process over real sockets and files:
 the golden slices published, three claims sharing one GPU as the stand-in scheduler accounts them,
 each prepared as an MPS client of the GPU's control daemon (the MPS stand-in on PATH), started once
-at the first claim, and what each client got; a daemon that cannot start fails the claim, one line."""
+at the first claim, held by the claims and quit after the last, and what each client got; a daemon
+that cannot start fails the claim, one line."""
 
 from __future__ import annotations
 
@@ -77,11 +78,16 @@ def test_three_claims_share_a_gpu_each_limited_to_its_share(tmp_path: Path) -> N
             f'claim\'s share claim=ns/a gpu={GPU0} shares="gpu-0: memory 10Gi, compute 50%"' in cluster.log()
         )
 
-        unprepared = cluster.kubelet.node_unprepare("gpu.nvidia.com", list(claims.values())).claims
-        assert all(not r.error for r in unprepared.values()) and cluster.specs() == {}
-        assert cluster.process is not None
-        cluster.process.stop()
-        assert standin.commands(pipe)[-1] == "quit" and not standin.running(pipe)
+        holders = root / "gpu.nvidia.com" / GPU0 / "holders.json"  # the daemon is held by its claims
+        assert json.loads(holders.read_text())["holders"] == sorted(c.uid for c in claims.values())
+
+        unprepared = cluster.kubelet.node_unprepare("gpu.nvidia.com", list(claims.values())[:2]).claims
+        assert all(not r.error for r in unprepared.values()) and standin.running(pipe)
+        last = cluster.kubelet.node_unprepare("gpu.nvidia.com", [claims["c"]]).claims
+        assert not last[claims["c"].uid].error and cluster.specs() == {}
+        assert standin.commands(pipe)[-1] == "quit" and not standin.running(pipe)  # the last claim gone
+        assert json.loads(holders.read_text())["holders"] == []
+        assert f"compute mode set gpu={GPU0} mode=DEFAULT" in cluster.log()
 
 
 def test_a_daemon_that_cannot_start_fails_the_claim_in_one_line(tmp_path: Path) -> None:
@@ -91,9 +97,9 @@ def test_a_daemon_that_cannot_start_fails_the_claim_in_one_line(tmp_path: Path) 
         schedule(cluster.api, claim)
         answer = cluster.kubelet.node_prepare("gpu.nvidia.com", [claim]).claims[claim.uid]
         assert answer.error == (
-            f"ResourceClaim ns/first: the MPS control daemon of gpu-0 ({GPU0}) is not ready: MPS daemon "
-            "failed to start: nvidia-cuda-mps-control: start the MPS control daemon failed with exit "
-            "status 1: stand-in: told to fail -d"
+            f"ResourceClaim ns/first: gpu-0: MPS daemon {GPU0} is not ready: MPS daemon failed to start: "
+            "nvidia-cuda-mps-control: start the MPS control daemon failed with exit status 1: "
+            "stand-in: told to fail -d"
         )
         assert cluster.specs() == {}
         whole = Claim("ns", "first", claim.uid)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -269,16 +270,26 @@ def test_the_stand_in_scheduler_copies_class_then_claim_configs() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("4Gi", 4 << 30), ("512Mi", 512 << 20), ("1G", 10**9), ("1e9", 10**9), ("0.5Gi", 1 << 29), ("1.5", 2)],
-)
-def test_quantities(text: str, value: int) -> None:
+    [("4Gi", 4 << 30), ("512Mi", 512 << 20), ("1G", 10**9), ("1e9", 10**9), ("0.5Gi", 1 << 29), ("1.5", 2),
+     ("25", 25), ("500m", 1), ("2k", 2000), ("0", 0), (7, 7), ("1e30", 10**30), ("1e-999999999", 0)],
+    ids=str,
+)  # fmt: skip
+def test_quantities(text: object, value: int) -> None:
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "4GB", "1e", "x", "1e999999999"])
-def test_not_quantities(text: str) -> None:
+@pytest.mark.parametrize("text", ["", "Gi", "4GB", "1e", "x", "1 Gi", "-", None, "1.2.3", True], ids=repr)
+def test_not_quantities(text: object) -> None:
     with pytest.raises(ValueError, match="^invalid quantity$"):
         parse_quantity(text)
+
+
+@pytest.mark.parametrize("text", ["1e999999999", "1E31", "1e999999", "10000000000000Ei"])
+def test_a_huge_quantity_is_refused_at_once(text: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="^quantity out of range$"):
+        parse_quantity(text)
+    assert time.monotonic() - started < 0.5  # no 10**999999999 computed first
 
 
 def test_nvidia_smi_of_the_driver_root_sets_the_time_slice(tmp_path: Path) -> None:

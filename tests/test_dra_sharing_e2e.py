@@ -91,8 +91,7 @@ def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
         assert f"simulated time slice set gpu={GPUS[0]} interval=Short smi_level=1" in log
         assert f"simulated time slice set gpu={GPUS[1]} interval=Long smi_level=3" in log
         assert f"simulated compute mode set gpu={GPUS[2]} mode=EXCLUSIVE_PROCESS" in log
-        mps_root = cluster.node.plugins / DRIVER / "mps"
-        pipe = mps_root / GPUS[2] / "pipe"
+        pipe = tmp_path / "mps-root" / DRIVER / GPUS[2] / "pipe"  # the MPS root's layout
         assert standin.running(pipe)
         assert {c["visible"] for c in standin.calls()} == {GPUS[2]}
 
@@ -100,10 +99,10 @@ def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
         (device,) = spec["devices"]
         assert device["containerEdits"]["env"] == [
             f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPUS[2]}=4096M",  # keyed by UUID, as NVIDIA's driver
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
         ]
-        options = ["rw", "nosuid", "nodev", "bind"]
+        options = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
         assert device["containerEdits"]["mounts"] == [
             {"hostPath": str(pipe), "containerPath": str(pipe), "options": options},
             {"hostPath": str(tmp_path / "mps-root/shm"), "containerPath": "/dev/shm", "options": options},
@@ -126,22 +125,21 @@ def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
         assert "Traceback" not in log
 
 
-def test_mps_without_the_control_binary_is_that_claims_error(tmp_path: Path) -> None:
-    with dra_cluster(tmp_path, env={"PATH": str(tmp_path)}) as cluster:
+def test_a_simulated_node_without_the_control_binary_runs_no_daemon(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path), "MPS_ROOT": str(tmp_path / "mps-root")}
+    with dra_cluster(tmp_path, env=env) as cluster:
         cluster.start()
         cluster.registered()
         wait_until(lambda: slices_of(cluster.api), 5, "the slice")
         mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
-        plain = make_claim(cluster.api, "plain")
         schedule(cluster.api, mps)
-        schedule(cluster.api, plain)
-        answers = cluster.kubelet.node_prepare(DRIVER, [mps, plain]).claims
-        assert (
-            answers[mps.uid].error == "ResourceClaim ns/mps: MPS: nvidia-cuda-mps-control not found on PATH"
-        )
-        assert answers[plain.uid].error == ""
-        assert sorted(cluster.specs()) == [f"k8s.gpu.nvidia.com-claim_{plain.uid}.json"]
+        assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        marker = tmp_path / "mps-root" / DRIVER / GPUS[0] / ".started"
+        assert marker.exists()
+        assert "simulated node: no MPS control daemon started; its ready marker written" in cluster.log()
         assert f"simulated compute mode set gpu={GPUS[0]}" not in cluster.log()
+        assert cluster.kubelet.node_unprepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        assert not marker.exists()
 
 
 def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Path) -> None:
@@ -154,7 +152,7 @@ def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Pat
         mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
         schedule(cluster.api, mps)
         assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
-        pipe = cluster.node.plugins / DRIVER / "mps" / GPUS[0] / "pipe"
+        pipe = tmp_path / "mps-root" / DRIVER / GPUS[0] / "pipe"
         assert standin.running(pipe)
         assert cluster.process is not None
         cluster.process.stop()

@@ -339,8 +339,8 @@ def test_claim_names_are_one_path_segment(tmp_path: Path) -> None:
 
 
 def test_a_claim_whose_api_read_hangs_holds_up_no_other_call(tmp_path: Path) -> None:
-    """Two pods' NodePrepareResources at once: the first's claim takes 6 s to read from the API; the
-    second's call is answered while the first still waits."""
+    """Two pods' NodePrepareResources at once: the first's claim is read from the API only once the
+    second's call was answered (in under 3 s): it waited meanwhile."""
     with dra_cluster(tmp_path) as cluster:
         cluster.start()
         cluster.registered()
@@ -348,7 +348,8 @@ def test_a_claim_whose_api_read_hangs_holds_up_no_other_call(tmp_path: Path) -> 
         slow, fast = make_claim(cluster.api, "slow"), make_claim(cluster.api, "fast")
         schedule(cluster.api, slow)
         schedule(cluster.api, fast)
-        cluster.api.slow_gets[claim_path("ns", "slow")] = 6.0
+        release = threading.Event()
+        cluster.api.held_gets[claim_path("ns", "slow")] = release
         answers: dict[str, Any] = {}
         first = threading.Thread(
             target=lambda: answers.update(slow=cluster.kubelet.node_prepare(DRIVER, [slow])), daemon=True
@@ -367,5 +368,6 @@ def test_a_claim_whose_api_read_hangs_holds_up_no_other_call(tmp_path: Path) -> 
         took = time.monotonic() - t0
         assert not second.claims[fast.uid].error and "slow" not in answers
         assert took < 3.0, f"the second call took {took:.1f} s"
+        release.set()
         first.join(15)
         assert not answers["slow"].claims[slow.uid].error

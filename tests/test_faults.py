@@ -161,7 +161,7 @@ def test_kubelet_that_refuses_connections_at_first_gets_one_registration_per_res
         kubelet.wait_for_registration(GPU, n, timeout=15)
         kubelet.wait_for_devices(GPU)
         with pytest.raises(TimeoutError):  # a second registration would follow within milliseconds
-            kubelet.wait_for_registration(GPU, n + 1, timeout=0.5)
+            kubelet.wait_for_registration(GPU, n + 1, timeout=0.3)
     assert not kubelet.rejections
     assert len(kubelet.registrations) == 5
     assert process.stop() == 0 and "Traceback" not in process.log()

@@ -123,6 +123,32 @@ def test_a_gpu_a_pod_holds_stays_until_released(tmp_path: Path) -> None:
         dra.close()
 
 
+def test_a_record_removed_the_moment_it_was_written_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removed between its rename and any look at it (a cleaning script, a tamper): the side knows
+    the file it wrote by the write itself, so it sees it gone and writes it again."""
+    plugin = Handoff(DEVICE_PLUGIN, tmp_path)
+    record = tmp_path / "served-by-device-plugin.json"
+    write = handoff.write_atomic
+
+    def write_then_removed(path: Path, content: bytes, mode: int) -> os.stat_result:
+        written = write(path, content, mode)
+        path.unlink()
+        return written
+
+    try:
+        plugin.settle(frozenset({A}), {B: "pod ml/train"})
+        monkeypatch.setattr(handoff, "write_atomic", write_then_removed)
+        plugin.served(frozenset({A, B}))  # a new record, removed at once
+        monkeypatch.undo()
+        assert not record.exists() and plugin.due()
+        plugin.settle(frozenset({A}), {B: "pod ml/train"})
+        assert json.loads(record.read_text())["holds"] == {B: "pod ml/train"}
+    finally:
+        plugin.close()
+
+
 def test_a_stopped_process_frees_what_it_advertised_but_not_what_its_pods_hold(tmp_path: Path) -> None:
     plugin = Handoff(DEVICE_PLUGIN, tmp_path)
     plugin.settle(frozenset({A, B}), {B: "pod ns/p"})

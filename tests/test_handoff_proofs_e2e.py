@@ -5,8 +5,9 @@ one through DRA, and the config gives each to the other API.
 - The DRA side's proof, the kubelet stand-in's PodResources naming the real device plugin's pod:
   shown with `Handoff`s in this process (the grace shortened), beside the node's own records.
 - The device plugin's proof, the real DRA driver's checkpoint: the DRA driver stopped, its record and
-  lock removed, the real device plugin waits out LOST_GRACE_S (30 s) and still never advertises the
-  claim's GPU; once the directory is cleaned (the checkpoint gone too) it stays unknown, said once.
+  lock removed, the real device plugin waits out its grace (LOST_GRACE_S, 30 s in production, 2 s
+  here: `nvdp.timers`) and still never advertises the claim's GPU; once the directory is cleaned (the
+  checkpoint gone too) it stays unknown, said once.
 """
 
 from __future__ import annotations
@@ -16,21 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.handoff import DEVICE_PLUGIN, DRA, LOST_GRACE_S, Handoff
+from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
 from nvdp.handoff import records as handoff
-from nvdp.handoff.records import RETRY_S
 from nvdp.testing import wait_until
+from nvdp.timers import as_env
 from tests.builders import sim_gpus
 from tests.handoff_tamper_node import CrossedNode, crossed_node, remove_the_directory
 from tests.test_one_gpu_one_api_e2e import UUIDS
 
 GPUS = sim_gpus("pcie-4")
 UNPROVEN = "GPU hand-over record gone with its lock and the other API's holds cannot be proven"
+LOST_GRACE_S, RETRY_S = 2.0, 0.2  # the processes' (production: 30 s, 5 s)
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[CrossedNode]:
-    with crossed_node(tmp_path) as crossed:
+    timers = as_env(handoff_lost_grace=LOST_GRACE_S, handoff_retry=RETRY_S)
+    with crossed_node(tmp_path, timers) as crossed:
         yield crossed
 
 
@@ -61,13 +64,13 @@ def test_a_stopped_sides_holds_are_proven_once_its_records_are_cleaned_away(
     # The device plugin's side: the real DRA driver stopped, its record and lock removed.
     node.node.dra.stop()
     assert (node.directory / "checkpoint.json").is_file()
-    outcome = node.tamper(DRA, remove_record_and_lock, LOST_GRACE_S + 2 * RETRY_S)
+    outcome = node.tamper(DRA, remove_record_and_lock, LOST_GRACE_S + 2 * RETRY_S, rewrite_s=0)
     assert outcome.both == frozenset() and outcome.overlapping == []
     assert node.by_claim not in node.node.by_plugin()
     assert UNPROVEN not in node.node.plugin.log()
 
     # The whole directory cleaned: the checkpoint is gone, nothing proves the claim; it stays unknown.
-    outcome = node.tamper(DRA, remove_the_directory, 2 * RETRY_S)
+    outcome = node.tamper(DRA, remove_the_directory, 2 * RETRY_S, rewrite_s=0)
     assert outcome.both == frozenset() and outcome.overlapping == []
     wait_until(lambda: UNPROVEN in node.node.plugin.log(), 10, "the device plugin saying so")
     assert node.node.plugin.log().count(UNPROVEN) == 1

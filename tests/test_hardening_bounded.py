@@ -288,7 +288,7 @@ class _Answers(BaseHTTPRequestHandler):
 def answering(body: str) -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
     server.body = body.encode()  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

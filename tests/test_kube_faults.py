@@ -114,26 +114,30 @@ def test_a_watch_answered_by_410_every_time_backs_off_its_relists(
     api: KubeApiStandin, tmp_path: Path
 ) -> None:
     """It used to list again at once, ~45 times a second. Now the waits between lists follow
-    client-go's reflector (0.8 s doubling, stretched by up to 2x): at most 3 lists in 3 s. The stream
-    left after the ERROR event (its end comes late) is closed, so the list after it reads a clean
-    answer: no failure at all."""
+    client-go's reflector (0.8 s doubling, stretched by up to 2x): at most 3 lists in 3 s; run here at
+    a quarter of those times (0.2 s doubling, 0.75 s). The stream left after the ERROR event (its end
+    comes late) is closed, so the list after it reads a clean answer: no failure at all."""
     api.late_bodies = 0.05
     api.gone_every_watch = True
     seen = Seen()
     watch = object_watch.NodeWatch(
-        client(api, tmp_path), NODE, seen.nodes.append, on_failure=lambda m, f: seen.failures.append((m, f))
+        client(api, tmp_path),
+        NODE,
+        seen.nodes.append,
+        on_failure=lambda m, f: seen.failures.append((m, f)),
+        timers=WatchTimers(backoff_initial_s=DEFAULT_TIMERS.backoff_initial_s / 4),
     )
     stop, thread = run_watch(watch)
     api.wait_for(lambda: watch.lists >= 1, 10, "first list")
     started = time.monotonic()
     api.patch_labels(NODE_PATH, {LABEL: "b"})
     api.wait_for(lambda: seen.labels() == {LABEL: "b"}, 10, "label seen through a re-list")
-    time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
+    time.sleep(max(0.0, 0.75 - (time.monotonic() - started)))
     lists = watch.lists
     stop.set()
     thread.join(5)
-    assert 2 <= lists <= 4, lists  # 1 + at most 3 in the 3 s window
-    # every list the server answered was counted (one in flight at 3 s finishes before the join)
+    assert 2 <= lists <= 4, lists  # 1 + at most 3 in the window
+    # every list the server answered was counted (one in flight at the end finishes before the join)
     assert api.count("GET", "/api/v1/nodes", watch=False) == watch.lists
     assert seen.failures == []
     assert not thread.is_alive()
@@ -160,9 +164,7 @@ def test_the_default_watch_asks_the_server_to_end_it_before_it_counts_as_silent(
     watch = object_watch.NodeWatch(client(api, tmp_path), NODE, lambda node: None)
     stop, thread = run_watch(watch)
     api.wait_for(lambda: api.count("GET", "/api/v1/nodes", watch=True) >= 1, 10, "a watch")
-    stop.set()
-    api.end_watches()
-    thread.join(5)
+    api.stop_watch(stop, thread)
     (query,) = [q for m, p, q in api.requests if p == "/api/v1/nodes" and q.get("watch") == "true"]
     assert 45 <= int(query["timeoutSeconds"]) < 90 and query["allowWatchBookmarks"] == "true"
     with pytest.raises(ValueError, match="silence_s must exceed timeout_s"):
@@ -219,9 +221,7 @@ def test_a_watch_stalled_after_its_headers_is_dropped_and_readyz_fails(
         api.wait_for(lambda: seen.labels() == {LABEL: "a"}, silence + 8, "label after recovery")
         assert watch.failing_since is None and _status_code(readyz) == 200
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
         status.stop()
     assert not thread.is_alive()
 

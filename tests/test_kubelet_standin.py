@@ -358,7 +358,7 @@ def test_restart_removes_plugin_sockets_and_recreates_kubelet_sock(
 def test_accept_delay_refuses_connections_until_it_serves(
     kubelet: Kubelet, make_plugin: Callable[..., StubPlugin]
 ) -> None:
-    delay = 1.0
+    delay = 0.5
     asked = time.monotonic()
     restart = threading.Thread(target=kubelet.restart, kwargs={"accept_delay": delay})
     restart.start()

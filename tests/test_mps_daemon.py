@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,7 +243,9 @@ def test_daemon_log_is_followed(running: Running, caplog: pytest.LogCaptureFixtu
 # ---- the command as a process: flags, SIGHUP, SIGTERM -------------------------------------------
 
 
-def daemon_process(tmp_path: Path, standin: Standin, config: Path, *extra: str) -> Process:
+def daemon_process(
+    tmp_path: Path, standin: Standin, config: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> Process:
     argv = [sys.executable, "-m", "nvdp.cli", "mps-control-daemon", "--nvml", "sim:pcie-4"]
     argv += [
         "--config-file",
@@ -253,7 +255,7 @@ def daemon_process(tmp_path: Path, standin: Standin, config: Path, *extra: str) 
         "--mps-health-interval",
         "100ms",
     ]
-    return Process([*argv, *extra], tmp_path / "daemon.log", standin.env(clean_env()))
+    return Process([*argv, *extra], tmp_path / "daemon.log", standin.env(clean_env(env)))
 
 
 def test_command_sighup_relimits_and_sigterm_tears_down_exit_0(tmp_path: Path) -> None:

@@ -9,18 +9,19 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
 from nvdp.kubeletplugin.dir_lock import LOCK_NAME
-from nvdp.mps.controller import STOP_QUIT_TIMEOUT_S
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
 from nvdp.plugin.supervisor import DaemonSettings
-from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S
+from nvdp.signals import ABANDON_BUDGET_S
 from nvdp.testing import Process, start_plugin, wait_until, write_time_slicing_config
+from nvdp.timers import as_env
 from tests import test_supervisor
 from tests.builders import append_sim_event, sim_gpus
 from tests.mps_standin import Standin
@@ -28,6 +29,7 @@ from tests.test_mps_daemon import daemon_process
 from tests.test_supervisor import Rig
 
 GPU = "nvidia.com/gpu"
+SHORT_DEADLINE_S = 1.5  # the stop deadline of the plugin stuck in NVML (production: 10 s)
 settings = test_supervisor.settings  # the supervisor rig's settings (fixture, by name)
 
 
@@ -103,11 +105,14 @@ def test_a_hung_simulated_gpu_blocks_enumeration_until_restored() -> None:
     nvml.shutdown()
 
 
-def plugin_stuck_in_nvml(kubelet: Kubelet, processes: list[Process], sock_dir: Path) -> Process:
-    """A plugin whose reload is blocked in NVML: its GPU enumeration hangs (`gpu-hung`)."""
+def plugin_stuck_in_nvml(
+    kubelet: Kubelet, processes: list[Process], sock_dir: Path, timers: Mapping[str, str] | None = None
+) -> Process:
+    """A plugin whose reload is blocked in NVML: its GPU enumeration hangs (`gpu-hung`). `timers`:
+    its `nvdp.timers` (production's by default)."""
     events = sock_dir / "events"
     events.touch()
-    plugin = start_plugin(kubelet.plugin_dir, env={"NVDP_SIM_EVENTS": str(events)})
+    plugin = start_plugin(kubelet.plugin_dir, env={"NVDP_SIM_EVENTS": str(events), **(timers or {})})
     processes.append(plugin)
     kubelet.wait_for_devices(GPU, lambda d: len(d) == 8, timeout=30)
     assert {p.name for p in kubelet.plugin_dir.iterdir()} >= {"nvidia-gpu.sock", LOCK_NAME}
@@ -138,11 +143,11 @@ def test_plugin_stuck_in_nvml_is_ended_at_the_stop_deadline(
     kubelet: Kubelet, processes: list[Process], sock_dir: Path
 ) -> None:
     began = time.monotonic()
-    plugin = plugin_stuck_in_nvml(kubelet, processes, sock_dir)
-    assert plugin.wait(STOP_DEADLINE_S + ABANDON_BUDGET_S + 5) == 1
-    assert time.monotonic() - began >= STOP_DEADLINE_S
+    plugin = plugin_stuck_in_nvml(kubelet, processes, sock_dir, as_env(stop_deadline=SHORT_DEADLINE_S))
+    assert plugin.wait(SHORT_DEADLINE_S + ABANDON_BUDGET_S + 5) == 1
+    assert time.monotonic() - began >= SHORT_DEADLINE_S
     assert sorted(p.name for p in kubelet.plugin_dir.iterdir()) == ["events", "kubelet.sock", "plugin.log"]
-    assert f"stop did not finish within {STOP_DEADLINE_S:g}s; exiting now status=1" in plugin.log()
+    assert f"stop did not finish within {SHORT_DEADLINE_S:g}s; exiting now status=1" in plugin.log()
 
 
 TWO_MPS = (
@@ -151,6 +156,7 @@ TWO_MPS = (
     "    - {name: gpu, rename: mps-b, replicas: 2, devices: [2, 3]}\n"
 )
 MPS_RESOURCES = ("nvidia.com/mps-a", "nvidia.com/mps-b")
+QUIT_TIMEOUT_S = 0.5  # a hung `quit` is killed after this (production: 3 s)
 
 
 def hung_commands(standin: Standin) -> list[int]:
@@ -174,7 +180,7 @@ def test_mps_daemon_with_hung_control_commands_stops_within_seconds(
     config = tmp_path / "config.yaml"
     config.write_text(TWO_MPS)
     root = MpsRoot(tmp_path / "mps")
-    daemon = daemon_process(tmp_path, standin, config)
+    daemon = daemon_process(tmp_path, standin, config, env=as_env(mps_quit_timeout=QUIT_TIMEOUT_S))
     processes.append(daemon)
     wait_until(lambda: all(root.marker(r).exists() for r in MPS_RESOURCES), 20, "both ready markers")
     before = len(standin.calls())
@@ -184,7 +190,7 @@ def test_mps_daemon_with_hung_control_commands_stops_within_seconds(
     daemon.send(signal.SIGTERM)
     assert daemon.wait(20) == 0, daemon.log()[-3000:]
     took = time.monotonic() - began
-    assert took < STOP_QUIT_TIMEOUT_S + 3.0, f"stopped after {took:.1f}s"
+    assert took < QUIT_TIMEOUT_S + 3.0, f"stopped after {took:.1f}s"
     log = daemon.log().splitlines()
     modes = [line.rpartition("mode=")[2] for line in log if "simulated compute mode set" in line]
     assert modes == ["EXCLUSIVE_PROCESS"] * 4 + ["DEFAULT"] * 4  # recorded by the simulated node

@@ -36,6 +36,11 @@ NS, NAME = "gpu-system", "plugin-configs"
 CONFIGMAPS = configmaps_path(NS)
 SLICES = f"{GROUP}/v1/resourceslices"
 FAST = WatchTimers(timeout_s=5, silence_s=10)  # production's backoff, short server timeouts
+# The backoff tests run client-go's policy a quarter as long: waits of 0.2 s, 0.4 s, 0.8 s ... (production
+# 0.8 s, 1.6 s, 3.2 s ...), each stretched by up to 2x, counted in a window of 0.75 s (a quarter of 3 s).
+QUARTER = 0.25
+BACKED_OFF = WatchTimers(timeout_s=5, silence_s=10, backoff_initial_s=0.8 * QUARTER)
+WINDOW_S = 3.0 * QUARTER
 
 
 def configmap_of(name: str, value: str) -> dict[str, object]:
@@ -101,9 +106,7 @@ def running(
             thread.start()
 
             def stopped() -> None:
-                stop.set()
-                api.end_watches()
-                thread.join(5)
+                api.stop_watch(stop, thread)
 
             stops.append(stopped)
             return RunningWatch(watch.reflector, CONFIGMAPS, api, stopped)
@@ -141,10 +144,10 @@ def test_a_410_storm_is_backed_off_with_client_gos_waits(
     """Every watch answered by 410 Gone: a list then a watch, then waits of 0.8 s, 1.6 s, 3.2 s...
     each stretched by up to 2x. In the 3 s after the first watch: the re-lists at >= 0.8 s and
     >= 2.4 s at most, each with its watch (the DRA watcher used to re-list with no wait: ~22
-    requests a second)."""
+    requests a second). Run at a quarter of those times (QUARTER)."""
     api.gone_every_watch = True
-    run = running(which, FAST)
-    watches, lists = requests_in(run, 3.0, run.watches)
+    run = running(which, BACKED_OFF)
+    watches, lists = requests_in(run, WINDOW_S, run.watches)
     assert watches <= 2 and lists <= 2, (watches, lists)
     assert run.reflector.failing_since is None  # each list succeeds: not dead, only backed off
 
@@ -156,14 +159,22 @@ def test_watches_that_end_at_once_are_backed_off_and_show_as_failing(
     """Every watch answered and ended at once: re-watched from the last resourceVersion (no list)
     after 0.8 s, 1.6 s, 3.2 s... stretched by up to 2x, so at most 2 more in 3 s (they used to be
     re-made at once, hundreds a second). Ending at once is a failure: past the alarm time
-    `problem()` says so, and a watch that runs again clears it."""
+    `problem()` says so, and a watch that runs again clears it. Run at a quarter of those times."""
     api.end_every_watch = True
-    run = running(which, WatchTimers(timeout_s=2, silence_s=5, alarm_after_s=1.0))
-    watches, lists = requests_in(run, 3.0, run.watches)
+    timers = WatchTimers(
+        timeout_s=2,
+        silence_s=5,
+        short_watch_s=0.5,
+        alarm_after_s=0.5,
+        backoff_initial_s=0.2,
+        backoff_max_s=0.8,
+    )  # waits of at most 0.8 s: back to work soon after the watches stop ending
+    run = running(which, timers)
+    watches, lists = requests_in(run, WINDOW_S, run.watches)
     assert watches <= 2 and lists == 0, (watches, lists)
     wait_until(run.reflector.problem, 10, "the watch counted as dead")
     assert f"{run.reflector.kind} watch failing for " in str(run.reflector.problem())
-    assert str(run.reflector.problem()).endswith(": watch ended at once (no event within 1s)")
+    assert str(run.reflector.problem()).endswith(": watch ended at once (no event within 0.5s)")
     api.end_every_watch = False
     wait_until(lambda: run.reflector.problem() is None, 15, "the watch working again")
 
@@ -227,9 +238,7 @@ def test_a_malformed_event_is_skipped_with_one_warning_and_the_watch_goes_on(
         assert api.count("GET", CONFIGMAPS, watch=True) == 1  # the same stream went on
         assert thread.is_alive() and watch.failing_since is None
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     skipped = [r.getMessage() for r in caplog.records if "watch event skipped" in r.getMessage()]
     assert len(skipped) == 1, skipped
     assert skipped[0].startswith(f"configmap watch event skipped configmap={NS}/{NAME} problem={problem!r}")
@@ -257,9 +266,7 @@ def test_an_event_for_another_configmap_is_ignored(
         api.put(f"{CONFIGMAPS}/{NAME}", configmap_of(NAME, "2"))
         wait_until(lambda: seen.last() == {"a": b"2"}, 10, "the watched one's change")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     assert seen.data == [{"a": b"1"}, {"a": b"2"}]
     skipped = [r.getMessage() for r in caplog.records if "watch event skipped" in r.getMessage()]
     assert len(skipped) == 1 and "problem='another object'" in skipped[0], skipped
@@ -271,7 +278,12 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
     """The config-manager's /readyz: watches ending at once for the alarm time (a dead watch that
     used to look healthy) are a 503 naming the watch; a watch that runs again is 200."""
     timers = WatchTimers(
-        timeout_s=2, silence_s=5, alarm_after_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.2
+        timeout_s=2,
+        silence_s=5,
+        short_watch_s=0.5,
+        alarm_after_s=0.5,
+        backoff_initial_s=0.1,
+        backoff_max_s=0.2,
     )
     watch = ConfigMapWatch(api_client(api), NS, NAME, SeenData().add, timers=timers)
     status = StatusServer(
@@ -295,13 +307,11 @@ def test_readyz_is_503_with_why_while_the_configmap_watch_is_dead_and_200_after(
         wait_until(lambda: http_get(status.port, "/readyz")[0] == 503, 10, "503")
         reason = http_get(status.port, "/readyz")[1].strip()
         assert reason.startswith("configmap watch failing for ")
-        assert reason.endswith("s: watch ended at once (no event within 1s)")
+        assert reason.endswith("s: watch ended at once (no event within 0.5s)")
         api.end_every_watch = False
         wait_until(lambda: http_get(status.port, "/readyz")[0] == 200, 10, "200 again")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
         status.stop()
 
 
@@ -369,7 +379,5 @@ def test_a_node_watch_skips_another_node(api: KubeApiStandin) -> None:
         api.patch_labels("/api/v1/nodes/node-a", {"x": "a2"})
         wait_until(lambda: labels and labels[-1] == {"x": "a2"}, 10, "node-a's change")
     finally:
-        stop.set()
-        api.end_watches()
-        thread.join(5)
+        api.stop_watch(stop, thread)
     assert labels == [{"x": "a"}, {"x": "a2"}]

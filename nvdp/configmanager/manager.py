@@ -83,6 +83,7 @@ class ConfigManager:
         self._label: str | None = None
         self._label_known = False
         self._recorded: str | None = None  # the Node's APPLIED_ANNOTATION (None: absent, or no Node)
+        self._node_reads = 0  # Node states seen (set_labels): a write's answer is older than a later one
         self._node_present = False
         self._wake = threading.Event()
         self._watcher: DirWatcher | None = None  # while run() waits on the source directory
@@ -115,6 +116,7 @@ class ConfigManager:
             self._label, self._label_known = value, True
             self._node_present = labels is not None
             self._recorded = recorded
+            self._node_reads += 1
         if changed:
             log_event(log, logging.INFO, "node label", label=self.settings.node_label, value=value or "")
         if changed or removed:
@@ -308,7 +310,7 @@ class ConfigManager:
         otherwise: the plugin's, GFD's and MPS's managers of one node would fight while one of
         their ConfigMap mounts lags. A failure is one WARNING line; the loop retries."""
         with self._lock:
-            recorded, present = self._recorded, self._node_present
+            recorded, present, reads = self._recorded, self._node_present, self._node_reads
         wanted = self._to_record
         if wanted is None and recorded is None and self.entry is not None:
             wanted = self.entry
@@ -331,7 +333,8 @@ class ConfigManager:
                 )
             return
         with self._lock:
-            self._recorded = wanted
+            if self._node_reads == reads:  # else the watch saw the Node since: maybe it went again
+                self._recorded = wanted
         self._to_record = self._record_reported = None
         log_event(log, logging.INFO, "applied config recorded", annotation=APPLIED_ANNOTATION, entry=wanted)
 

@@ -7,70 +7,30 @@ Kubernetes 1.36, gate DRAConsumableCapacity) (pure).
 - `memory`: the GPU's memory; default 1Gi, validRange min 1Gi, step 1Gi (1500Mi asked: 2Gi taken).
 - `compute`: 100, a percentage of the GPU's SMs; default 0 (no cap), validRange min 0, step 1.
 - Prepared: each result on such a device carries the claim's `consumedCapacity` (and a `shareID`);
-  the claim's containers are MPS clients of the GPU's daemon (`nvdp.dra.capacity_mps`) through its
-  CDI device: CUDA_MPS_PIPE_DIRECTORY (mounted), `<mps root>/shm` at /dev/shm,
-  `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<GPU uuid>=<MiB>M`, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when the
-  claim consumes compute.
+  the claim's containers are MPS clients of the GPU's daemon (`nvdp.dra.capacity_mps`, through
+  `nvdp.dra.mps`) limited to it: `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<GPU uuid>=<MiB>M`, and
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when the claim consumes compute.
 - A result without `consumedCapacity` (a server that drops the field) takes the whole GPU.
 - One claim's shares are of one GPU (an MPS client reaches one daemon).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from nvdp.cdi.edits import IPC_MOUNT_OPTIONS
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice, quantity
-from nvdp.dra.names import DRIVER_NAME, GPU_TYPE
+from nvdp.dra.names import GPU_TYPE
 from nvdp.misfits import Misfit
-from nvdp.mps.layout import CONTAINER_SHM, PINNED_MEM_LIMIT_ENV, PIPE_ENV, THREAD_PERCENTAGE_ENV, MpsRoot
 from nvdp.nvml.types import GpuInfo
-from nvdp.units import MIB
+from nvdp.units import MIB, parse_quantity
 
 MEMORY = "memory"
 COMPUTE = "compute"
 MEMORY_STEP = 1 << 30  # 1Gi: the default, the least and the step of a memory share
 COMPUTE_TOTAL = 100  # percent of the GPU's SMs
-
-_SUFFIXES = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "": 1,
-}  # fmt: skip
-_QUANTITY = re.compile(
-    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)"
-)
-
-
-def parse_quantity(text: object) -> int:
-    """A Kubernetes quantity ("40Gi", "1500Mi", "25", "1e3", "500m") as a whole number, rounded up.
-    Raises ValueError for anything else."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    found = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
-    if found is None:
-        raise ValueError(f"{text!r} is not a quantity")
-    sign, number, exponent, suffix = found.groups()
-    whole, _, fraction = number.partition(".")
-    numerator, denominator = (
-        int(whole or "0") * 10 ** len(fraction) + int(fraction or "0"),
-        10 ** len(fraction),
-    )
-    if exponent:
-        power = int(exponent[1:])
-        numerator, denominator = (
-            (numerator * 10**power, denominator) if power >= 0 else (numerator, denominator * 10**-power)
-        )
-    elif suffix == "m":
-        denominator *= 1000
-    else:
-        numerator *= _SUFFIXES[suffix or ""]
-    value = int(-(-numerator // denominator))
-    return -value if sign == "-" else value
 
 
 def request_policies(memory_bytes: int) -> dict[str, dict[str, Any]]:
@@ -146,12 +106,6 @@ class Share:
     memory_bytes: int
     compute: int  # percent; 0: no cap
 
-    def client_env(self) -> dict[str, str]:
-        env = {PINNED_MEM_LIMIT_ENV: f"{self.gpu_uuid}={self.memory_bytes // MIB}M"}
-        if self.compute:
-            env[THREAD_PERCENTAGE_ENV] = str(self.compute)
-        return env
-
     def describe(self) -> str:
         compute = f", compute {self.compute}%" if self.compute else ""
         return f"{self.device}: memory {quantity(self.memory_bytes)['value']}{compute}"
@@ -193,30 +147,3 @@ def one_gpu(shares: Sequence[Share], claim: str) -> str | None:
             "of one GPU (its containers are clients of one MPS control daemon)"
         )
     return gpus[0] if gpus else None
-
-
-def daemon_name(gpu_uuid: str) -> str:
-    """The MPS daemon of a shared GPU, as the MPS root lays it out: `<root>/gpu.nvidia.com/<uuid>`."""
-    return f"{DRIVER_NAME}/{gpu_uuid}"
-
-
-def client_edits(share: Share, root: MpsRoot) -> dict[str, Any]:
-    """The CDI containerEdits that make a container an MPS client limited to `share`."""
-    pipe = str(root.pipe_dir(daemon_name(share.gpu_uuid)))
-    env = {PIPE_ENV: pipe, **share.client_env()}
-    return {
-        "env": [f"{k}={v}" for k, v in env.items()],
-        "mounts": [
-            {"hostPath": pipe, "containerPath": pipe, "options": list(IPC_MOUNT_OPTIONS)},
-            {
-                "hostPath": str(root.shm_dir),
-                "containerPath": CONTAINER_SHM,
-                "options": list(IPC_MOUNT_OPTIONS),
-            },
-        ],
-    }
-
-
-def mps_root(configured: str | None) -> MpsRoot:
-    """The MPS root of the shared GPUs' daemons: `flags.mpsRoot` / --mps-root, else NVIDIA's."""
-    return MpsRoot(Path(configured or "/run/nvidia/mps"))

@@ -1,97 +1,52 @@
-"""The MPS control daemons of the GPUs shared by capacity (`nvdp.dra.capacity`), run by the DRA plugin.
+"""The claims' shares of the GPUs shared by capacity (`nvdp.dra.capacity`): each enforced by MPS.
 
-- One per GPU, started when its first claim is prepared; the claim is answered once it is ready.
-- The daemon is `nvdp mps-control-daemon`'s (`nvdp.mps.controller`): the GPU EXCLUSIVE_PROCESS,
-  `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES naming the GPU, the ready marker, a health
-  query every `health_interval`, restarts with backoff; in `<mps root>/gpu.nvidia.com/<GPU uuid>/`.
-- A daemon that cannot start fails the claim with what its status file says; the next claim tries again.
+- A claim's share makes its containers clients of its GPU's MPS daemon (`nvdp.dra.mps`, the one the
+  claims' MPS configs use too: the daemon named by the GPU's UUID, held by the claim's UID), with the
+  pinned memory limit and thread percentage of the share; the claim is answered once it is ready.
+- A daemon that cannot start fails the claim with the reason; the next claim tries again.
 - The shares of the claims prepared since the start never exceed a capacity of their GPU.
-- Daemons run until the plugin stops (each `quit`, its GPU back to DEFAULT).
-- A simulated node without `nvidia-cuda-mps-control` (`nvdp simulate --api dra`) runs none: the ready
-  marker is written instead, as `nvdp.mps.simulated` does for the device plugin.
+- `stop()` (the plugin's stop) stops the daemons (`DraMps.stop`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
-import time
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from nvdp.config.model import Dra
-from nvdp.dirs import make_dirs
 from nvdp.dra.capacity import (
     COMPUTE,
     MEMORY,
     Share,
     capacity_misfits,
-    client_edits,
-    daemon_name,
     kept_shared,
-    mps_root,
     one_gpu,
-    parse_quantity,
     share_of,
     shared_by_capacity,
 )
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice, quantity
-from nvdp.dra.options import DraSettings
+from nvdp.dra.mps import ClientLimits, DraMps, client_edits
+from nvdp.errors import MpsError
 from nvdp.inventory import dra_sharing
 from nvdp.logs import log_event
 from nvdp.misfit_report import MisfitReport
-from nvdp.mps.controller import MpsController
-from nvdp.mps.layout import CONTROL_BINARY, MpsRoot
-from nvdp.mps.plan import DaemonPlan, GpuShare
-from nvdp.mps.status import read_status
-from nvdp.nvml.types import ComputeModes, GpuInfo
+from nvdp.nvml.types import GpuInfo
+from nvdp.units import parse_quantity
 
 log = logging.getLogger(__name__)
-
-READY_TIMEOUT_S = 30.0  # a daemon's start, as a claim waits for it
-READY_POLL_S = 0.005
-STOP_TIMEOUT_S = 10.0
 
 
 class CapacityDaemons:
     """`edits(...)` for NodePrepareResources (any thread); `stop()` at the plugin's stop."""
 
-    def __init__(
-        self,
-        nvml: ComputeModes,
-        root: MpsRoot,
-        environ: Mapping[str, str],
-        *,
-        simulated: bool = False,
-        ready_timeout: float = READY_TIMEOUT_S,
-        health_interval: float = 5.0,
-        binary: str = CONTROL_BINARY,
-    ) -> None:
-        self.root = root
-        self._nvml = nvml
-        self._environ = dict(environ)
-        self._simulated = simulated
-        self._ready_timeout = ready_timeout
-        self._health_interval = health_interval
-        self._binary = binary
+    def __init__(self, mps: DraMps) -> None:
+        self.mps = mps
         self._lock = threading.Lock()
-        self._daemons: dict[str, tuple[MpsController, threading.Thread]] = {}  # GPU uuid ->
-        self._stopped = False
         self.shared: frozenset[str] | None = None  # the GPUs shared by capacity, as last settled
         self._held: dict[str, tuple[Share, ...]] = {}  # claim UID -> its shares (since the start)
-
-    @staticmethod
-    def for_node(nvml: object, settings: DraSettings, environ: Mapping[str, str]) -> CapacityDaemons:
-        """In the settings' MPS root; a simulated node without the control binary on PATH marks its
-        daemons ready instead."""
-        path = os.pathsep.join(os.get_exec_path(dict(environ)))
-        missing = shutil.which(CONTROL_BINARY, path=path) is None
-        simulated = settings.runtime.nvml.startswith("sim:") and missing
-        root = mps_root(settings.config.flags.mps_root)
-        return CapacityDaemons(cast(ComputeModes, nvml), root, environ, simulated=simulated)
 
     def settle(
         self,
@@ -134,13 +89,12 @@ class CapacityDaemons:
         gpu = one_gpu(shares, claim)
         if gpu is None:
             return {}, ()
-        device = devices[shares[0].device]
         self._take(ref.uid, shares, devices, claim)
         try:
-            self._ready(gpu, int(device.attributes["index"]["int"]), shares[0], claim)
-        except BaseException:
+            daemon = self.mps.ensure_daemon([gpu], ref.uid)
+        except MpsError as error:
             self.release(ref.uid)
-            raise
+            raise ClaimError(f"ResourceClaim {claim}: {shares[0].device}: {error}") from None
         log_event(
             log,
             logging.INFO,
@@ -149,12 +103,14 @@ class CapacityDaemons:
             gpu=gpu,
             shares="; ".join(s.describe() for s in shares),
         )
-        return {s.device: client_edits(s, self.root) for s in shares}, shares
+        limits = {s.device: ClientLimits(s.compute or None, {gpu: s.memory_bytes}) for s in shares}
+        return {name: client_edits(daemon, lim) for name, lim in limits.items()}, shares
 
     def release(self, uid: str) -> None:
-        """The claim is unprepared: its shares are the GPUs' again."""
+        """The claim is unprepared: its shares are the GPUs' again, its hold of the daemon dropped."""
         with self._lock:
             self._held.pop(uid, None)
+        self.mps.release(uid)
 
     def _take(self, uid: str, shares: Sequence[Share], devices: Mapping[str, DraDevice], claim: str) -> None:
         """Hold the claim's shares, if what the other prepared claims hold of each GPU leaves room."""
@@ -178,63 +134,6 @@ class CapacityDaemons:
                         )
             self._held[uid] = tuple(shares)
 
-    def _ready(self, gpu: str, index: int, share: Share, claim: str) -> None:
-        name = daemon_name(gpu)
-        with self._lock:
-            if self._stopped:
-                raise ClaimError(f"ResourceClaim {claim}: the plugin is stopping")
-            if self.root.marker(name).exists() and (gpu in self._daemons or self._simulated):
-                return
-            if self._simulated:
-                make_dirs(self.root.pipe_dir(name))
-                make_dirs(self.root.shm_dir)
-                self.root.marker(name).touch()
-                log_event(
-                    log,
-                    logging.INFO,
-                    "simulated node: no MPS control daemon started; its ready marker written",
-                    gpu=gpu,
-                    marker=str(self.root.marker(name)),
-                )
-                return
-            if gpu not in self._daemons:
-                self._start(gpu, index, name)
-        deadline = time.monotonic() + self._ready_timeout
-        while not self.root.marker(name).exists():
-            why = read_status(self.root.status(name))
-            if why or time.monotonic() >= deadline:
-                reason = why or f"not ready within {self._ready_timeout:g}s"
-                raise ClaimError(
-                    f"ResourceClaim {claim}: the MPS control daemon of {share.device} ({gpu}) is not "
-                    f"ready: {reason}"
-                )
-            time.sleep(READY_POLL_S)
-
-    def _start(self, gpu: str, index: int, name: str) -> None:
-        self.root.marker(name).unlink(missing_ok=True)  # an earlier run's: not this daemon's
-        plan = {name: DaemonPlan(name, (GpuShare(gpu, index, 0, 1),))}
-        controller = MpsController(
-            self._nvml,
-            self.root,
-            lambda: plan,
-            {**self._environ, "CUDA_VISIBLE_DEVICES": gpu},
-            health_interval=self._health_interval,
-            binary=self._binary,
-        )
-        thread = threading.Thread(target=controller.run, args=(plan,), name=f"mps-{gpu}", daemon=True)
-        self._daemons[gpu] = (controller, thread)
-        log_event(log, logging.INFO, "starting the MPS control daemon of a GPU shared by capacity", gpu=gpu)
-        thread.start()
-
     def stop(self) -> None:
-        """Every daemon quit, its GPU back to DEFAULT (bounded: a hung daemon is killed)."""
-        with self._lock:
-            self._stopped = True
-            daemons = list(self._daemons.values())
-            self._daemons.clear()
-        for controller, _ in daemons:
-            controller.request_stop()
-        for controller, thread in daemons:
-            thread.join(STOP_TIMEOUT_S)
-            if thread.is_alive():
-                controller.abandon()
+        """The plugin stops: its MPS daemons quit (their records kept for the next start)."""
+        self.mps.stop()

@@ -4,8 +4,9 @@ config applies to which device).
 - TimeSlicing on whole GPUs: compute mode DEFAULT (NVML), then the interval (`nvdp.dra.timeslice`);
   back to Default at unprepare. The GPUs set are kept in `<plugin dir>/timeslices.json`, so a
   restarted plugin still puts them back. On MIG devices TimeSlicing sets nothing (as NVIDIA's).
-- MPS: the group's devices under one daemon (`nvdp.dra.mps`, held by the claim's UID); the claim's
-  CDI devices carry the client env and mounts with the config's limits.
+- MPS: the group's devices under one daemon (`nvdp.dra.mps`, held by the claim's UID; the daemons
+  of the capacity shares' are the same `DraMps`); the claim's CDI devices carry the client env and
+  mounts with the config's limits (pinned memory keyed by GPU UUID, as NVIDIA's driver keys it).
 - A config that cannot be applied is that claim's one-line error; what was applied is undone.
 - A GPU shared by capacity (`nvdp.dra.capacity`) takes no config's sharing: its claims are MPS
   clients of its own daemon already.
@@ -21,10 +22,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from nvdp.cdi.roots import visible_roots
-from nvdp.dra.capacity import mps_root
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice
-from nvdp.dra.mps import MPS_DIR, ClientLimits, DraMps, client_edits
+from nvdp.dra.mps import ClientLimits, DraMps, client_edits
 from nvdp.dra.names import MIG_TYPE
 from nvdp.dra.options import DraSettings
 from nvdp.dra.sharing import TIME_SLICING, ConfigProblem, OpaqueConfig, resolve
@@ -41,6 +41,7 @@ TIMESLICES_FILE = "timeslices.json"  # in the DRA plugin's directory
 
 class ClaimSharing:
     def __init__(self, plugin_dir: Path, nvml: ComputeModes, mps: DraMps, slicer: TimeSlicer) -> None:
+        """`mps`: the node's MPS daemons (the capacity shares' too)."""
         self._file = plugin_dir / TIMESLICES_FILE
         self._nvml = nvml
         self.mps = mps
@@ -145,18 +146,16 @@ class ClaimSharing:
 
 
 def node_sharing(settings: DraSettings, nvml: object, environ: Mapping[str, str]) -> ClaimSharing:
-    """The DRA plugin's: MPS daemons under `<plugin dir>/mps` (their clients' /dev/shm the MPS root's
-    `shm`, as the capacity shares'), time slices through the driver root's
-    nvidia-smi (recorded instead on a simulated node)."""
+    """The DRA plugin's: the node's MPS daemons (`DraMps.for_node`; the driver hands them to the
+    capacity shares too), time slices through the driver root's nvidia-smi (recorded instead on a
+    simulated node)."""
     modes = cast(ComputeModes, nvml)
     slicer: TimeSlicer = SimulatedTimeSlices()
     if not settings.runtime.nvml.startswith("sim:"):
         flags = settings.config.flags
         here, _ = visible_roots(flags.nvidia_driver_root, flags.dev_root, flags.plugin.container_driver_root)
         slicer = NvidiaSmi.of_root(here, environ)
-    shm = mps_root(settings.config.flags.mps_root).shm_dir  # shared with the capacity shares' daemons
-    mps = DraMps(settings.plugin_dir / MPS_DIR, modes, environ, shm_dir=shm)
-    return ClaimSharing(settings.plugin_dir, modes, mps, slicer)
+    return ClaimSharing(settings.plugin_dir, modes, DraMps.for_node(nvml, settings, environ), slicer)
 
 
 def _mps_words(limits: ClientLimits, uuid: str) -> str:

@@ -97,7 +97,7 @@ class DraDriver:
                 settings.plugin_socket, counters.registered if counters else None, streams.expect_kubelet
             ),
             observer=counters,
-            capacity=CapacityDaemons.for_node(counted, settings, environ),  # GPUs shared by capacity
+            capacity=CapacityDaemons(claims.sharing.mps),  # GPUs shared by capacity: the same MPS daemons
             dynamic_mig=DynamicMig(mig_control_of(counted), counted.mig_layout),
             claims=claims,
             preparing=preparing,

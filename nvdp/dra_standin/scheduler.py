@@ -27,10 +27,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from nvdp.dra.capacity import parse_quantity
 from nvdp.dra.devices import quantity
 from nvdp.dra_standin.counters import Counters
 from nvdp.errors import NvdpError
+from nvdp.units import parse_quantity
 
 Obj = Mapping[str, Any]
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)

@@ -44,15 +44,15 @@ from nvdp.lock_file import LockFile, is_locked
 from nvdp.logs import log_event
 from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
+from nvdp.timers import TIMERS as T
 
 log = logging.getLogger(__name__)
 
-RETRY_S = 5.0  # while a GPU waits or is kept: look again this often (randomised by half)
-SWITCH_GRACE_S = 30.0  # a GPU the other side still advertises (no pod holds it) is said after this
+# Settings of nvdp.timers, production's 5 s (randomised by half), 30 s, 30 s: see above and `Timers`.
+RETRY_S, SWITCH_GRACE_S, LOST_GRACE_S = T.handoff_retry, T.handoff_switch_grace, T.handoff_lost_grace
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02
 MAX_RECORD_BYTES = 1 << 20
-LOST_GRACE_S = 30.0  # a record and lock seen here and then gone: unknown for this long (rewritten in ms)
 
 
 class Handoff:
@@ -236,8 +236,8 @@ class Handoff:
             return
         try:
             path = self._path(self.api, "json")
-            write_atomic(path, body.encode(), 0o644)
-            self._written, self._written_id = body, _stat(path)
+            written = write_atomic(path, body.encode(), 0o644)  # its id, even if it is removed at once
+            self._written, self._written_id = body, (written.st_ino, written.st_mtime_ns)
         except OSError as error:
             log_event(
                 log,

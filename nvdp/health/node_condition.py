@@ -5,8 +5,8 @@
   writes it when that differs from its last write.
 - Idempotent: one GET, then a patch of the condition only when the Node differs (lastTransitionTime
   kept while the status stays), of the taints only when nvdp's differ.
-- Rate-limited: the next write waits `pacing` (1 s doubling to 30 s while changing; 1 s after a
-  quiet minute). Failures (API down, 403, 409) retry on `nvdp.backoff`, one WARNING per new error.
+- Rate-limited: the next write waits `pacing` (1 s, `nvdp.timers`; doubling to 30 s while changing;
+  1 s after a quiet minute). Failures (API down, 403, 409) retry on `nvdp.backoff`, one WARNING per new error.
 - A healthy node (clearing an earlier condition) is confirmed only after `settle` seconds, so probes
   speak first and `kubernetes` is not loaded during registration; a fault is written at once.
 """
@@ -34,10 +34,11 @@ from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
 from nvdp.kube.client import one_line
 from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
+from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 
-SETTLE = 3.0
+SETTLE = TIMERS.node_condition_settle  # 3 s
 TICK = 2.0
 
 
@@ -94,7 +95,7 @@ class NodeConditionReporter:
         self._factory = client_factory
         self._client: NodeStatusClient | None = None
         self._settle, self._tick, self._clock = settle, tick, clock
-        self._pacing = pacing or Backoff(1.0, 30.0, reset_after=60.0)
+        self._pacing = pacing or Backoff(TIMERS.node_condition_pacing, 30.0, reset_after=60.0)
         self._retries = retries or Backoff(1.0, 300.0, jitter=0.2)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -176,6 +177,14 @@ class NodeConditionReporter:
         node = self._client.read()
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.syncs += 1
+        taints = taints_with(node.taints, said.taint, effect, now)  # first: a condition's patch moves
+        # the resourceVersion on, and the taints are replaced at the one read (else a 409, a retry)
+        if taints is not None:
+            self._client.replace_taints(taints, node.resource_version)
+            if said.taint is not None and effect is not None:
+                log_event(log, logging.WARNING, "node tainted", taint=f"{TAINT_KEY}={said.taint}:{effect}")
+            else:
+                log_event(log, logging.INFO, "node taint removed", taint=TAINT_KEY)
         condition = condition_body(said, node.condition(CONDITION_TYPE), now)
         if condition is not None:
             self._client.patch_condition(condition)
@@ -188,13 +197,6 @@ class NodeConditionReporter:
                 reason=said.reason,
                 detail=said.message,
             )
-        taints = taints_with(node.taints, said.taint, effect, now)
-        if taints is not None:
-            self._client.replace_taints(taints, node.resource_version)
-            if said.taint is not None and effect is not None:
-                log_event(log, logging.WARNING, "node tainted", taint=f"{TAINT_KEY}={said.taint}:{effect}")
-            else:
-                log_event(log, logging.INFO, "node taint removed", taint=TAINT_KEY)
         if self._error is not None:
             log_event(log, logging.INFO, "node condition written again", failures=self.failures)
             self._error = None

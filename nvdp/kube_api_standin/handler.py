@@ -59,7 +59,9 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, query = self._parse()
-        time.sleep(self.api.slow_gets.get(path, 0.0))
+        held = self.api.held_gets.get(path)
+        if held is not None:
+            held.wait(30)
         watch = query.get("watch") in ("true", "1")
         if self._failed(path, watch):
             return

@@ -52,12 +52,14 @@ class AllocationLedger:
         *,
         resync: float = RESYNC_S,
         reader: Reader | None = None,
+        after_allocate: tuple[float, ...] = AFTER_ALLOCATE_S,
     ) -> None:
         self.socket_path = socket_path
         self._client = PodResourcesClient(socket_path)
         self._reader = reader or self._client.list
         self._checkpoint = CheckpointUids(checkpoint) if checkpoint is not None else None
         self._resync = resync
+        self._after_allocate = after_allocate
         self._lock = threading.Lock()  # guards the snapshot and the reads asked for
         self._read_done = threading.Condition(self._lock)
         self._reading = threading.Lock()  # one read at a time
@@ -109,8 +111,8 @@ class AllocationLedger:
         """The plugin answered an Allocate: read once the kubelet has recorded it."""
         now = time.monotonic()
         with self._lock:
-            first = now + AFTER_ALLOCATE_S[0]
-            self._due = [t for t in self._due if t <= first] + [now + d for d in AFTER_ALLOCATE_S]
+            first = now + self._after_allocate[0]
+            self._due = [t for t in self._due if t <= first] + [now + d for d in self._after_allocate]
         self._wake.set()
 
     def changed(self) -> None:

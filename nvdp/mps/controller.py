@@ -6,8 +6,8 @@
   loses its marker and restarts after capped exponential backoff, its status file saying why
   (`nvdp.mps.status`). The daemon's log files are followed into this process's log.
 - `request_reload()` converges on new plans by diff (start, stop or re-limit).
-- `request_stop()` ends within seconds whatever the daemons do: an in-flight command is killed, the
-  markers go, compute modes return to DEFAULT, every daemon gets `quit` (STOP_QUIT_TIMEOUT_S each).
+- `request_stop()` ends within seconds: an in-flight command is killed, the markers go, compute
+  modes return to DEFAULT, every daemon gets `quit` (bounded by `nvdp.timers`' mpsQuitTimeout).
 - Both requests come from another thread (nvdp.signals' dispatcher) and never block.
 """
 
@@ -28,6 +28,7 @@ from nvdp.dirs import make_dirs
 from nvdp.errors import MpsError, NvdpError
 from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
+from nvdp.timers import TIMERS
 
 from .control import MpsControl
 from .layout import CONTROL_BINARY, MpsRoot
@@ -40,7 +41,7 @@ HEALTH_QUERY = "get_default_active_thread_percentage"
 LOG_FILES = ("control.log", "server.log")
 LOG_READ_MAX = 1 << 20  # bytes of a daemon log file followed per pass
 LOG_POLL_S = 1.0
-STOP_QUIT_TIMEOUT_S = 3.0  # a daemon's `quit` at stop; a hung one is killed then
+STOP_QUIT_TIMEOUT_S = TIMERS.mps_quit_timeout  # [3 s] a daemon's `quit` at stop; a hung one is killed then
 
 
 class PlanSource(Protocol):

@@ -376,10 +376,8 @@ class SimNvml:
         return index
 
     def _parent_of_mig(self, uuid: str) -> SimGpu | None:
-        for state, gpu in zip(self._state, self.node.gpus, strict=True):
-            if any(mig.uuid == uuid for mig in state.mig or ()):
-                return gpu
-        return None
+        pairs = zip(self._state, self.node.gpus, strict=True)
+        return next((gpu for state, gpu in pairs if any(m.uuid == uuid for m in state.mig or ())), None)
 
     def _supported_events(self, gpu_uuid: str) -> EventType:
         index = self._gpu(gpu_uuid, "nvmlDeviceRegisterEvents")
