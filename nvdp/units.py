@@ -5,7 +5,11 @@ quantities ("4Gi", "512M", "1e9") as whole numbers."""
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, Decimal
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 MIB = 1 << 20
 MAX_QUANTITY_DIGITS = 30  # a quantity is at most 10**31 (Kubernetes' own values stop at 2**63)
@@ -26,11 +30,18 @@ _TERM = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
 _QUANTITY = re.compile(
     r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
-_QUANTITY_SUFFIX = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9))},
-    **{s: Decimal(10) ** e for s, e in (("T", 12), ("P", 15), ("E", 18), ("", 0))},
-}
+
+
+@cache
+def _quantity_suffixes() -> dict[str, Decimal]:
+    """The factor of each quantity suffix (decimal is loaded only by a process that reads quantities)."""
+    from decimal import Decimal
+
+    return {
+        **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+        **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9))},
+        **{s: Decimal(10) ** e for s, e in (("T", 12), ("P", 15), ("E", 18), ("", 0))},
+    }
 
 
 def parse_go_duration(text: str) -> float:
@@ -89,8 +100,10 @@ def parse_quantity(text: object) -> int:
     match = _QUANTITY.fullmatch(text.strip()) if isinstance(text, str) and len(text) <= 64 else None
     if match is None:
         raise ValueError("invalid quantity")
+    from decimal import ROUND_CEILING, Decimal
+
     number, suffix = Decimal(match[1]), match[2] or ""
-    factor = _QUANTITY_SUFFIX.get(suffix)
+    factor = _quantity_suffixes().get(suffix)
     exponent = int(suffix[1:]) if factor is None else 0
     if number and number.adjusted() + exponent + (factor or Decimal(1)).adjusted() > MAX_QUANTITY_DIGITS:
         raise ValueError("quantity out of range")

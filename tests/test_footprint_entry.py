@@ -25,6 +25,22 @@ def test_nvdp_plugin_process_maps_no_openssl(sock_dir: Path, kubelet: Kubelet) -
     assert loaded == []
 
 
+def test_the_device_plugin_loads_neither_the_dra_wire_nor_decimal(sock_dir: Path, kubelet: Kubelet) -> None:
+    """The DRA and plugin-watcher protos (1 MB) are the DRA plugin's; decimal is for quantities."""
+    plugin = start_plugin(sock_dir, "sim:dgx-a100", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        kubelet.wait_for_registration("nvidia.com/gpu", timeout=60)
+    finally:
+        plugin.stop()
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in plugin.log().splitlines()
+        if line.startswith("import time:")
+    }
+    assert "nvdp.kubeletplugin.registration" in imported
+    assert sorted(m for m in imported if m.startswith("nvdp.api.dra") or m == "decimal") == []
+
+
 def test_plugin_modules_leave_difflib_out() -> None:
     """difflib (0.24 MiB) is only for the hint of an unknown config key."""
     out = run_python(

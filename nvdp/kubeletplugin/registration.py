@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
-from nvdp.api.dra import registration
 from nvdp.backoff import Backoff
 from nvdp.dir_watch import FileId, file_id
 from nvdp.errors import RegistrationError
@@ -116,6 +115,9 @@ class RegistrationService:
         on_registered: Callable[[bool], None] | None = None,
         on_info: Callable[[], None] | None = None,
     ) -> None:
+        from nvdp.api.dra import registration  # the plugin-watcher wire: not loaded by the device plugin
+
+        self._wire = registration
         self.plugin_type = plugin_type
         self.name = name
         self.endpoint = endpoint
@@ -136,7 +138,7 @@ class RegistrationService:
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         if self._on_info is not None:
             self._on_info()
-        return registration.pb.PluginInfo(
+        return self._wire.pb.PluginInfo(
             type=self.plugin_type,
             name=self.name,
             endpoint=str(self.endpoint),
@@ -165,7 +167,7 @@ class RegistrationService:
                 driver=self.name,
                 error=request.error,
             )
-        return registration.pb.RegistrationStatusResponse()
+        return self._wire.pb.RegistrationStatusResponse()
 
     def add_to(self, server: grpc.Server) -> None:
-        registration.grpc.add_RegistrationServicer_to_server(self, server)
+        self._wire.grpc.add_RegistrationServicer_to_server(self, server)
