@@ -54,7 +54,7 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DraSettings
 from nvdp.errors import MpsError, NvdpError
 from nvdp.logs import log_event
-from nvdp.mps.controller import HEALTH_QUERY, MpsController, _Daemon
+from nvdp.mps.controller import MpsController, _Daemon
 from nvdp.mps.layout import (
     CONTAINER_SHM,
     CONTROL_BINARY,
@@ -142,17 +142,8 @@ class _WholeGpus:
 class _Keeping(MpsController):
     """A daemon that an earlier run left answering on the pipe is kept: its clients may be running."""
 
-    def _start_daemon(self, daemon: _Daemon) -> None:
-        try:
-            daemon.control.start_daemon()
-        except MpsError as error:
-            try:
-                daemon.control.send(HEALTH_QUERY)
-            except MpsError:
-                raise error from None
-            log_event(
-                log, logging.INFO, "MPS daemon of an earlier run answers; kept", resource=daemon.plan.resource
-            )
+    def _earlier_daemon_answers(self, daemon: _Daemon) -> None:
+        log_event(log, logging.INFO, "MPS daemon of an earlier run answers; kept", resource=daemon.plan.resource)
 
 
 @dataclass

@@ -242,14 +242,18 @@ class MpsController:
                 daemon.control.send(HEALTH_QUERY)
             except MpsError:
                 raise error from None
-            log_event(
-                log,
-                logging.WARNING,
-                "an MPS daemon from an earlier run answers on the pipe; replacing it",
-                resource=daemon.plan.resource,
-            )
-            daemon.control.send("quit")
-            daemon.control.start_daemon()
+            self._earlier_daemon_answers(daemon)
+
+    def _earlier_daemon_answers(self, daemon: _Daemon) -> None:
+        """A daemon of an earlier run answers on the pipe: quit it and start ours."""
+        log_event(
+            log,
+            logging.WARNING,
+            "an MPS daemon from an earlier run answers on the pipe; replacing it",
+            resource=daemon.plan.resource,
+        )
+        daemon.control.send("quit")
+        daemon.control.start_daemon()
 
     def _check(self, daemon: _Daemon) -> None:
         try:
