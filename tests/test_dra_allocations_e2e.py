@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import REPO, clean_env, free_port, start_plugin, wait_until
+from nvdp.testing import free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, schedule
 from tests.mps_standin import Standin
-from tests.readings import http_get
+from tests.readings import http_get, status_lines
 from tests.test_dra_state import reserve
 
 GPU = "nvidia.com/gpu"
@@ -87,16 +85,7 @@ def test_the_device_plugins_allocations_show_the_dra_gpus(tmp_path: Path) -> Non
             ]
             assert dra_devices()["gpu-3"]["pods"] == []
 
-            done = subprocess.run(
-                [sys.executable, "-m", "nvdp.cli", "status"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                cwd=REPO,
-                env=clean_env({"METRICS_ADDRESS": f"127.0.0.1:{port}"}),
-            )
-            assert done.returncode == 0, done.stderr
-            lines = done.stdout.splitlines()
+            lines = status_lines(port)
             assert f"{GPU}  2 devices: 1 held, 0 not healthy, 1 free" in lines
             assert f"{DRIVER}  2 devices: 1 held, 0 not healthy, 1 free" in lines
             (row,) = [line for line in lines if line.startswith("  gpu-2 ")]

@@ -5,17 +5,15 @@ nvdp_device_allocated and in `nvdp status`, with the devices they got: whole GPU
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import REPO, Process, clean_env, free_port, start_plugin, wait_until
+from nvdp.testing import Process, free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
-from tests.readings import http_get
+from tests.readings import http_get, status_lines
 
 GPU = "nvidia.com/gpu"
 TIME_SLICING = (
@@ -164,16 +162,7 @@ def test_status_prints_the_ledger_of_the_running_plugin(ledger_node: object) -> 
     pod = node.kubelet.admit_pod("ml", "train-0", {"main": {GPU: 1}})
     device_id = pod.assignments[0].device_ids[0]
     wait_until(lambda: node.held(GPU), timeout=5, what="the pod in /allocations")
-    done = subprocess.run(
-        [sys.executable, "-m", "nvdp.cli", "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=clean_env({"METRICS_ADDRESS": f"127.0.0.1:{node.port}"}),
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = status_lines(node.port)
     assert lines[0] == f"nvdp status: http://127.0.0.1:{node.port}/allocations"
     assert lines[1].startswith(
         f"Allocations (kubelet PodResources at {node.root}/pod-resources/kubelet.sock, read "
