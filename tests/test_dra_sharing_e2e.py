@@ -39,6 +39,17 @@ def with_config(cluster: Any, claim: Claim, *config: dict[str, Any]) -> Claim:
     return claim
 
 
+def started_with_an_mps_claim(cluster: Any) -> Claim:
+    """The plugin started and registered, an MPS claim made, scheduled and prepared (no error)."""
+    cluster.start()
+    cluster.registered()
+    wait_until(lambda: slices_of(cluster.api), 5, "the slice")
+    mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
+    schedule(cluster.api, mps)
+    assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+    return mps
+
+
 def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
     standin = Standin(tmp_path / "standin")
     env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
@@ -128,12 +139,7 @@ def test_time_slicing_and_mps_claims(tmp_path: Path) -> None:
 def test_a_simulated_node_without_the_control_binary_runs_no_daemon(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path), "MPS_ROOT": str(tmp_path / "mps-root")}
     with dra_cluster(tmp_path, env=env) as cluster:
-        cluster.start()
-        cluster.registered()
-        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
-        mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
-        schedule(cluster.api, mps)
-        assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        mps = started_with_an_mps_claim(cluster)
         marker = tmp_path / "mps-root" / DRIVER / GPUS[0] / ".started"
         assert marker.exists()
         assert "simulated node: no MPS control daemon started; its ready marker written" in cluster.log()
@@ -146,12 +152,7 @@ def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Pat
     standin = Standin(tmp_path / "standin")
     env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
     with dra_cluster(tmp_path, env=env) as cluster:
-        cluster.start()
-        cluster.registered()
-        wait_until(lambda: slices_of(cluster.api), 5, "the slice")
-        mps = with_config(cluster, make_claim(cluster.api, "mps"), config_for(sharing("MPS")))
-        schedule(cluster.api, mps)
-        assert cluster.kubelet.node_prepare(DRIVER, [mps]).claims[mps.uid].error == ""
+        mps = started_with_an_mps_claim(cluster)
         pipe = tmp_path / "mps-root" / DRIVER / GPUS[0] / "pipe"
         assert standin.running(pipe)
         assert cluster.process is not None
