@@ -35,15 +35,7 @@ def field_name(query: Mapping[str, str]) -> str | None:
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """`target` with a JSON merge patch (RFC 7386) applied; neither is changed."""
-    if not isinstance(patch, dict) or not isinstance(target, dict):
-        return copy.deepcopy(patch)
-    merged = copy.deepcopy(target)
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = merge_patch(merged.get(key), value)
-    return merged
+    return _patched(target, patch, {})
 
 
 MERGE_KEYS = {"conditions": "type"}  # lists a strategic merge patch merges by key (Node status)
@@ -53,17 +45,22 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """`target` with a strategic merge patch applied: a merge patch, but for the lists of MERGE_KEYS,
     whose items are merged by their key (an item of a new key is appended; `"$patch": "delete"`
     removes the item of its key)."""
+    return _patched(target, patch, MERGE_KEYS)
+
+
+def _patched(target: Any, patch: Any, merge_keys: Mapping[str, str]) -> Any:
+    """A merge patch whose lists named in `merge_keys` are merged by that key of their items."""
     if not isinstance(patch, dict) or not isinstance(target, dict):
         return copy.deepcopy(patch)
     merged = copy.deepcopy(target)
     for key, value in patch.items():
         if value is None:
             merged.pop(key, None)
-        elif key in MERGE_KEYS and isinstance(value, list) and isinstance(merged.get(key), list):
+        elif key in merge_keys and isinstance(value, list) and isinstance(merged.get(key), list):
             items: list[Any] = merged[key]
-            by_key = {item.get(MERGE_KEYS[key]): n for n, item in enumerate(items) if isinstance(item, dict)}
+            by_key = {item.get(merge_keys[key]): n for n, item in enumerate(items) if isinstance(item, dict)}
             for item in value:
-                n = by_key.get(item.get(MERGE_KEYS[key])) if isinstance(item, dict) else None
+                n = by_key.get(item.get(merge_keys[key])) if isinstance(item, dict) else None
                 if isinstance(item, dict) and item.get("$patch") == "delete":
                     if n is not None:  # the directive removes the item of that key
                         items[n] = None
@@ -71,10 +68,10 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
                 if n is None:
                     items.append(copy.deepcopy(item))
                 else:
-                    items[n] = strategic_merge_patch(items[n], item)
+                    items[n] = _patched(items[n], item, merge_keys)
             merged[key] = [item for item in items if item is not None]
         else:
-            merged[key] = strategic_merge_patch(merged.get(key), value)
+            merged[key] = _patched(merged.get(key), value, merge_keys)
     return merged
 
 
