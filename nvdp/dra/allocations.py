@@ -118,13 +118,7 @@ class AllocationsFile:
         try:
             write_atomic(self.path, (json.dumps(document, indent=1) + "\n").encode())
         except OSError as error:
-            log_event(
-                log,
-                logging.WARNING,
-                "cannot write the DRA allocations",
-                path=str(self.path),
-                error=str(error),
-            )
+            self._cannot("write", error)
             return
         self._last = devices
 
@@ -132,10 +126,9 @@ class AllocationsFile:
         try:
             self.path.unlink(missing_ok=True)
         except OSError as error:
-            log_event(
-                log,
-                logging.WARNING,
-                "cannot remove the DRA allocations",
-                path=str(self.path),
-                error=str(error),
-            )
+            self._cannot("remove", error)
+
+    def _cannot(self, what: str, error: OSError) -> None:
+        log_event(
+            log, logging.WARNING, f"cannot {what} the DRA allocations", path=str(self.path), error=str(error)
+        )
