@@ -143,7 +143,9 @@ class _Keeping(MpsController):
     """A daemon that an earlier run left answering on the pipe is kept: its clients may be running."""
 
     def _earlier_daemon_answers(self, daemon: _Daemon) -> None:
-        log_event(log, logging.INFO, "MPS daemon of an earlier run answers; kept", resource=daemon.plan.resource)
+        log_event(
+            log, logging.INFO, "MPS daemon of an earlier run answers; kept", resource=daemon.plan.resource
+        )
 
 
 @dataclass
