@@ -9,10 +9,9 @@ plugin), with NVIDIA's numbers beside them. NVIDIA's were measured by issue 27 o
 core (device plugin) and 0.0 % (DRA plugin), peak RSS 32.6 MB and 58.5 MB. Budgets: idle CPU at most
 NVIDIA's + 0.05 % of a core; peak RSS 45 MB (plugin) and 60 MB (DRA plugin) on the mock library.
 
-The mock library's nvmlEventSetWait polls its queue every 5 ms while it waits, in C, on the caller's
-thread: on it, a health monitor waiting for events costs what that loop costs (about 0.3 % of a core
-here), NVIDIA's as well as nvdp's; real NVML sleeps in the driver. The simulated node's rows show
-nvdp's own cost.
+The mock library's nvmlEventSetWait sleeps on a condition variable until an event is queued or its
+timeout (no commands file here: no periodic check), as real NVML sleeps in the driver: its rows
+measure nvdp over pynvml, not the stand-in. The simulated node's rows show nvdp's own cost.
 
 Run alone: `python -m bench.footprint [--idle-seconds S]`; `python -m bench` includes it (full run).
 """
