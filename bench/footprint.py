@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # `python bench/footprint.py`
 
 from bench.budgets import DRA_IDLE_BUDGET_PCT, DRA_RSS_MOCK_BUDGET_MB, IDLE_BUDGET_PCT, PLUGIN_RSS_BUDGET_MB
 from bench.rescan import mock_library
-from bench.table import MIB, Row
+from bench.table import MIB, Row, megabytes
 from nvdp.api import pb
 from nvdp.kubelet_standin import Kubelet
 from nvdp.testing import Process, ProcStats, clean_env, sim_gpus, start_plugin, wait_until
@@ -123,12 +123,13 @@ def measure(idle_seconds: float, work: Path, nvidia_plugin: str | None = None) -
         t0 = time.monotonic()
         time.sleep(idle_seconds)
         elapsed = time.monotonic() - t0
-        seen = {}  # (what, label) -> idle % of a core, wake-ups/s, peak MB
+        # (what, label) -> idle % of a core, wake-ups/s, peak RSS MiB
+        seen: dict[tuple[str, str], tuple[float, float, float]] = {}
         for what, label, process in started:
             after, start = ProcStats.read(process.pid), before[process.pid]
             pct = (_cpu_ns(process.pid) - cpu_before[process.pid]) / 1e7 / elapsed
             wakeups = (after.switches - start.switches) / elapsed
-            seen[what, label] = (pct, wakeups, after.peak_rss_mib * MIB / 1e6)
+            seen[what, label] = (pct, wakeups, after.peak_rss_mib)
         for what, label, _ in started:
             rows += _rows(what, label, seen, f"{elapsed:.0f} s")
     return rows
@@ -138,7 +139,8 @@ def _rows(
     what: str, label: str, seen: dict[tuple[str, str], tuple[float, float, float]], n: str
 ) -> list[Row]:
     """The idle CPU and peak RSS rows of one process; NVIDIA's measured beside it: a same-run ratio."""
-    pct, wakeups, peak_mb = seen[what, label]
+    pct, wakeups, peak_mib = seen[what, label]
+    peak_mb = peak_mib * MIB / 1e6
     if what == "nvidia":
         return [
             Row(
@@ -150,14 +152,16 @@ def _rows(
             Row(
                 f"NVIDIA's device plugin (v0.20.0 binary), {label}: peak RSS",
                 "nvidia",
-                value=f"{peak_mb:.1f} MB",
+                value=megabytes(peak_mib),
             ),
         ]
     nvidia_pct, nvidia_mb = NVIDIA[what]
+    cpu_said, rss_said = f"NVIDIA's {nvidia_pct}%", f"NVIDIA's {nvidia_mb} MB"
     theirs = seen.get(("nvidia", label)) if what == "plugin" else None
-    if theirs is not None:
-        nvidia_pct, nvidia_mb = round(theirs[0], 3), round(theirs[2], 1)
-    said = "this run's NVIDIA's" if theirs is not None else "NVIDIA's"
+    if theirs is not None:  # the ratio in words: a row's ratio column is for ratio budgets
+        times = f"{pct / theirs[0]:.1f}x" if theirs[0] > 0 else "-"
+        cpu_said = f"this run's NVIDIA's {theirs[0]:.3f}% ({times})"
+        rss_said = f"this run's NVIDIA's {theirs[2] * MIB / 1e6:.1f} MB ({peak_mib / theirs[2]:.2f}x)"
     name = "device plugin" if what == "plugin" else "DRA kubelet plugin"
     budget_pct = IDLE_BUDGET_PCT if what == "plugin" else DRA_IDLE_BUDGET_PCT
     rss_budget = PLUGIN_RSS_BUDGET_MB if what == "plugin" else DRA_RSS_MOCK_BUDGET_MB
@@ -167,16 +171,14 @@ def _rows(
             f"{name}, {label}: idle CPU",
             "nvdp",
             n,
-            value=f"{pct:.3f}% core, {wakeups:.0f} wake-ups/s; {said} {nvidia_pct}%",
-            ratio=pct / theirs[0] if theirs is not None and theirs[0] > 0 else None,
+            value=f"{pct:.3f}% core, {wakeups:.0f} wake-ups/s; {cpu_said}",
             budget=f"{budget_pct:.2f}% core",
             ok=pct <= budget_pct,
         ),
         Row(
             f"{name}, {label}: peak RSS",
             "nvdp",
-            value=f"{peak_mb:.1f} MB; {said} {nvidia_mb} MB",
-            ratio=peak_mb / theirs[2] if theirs is not None else None,
+            value=f"{megabytes(peak_mib)}; {rss_said}",
             budget=f"{rss_budget:.0f} MB" if mock else "",
             ok=peak_mb <= rss_budget if mock else None,
         ),
@@ -222,8 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-fp-", dir="/tmp") as work:
         for row in measure(args.idle_seconds, Path(work), args.nvidia_plugin):
-            ratio = f" ({row.ratio:.2f}x NVIDIA's)" if row.ratio is not None else ""
-            print(f"{row.measurement}: {row.value}{ratio} [budget {row.budget or '-'}: {row.ok}]")
+            print(f"{row.measurement}: {row.value} [budget {row.budget or '-'}: {row.ok}]")
 
 
 if __name__ == "__main__":
