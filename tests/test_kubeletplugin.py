@@ -1,7 +1,8 @@
 """The kubelet-plugin shell both plugins stand on (`nvdp.kubeletplugin`), on real unix sockets: a stale
 socket is replaced, a foreign one refused and never removed, the socket is 0600 from bind without a
-chmod, a bind that fails says why, a removed socket is served again, a server that cannot listen
-holds back the ones after it, and wakes asked before the loop sleeps are not lost."""
+chmod, a bind that fails says why, one server serves several sockets (all of them or none), a removed
+socket is served again, a server that cannot listen holds back the ones after it, and wakes asked
+before the loop sleeps are not lost."""
 
 from __future__ import annotations
 
