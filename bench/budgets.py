@@ -23,7 +23,7 @@ NVIDIA_START_REGISTER_MS = 26.0  # NVIDIA's spawn -> Register (issue 27, another
 # Idle CPU, % of one core: NVIDIA's (issue 27: 0.18 % for its device plugin, 0.0 % for its DRA plugin)
 # + 0.05 %. The side commands keep "~0" with room for gRPC's 200 ms wake-ups and their own timers.
 IDLE_BUDGET_PCT = 0.23
-DRA_IDLE_BUDGET_PCT = 0.05  # not met yet: two gRPC servers' 200 ms polls alone cost about 0.08 %
+DRA_IDLE_BUDGET_PCT = 0.05  # not met yet: its one gRPC server's 200 ms poll alone costs ~0.04 %
 SIDE_IDLE_BUDGET_PCT = 0.5
 RESCAN_BUDGET_MS = 3.0  # CPU per minute at the default 10 s interval: "a few ms"
 DRA_PREPARE_BUDGET_MS = 20.0  # NodePrepareResources of a one-GPU claim (API read, spec write), p50

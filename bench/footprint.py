@@ -9,18 +9,26 @@ plugin), with NVIDIA's numbers beside them. NVIDIA's were measured by issue 27 o
 core (device plugin) and 0.0 % (DRA plugin), peak RSS 32.6 MB and 58.5 MB. Budgets: idle CPU at most
 NVIDIA's + 0.05 % of a core; peak RSS 45 MB (plugin) and 60 MB (DRA plugin) on the mock library.
 
-The mock library's nvmlEventSetWait polls its queue every 5 ms while it waits, in C, on the caller's
-thread: on it, a health monitor waiting for events costs what that loop costs (about 0.3 % of a core
-here), NVIDIA's as well as nvdp's; real NVML sleeps in the driver. The simulated node's rows show
-nvdp's own cost.
+The mock library's nvmlEventSetWait sleeps on a condition variable until an event is queued or its
+timeout (no commands file here: no periodic check), as real NVML sleeps in the driver: its rows
+measure nvdp over pynvml, not the stand-in. The simulated node's rows show nvdp's own cost.
 
-Run alone: `python -m bench.footprint [--idle-seconds S]`; `python -m bench` includes it (full run).
+NVIDIA's device plugin itself, where its binary is named (`--nvidia-plugin PATH` or the env var
+NVDP_BENCH_NVIDIA_PLUGIN; built from NVIDIA's v0.20.0 sources with `go build -mod=vendor
+./cmd/nvidia-device-plugin`), runs on the same mock library in the same minutes: a same-run ratio.
+Its socket directory is fixed at /var/lib/kubelet/device-plugins, so it runs in a mount namespace of
+its own where that path is the bench's directory (root and `unshare` needed; left out otherwise).
+
+Run alone: `python -m bench.footprint [--idle-seconds S] [--nvidia-plugin PATH]`; `python -m bench`
+includes it (full run).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,20 +43,39 @@ from bench.rescan import mock_library
 from bench.table import MIB, Row, megabytes
 from nvdp.api import pb
 from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats, sim_gpus, start_plugin, wait_until
+from nvdp.testing import Process, ProcStats, clean_env, sim_gpus, start_plugin, wait_until
 from nvdp.testing.dra import dra_cluster, slices_of
 
 GPU = "nvidia.com/gpu"
 ALLOCATES = 200
 NVIDIA = {"plugin": (0.18, 32.6), "dra": (0.0, 58.5)}  # idle % of a core, peak RSS MB (issue 27)
+NVIDIA_PLUGIN_ENV = "NVDP_BENCH_NVIDIA_PLUGIN"  # the path of NVIDIA's nvidia-device-plugin binary
+NVIDIA_SOCKET_DIR = "/var/lib/kubelet/device-plugins"  # fixed in NVIDIA's plugin
+
+
+def nvidia_argv(binary: str | None, directory: Path) -> list[str] | None:
+    """NVIDIA's plugin in a mount namespace where its socket directory is `directory` (None: no
+    binary, not root, or no `unshare`); the shell execs it, so its pid is the plugin's."""
+    if not binary or not Path(binary).is_file() or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    script = (
+        f'mount -t tmpfs tmpfs /var/lib && mkdir -p {NVIDIA_SOCKET_DIR} && mount --bind "$0" '
+        f'{NVIDIA_SOCKET_DIR} && exec "$1" --kubelet-socket {NVIDIA_SOCKET_DIR}/kubelet.sock'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(directory), binary]
 
 
 @contextlib.contextmanager
-def _plugin(work: Path, nvml: str, env: dict[str, str]) -> Iterator[Process]:
+def _plugin(work: Path, nvml: str, env: dict[str, str], nvidia: str | None = None) -> Iterator[Process]:
+    """nvdp's plugin, or NVIDIA's binary at `nvidia`, under the same kubelet stand-in and load."""
     directory = work / "kubelet" / "device-plugins"  # a node's layout: nothing else changes around it
     directory.mkdir(parents=True)
     with Kubelet(directory) as kubelet:
-        process = start_plugin(directory, nvml, env=env)
+        argv = nvidia_argv(nvidia, directory)
+        if argv is None:
+            process = start_plugin(directory, nvml, env=env)
+        else:
+            process = Process(argv, directory / "plugin.log", clean_env(env))
         try:
             kubelet.wait_for_registration(GPU, timeout=60)
             ids = list(kubelet.wait_for_devices(GPU, timeout=30))
@@ -71,8 +98,10 @@ def _dra(work: Path, nvml: str, env: dict[str, str]) -> Iterator[Process]:
         yield process
 
 
-def measure(idle_seconds: float, work: Path) -> list[Row]:
+def measure(idle_seconds: float, work: Path, nvidia_plugin: str | None = None) -> list[Row]:
     rows: list[Row] = []
+    if nvidia_argv(nvidia_plugin, work) is None:
+        nvidia_plugin = None
     with contextlib.ExitStack() as stack:
         plugin_lib = mock_library(sim_gpus("dgx-a100"), _dir(work / "lib-plugin"))
         dra_lib = mock_library(sim_gpus("dgx-a100-mig"), _dir(work / "lib-dra"))
@@ -85,41 +114,75 @@ def measure(idle_seconds: float, work: Path) -> list[Row]:
             started.append(("plugin", label, plugin))
             dra = stack.enter_context(_dra(_dir(work / f"d-{len(started)}"), nvml[1], lib[1]))
             started.append(("dra", label, dra))
+            if nvidia_plugin and lib[0]:  # NVIDIA's on the same mock library, the same minutes
+                theirs = stack.enter_context(_plugin(_dir(work / "nvidia"), "", lib[0], nvidia_plugin))
+                started.append(("nvidia", label, theirs))
         time.sleep(2.0)  # start-up work done
         before = {p.pid: ProcStats.read(p.pid) for _, _, p in started}
         cpu_before = {p.pid: _cpu_ns(p.pid) for _, _, p in started}
         t0 = time.monotonic()
         time.sleep(idle_seconds)
         elapsed = time.monotonic() - t0
+        # (what, label) -> idle % of a core, wake-ups/s, peak RSS MiB
+        seen: dict[tuple[str, str], tuple[float, float, float]] = {}
         for what, label, process in started:
             after, start = ProcStats.read(process.pid), before[process.pid]
-            nvidia_pct, nvidia_mb = NVIDIA[what]
-            name = "device plugin" if what == "plugin" else "DRA kubelet plugin"
             pct = (_cpu_ns(process.pid) - cpu_before[process.pid]) / 1e7 / elapsed
-            budget_pct = (IDLE_BUDGET_PCT if what == "plugin" else DRA_IDLE_BUDGET_PCT) + 0.0
-            rows.append(
-                Row(
-                    f"{name}, {label}: idle CPU",
-                    "nvdp",
-                    f"{elapsed:.0f} s",
-                    value=f"{pct:.3f}% core, {(after.switches - start.switches) / elapsed:.0f} wake-ups/s;"
-                    f" NVIDIA's {nvidia_pct}%",
-                    budget=f"{budget_pct:.2f}% core",
-                    ok=pct <= budget_pct,
-                )
-            )
-            peak_mb = after.peak_rss_mib * MIB / 1e6
-            rss_budget = PLUGIN_RSS_BUDGET_MB if what == "plugin" else DRA_RSS_MOCK_BUDGET_MB
-            rows.append(
-                Row(
-                    f"{name}, {label}: peak RSS",
-                    "nvdp",
-                    value=f"{megabytes(after.peak_rss_mib)}; NVIDIA's {nvidia_mb} MB",
-                    budget=f"{rss_budget:.0f} MB" if label == "mock library" else "",
-                    ok=peak_mb <= rss_budget if label == "mock library" else None,
-                )
-            )
+            wakeups = (after.switches - start.switches) / elapsed
+            seen[what, label] = (pct, wakeups, after.peak_rss_mib)
+        for what, label, _ in started:
+            rows += _rows(what, label, seen, f"{elapsed:.0f} s")
     return rows
+
+
+def _rows(
+    what: str, label: str, seen: dict[tuple[str, str], tuple[float, float, float]], n: str
+) -> list[Row]:
+    """The idle CPU and peak RSS rows of one process; NVIDIA's measured beside it: a same-run ratio."""
+    pct, wakeups, peak_mib = seen[what, label]
+    peak_mb = peak_mib * MIB / 1e6
+    if what == "nvidia":
+        return [
+            Row(
+                f"NVIDIA's device plugin (v0.20.0 binary), {label}: idle CPU",
+                "nvidia",
+                n,
+                value=f"{pct:.3f}% core, {wakeups:.0f} wake-ups/s",
+            ),
+            Row(
+                f"NVIDIA's device plugin (v0.20.0 binary), {label}: peak RSS",
+                "nvidia",
+                value=megabytes(peak_mib),
+            ),
+        ]
+    nvidia_pct, nvidia_mb = NVIDIA[what]
+    cpu_said, rss_said = f"NVIDIA's {nvidia_pct}%", f"NVIDIA's {nvidia_mb} MB"
+    theirs = seen.get(("nvidia", label)) if what == "plugin" else None
+    if theirs is not None:  # the ratio in words: a row's ratio column is for ratio budgets
+        times = f"{pct / theirs[0]:.1f}x" if theirs[0] > 0 else "-"
+        cpu_said = f"this run's NVIDIA's {theirs[0]:.3f}% ({times})"
+        rss_said = f"this run's NVIDIA's {theirs[2] * MIB / 1e6:.1f} MB ({peak_mib / theirs[2]:.2f}x)"
+    name = "device plugin" if what == "plugin" else "DRA kubelet plugin"
+    budget_pct = IDLE_BUDGET_PCT if what == "plugin" else DRA_IDLE_BUDGET_PCT
+    rss_budget = PLUGIN_RSS_BUDGET_MB if what == "plugin" else DRA_RSS_MOCK_BUDGET_MB
+    mock = label == "mock library"
+    return [
+        Row(
+            f"{name}, {label}: idle CPU",
+            "nvdp",
+            n,
+            value=f"{pct:.3f}% core, {wakeups:.0f} wake-ups/s; {cpu_said}",
+            budget=f"{budget_pct:.2f}% core",
+            ok=pct <= budget_pct,
+        ),
+        Row(
+            f"{name}, {label}: peak RSS",
+            "nvdp",
+            value=f"{megabytes(peak_mib)}; {rss_said}",
+            budget=f"{rss_budget:.0f} MB" if mock else "",
+            ok=peak_mb <= rss_budget if mock else None,
+        ),
+    ]
 
 
 def _cpu_ns(pid: int) -> int:
@@ -147,15 +210,20 @@ def section(s: object) -> None:
     s.table.section(
         "footprint beside NVIDIA's binaries (issue 27's numbers, another machine): mock NVML library"
         " (C stand-in) and simulated node (bench/footprint.py)"
-    ).extend(measure(seconds, s.fresh_dir("footprint")))
+    ).extend(measure(seconds, s.fresh_dir("footprint"), os.environ.get(NVIDIA_PLUGIN_ENV)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.footprint", description=__doc__.splitlines()[0])
     parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--nvidia-plugin",
+        default=os.environ.get(NVIDIA_PLUGIN_ENV),
+        help=f"NVIDIA's nvidia-device-plugin binary, measured beside nvdp's (default: ${NVIDIA_PLUGIN_ENV})",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-fp-", dir="/tmp") as work:
-        for row in measure(args.idle_seconds, Path(work)):
+        for row in measure(args.idle_seconds, Path(work), args.nvidia_plugin):
             print(f"{row.measurement}: {row.value} [budget {row.budget or '-'}: {row.ok}]")
 
 

@@ -57,9 +57,11 @@ def test_registers_publishes_and_registers_again_after_a_kubelet_restart(tmp_pat
         assert "socket removed or replaced; serving it again" in cluster.log()
 
         dra_socket = cluster.node.plugins / "gpu.nvidia.com" / "dra.sock"
-        for remove in (dra_socket.unlink, lambda: remove_directory(dra_socket.parent), dra_socket.unlink):
+        removals = (dra_socket.unlink, lambda: remove_directory(dra_socket.parent), dra_socket.unlink)
+        for n, remove in enumerate(removals):
             remove()  # the file, its directory, then the file in the directory made again
             wait_until(lambda: dra_socket.is_socket(), 5, "the DRA socket served again")
+            cluster.registered(after=3 + n)  # one server: its registration socket is made again too
         claim = make_claim(cluster.api, "after")
         schedule(cluster.api, claim)
         assert not cluster.kubelet.node_prepare("gpu.nvidia.com", [claim]).claims[claim.uid].error

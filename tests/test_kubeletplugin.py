@@ -1,7 +1,8 @@
 """The kubelet-plugin shell both plugins stand on (`nvdp.kubeletplugin`), on real unix sockets: a stale
 socket is replaced, a foreign one refused and never removed, the socket is 0600 from bind without a
-chmod, a bind that fails says why, a removed socket is served again, a server that cannot listen
-holds back the ones after it, and wakes asked before the loop sleeps are not lost."""
+chmod, a bind that fails says why, one server serves several sockets (all of them or none), a removed
+socket is served again, a server that cannot listen holds back the ones after it, and wakes asked
+before the loop sleeps are not lost."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import os
 import socket
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -142,6 +144,49 @@ def test_a_missing_directory_is_made_when_asked(tmp_path: Path, executor: Thread
         assert server.socket_is_ours() and stat.S_IMODE(os.stat(path.parent).st_mode) == 0o755
     finally:
         server.stop(0)
+
+
+def serve_threads() -> int:
+    """gRPC's serving threads in this process: one per started grpc.Server, each waking every 200 ms."""
+    return sum(1 for t in threading.enumerate() if t.name.endswith("(_serve)"))
+
+
+def test_one_grpc_server_serves_several_sockets(tmp_path: Path, executor: ThreadPoolExecutor) -> None:
+    first, second = tmp_path / "dra.sock", tmp_path / "reg" / "reg.sock"
+    service = RegistrationService("DRAPlugin", "test.example.com", first, ["v1.DRAPlugin"])
+    server = UnixSocketServer(first, service.add_to, executor, make_parent=True, also=[second])
+    threads = serve_threads()
+    loop = ServeLoop()
+    sockets = [("dra", server)]
+    try:
+        assert loop.keep_serving(sockets, lambda name, s: s) == ["dra"]
+        assert serve_threads() == threads + 1
+        assert plugin_name(first) == plugin_name(second) == "test.example.com"
+        assert {stat.S_IMODE(os.stat(p).st_mode) for p in (first, second)} == {0o600}
+        second.unlink()
+        assert not server.socket_is_ours() and server.unserved() == [second]
+
+        def serve_again(name: str, old: UnixSocketServer) -> UnixSocketServer:
+            old.stop(0)
+            return old
+
+        assert loop.keep_serving(sockets, serve_again) == ["dra"]  # both served again
+        assert server.socket_is_ours() and plugin_name(second) == "test.example.com"
+    finally:
+        server.stop(0)
+    assert not first.exists() and not second.exists() and server.unserved() == [first, second]
+
+
+def test_a_later_socket_that_cannot_listen_leaves_none_served(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    first, second = tmp_path / "dra.sock", tmp_path / "reg.sock"
+    server = UnixSocketServer(first, lambda grpc_server: None, executor, also=[second])
+    with bound(second, listening=True):
+        with pytest.raises(NvdpError) as refused:
+            server.start()
+    assert str(refused.value) == f"cannot listen on {second}: another process serves this socket"
+    assert not server.serving and not first.exists()
 
 
 # ---- the loop's skeleton ----------------------------------------------------------------------------

@@ -125,6 +125,46 @@ def test_xid_through_event_set_wait_v2_reaches_list_and_watch(
     )
 
 
+# A waiter in nvmlEventSetWait_v2 on the stand-in: it reports its own thread's voluntary context
+# switches over one wait (the stand-in's old 5 ms poll made 200 a second), then waits for the event a
+# command appended while it waits queues.
+WAITER = """
+import ctypes, sys, threading
+lib = ctypes.CDLL(sys.argv[1])
+assert lib.nvmlInit_v2() == 0
+device, events, data = ctypes.c_void_p(), ctypes.c_void_p(), (ctypes.c_ulonglong * 8)()
+assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(device)) == 0
+assert lib.nvmlEventSetCreate(ctypes.byref(events)) == 0
+assert lib.nvmlDeviceRegisterEvents(device, ctypes.c_ulonglong(8), events) == 0
+def switches():
+    status = open(f"/proc/self/task/{threading.get_native_id()}/status").read()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+before = switches()
+code = lib.nvmlEventSetWait_v2(events, data, 1000)
+print(code, switches() - before)
+with open(sys.argv[2], "a") as commands:
+    threading.Timer(0.05, lambda: commands.write("xid 0 79\\n") and commands.flush()).start()
+    print(lib.nvmlEventSetWait_v2(events, data, 2000), data[2])
+"""
+
+
+@pytest.mark.parametrize("commands", [False, True], ids=["no-commands-file", "commands-file"])
+def test_event_set_wait_sleeps_until_an_event_instead_of_polling(
+    standin: Path, tmp_path: Path, commands: bool
+) -> None:
+    node = StandinNode(tmp_path, gpu_line(0))
+    env = {**node.env(None), "PATH": "/usr/bin:/bin"}
+    if not commands:
+        del env["NVML_STANDIN_COMMANDS"]
+    args = [sys.executable, "-c", WAITER, str(standin / LIBRARY), str(node.commands)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30, check=True)
+    timed_out, idle = done.stdout.splitlines()
+    code, switches = map(int, timed_out.split())
+    assert code == 10  # NVML_ERROR_TIMEOUT after the 1 s wait
+    assert switches <= (15 if commands else 3), "a 1 s wait: one command-file check per 100 ms, or none"
+    assert idle == ("0 79" if commands else "10 0")  # the appended xid, read only with a commands file
+
+
 def test_gpu_lost_at_run_time_is_found_by_the_probe(
     standin: Path, sock_dir: Path, tmp_path: Path, kubelet: Kubelet, processes: list[Process]
 ) -> None:

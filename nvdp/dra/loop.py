@@ -125,20 +125,22 @@ class DraLoop:
         self._minors: dict[str, int] | None = None
         self._serving: frozenset[str] = frozenset()  # the GPUs the hand-over lets DRA serve
         self._offered: frozenset[str] = frozenset()  # of them, those offered (the Node's count)
-        self._plugin_server = UnixSocketServer(
-            settings.plugin_socket, self._add_plugin_services, executor, make_parent=True
-        )
-        self._registration_server = UnixSocketServer(
-            settings.registration_socket, parts.registration.add_to, executor, make_parent=True
+        # One grpc.Server for both sockets (the DRA one first: the kubelet dials it once registered).
+        self._server = UnixSocketServer(
+            settings.plugin_socket,
+            self._add_services,
+            executor,
+            make_parent=True,
+            also=(settings.registration_socket,),
         )
         self._watcher = DirWatcher(settings.registration_socket.parent)
         serve.attach(self._watcher)
 
     # ---- what the status page reads (`nvdp.dra.status.DraSources`) ----------------------------------
     @property
-    def sockets(self) -> tuple[UnixSocketServer, UnixSocketServer]:
-        """The DRA socket's server and the registration socket's."""
-        return self._plugin_server, self._registration_server
+    def sockets(self) -> tuple[UnixSocketServer]:
+        """The server of the DRA socket and the registration socket."""
+        return (self._server,)
 
     @property
     def preparer(self) -> ClaimPreparer | None:
@@ -184,11 +186,12 @@ class DraLoop:
 
     def abandon(self) -> None:
         """A stop that did not finish: the kubelet must not keep finding the registration socket."""
-        self._registration_server.abandon()
+        self._server.abandon()
 
-    def _add_plugin_services(self, server: Any) -> None:
+    def _add_services(self, server: Any) -> None:
         assert self.preparer is not None
         add_plugin_services(server, self.preparer, self.parts.streams, self.parts.observer)
+        self.parts.registration.add_to(server)
 
     # ---- the main loop ------------------------------------------------------------------------------
     def run(self, keep_claim: Callable[[], float | None] = lambda: None) -> None:
@@ -348,19 +351,16 @@ class DraLoop:
         p.streams.update(p.state.health())
 
     def _keep_serving(self) -> None:
-        """Serve both sockets (the DRA one first: the kubelet dials it once registered); one whose
-        file was removed or replaced is served again."""
-        sockets = [(str(server.socket_path), server) for server in self.sockets]
-        started = self._serve.keep_serving(sockets, _serve_again, in_order=True)
-        if str(self.settings.plugin_socket) in started:
+        """Serve both sockets; when one's file was removed or replaced, both are served again (one
+        server: the kubelet finds the registration socket made again and registers anew)."""
+        if self._serve.keep_serving([(str(self.settings.plugin_socket), self._server)], _serve_again):
             self._watcher.add(self.settings.plugin_dir)  # a directory made again: watched again
-            if not self._plugin_server.socket_is_ours():  # removed before the watch was there
+            if not self._server.socket_is_ours():  # removed before the watch was there
                 self._watcher.wake()
 
     def _shutdown(self) -> None:
         p = self.parts
-        self._registration_server.stop()  # the kubelet deregisters the plugin first
-        self._plugin_server.stop()
+        self._server.stop()  # the registration socket goes first: the kubelet deregisters the plugin
         p.capacity.stop()
         p.claims.close()  # its MPS daemons quit (NVML still up), its Events sent
         p.streams.stop()
@@ -371,9 +371,10 @@ class DraLoop:
 
 
 def _serve_again(name: str, server: UnixSocketServer) -> UnixSocketServer:
-    """A socket to (re)start: one that was served had its file removed or replaced."""
+    """The server to (re)start: one that was served had a socket file removed or replaced."""
     if server.serving:
-        log_event(log, logging.WARNING, "socket removed or replaced; serving it again", path=name)
+        for path in server.unserved():
+            log_event(log, logging.WARNING, "socket removed or replaced; serving it again", path=str(path))
         server.stop()
     return server
 

@@ -1,12 +1,12 @@
-"""The DRA kubelet plugin's two gRPC servers on unix sockets, as kubeletplugin's layout expects.
+"""The DRA kubelet plugin's gRPC services on two unix sockets, as kubeletplugin's layout expects.
 
 - `<plugins_registry>/gpu.nvidia.com-reg.sock`: Registration. GetInfo says DRAPlugin, the driver,
   the DRA socket and its services ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
   "v1alpha1.DRAResourceHealth"); NotifyRegistrationStatus is logged.
 - `<plugins>/gpu.nvidia.com/dra.sock`: DRAPlugin v1 / v1beta1 (one answer per claim,
   `nvdp.dra.prepare`, each told to a `RequestObserver`) and DRAResourceHealth (`nvdp.dra.health`).
-- Each is a `UnixSocketServer` (0600); one removed or replaced is served again by `nvdp.dra.loop`
-  and the kubelet registers the plugin again.
+- One `UnixSocketServer` listens on both (0600); when one is removed or replaced, `nvdp.dra.loop`
+  serves both again and the kubelet registers the plugin again.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class DraSources(Protocol):
 
     @property
     def sockets(self) -> Sequence[UnixSocketServer]:
-        """The DRA socket's server and the registration socket's."""
+        """The servers of the DRA socket and the registration socket."""
         ...
 
 
@@ -139,9 +139,7 @@ class DraStatus(ServedPages):
         registration = s.registration.problem()
         if registration is not None:
             problems.append(registration)
-        problems += [
-            f"socket not served: {server.socket_path}" for server in s.sockets if not server.socket_is_ours()
-        ]
+        problems += [f"socket not served: {path}" for server in s.sockets for path in server.unserved()]
         if not s.publisher.published.is_set():
             failing = s.publisher.failing
             problems.append("ResourceSlices not published yet" + (f": {failing}" if failing else ""))

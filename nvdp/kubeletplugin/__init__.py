@@ -1,7 +1,7 @@
 """The kubelet-plugin shell, written once for the device plugin (`nvdp.plugin`) and the DRA plugin
 (`nvdp.dra`), as k8s.io/dynamic-resource-allocation/kubeletplugin is for Go drivers:
 
-- `socket_server`: one gRPC server on a unix socket (stale socket removed, a foreign one refused,
+- `socket_server`: one gRPC server on one or more unix sockets (stale socket removed, a foreign one refused,
   0600 from bind, is-it-ours, bind errors that say why);
 - `serve_loop`: the main loop's skeleton (named wakes, a stop, sockets kept served) and its liveness
   (`loop_watch`), with `listen_retry` for servers that cannot listen yet;

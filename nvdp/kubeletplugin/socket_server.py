@@ -1,11 +1,13 @@
-"""One gRPC server on a unix socket, as the kubelet dials plugins: the one socket code of the device
-plugin and the DRA plugin.
+"""One gRPC server on unix sockets, as the kubelet dials plugins: the one socket code of the device
+plugin and the DRA plugin. One server may listen on several sockets (the DRA plugin's service and
+registration sockets): a Python grpc.Server costs a thread that wakes every 200 ms, so one server,
+not one per socket.
 
 - A stale socket (a killed run's, nothing listening) is removed first, said in one line.
 - A foreign one (another process listens on it) is left alone: start fails, to be retried.
 - The socket is owner-only (0600) from bind() itself: the umask is set around the bind, and the
   file is never chmod-ed after, since a chmod changes its ctime and the socket's identity with it.
-- `socket_is_ours()`: the file at the path is still the one bound (a kubelet restart removes it, a
+- `socket_is_ours()`: each file at the paths is still the one bound (a kubelet restart removes it, a
   cleaned directory replaces it); stop() and abandon() remove only a socket that is ours.
 - A socket that cannot be made is one NvdpError line with the OS's reason, which gRPC does not
   give: a plain bind() is tried for it.
@@ -18,7 +20,7 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,7 +39,8 @@ SOCKET_MODE = 0o600  # plugin sockets are the kubelet's (root's) alone
 class UnixSocketServer:
     """`start()` (NvdpError, one line, when it cannot listen; nothing left running then, and it may
     be called again), an idempotent `stop()`, `socket_is_ours()`, `abandon()`. `add_services(server)`
-    adds the servicers to each new grpc.Server; `make_parent` creates a missing socket directory."""
+    adds the servicers to each new grpc.Server; `make_parent` creates a missing socket directory;
+    `also`: more sockets the same server listens on, in order after `path` (all of them or none)."""
 
     def __init__(
         self,
@@ -46,13 +49,15 @@ class UnixSocketServer:
         executor: ThreadPoolExecutor,
         *,
         make_parent: bool = False,
+        also: Sequence[Path] = (),
     ) -> None:
         self.socket_path = path
+        self.socket_paths = (path, *also)
         self._add_services = add_services
         self._executor = executor
         self._make_parent = make_parent
         self._server: grpc.Server | None = None
-        self._id: FileId | None = None
+        self._ids: dict[Path, FileId | None] = {}
 
     @property
     def serving(self) -> bool:
@@ -61,78 +66,100 @@ class UnixSocketServer:
     def start(self) -> None:
         if self._server is not None:
             return
-        try:
-            if self._make_parent:
-                make_dirs(self.socket_path.parent)
-            self._remove_stale()
-        except OSError as error:
-            raise self._cannot_listen(error) from error
         server = grpc.server(self._executor, options=[("grpc.so_reuseport", 0)])
         self._add_services(server)
-        self._listen(server)
+        bound: list[Path] = []
+        try:
+            for path in self.socket_paths:
+                self._prepare(path)
+                self._listen(server, path)
+                bound.append(path)
+        except NvdpError:
+            server.stop(None)
+            for path in bound:
+                path.unlink(missing_ok=True)
+            raise
         server.start()
         # None when a restarting kubelet wiped the directory just now: socket_is_ours() is then False
-        # and the socket is served again.
-        self._server, self._id = server, file_id(self.socket_path)
+        # and the sockets are served again.
+        self._server, self._ids = server, {path: file_id(path) for path in self.socket_paths}
 
-    def _remove_stale(self) -> None:
-        """Remove a socket file nothing listens on; refuse one another process serves."""
+    def _prepare(self, path: Path) -> None:
+        """Make a missing directory if asked; remove a socket file nothing listens on; refuse one
+        another process serves."""
         try:
-            mode = os.lstat(self.socket_path).st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISSOCK(mode) and _accepts(self.socket_path):
-            raise OSError(errno.EADDRINUSE, "another process serves this socket")
-        self.socket_path.unlink()
-        log_event(log, logging.INFO, "removed stale socket", path=str(self.socket_path))
+            if self._make_parent:
+                make_dirs(path.parent)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return
+            if stat.S_ISSOCK(mode) and _accepts(path):
+                raise OSError(errno.EADDRINUSE, "another process serves this socket")
+            path.unlink()
+        except OSError as error:
+            raise _cannot_listen(path, error) from error
+        log_event(log, logging.INFO, "removed stale socket", path=str(path))
 
-    def _listen(self, server: grpc.Server) -> None:
+    def _listen(self, server: grpc.Server, path: Path) -> None:
         old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the mode from bind(): no chmod to change its ctime
         try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
+            server.add_insecure_port(f"unix://{path}")
         except RuntimeError as error:  # gRPC does not say why: a plain bind() does
-            raise self._cannot_listen(_bind_error(self.socket_path) or error) from error
+            raise _cannot_listen(path, _bind_error(path) or error) from error
         finally:
             os.umask(old_umask)
         try:  # another thread's umask meanwhile: not served (a retry binds it again)
-            mode = stat.S_IMODE(os.stat(self.socket_path).st_mode)
+            mode = stat.S_IMODE(os.stat(path).st_mode)
             if mode != SOCKET_MODE:
                 raise OSError(
                     errno.EPERM, f"bound with mode {mode:o}, not {SOCKET_MODE:o} (the umask changed)"
                 )
         except OSError as error:
-            server.stop(None)
-            self.socket_path.unlink(missing_ok=True)
-            raise self._cannot_listen(error) from error
-
-    def _cannot_listen(self, error: Exception) -> NvdpError:
-        text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        return NvdpError(f"cannot listen on {self.socket_path}: {text}")
+            path.unlink(missing_ok=True)
+            raise _cannot_listen(path, error) from error
 
     def socket_is_ours(self) -> bool:
-        """Serving, and the socket file is still the one it bound."""
-        return self._server is not None and self._file_is_ours()
+        """Serving, and each socket file is still the one it bound."""
+        return self._server is not None and all(map(self._file_is_ours, self.socket_paths))
 
-    def _file_is_ours(self) -> bool:
-        return self._id is not None and file_id(self.socket_path) == self._id
+    def unserved(self) -> list[Path]:
+        """The sockets not served now: not listening, or removed or replaced since."""
+        if self._server is None:
+            return list(self.socket_paths)
+        return [path for path in self.socket_paths if not self._file_is_ours(path)]
+
+    def _file_is_ours(self, path: Path) -> bool:
+        known = self._ids.get(path)
+        return known is not None and file_id(path) == known
 
     def abandon(self) -> None:
-        """Remove the socket file if it is ours, without stopping (a stop that did not finish; any
+        """Remove the socket files that are ours, without stopping (a stop that did not finish; any
         thread, and it never raises: the process exits next)."""
-        if self._file_is_ours():
-            try:
-                self.socket_path.unlink()
-            except OSError:
-                pass
+        for path in reversed(self.socket_paths):
+            if self._file_is_ours(path):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
 
     def stop(self, grace: float = 0.5) -> None:
-        """Stop serving (`grace` seconds for calls under way) and remove the socket if it is ours."""
+        """Stop serving (`grace` seconds for calls under way) and remove the sockets that are ours;
+        the last of `also` first (a registration socket goes before the socket it names)."""
+        ours = [path for path in reversed(self.socket_paths) if self._file_is_ours(path)]
+        for path in ours[:-1]:
+            path.unlink(missing_ok=True)
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait(grace + 1.0)
-        if self._file_is_ours():
-            self.socket_path.unlink(missing_ok=True)
-        self._id = None
+        for path in ours[-1:]:
+            path.unlink(missing_ok=True)
+        self._ids = {}
+
+
+def _cannot_listen(path: Path, error: Exception) -> NvdpError:
+    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return NvdpError(f"cannot listen on {path}: {text}")
 
 
 def _accepts(path: Path) -> bool:
