@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,6 +53,17 @@ def _accepts(outcome: object) -> None:
     assert isinstance(outcome, Config)
     assert parse(outcome.to_dict()) == outcome
     PluginOptions(outcome).to_json()
+
+
+@pytest.mark.parametrize(
+    "seconds, kept", [(2.225073858507e-311, 0.0), (1.0000000004, 1.0), (0.1, 0.1), (7, 7.0)]
+)
+def test_a_duration_in_seconds_is_held_in_whole_nanoseconds_and_reads_back(
+    seconds: float, kept: float
+) -> None:
+    config = parse({"health": {"recoveryQuietPeriod": seconds}})
+    assert config.health.recovery_quiet_period == kept
+    _accepts(config)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -183,7 +183,8 @@ def duration(per_second: int = 1, *, positive: bool = False) -> Callable[[object
             # int-float comparison is exact, never overflows
             if abs(value) > units.MAX_GO_DURATION_S * per_second:
                 raise InvalidValue(f"out of range, got {show(value)}")
-            seconds = float(value) / per_second
+            # whole nanoseconds, as Go holds a Duration (so a value reads back as it was written)
+            seconds = round(value * (10**9 // per_second)) / 10**9
         else:
             unit = "seconds" if per_second == 1 else "nanoseconds"
             raise InvalidValue(
