@@ -205,11 +205,15 @@ class DeviceManagerState:
         predicate: Callable[[dict[str, DeviceState]], bool] = bool,
         timeout: float = 10.0,
     ) -> dict[str, DeviceState]:
-        """Wait until the device list of `resource` satisfies `predicate` (default: not empty)."""
+        """Wait until the device list of `resource` satisfies `predicate` (default: not empty); a
+        predicate that looks up a device not listed yet (KeyError) is not satisfied yet."""
 
         def check() -> tuple[dict[str, DeviceState]] | None:
             devices = self.devices(resource)
-            return (devices,) if predicate(devices) else None
+            try:
+                return (devices,) if predicate(devices) else None
+            except KeyError:
+                return None
 
         try:
             return self.wait_for(check, timeout, f"matching device list for {resource}")[0]

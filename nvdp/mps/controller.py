@@ -246,12 +246,8 @@ class MpsController:
 
     def _earlier_daemon_answers(self, daemon: _Daemon) -> None:
         """A daemon of an earlier run answers on the pipe: quit it and start ours."""
-        log_event(
-            log,
-            logging.WARNING,
-            "an MPS daemon from an earlier run answers on the pipe; replacing it",
-            resource=daemon.plan.resource,
-        )
+        message = "an MPS daemon from an earlier run answers on the pipe; replacing it"
+        log_event(log, logging.WARNING, message, resource=daemon.plan.resource)
         daemon.control.send("quit")
         daemon.control.start_daemon()
 
