@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
-from nvdp.allocation import Allocator, Topology, pair_score
-from nvdp.allocation.gpus import choose_gpus
-from nvdp.allocation.synthetic import gpu_devices, hierarchical_node
-from nvdp.devices import Device
+from nvdp.deviceplugin.allocation import Allocator, Topology, pair_score
+from nvdp.deviceplugin.allocation.gpus import choose_gpus
+from nvdp.gpus.devices import Device
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuLink, MigDeviceInfo, PcieLevel
+from testkit.synthetic import gpu_devices, hierarchical_node
 
 PROFILES = ("pcie-4", "dgx-a100", "dgx-h100")
 

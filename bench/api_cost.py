@@ -1,5 +1,5 @@
 """API requests per node of every command, as a DaemonSet on 5,000 nodes makes them: each command a real
-process with production's timers, each with an API stand-in of its own (nvdp.kube_api_standin) that
+process with production's timers, each with an API stand-in of its own (testkit.kube_api_standin) that
 logs every request.
 
 - Idle: requests per node per hour. A watch asks the server to end it after its `timeoutSeconds` and
@@ -35,11 +35,11 @@ if __package__ in (None, ""):  # `python bench/api_cost.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.budgets import API_EDIT_REQUESTS_BUDGET, API_IDLE_BUDGET_PER_HOUR, API_SPREAD_MIN_S
-from nvdp.kube_api_standin import KubeApiStandin
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, clean_env, start_plugin, wait_until
-from nvdp.testing.dra import dra_cluster, slices_of
-from nvdp.testing.mps_control import Standin
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, clean_env, start_plugin, wait_until
+from testkit.dra import dra_cluster, slices_of
+from testkit.kube_api_standin import KubeApiStandin
+from testkit.mps_control import Standin
 
 NODE = "node-a"
 NAMESPACE = "gpu-system"

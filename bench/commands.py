@@ -8,11 +8,11 @@ Each process runs as a real process, as in a pod:
   simulated dgx-a100 driver root), after 400 Allocate calls;
 - `nvdp plugin` with an MPS config (sim:pcie-4, 4 replicas per GPU), served once the
   `nvdp mps-control-daemon` next to it (over the stand-in `nvidia-cuda-mps-control`,
-  nvdp/testing/mps_control.py) has written its ready marker, after 400 Allocate calls;
+  testkit/mps_control.py) has written its ready marker, after 400 Allocate calls;
 - `nvdp mps-control-daemon` itself (its health query runs `nvidia-cuda-mps-control` every 5 s by
   default; the CPU of those children, here the Python stand-in, is shown apart from the daemon's own);
 - `nvdp gfd` in loop mode writing a labels file, and with `--use-node-feature-api` against the
-  Kubernetes API stand-in (nvdp/kube_api_standin) through the real `kubernetes` client;
+  Kubernetes API stand-in (testkit/kube_api_standin) through the real `kubernetes` client;
 - `nvdp config-manager` watching a node label (bench/config_manager.py).
 
 The heavy modules a process imported are read from its `sys.modules` when it exits: a
@@ -37,8 +37,8 @@ if __package__ in (None, ""):  # `python bench/commands.py`
 
 from bench.budgets import PLUGIN_RSS_BUDGET_MB, SIDE_RSS_BUDGET_MB
 from nvdp.api import pb
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import REPO, Process, ProcStats, clean_env, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import REPO, Process, ProcStats, clean_env, start_plugin, wait_until
 
 GPU = "nvidia.com/gpu"
 HEAVY = ("kubernetes", "ssl", "http.client")
@@ -147,10 +147,10 @@ def _allocate(kubelet: Kubelet, calls: int) -> None:
 
 
 def measure(idle_seconds: float, keep: bool = False) -> list[Measured]:
-    from nvdp.kube_api_standin import KubeApiStandin
-    from nvdp.testing import sim_gpus
-    from nvdp.testing.driver_root import make_node
-    from nvdp.testing.mps_control import Standin
+    from testkit import sim_gpus
+    from testkit.driver_root import make_node
+    from testkit.kube_api_standin import KubeApiStandin
+    from testkit.mps_control import Standin
 
     work = Path(tempfile.mkdtemp(prefix="nvdp-bench-cmd-", dir="/tmp"))
     r = Runner(work)

@@ -1,6 +1,6 @@
 """Memory of `nvdp config-manager` while it watches: `python -m bench.config_manager [--flips N]`.
 
-Runs the config-manager as a process against the Kubernetes API stand-in (nvdp/kube_api_standin)
+Runs the config-manager as a process against the Kubernetes API stand-in (testkit/kube_api_standin)
 on 127.0.0.1 through the real `kubernetes` client, flips the node label N times between two entries
 (each flip re-links the config file; no plugin runs, so nothing is signalled), edits the ConfigMap
 once, and reads the process's peak RSS (VmHWM) and current RSS. Budget: 80 MB (80e6 bytes) peak.
@@ -21,8 +21,8 @@ if __package__ in (None, ""):  # `python bench/config_manager.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.budgets import SIDE_RSS_BUDGET_MB
-from nvdp.kube_api_standin import KubeApiStandin
-from nvdp.testing import Process, ProcStats, clean_env, wait_until
+from testkit import Process, ProcStats, clean_env, wait_until
+from testkit.kube_api_standin import KubeApiStandin
 
 BUDGET_BYTES = SIDE_RSS_BUDGET_MB * 1e6
 NODE = "bench-node"

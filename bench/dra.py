@@ -34,9 +34,9 @@ from bench.budgets import (
 from bench.dra_capacity import measure_capacity
 from bench.sampling import Sample
 from bench.table import MIB, Row, megabytes
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import ProcStats, append_sim_event, free_port, http_get, sim_gpus, wait_until
-from nvdp.testing.dra import claim_path, dra_cluster, make_claim, published, schedule, slices_of
+from nvdp.sim.kubelet.dra import Claim
+from testkit import ProcStats, append_sim_event, free_port, http_get, sim_gpus, wait_until
+from testkit.dra import claim_path, dra_cluster, make_claim, published, schedule, slices_of
 
 LAYOUTS = (["3g.20gb", "3g.20gb"], ["1g.5gb"] * 7)  # GPU 0 of dgx-a100-mig, back and forth
 FIRST_DEVICE = ("gpu-0-mig-3g20gb-9-0", "gpu-0-mig-1g5gb-19-0")  # what each layout publishes first on GPU 0
@@ -144,8 +144,8 @@ def measure_dynamic_mig(workdir: Path, claims: int) -> list[Row]:
     MIG devices are made per claim (`dra.dynamicMig: all`, simulated dgx-a100-mig-empty): the claim read,
     the GPU instance and compute instance made (simulated NVML), the CDI spec and the checkpoint
     written; unprepare destroys them."""
-    from nvdp.testing.dra import DYNAMIC_ALL, PROFILE
-    from nvdp.testing.driver_root import cap_files
+    from testkit.dra import DYNAMIC_ALL, PROFILE
+    from testkit.driver_root import cap_files
 
     prepare, unprepare = Sample(), Sample()
     with dra_cluster(workdir, "sim:dgx-a100-mig-empty", config=DYNAMIC_ALL) as cluster:

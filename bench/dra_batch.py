@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 from bench.table import Row
-from nvdp.kubelet_standin.dra import Claim
+from nvdp.sim.kubelet.dra import Claim
 
 RPC_TIMEOUT_S = 600.0
 
 
 def allocated_claim(n: int, devices: int) -> tuple[str, dict[str, object]]:
     """The API path and object of claim `n`: allocated GPU n % `devices` of node-a, reserved for a pod."""
-    from nvdp.testing.dra import claim_path
+    from testkit.dra import claim_path
 
     name = f"batch-{n}"
     result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": f"gpu-{n % devices}"}
@@ -38,8 +38,8 @@ def allocated_claim(n: int, devices: int) -> tuple[str, dict[str, object]]:
 
 
 def measure(workdir: Path, sizes: list[int]) -> list[Row]:
-    from nvdp.testing import wait_until
-    from nvdp.testing.dra import dra_cluster, slices_of
+    from testkit import wait_until
+    from testkit.dra import dra_cluster, slices_of
 
     rows: list[Row] = []
     for size in sizes:

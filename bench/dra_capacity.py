@@ -15,14 +15,14 @@ from typing import Any
 from bench.budgets import DRA_CAPACITY_PREPARE_BUDGET_MS
 from bench.sampling import Sample
 from bench.table import Row
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 CONFIG = "version: v1\nflags:\n  mpsRoot: {root}\ndra:\n  devices: all\n  consumableCapacity: all\n"
 
 
 def measure_capacity(workdir: Path, claims: int) -> list[Row]:
-    from nvdp.testing.dra import claim_path, dra_cluster, make_claim, schedule, slices_of
-    from nvdp.testing.mps_control import Standin
+    from testkit.dra import claim_path, dra_cluster, make_claim, schedule, slices_of
+    from testkit.mps_control import Standin
 
     standin = Standin(workdir / "mps-standin")
     prepare, unprepare = Sample(), Sample()

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from nvdp.api import API_VERSION, HEALTHY, pb, pb_grpc
-from nvdp.kubelet_standin import Kubelet
+from nvdp.sim.kubelet import Kubelet
 
 RESOURCE = "example.com/floor"
 _OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)

@@ -42,9 +42,9 @@ from bench.budgets import DRA_IDLE_BUDGET_PCT, DRA_RSS_MOCK_BUDGET_MB, IDLE_BUDG
 from bench.rescan import mock_library
 from bench.table import MIB, Row, megabytes
 from nvdp.api import pb
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats, clean_env, sim_gpus, start_plugin, wait_until
-from nvdp.testing.dra import dra_cluster, slices_of
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, ProcStats, clean_env, sim_gpus, start_plugin, wait_until
+from testkit.dra import dra_cluster, slices_of
 
 GPU = "nvidia.com/gpu"
 ALLOCATES = 200

@@ -1,7 +1,7 @@
 """What only the benchmarks run: the bare grpcio floor plugin as a process, the bytecode the measured
 processes load, and the machine lines.
 
-The plugin process, /proc readings and device-set files live in `nvdp.testing` (shared with the
+The plugin process, /proc readings and device-set files live in `testkit` (shared with the
 tests, which never import this package).
 """
 
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from nvdp.testing import REPO, Process, clean_env
+from testkit import REPO, Process, clean_env
 
 __all__ = ["compile_bytecode", "machine_lines", "start_floor"]
 

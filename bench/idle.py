@@ -9,8 +9,8 @@ import time
 from bench.budgets import IDLE_BUDGET_PCT, SIDE_IDLE_BUDGET_PCT
 from bench.session import DeviceSetSpec, Session
 from bench.table import MIB, Row, megabytes
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, ProcStats
 
 
 def idle(s: Session) -> None:

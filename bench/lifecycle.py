@@ -22,8 +22,8 @@ from bench.sampling import Sample
 from bench.session import FLOOR, GPU, DeviceSetSpec, Session
 from bench.table import Row
 from nvdp.api import UNHEALTHY
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import ProcStats, start_plugin, write_node_file
+from nvdp.sim.kubelet import Kubelet
+from testkit import ProcStats, start_plugin, write_node_file
 
 WORST_ACCEPT_DELAY_S = 0.25
 RESTART_PACING_S = 0.2

@@ -11,8 +11,8 @@ from bench.sampling import interleaved, run_calls
 from bench.session import FLOOR, GPU, DeviceSetSpec, Session
 from bench.table import MIB, Row, megabytes
 from nvdp.api import pb
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import ProcStats, write_node_file, write_time_slicing_config
+from nvdp.sim.kubelet import Kubelet
+from testkit import ProcStats, write_node_file, write_time_slicing_config
 
 DEVICES_PER_ALLOCATE = 4
 PREFERRED_SIZES = (1, 2, 4, 8)

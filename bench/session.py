@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bench.harness import start_floor
 from bench.table import Table
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, free_port, start_plugin
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, free_port, start_plugin
 
 GPU = "nvidia.com/gpu"
 FLOOR = "example.com/floor"

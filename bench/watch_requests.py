@@ -18,9 +18,9 @@ from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch
 from nvdp.dra.cluster import KubeResourceApi
 from nvdp.dra.devices import DriverFacts, node_devices
 from nvdp.dra.publisher import SlicePublisher
-from nvdp.kube_api_standin import KubeApiStandin
-from nvdp.testing import sim_gpus
-from nvdp.testing.dra import GROUP, serve_dra
+from testkit import sim_gpus
+from testkit.dra import GROUP, serve_dra
+from testkit.kube_api_standin import KubeApiStandin
 
 FACTS = DriverFacts("550.54.15", "12.4")
 

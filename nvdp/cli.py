@@ -2,7 +2,7 @@
 `gpu-kubelet-plugin` is `nvdp dra-kubelet-plugin`.
 
 This module builds the command lines and dispatches; what each command runs is `nvdp.commands`. The
-two are the only places that print, install signal handlers (through nvdp.signals, which handles
+two are the only places that print, install signal handlers (through nvdp.base.signals, which handles
 them) or choose exit codes.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from nvdp import __version__
+from nvdp.base.timers import check as check_timers
 from nvdp.commands import (
     run_config_check,
     run_config_manager,
@@ -28,7 +29,6 @@ from nvdp.commands import (
     run_status,
 )
 from nvdp.errors import ConfigError
-from nvdp.timers import check as check_timers
 
 log = logging.getLogger("nvdp")
 
@@ -66,7 +66,7 @@ def _parse(
 def main(argv: Sequence[str] | None = None) -> int:
     first = next(iter(sys.argv[1:] if argv is None else argv), None)
     if first == "plugin":
-        from nvdp.ssl_block import block_ssl
+        from nvdp.base.ssl_block import block_ssl
 
         block_ssl()  # before anything imports grpc
     # Only the named command's parser: the plugin's start-up imports no other command's modules.
@@ -179,9 +179,9 @@ def _log_as_given(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     a bad value leaves the default here and is reported by the resolve that follows."""
     if not hasattr(args, "log_format"):
         return  # a command that prints (status, config check)
+    from nvdp.base.logs import setup_logging
     from nvdp.config.groups import LOGGING
     from nvdp.config.options import read_options
-    from nvdp.logs import setup_logging
 
     given, problems = read_options(LOGGING, args, environ)
     if not problems:

@@ -1,5 +1,5 @@
 """What each `nvdp` command runs, once `nvdp.cli` has parsed its command line: resolve its settings,
-set up logging, attach the signal handling (`nvdp.signals`) and run, mapping expected errors to one
+set up logging, attach the signal handling (`nvdp.base.signals`) and run, mapping expected errors to one
 line and an exit status. With `nvdp.cli`, the only place that prints or chooses exit codes.
 """
 
@@ -13,9 +13,9 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from nvdp.base.logs import log_event, setup_logging
+from nvdp.base.signals import SignalTarget, handle_signals
 from nvdp.errors import ConfigError, DirLockHeld, NvdpError
-from nvdp.logs import log_event, setup_logging
-from nvdp.signals import SignalTarget, handle_signals
 
 log = logging.getLogger("nvdp")
 
@@ -35,13 +35,13 @@ def _keep_start_up() -> None:
 
 
 def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from nvdp.ssl_block import block_ssl
+    from nvdp.base.ssl_block import block_ssl
 
-    block_ssl()  # before grpc is imported; see nvdp/ssl_block.py
+    block_ssl()  # before grpc is imported; see nvdp/base/ssl_block.py
     gc.disable()  # until the daemon is built (see _keep_start_up)
     try:
         from nvdp.config import resolve
-        from nvdp.daemon import Daemon
+        from nvdp.deviceplugin.daemon import Daemon
 
         try:
             options = resolve(args, environ)
@@ -94,8 +94,8 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     import tempfile
 
     from nvdp.config import resolve
-    from nvdp.simulate import Simulation
-    from nvdp.simulate_dra import DraSimulation
+    from nvdp.sim.simulate import Simulation
+    from nvdp.sim.simulate_dra import DraSimulation
 
     env = dict(environ)
     if args.profile is not None:

@@ -2,7 +2,7 @@
 
 - Expected errors (bad config, bad requests, NVML failures) are `NvdpError`s, reported as one
   line, never a traceback; anything else is a bug.
-- gRPC status codes are mapped in one place, `nvdp.plugin.status`.
+- gRPC status codes are mapped in one place, `nvdp.deviceplugin.status`.
 - Module-private signals that never leave their module are no NvdpError:
   `nvdp.config.values.InvalidValue` and `nvdp.nvml.sim.mig.MigLayoutError` (ValueErrors their
   callers turn into field-named `ConfigError` lines), and `nvdp.nvml.sim.events.SimEventError` (a
@@ -130,7 +130,7 @@ class CandidateError(NvdpError):
 
 class UnreadableFile(NvdpError):
     """A file nvdp was pointed at cannot be read, is not a regular file, or is too large
-    (`nvdp.files.read_bounded`). `reason` says which, in words ("is a FIFO", "larger than 1 MiB")."""
+    (`nvdp.base.files.read_bounded`). `reason` says which, in words ("is a FIFO", "larger than 1 MiB")."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path

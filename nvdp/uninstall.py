@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from nvdp import kube
+from nvdp.base.logs import log_event
 from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, SERVICE_ACCOUNT_NAMESPACE, pod_namespace
 from nvdp.config.options import Option, flag, read_options, with_values
 from nvdp.errors import ConfigError, KubeError
 from nvdp.handoff import UNKNOWN_HOLDER, Handoff
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Test helpers for CDI: the fake driver root (`nvdp.testing.driver_root`) and a small JSON-schema
+"""Test helpers for CDI: the fake driver root (`testkit.driver_root`) and a small JSON-schema
 validator.
 
 The validator covers the subset of draft-07 the CDI schema uses (type, properties, required, items,
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nvdp.testing.driver_root import (
+from testkit.driver_root import (
     DRIVER_VERSION,
     LIB_DIR,
     LIBRARIES,

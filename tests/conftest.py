@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.logs import JsonFormatter, TextFormatter
-from nvdp.testing import Process, short_temp_dir
+from nvdp.base.logs import JsonFormatter, TextFormatter
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, short_temp_dir
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

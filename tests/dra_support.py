@@ -1,12 +1,11 @@
-"""Test helpers for DRA: the node and cluster of `nvdp.testing.dra` (API stand-in, kubelet stand-in,
+"""Test helpers for DRA: the node and cluster of `testkit.dra` (API stand-in, kubelet stand-in,
 plugin process), and the kubelet's Node status writes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from nvdp.kube_api_standin import KubeApiStandin
-from nvdp.testing.dra import (
+from testkit.dra import (
     DEVICE_CLASSES,
     DRA_ALL_CONFIG,
     DRIVER,
@@ -22,6 +21,7 @@ from nvdp.testing.dra import (
     serve_dra,
     slices_of,
 )
+from testkit.kube_api_standin import KubeApiStandin
 
 __all__ = [
     "DEVICE_CLASSES",

@@ -2,7 +2,7 @@
 supervisor's registration state, the kubelet's Register, node facts, node health (as the supervisor
 and as the Node condition's reporter see it), health targets, Node event sinks and clients,
 endpoints, an NVML that cannot start. (A fake of a seam only one test module drives stays in that
-module.) Waiting on a condition is `nvdp.testing.wait_until`."""
+module.) Waiting on a condition is `testkit.wait_until`."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from nvdp.devices import Device, DeviceSet
+from nvdp.base.http_endpoint import Pages
+from nvdp.deviceplugin.responses import ResponseOptions
+from nvdp.deviceplugin.server import PreferredAllocator
 from nvdp.errors import RegistrationError, nvml_error
+from nvdp.gpus.devices import Device, DeviceSet
+from nvdp.gpus.resources import Resource
 from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
-from nvdp.http_endpoint import Pages
 from nvdp.kube import Involved
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import PreferredAllocator
-from nvdp.resources import Resource
 from tests.builders import resource
 
 CONTROL_DEVICES = ("/dev/nvidiactl",)  # what FakeFacts finds on the node

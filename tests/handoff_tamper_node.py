@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from nvdp.handoff import DEVICE_PLUGIN, DRA
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.dra_support import DRIVER, make_claim, published, schedule
 from tests.test_handoff_tampered import empty, grow, nest, remove_file, symlink_to_a_forged_copy, truncate
 from tests.test_one_gpu_one_api_e2e import GPU, UUIDS, TwoApiNode, one_node, overlaps
@@ -135,7 +135,7 @@ class CrossedNode:
 
 @contextmanager
 def crossed_node(tmp_path: Path, timers: Mapping[str, str] | None = None) -> Iterator[CrossedNode]:
-    """`timers`: both processes' (`nvdp.timers`); production's by default: a record is written again
+    """`timers`: both processes' (`nvdp.base.timers`); production's by default: a record is written again
     when its directory's watch wakes, long before the hand-over's retry."""
     with one_node(tmp_path, timers=timers or {}) as node:
         yield CrossedNode(node)

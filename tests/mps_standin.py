@@ -1,6 +1,6 @@
-"""The stand-in `nvidia-cuda-mps-control` lives in `nvdp.testing.mps_control` (the benchmarks use it
+"""The stand-in `nvidia-cuda-mps-control` lives in `testkit.mps_control` (the benchmarks use it
 too); the tests import it from here."""
 
-from nvdp.testing.mps_control import Standin
+from testkit.mps_control import Standin
 
 __all__ = ["Standin"]

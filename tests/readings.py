@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from nvdp.logs import FIELDS_ATTR, format_fields
-from nvdp.testing import REPO, clean_env, http_get
+from nvdp.base.logs import FIELDS_ATTR, format_fields
+from testkit import REPO, clean_env, http_get
 
 __all__ = ["http_get", "log_lines", "status_lines"]
 

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from nvdp.testing import Process
+from testkit import Process
 
 BURST = 2000  # back to back
 SPACED = 1000  # then one every SPACING_S

@@ -1,4 +1,4 @@
-"""A small command for tests/test_signals.py, run as a process: `nvdp.signals` installed as the real
+"""A small command for tests/test_signals.py, run as a process: `nvdp.base.signals` installed as the real
 commands install it, around a loop that sleeps on a wake-up pipe, takes each pending reload (which
 takes RELOAD_S, so that SIGHUPs arrive during it) and stops when asked.
 
@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from nvdp.logs import log_event, setup_logging
-from nvdp.signals import SignalHandling, SignalTarget
+from nvdp.base.logs import log_event, setup_logging
+from nvdp.base.signals import SignalHandling, SignalTarget
 
 log = logging.getLogger("signal_target")
 RELOAD_S = 0.02

@@ -6,11 +6,18 @@ from itertools import combinations
 
 import pytest
 
-from nvdp.allocation import NVLINK_SCORE, PCIE_SCORE, AllocationPolicy, Allocator, Topology, pair_score
-from nvdp.allocation.synthetic import gpu_devices
-from nvdp.devices import Device
+from nvdp.deviceplugin.allocation import (
+    NVLINK_SCORE,
+    PCIE_SCORE,
+    AllocationPolicy,
+    Allocator,
+    Topology,
+    pair_score,
+)
 from nvdp.errors import RequestError
+from nvdp.gpus.devices import Device
 from nvdp.nvml.types import GpuLink, PcieLevel
+from testkit.synthetic import gpu_devices
 from tests.builders import device, full_gpu, mig_device_info, replicas
 
 U = [f"GPU-{i}" for i in range(8)]

@@ -7,9 +7,9 @@ from itertools import combinations
 
 import pytest
 
-from nvdp.allocation import Allocator, Topology
-from nvdp.allocation.synthetic import gpu_devices
+from nvdp.deviceplugin.allocation import Allocator, Topology
 from nvdp.nvml import open_nvml
+from testkit.synthetic import gpu_devices
 
 
 @cache

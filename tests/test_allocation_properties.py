@@ -8,10 +8,10 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.allocation import Allocator, Topology
-from nvdp.allocation.synthetic import gpu_devices
-from nvdp.devices import Device
+from nvdp.deviceplugin.allocation import Allocator, Topology
+from nvdp.gpus.devices import Device
 from nvdp.nvml.types import GpuLink, PcieLevel
+from testkit.synthetic import gpu_devices
 from tests.builders import device, full_gpu
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

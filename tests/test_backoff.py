@@ -1,4 +1,4 @@
-"""The one backoff helper (`nvdp.backoff`): the delay sequence, its cap, reset, jitter and the
+"""The one backoff helper (`nvdp.base.backoff`): the delay sequence, its cap, reset, jitter and the
 stop-aware wait."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from nvdp.backoff import Backoff, delay_after
+from nvdp.base.backoff import Backoff, delay_after
 
 
 @pytest.mark.parametrize(

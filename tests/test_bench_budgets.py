@@ -14,7 +14,7 @@ import pytest
 
 from bench.budgets import judge_ratio, remeasured, verdict
 from bench.table import Row
-from nvdp.testing import REPO, clean_env
+from testkit import REPO, clean_env
 
 
 def allocate(ratio: float | None, ok: bool | None = None, *, case: str = "Allocate, 8 GPUs, c=1") -> Row:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvdp.base.dir_watch import IN_CLOSE_WRITE
 from nvdp.cdi import CdiSettings
 from nvdp.cdi.node_files import DevNode, NodeFiles
 from nvdp.cdi.publisher import CdiPublisher, answer_names
@@ -24,15 +25,14 @@ from nvdp.cdi.roots import visible_roots
 from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import build_specs, node_devices, render
 from nvdp.config import Config, ReplicatedResource, RuntimeOptions
-from nvdp.daemon_settings import cdi_settings, imex_channels
-from nvdp.devices import parse_mig_minors
-from nvdp.dir_watch import IN_CLOSE_WRITE
+from nvdp.deviceplugin.daemon_settings import cdi_settings, imex_channels
+from nvdp.deviceplugin.responses import ResponseOptions, container_response
 from nvdp.errors import ConfigError
-from nvdp.misfits import Misfit
+from nvdp.gpus.devices import parse_mig_minors
+from nvdp.gpus.misfits import Misfit
+from nvdp.gpus.resources import build_resources
+from nvdp.gpus.unusable import Unusable, leave_out
 from nvdp.nvml.types import GpuInfo
-from nvdp.plugin.responses import ResponseOptions, container_response
-from nvdp.resources import build_resources
-from nvdp.unusable import Unusable, leave_out
 from tests.builders import sim_gpus
 from tests.cdi_support import (
     DRIVER_VERSION,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, clean_env, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.cdi_support import make_char_device, make_node
 

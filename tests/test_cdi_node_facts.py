@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.dir_watch import DirWatcher
 from nvdp.config import Config, RuntimeOptions
-from nvdp.daemon_settings import daemon_settings
-from nvdp.dir_watch import DirWatcher
-from nvdp.kubelet_standin import Kubelet
-from nvdp.misfit_report import MisfitReport
+from nvdp.deviceplugin.daemon_settings import daemon_settings
+from nvdp.deviceplugin.supervisor import DaemonSettings, Supervisor
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
-from nvdp.plugin.supervisor import DaemonSettings, Supervisor
-from nvdp.testing import Process, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.cdi_support import make_char_device, make_node
 from tests.fakes import FakeEventSink, FakeFacts, FakeKubelet, FakeServer

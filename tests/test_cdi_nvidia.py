@@ -25,10 +25,10 @@ from nvdp.config import add_plugin_flags, resolve
 from nvdp.config.model import CDI_FEATURE_FLAGS
 from nvdp.config.rules import COHERENT_ANNOTATIONS_UNSUPPORTED
 from nvdp.config.runtime import CDI_HOOKS
-from nvdp.daemon_settings import cdi_settings
+from nvdp.deviceplugin.daemon_settings import cdi_settings
 from nvdp.errors import ConfigError
 from nvdp.nvml.types import GpuInfo
-from nvdp.testing import REPO
+from testkit import REPO
 from tests.builders import sim_gpus
 from tests.cdi_support import DRIVER_VERSION, LIB_DIR, assert_valid, make_char_device, make_node
 

@@ -20,9 +20,9 @@ import pytest
 from nvdp.config.model import DEFAULT_KUBELET_SOCKET
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DRA_OPTIONS
-from nvdp.dra_standin.scheduler import nvidia_device_classes
 from nvdp.handoff import device_plugin_record_dir
-from nvdp.testing import Process, clean_env, free_port, wait_until
+from nvdp.sim.dra.scheduler import nvidia_device_classes
+from testkit import Process, clean_env, free_port, wait_until
 from tests import test_deploy as deploy
 from tests.dra_support import dra_cluster, published
 from tests.readings import http_get

@@ -14,7 +14,7 @@ import pytest
 
 from nvdp.config import PLUGIN_OPTIONS
 from nvdp.gfd.options import GFD_OPTIONS
-from nvdp.testing import clean_env
+from testkit import clean_env
 from tests.test_deploy import (
     CONTAINER,
     NAMESPACE,

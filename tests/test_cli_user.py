@@ -21,7 +21,7 @@ from nvdp.cli import (
     mps_control_daemon_main,
     plugin_main,
 )
-from nvdp.testing import REPO
+from testkit import REPO
 from tests.test_simulate import run_simulate
 
 Entry = Callable[[Sequence[str] | None], int]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.units import format_go_duration
 from nvdp.config import (
     Config,
     Health,
@@ -20,7 +21,6 @@ from nvdp.config import (
     parse_text,
 )
 from nvdp.errors import ConfigError
-from nvdp.units import format_go_duration
 
 DATA = Path(__file__).parent / "data" / "config"
 UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"

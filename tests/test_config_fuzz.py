@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.bounded import MAX_DEPTH
+from nvdp.base.bounded import MAX_DEPTH
 from nvdp.config import Config, PluginOptions, parse, parse_text
 from nvdp.errors import ConfigError
 
@@ -100,7 +100,7 @@ def test_parse_text_of_any_text(text: str) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values, st.integers(min_value=0, max_value=20_000), st.booleans())
 def test_parse_text_of_any_document_nested_to_any_depth(inner: object, depth: int, as_json: bool) -> None:
-    """Nesting past nvdp.bounded's limit is one line (it used to be RecursionError's territory)."""
+    """Nesting past nvdp.base.bounded's limit is one line (it used to be RecursionError's territory)."""
     value = json.dumps(inner, default=str)
     nest = "[" * depth + value + "]" * depth
     text = f'{{"version": "v1", "flags": {nest}}}' if as_json else f"version: v1\nflags: {nest}\n"

@@ -19,8 +19,8 @@ from nvdp.cli import main
 from nvdp.config import load_file, parse, parse_text
 from nvdp.config.notices import migration_notices
 from nvdp.errors import ConfigError
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import start_plugin
+from nvdp.sim.kubelet import Kubelet
+from testkit import start_plugin
 
 DATA = Path(__file__).parent / "data" / "config"
 ANY_CASE = "(NVIDIA's plugin matches keys in any letter case)"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats, clean_env, wait_until
-from nvdp.timers import as_env
+from nvdp.base.timers import as_env
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, ProcStats, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 
 GPU = "nvidia.com/gpu"

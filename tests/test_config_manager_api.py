@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.settings import Settings, add_flags, resolve
 from nvdp.configmanager.status import Snapshot, not_ready
 from nvdp.errors import ConfigError
 from nvdp.kube.configmaps import ConfigMapData
-from nvdp.logs import FIELDS_ATTR
-from nvdp.testing import ProcStats, free_port, wait_until
+from testkit import ProcStats, free_port, wait_until
 from tests import test_config_manager
 from tests.readings import http_get
 from tests.test_config_manager import LABEL, NODE, ConfigMapDir, Setup, ts

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from nvdp import kube
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.configmanager.command import NodeAnnotationRecord
 from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
-from nvdp.logs import FIELDS_ATTR
-from nvdp.testing import Process, clean_env, free_port, wait_until
+from testkit import Process, clean_env, free_port, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import http_get

@@ -16,7 +16,7 @@ import pytest
 
 from nvdp.configmanager.manager import ConfigManager, Outcome
 from nvdp.configmanager.settings import Settings
-from nvdp.testing import Process, clean_env, wait_until
+from testkit import Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import NODE, ConfigMapDir, ts

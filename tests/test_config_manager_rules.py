@@ -20,7 +20,7 @@ from nvdp.configmanager.selection import list_entries, select
 from nvdp.configmanager.settings import Settings, add_flags
 from nvdp.configmanager.settings import resolve as resolve_settings
 from nvdp.errors import ConfigError, SelectionError
-from nvdp.testing import REPO, clean_env, wait_until
+from testkit import REPO, clean_env, wait_until
 from tests.fakes import FakeNodeEventClient
 
 REQUIRED = ["--node-name", "n", "--config-file-srcdir", "/src", "--config-file-dst", "/dst/config"]

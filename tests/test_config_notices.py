@@ -13,8 +13,8 @@ import pytest
 from nvdp.cli import main
 from nvdp.config import parse_text
 from nvdp.config.notices import MAX_NOTICES, NVIDIA_IGNORES, migration_notices
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 
 IGNORES = NVIDIA_IGNORES
 

@@ -12,7 +12,7 @@ import pytest
 from nvdp.configmanager.settings import add_flags, resolve
 from nvdp.configmanager.spread import Spread
 from nvdp.errors import ConfigError
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 DELAY_S = 0.3  # the test's bound (production: 10 s)
 

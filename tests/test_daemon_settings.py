@@ -1,4 +1,5 @@
-"""Mapping the resolved config onto the daemon (nvdp.daemon_settings, pure and total), and the settings nvdp
+"""Mapping the resolved config onto the daemon (nvdp.deviceplugin.daemon_settings, pure and total), and the
+settings nvdp
 refuses (nvdp.config.rules, through resolve: every problem at once)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import argparse
 import pytest
 
 from nvdp.config import add_plugin_flags, parse_text, resolve
-from nvdp.daemon_settings import daemon_settings
+from nvdp.deviceplugin.daemon_settings import daemon_settings
 from nvdp.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.testing import Process, clean_env, start_plugin, wait_until
+from testkit import Process, clean_env, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.cdi_support import make_node
 from tests.mps_standin import Standin
@@ -29,7 +29,7 @@ def test_make_dirs_ignores_the_umask_and_leaves_existing_directories_alone(tmp_p
     kept = tmp_path / "kept"
     kept.mkdir(mode=0o700)
     code = (
-        "import os, sys; from pathlib import Path; from nvdp.dirs import make_dirs; "
+        "import os, sys; from pathlib import Path; from nvdp.base.dirs import make_dirs; "
         "os.umask(0); make_dirs(Path(sys.argv[1])); make_dirs(Path(sys.argv[1]))"
     )
     target = kept / "a" / "b" / "c"
@@ -40,7 +40,7 @@ def test_make_dirs_ignores_the_umask_and_leaves_existing_directories_alone(tmp_p
 
 
 def test_make_dirs_refuses_a_file_in_the_way(tmp_path: Path) -> None:
-    from nvdp.dirs import make_dirs
+    from nvdp.base.dirs import make_dirs
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, schedule
 from tests.mps_standin import Standin

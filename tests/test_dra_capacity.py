@@ -32,10 +32,10 @@ from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
 from nvdp.dra.devices import DriverFacts, node_devices
 from nvdp.dra.mps import DraMps
 from nvdp.dra.slices import pool_slices
-from nvdp.dra_standin.scheduler import AllocationError, allocate, consumed_capacity, nvidia_device_classes
 from nvdp.kube.resourceslices import from_served, to_served
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml.types import ComputeMode
+from nvdp.sim.dra.scheduler import AllocationError, allocate, consumed_capacity, nvidia_device_classes
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import log_lines

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import wait_until
+from nvdp.sim.kubelet.dra import Claim
+from testkit import wait_until
 from tests.dra_support import DraCluster, dra_cluster, make_claim, published, schedule, slices_of
 from tests.mps_standin import Standin
 

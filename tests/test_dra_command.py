@@ -15,7 +15,7 @@ import pytest
 from nvdp.cli import main
 from nvdp.dra.options import add_dra_flags, resolve_dra
 from nvdp.errors import ConfigError
-from nvdp.testing import clean_env, wait_until
+from testkit import clean_env, wait_until
 from tests.dra_support import dra_cluster, slices_of
 
 

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from nvdp.configmanager import process
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from testkit import REPO, Process, clean_env, wait_until
 from tests.dra_support import dra_cluster, published
 from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv
 

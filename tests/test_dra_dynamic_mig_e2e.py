@@ -21,14 +21,14 @@ from nvdp.config.model import Config, Dra
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DraSettings
-from nvdp.dra_standin.api import MemoryResourceApi
-from nvdp.dra_standin.scheduler import allocate, nvidia_device_classes, taken_devices
-from nvdp.kubelet_standin.dra import Claim, DraManager
-from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
 from nvdp.nvml.sim import open_sim
-from nvdp.testing import wait_until
-from nvdp.testing.dra import DYNAMIC_ALL, PROFILE
-from nvdp.testing.driver_root import cap_files
+from nvdp.sim.dra.api import MemoryResourceApi
+from nvdp.sim.dra.scheduler import allocate, nvidia_device_classes, taken_devices
+from nvdp.sim.kubelet.dra import Claim, DraManager
+from nvdp.sim.kubelet.plugin_watcher import PluginWatcher
+from testkit import wait_until
+from testkit.dra import DYNAMIC_ALL, PROFILE
+from testkit.driver_root import cap_files
 from tests.builders import append_sim_event, sim_gpus
 from tests.cdi_support import make_node
 from tests.dra_support import claim_path, dra_cluster, make_claim, schedule, slices_of

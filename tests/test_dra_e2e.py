@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from nvdp.dra.names import REGISTRATION_SOCKET
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
-from nvdp.testing import wait_until
+from nvdp.sim.kubelet.dra import Claim
+from nvdp.sim.kubelet.plugin_watcher import PluginWatcher
+from testkit import wait_until
 from tests.cdi_support import load_schema, validate
 from tests.dra_support import NODE_UID, claim_path, dra_cluster, make_claim, schedule, slices_of
 from tests.test_cdi import strict_schema

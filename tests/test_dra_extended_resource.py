@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra_standin.scheduler import (
+from nvdp.sim.dra.scheduler import (
     AllocationError,
     extended_resource_claim,
     extended_resource_classes,
     nvidia_device_classes,
 )
-from nvdp.kubelet_standin import Kubelet
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from nvdp.sim.kubelet.dra import Claim
+from testkit import start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, V1, claim_path, dra_cluster, published, schedule, slices_of
 from tests.kube_api_standin import KubeApiStandin

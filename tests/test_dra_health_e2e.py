@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import claim_path, dra_cluster, make_claim, published, schedule, slices_of
 

@@ -13,7 +13,7 @@ import grpc
 
 from nvdp.api.dra import RESOURCE_HEALTH
 from nvdp.dra.health import MAX_STREAMS
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.dra_support import dra_cluster
 
 DRIVER = "gpu.nvidia.com"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, schedule, slices_of
 from tests.test_dra_state import reserve

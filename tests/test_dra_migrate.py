@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.logs import TextFormatter
 from nvdp.dra.checkpoint import Checkpoint, PreparedDevice
 from nvdp.dra.nvidia_checkpoint import adopt, current_boot_id, parse
-from nvdp.kubelet_standin import Kubelet
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.logs import TextFormatter
-from nvdp.testing import start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from nvdp.sim.kubelet.dra import Claim
+from testkit import start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, dra_cluster, make_claim, schedule, slices_of
 from tests.nvidia_checkpoint_support import checkpoint_v2, v2_claim

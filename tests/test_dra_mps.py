@@ -27,7 +27,7 @@ from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import SimNvml
 from nvdp.nvml.types import ComputeMode
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.mps_standin import Standin
 from tests.test_dra_slices import FACTS

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nvdp.dra.names import claim_spec_file
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import wait_until
+from nvdp.sim.kubelet.dra import Claim
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, published, schedule, slices_of
 

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from nvdp.dra.names import PLUGIN_LOCK_FILE
-from nvdp.testing import Process, start_dra_plugin, wait_until
+from testkit import Process, start_dra_plugin, wait_until
 from tests.dra_support import DRIVER, DraCluster, dra_cluster, make_claim, schedule, slices_of
 
 

@@ -1,6 +1,6 @@
 """Partitionable devices, pure parts: a dynamic-MIG GPU's counter set and placement devices
 (nvdp.dra.mig_partitions), the slices that carry counter sets (nvdp.dra.slices), and the stand-in
-scheduler's counting of them (nvdp.dra_standin.counters)."""
+scheduler's counting of them (nvdp.sim.dra.counters)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from nvdp.dra.devices import DriverFacts
 from nvdp.dra.mig_partitions import partitions
 from nvdp.dra.slices import pool_slices
-from nvdp.dra_standin.counters import Counters, quantity
-from nvdp.dra_standin.scheduler import AllocationError, allocate, nvidia_device_classes
 from nvdp.nvml.sim import open_sim
 from nvdp.nvml.sim.mig_control import profiles_of
 from nvdp.nvml.types import GpuInfo, MigPlacement
+from nvdp.sim.dra.counters import Counters, quantity
+from nvdp.sim.dra.scheduler import AllocationError, allocate, nvidia_device_classes
 
 FACTS = DriverFacts("550.54.15", "12.4")
 

@@ -19,7 +19,7 @@ from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
 from nvdp.dra.devices import node_devices
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.slices import Taint, pool_slices
-from nvdp.dra_standin.scheduler import AllocationError, allocate, selector_matches, taken_devices
+from nvdp.sim.dra.scheduler import AllocationError, allocate, selector_matches, taken_devices
 from tests.builders import sim_gpus
 from tests.dra_support import DEVICE_CLASSES
 from tests.readings import log_lines

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
 from nvdp.dra.cluster import KubeResourceApi
 from nvdp.dra.devices import node_devices
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.slices import Taint
 from nvdp.kube import new_api_client
 from nvdp.kube.reflector import WatchTimers
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import log_lines

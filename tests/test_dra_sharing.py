@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.base.units import parse_quantity
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.sharing import (
     ConfigProblem,
@@ -24,8 +25,7 @@ from nvdp.dra.sharing import (
     resolve,
 )
 from nvdp.dra.timeslice import NvidiaSmi, TimeSliceError
-from nvdp.dra_standin.scheduler import allocation_config
-from nvdp.units import parse_quantity
+from nvdp.sim.dra.scheduler import allocation_config
 
 REF = ClaimRef("ns", "c", "u1")
 V = "resource.nvidia.com/v1beta1"

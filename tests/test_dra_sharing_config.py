@@ -14,7 +14,7 @@ from nvdp.config.model import DRA_ALL, DRA_NONE
 from nvdp.config.rules import dra_problems
 from nvdp.dra.options import add_dra_flags, resolve_dra
 from nvdp.errors import ConfigError
-from nvdp.inventory import DraSharing, dra_sharing
+from nvdp.gpus.inventory import DraSharing, dra_sharing
 from tests.builders import sim_gpus
 
 ONE_WAY = "a GPU is shared by capacity or partitioned by MIG, not both"

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import wait_until
+from nvdp.sim.kubelet.dra import Claim
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.cdi_support import load_schema, validate
 from tests.dra_support import V1, claim_path, dra_cluster, make_claim, schedule, slices_of

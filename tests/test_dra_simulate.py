@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvdp.testing import REPO, wait_until
+from testkit import REPO, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.test_simulate import run_simulate
 

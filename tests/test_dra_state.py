@@ -28,8 +28,8 @@ from nvdp.dra.node_state import NodeState
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.kube import new_api_client
 from nvdp.kube.resourceclaims import KubeResourceClaims
-from nvdp.kubelet_standin.dra import Claim
-from nvdp.testing import wait_until
+from nvdp.sim.kubelet.dra import Claim
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import DRIVER, claim_path, dra_cluster, make_claim, schedule, serve_dra, slices_of
 from tests.kube_api_standin import KubeApiStandin

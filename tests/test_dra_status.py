@@ -18,11 +18,11 @@ import pytest
 from nvdp.config import Config, RuntimeOptions
 from nvdp.dra.driver import DraDriver
 from nvdp.dra.options import DraSettings
-from nvdp.dra_standin.api import MemoryResourceApi
-from nvdp.kubelet_standin.dra import Claim
 from nvdp.kubeletplugin import loop_watch
 from nvdp.kubeletplugin.loop_watch import LoopWatch
-from nvdp.testing import free_port, wait_until
+from nvdp.sim.dra.api import MemoryResourceApi
+from nvdp.sim.kubelet.dra import Claim
+from testkit import free_port, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import DraCluster, dra_cluster, make_claim, published, schedule, serve_dra, slices_of
 from tests.readings import http_get

@@ -26,8 +26,8 @@ from nvdp.ledger.status import StatusFlags
 from nvdp.mps.command import resolve as resolve_mps
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
-from nvdp.testing import Process, clean_env, wait_until
 from nvdp.uninstall import resolve_delete_daemonsets
+from testkit import Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_command_options import COMMANDS, NO_ENV, parsers
 from tests.test_config_manager import ConfigMapDir, console_script

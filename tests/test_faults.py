@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, add_plugin_flags, load_file, resolve
 from nvdp.errors import ConfigError
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until, write_time_slicing_config
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, clean_env, plugin_argv, start_plugin, wait_until, write_time_slicing_config
 
 GPU = "nvidia.com/gpu"
 

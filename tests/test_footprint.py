@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from nvdp.testing import REPO
+from testkit import REPO
 
 
 def run_python(code: str) -> str:
@@ -28,9 +28,9 @@ def test_plugin_imports_leave_ssl_and_kubernetes_out() -> None:
     out = run_python(
         """
         import sys
-        from nvdp.ssl_block import block_ssl
+        from nvdp.base.ssl_block import block_ssl
         block_ssl()
-        import grpc, nvdp.daemon, nvdp.cli, nvdp.nvml.sim, http.server
+        import grpc, nvdp.deviceplugin.daemon, nvdp.cli, nvdp.nvml.sim, http.server
         print("ssl" if sys.modules.get("ssl") is not None else "-", "kubernetes" in sys.modules)
         """
     )
@@ -42,7 +42,7 @@ def test_importing_a_tls_client_lifts_the_block() -> None:
     out = run_python(
         """
         import sys
-        from nvdp.ssl_block import block_ssl
+        from nvdp.base.ssl_block import block_ssl
         block_ssl()
         import grpc, http.client
         assert sys.modules.get("ssl") is None and not hasattr(http.client, "HTTPSConnection")
@@ -79,11 +79,11 @@ def test_plugin_start_loads_no_module_of_a_feature_it_does_not_use(tmp_path: Pat
     out = run_python(
         f"""
         import sys
-        from nvdp.ssl_block import block_ssl
+        from nvdp.base.ssl_block import block_ssl
         block_ssl()
         from nvdp.cli import build_parser
         from nvdp.config import resolve
-        from nvdp.daemon import Daemon
+        from nvdp.deviceplugin.daemon import Daemon
         parser, _ = build_parser("plugin")
         args = parser.parse_args(
             ["plugin", "--nvml", "sim:dgx-a100", "--kubelet-socket", "{tmp_path}/kubelet.sock"]

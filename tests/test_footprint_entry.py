@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import start_plugin, wait_until
-from nvdp.testing.dra import dra_cluster, slices_of
+from nvdp.sim.kubelet import Kubelet
+from testkit import start_plugin, wait_until
+from testkit.dra import dra_cluster, slices_of
 from tests.test_footprint import run_python
 
 
@@ -46,7 +46,7 @@ def test_plugin_modules_leave_difflib_out() -> None:
     out = run_python(
         """
         import sys
-        import nvdp.cli, nvdp.daemon
+        import nvdp.cli, nvdp.deviceplugin.daemon
         from nvdp.config import parse_text
         parse_text("version: v1\\nflags: {migStrategy: none}\\n")
         print("difflib" in sys.modules)

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from nvdp.configmanager import process
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from testkit import REPO, Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv, ts

@@ -21,7 +21,7 @@ from nvdp.nvml import open_nvml
 from nvdp.nvml.real import RealNvml
 from nvdp.nvml.sim import SimNvml, load_node_file
 from nvdp.nvml.types import FabricState, GpuFabric
-from nvdp.testing import REPO
+from testkit import REPO
 from tests.test_gfd_process import gfd_argv, gfd_env
 
 CLUSTER = uuid.UUID("5ad4a1c2-3f0e-4b8d-9c61-7e2f40b1d9a3")

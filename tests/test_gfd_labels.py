@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import PluginOptions, resolve
-from nvdp.daemon import Daemon
-from nvdp.devices import AnnotatedID
+from nvdp.deviceplugin.daemon import Daemon
 from nvdp.gfd.discover import discover, pci_mode
 from nvdp.gfd.labels import (
     GPU_RESOURCE,
@@ -28,11 +27,12 @@ from nvdp.gfd.labels import (
     single_strategy_problem,
     version_labels,
 )
-from nvdp.kubelet_standin import Kubelet
+from nvdp.gpus.devices import AnnotatedID
 from nvdp.mps.simulated import skip_daemon
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import GpuInfo
-from nvdp.testing import short_temp_dir
+from nvdp.sim.kubelet import Kubelet
+from testkit import short_temp_dir
 from tests.builders import full_gpu, mig_enabled_gpu
 
 DATA = Path(__file__).resolve().parent / "data" / "gfd"
@@ -455,7 +455,7 @@ def test_mode_label_uses_the_reader() -> None:
         numa_node=None,
         mig_capable=False,
     )
-    from nvdp.resources import build_resources
+    from nvdp.gpus.resources import build_resources
 
     facts = NodeFacts((gpu,), "550.54.15", "12.4", modes={"GPU-0": "graphics"})
     labels = node_labels(

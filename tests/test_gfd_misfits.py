@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.cli import main
-from nvdp.testing import REPO, Process, wait_until
+from testkit import REPO, Process, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_gfd_process import gfd_argv, gfd_env
 

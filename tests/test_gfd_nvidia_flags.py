@@ -23,7 +23,7 @@ from nvdp.errors import ConfigError
 from nvdp.gfd import run as gfd_run
 from nvdp.gfd.options import GFD_OPTIONS, GfdSettings
 from nvdp.gfd.output import FileOutput, NodeFeatureOutput
-from nvdp.testing import REPO, Process, wait_until
+from testkit import REPO, Process, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_gfd_flags import parse
 from tests.test_gfd_process import gfd_argv, gfd_env

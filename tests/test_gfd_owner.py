@@ -14,7 +14,7 @@ import pytest
 
 from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.kube import new_api_client
-from nvdp.testing import REPO
+from testkit import REPO
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_gfd_process import gfd_argv, gfd_env
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.gfd.output import write_atomically
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from testkit import REPO, Process, clean_env, wait_until
 from tests.kube_api_nodefeature import KubeApi
 
 DATA = REPO / "tests" / "data" / "gfd"

@@ -16,7 +16,7 @@ from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.gfd.run import Gfd
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.fakes import FakeNodeEventClient
 from tests.kube_api_nodefeature import KubeApi
 from tests.test_gfd_flags import parse

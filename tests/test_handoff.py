@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.config import parse_text
 from nvdp.config.model import DRA_ALL, DRA_NONE
+from nvdp.gpus.inventory import dra_gpus
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff, Record, settle
 from nvdp.handoff import records as handoff
-from nvdp.inventory import dra_gpus
-from nvdp.logs import FIELDS_ATTR
 from tests.builders import sim_gpus
 
 GPUS = sim_gpus("pcie-4")

@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.dra.checkpoint import dra_holds
 from nvdp.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff
 from nvdp.handoff import records as handoff
-from nvdp.logs import FIELDS_ATTR
 from tests.builders import sim_gpus
 
 GPUS = sim_gpus("pcie-4")

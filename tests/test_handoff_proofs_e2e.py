@@ -6,7 +6,7 @@ one through DRA, and the config gives each to the other API.
   shown with `Handoff`s in this process (the grace shortened), beside the node's own records.
 - The device plugin's proof, the real DRA driver's checkpoint: the DRA driver stopped, its record and
   lock removed, the real device plugin waits out its grace (LOST_GRACE_S, 30 s in production, 2 s
-  here: `nvdp.timers`) and still never advertises the claim's GPU; once the directory is cleaned (the
+  here: `nvdp.base.timers`) and still never advertises the claim's GPU; once the directory is cleaned (the
   checkpoint gone too) it stays unknown, said once.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.timers import as_env
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
 from nvdp.handoff import records as handoff
-from nvdp.testing import wait_until
-from nvdp.timers import as_env
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.handoff_tamper_node import CrossedNode, crossed_node, remove_the_directory
 from tests.test_one_gpu_one_api_e2e import UUIDS

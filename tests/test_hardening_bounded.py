@@ -1,4 +1,4 @@
-"""Issue 26 item 2, in process: every JSON and YAML reader of nvdp parses through `nvdp.bounded`, so a
+"""Issue 26 item 2, in process: every JSON and YAML reader of nvdp parses through `nvdp.base.bounded`, so a
 document nested 100,000 levels deep, one over the reader's size, or (YAML) an alias bomb is refused in
 one line where it used to raise RecursionError (or walk 10^9 nodes). The daemons' half (they keep
 serving) is `test_hardening_bounded_process.py`."""
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvdp.bounded import MAX_DEPTH, BoundExceeded, json_depth, loads_json, loads_yaml
+from nvdp.base.bounded import MAX_DEPTH, BoundExceeded, json_depth, loads_json, loads_yaml
 from nvdp.config import parse_text
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint

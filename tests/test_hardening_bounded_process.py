@@ -9,9 +9,9 @@ import signal
 import tempfile
 from pathlib import Path
 
-from nvdp.files import write_atomic
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import start_plugin, wait_until
+from nvdp.base.files import write_atomic
+from nvdp.sim.kubelet import Kubelet
+from testkit import start_plugin, wait_until
 from tests.dra_support import DRIVER, dra_cluster, make_claim, schedule, slices_of
 from tests.test_hardening_bounded import DEEP_ARRAY, DEEP_OBJECT, TOO_DEEP_JSON
 

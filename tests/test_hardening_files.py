@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.files import read_bounded
 from nvdp.cdi.writer import write_spec
 from nvdp.cli import main
 from nvdp.config import load_file, parse_text
 from nvdp.config.values import show
 from nvdp.configmanager import files as cm_files
 from nvdp.errors import CandidateError, ConfigError, UnreadableFile
-from nvdp.files import read_bounded
 from nvdp.gfd.discover import read_machine_type
 from nvdp.nvml.sim import load_node_file
 from nvdp.nvml.sim.follower import FileFollower

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats, clean_env, plugin_argv, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, ProcStats, clean_env, plugin_argv, start_plugin, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.odd_files import ODD_KINDS, leaked, make_sparse, odd_path, write_shadow

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
 from nvdp.errors import NvmlError
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
-from nvdp.kubelet_standin import Kubelet
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 from tests.builders import device, full_gpu
 from tests.fakes import FakeEventSink, FakeHealth, FakeSupervisor, FakeTarget
 from tests.test_health_router import FIRST, GPU0, GPU1, SECOND, down, up

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nvdp import http_endpoint
+from nvdp.base import http_endpoint
 from nvdp.configmanager.status import Snapshot, StatusServer
 from nvdp.metrics import HttpEndpoint, Metrics
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 DEADLINE_S = 3.0  # docs/hardening.md: a request (its line and headers) must arrive within 3 s
 CONNECTIONS = 32  # handled at once
@@ -119,8 +119,8 @@ def test_a_client_sending_a_header_line_at_a_time_is_cut_off_at_the_deadline(ser
 
 
 def test_the_deadline_is_the_documented_one() -> None:
-    from nvdp.http_endpoint import MAX_CONNECTIONS
-    from nvdp.timers import Timers
+    from nvdp.base.http_endpoint import MAX_CONNECTIONS
+    from nvdp.base.timers import Timers
 
     assert (Timers().request_deadline, MAX_CONNECTIONS) == (DEADLINE_S, CONNECTIONS)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dir_watch import file_id
+from nvdp.base.dir_watch import file_id
+from nvdp.deviceplugin.supervisor import Supervisor
+from nvdp.deviceplugin.types import DaemonSettings
 from nvdp.errors import DirLockHeld
-from nvdp.kubelet_standin import Kubelet
 from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
-from nvdp.plugin.supervisor import Supervisor
-from nvdp.plugin.types import DaemonSettings
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 from tests.test_supervisor import Rig
 
 GPU = "nvidia.com/gpu"

@@ -10,10 +10,10 @@ from nvdp.api import UNHEALTHY, pb
 from nvdp.config import ReplicatedResource
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
-from nvdp.kubelet_standin import Kubelet
-from nvdp.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
-from nvdp.resources import build_resources, default_mig_patterns
-from nvdp.testing import Process, start_plugin
+from nvdp.gpus.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
+from nvdp.gpus.resources import build_resources, default_mig_patterns
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin
 from tests.builders import mig_enabled_gpu, sim_gpus, with_facts
 from tests.test_config_options import WITH_FILE, errors
 

@@ -17,16 +17,16 @@ import grpc
 import pytest
 
 from nvdp.api import pb, pb_grpc
-from nvdp.daemon import GRPC_WORKERS
-from nvdp.kubelet_standin import Kubelet
-from nvdp.logs import TextFormatter
+from nvdp.base.logs import TextFormatter
+from nvdp.deviceplugin.daemon import GRPC_WORKERS
+from nvdp.deviceplugin.probe import PROBE_TIMEOUT_S, rpc_problem
+from nvdp.deviceplugin.responses import ResponseOptions
+from nvdp.deviceplugin.server import MAX_LIST_AND_WATCH_STREAMS, DevicePluginServer
+from nvdp.gpus.resources import build_resources
 from nvdp.metrics import Probes
 from nvdp.nvml.sim import open_sim
-from nvdp.plugin.probe import PROBE_TIMEOUT_S, rpc_problem
-from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import MAX_LIST_AND_WATCH_STREAMS, DevicePluginServer
-from nvdp.resources import build_resources
-from nvdp.testing import Process, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.readings import http_get
 

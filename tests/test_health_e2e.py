@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus
 
 GPU = "nvidia.com/gpu"

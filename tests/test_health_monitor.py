@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.logs import TextFormatter
 from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
 from nvdp.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
-from nvdp.logs import TextFormatter
 from nvdp.nvml import GpuInfo, Nvml, open_nvml
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import append_sim_event, replicas
 from tests.fakes import FakeTarget
 

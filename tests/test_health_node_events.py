@@ -1,4 +1,5 @@
-"""Node events through nvdp.kube (wired by nvdp.daemon) against a local stub API server; API trouble
+"""Node events through nvdp.kube (wired by nvdp.deviceplugin.daemon) against a local stub API server; API
+trouble
 never blocks health."""
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def test_the_plugin_imports_the_api_transport_only_when_an_event_is_sent(tmp_pat
     token.write_text("t")
     code = f"""
 import sys
-from nvdp.ssl_block import block_ssl
+from nvdp.base.ssl_block import block_ssl
 block_ssl()
 from nvdp.health.node_events import node_events_from_env
 env = {{"NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "127.0.0.1"}}

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from nvdp.base.logs import JsonFormatter, TextFormatter
+from nvdp.base.units import format_go_duration
 from nvdp.health import HealthChange, HealthRouter
-from nvdp.logs import JsonFormatter, TextFormatter
-from nvdp.units import format_go_duration
 from tests.builders import device, full_gpu, mig_device_info, replicas
 from tests.fakes import FakeTarget
 

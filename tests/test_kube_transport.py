@@ -235,7 +235,7 @@ def test_requests_and_watches_of_a_plain_kubeconfig_leave_the_kubernetes_package
         from pathlib import Path
         from nvdp.kube import get_json, new_api_client, watch
         from nvdp.kube.client import request
-        from nvdp.kube_api_standin import KubeApiStandin
+        from testkit.kube_api_standin import KubeApiStandin
         with KubeApiStandin() as api, tempfile.TemporaryDirectory() as tmp:
             client = new_api_client(kubeconfig=str(api.write_kubeconfig(Path(tmp) / "kubeconfig")))
             path = "/api/v1/namespaces/ns/configmaps"

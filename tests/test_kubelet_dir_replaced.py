@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
 from nvdp.kubeletplugin.dir_lock import LOCK_NAME
-from nvdp.testing import Process, free_port, short_temp_dir, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, free_port, short_temp_dir, start_plugin, wait_until
 from tests.readings import http_get
 
 GPU = "nvidia.com/gpu"

@@ -19,18 +19,18 @@ import grpc
 import pytest
 
 from nvdp.api import pb, pb_grpc
-from nvdp.dir_watch import DirWatcher
+from nvdp.base.dir_watch import DirWatcher
+from nvdp.deviceplugin.responses import ResponseOptions
+from nvdp.deviceplugin.server import DevicePluginServer
+from nvdp.deviceplugin.supervisor import DaemonSettings
 from nvdp.errors import DirLockHeld, NvdpError
-from nvdp.inventory import ResourceRules
+from nvdp.gpus.inventory import ResourceRules
+from nvdp.gpus.resources import build_resources
 from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.kubeletplugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import open_sim
-from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import DevicePluginServer
-from nvdp.plugin.supervisor import DaemonSettings
-from nvdp.resources import build_resources
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.fakes import FakeServer
 from tests.readings import log_lines
 from tests.test_kubelet_dir_replaced import bind_read_only

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from nvdp.api import API_VERSION, HEALTHY, UNHEALTHY, pb, pb_grpc
-from nvdp.kubelet_standin import (
+from nvdp.sim.kubelet import (
     CHECKPOINT_FILE,
     DeviceState,
     Kubelet,
@@ -24,7 +24,7 @@ from nvdp.kubelet_standin import (
     PluginNotConnected,
     is_extended_resource_name,
 )
-from nvdp.kubelet_standin.node_status import NodeStatusMirror
+from nvdp.sim.kubelet.node_status import NodeStatusMirror
 
 RESOURCE = "example.com/gpu"
 TWO_GPUS = {"GPU-0": (HEALTHY, 0), "GPU-1": (HEALTHY, 1)}

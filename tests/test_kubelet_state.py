@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from nvdp.api import HEALTHY, UNHEALTHY, pb
-from nvdp.kubelet_standin import (
+from nvdp.sim.kubelet import (
     DeviceManagerState,
     DeviceState,
     PluginEndpoint,

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from nvdp.api.dra import registration
-from nvdp.dir_watch import DirWatcher, file_id
+from nvdp.base.dir_watch import DirWatcher, file_id
 from nvdp.errors import NvdpError
 from nvdp.kubeletplugin.registration import RegistrationService
 from nvdp.kubeletplugin.serve_loop import ServeLoop

@@ -27,12 +27,11 @@ MAX_LINES = 420  # "about 400"; generated code excepted
 # The pure core: plain data in, plain data out. Its imports must stay inside this set (plus the
 # foundations below); an I/O shell in their closure is an upward arrow.
 PURE = {
-    "nvdp.allocation",
-    "nvdp.allocation.allocator",
-    "nvdp.allocation.gpus",
-    "nvdp.allocation.shared",
-    "nvdp.allocation.synthetic",
-    "nvdp.allocation.topology",
+    "nvdp.deviceplugin.allocation",
+    "nvdp.deviceplugin.allocation.allocator",
+    "nvdp.deviceplugin.allocation.gpus",
+    "nvdp.deviceplugin.allocation.shared",
+    "nvdp.deviceplugin.allocation.topology",
     "nvdp.cdi.edits",
     "nvdp.cdi.names",
     "nvdp.cdi.node_files",
@@ -41,14 +40,14 @@ PURE = {
     "nvdp.config.notices",
     "nvdp.config.runtime",
     "nvdp.config.values",
-    "nvdp.devices",
+    "nvdp.gpus.devices",
     "nvdp.dra.capacity",
     "nvdp.dra.claims",
     "nvdp.dra.devices",
     "nvdp.dra.names",
     "nvdp.dra.slices",
-    "nvdp.dra_standin.counters",
-    "nvdp.dra_standin.scheduler",
+    "nvdp.sim.dra.counters",
+    "nvdp.sim.dra.scheduler",
     "nvdp.gfd.clique",
     "nvdp.gfd.labels",
     "nvdp.health.condition",
@@ -56,10 +55,10 @@ PURE = {
     "nvdp.health.state",
     "nvdp.health.types",
     "nvdp.health.xid",
-    "nvdp.inventory",
-    "nvdp.kubelet_standin.validation",
-    "nvdp.list_size",
-    "nvdp.misfits",
+    "nvdp.gpus.inventory",
+    "nvdp.sim.kubelet.validation",
+    "nvdp.gpus.list_size",
+    "nvdp.gpus.misfits",
     "nvdp.mps.allocate",
     "nvdp.mps.layout",
     "nvdp.mps.plan",
@@ -68,16 +67,16 @@ PURE = {
     "nvdp.nvml.sim.models",
     "nvdp.nvml.sim.node",
     "nvdp.nvml.types",
-    "nvdp.plugin.responses",
-    "nvdp.resources",
-    "nvdp.unusable",
+    "nvdp.deviceplugin.responses",
+    "nvdp.gpus.resources",
+    "nvdp.gpus.unusable",
 }
 FOUNDATIONS = {
     "nvdp",
     "nvdp.errors",
-    "nvdp.logs",
-    "nvdp.units",
-    "nvdp.timers",  # the timers tests shorten: a leaf on nvdp.errors and nvdp.units
+    "nvdp.base.logs",
+    "nvdp.base.units",
+    "nvdp.base.timers",  # the timers tests shorten: a leaf on nvdp.errors and nvdp.base.units
     "nvdp.api",
     *(f"{package}.api_pb2" for package in GENERATED),
     *GENERATED,
@@ -177,7 +176,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(module: str) -> str:
-    """The layer a module belongs to: its package under nvdp (`nvdp.plugin`), or itself for a module
+    """The layer a module belongs to: its package under nvdp (`nvdp.deviceplugin`), or itself for a module
     directly under nvdp (`nvdp.cli`)."""
     return ".".join(module.split(".")[:2])
 
@@ -239,17 +238,17 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
         and not m.name.startswith("nvdp.api")
     }
     wire = (
-        "nvdp.plugin.",
+        "nvdp.deviceplugin.",
         "nvdp.kubeletplugin.",
-        "nvdp.kubelet_standin.",
+        "nvdp.sim.kubelet.",
         "nvdp.mps.allocate",
-        "nvdp.simulate",
+        "nvdp.sim.simulate",
         "nvdp.dra.",
         "nvdp.ledger.podresources",
     )
     # the PodResources API belongs to the allocation ledger's client and the kubelet stand-in
     podresources_users = {m.name for m in modules().values() if "nvdp.api.podresources" in m.imports}
-    assert podresources_users == {"nvdp.ledger.podresources", "nvdp.kubelet_standin.pod_resources"}
+    assert podresources_users == {"nvdp.ledger.podresources", "nvdp.sim.kubelet.pod_resources"}
     assert sorted(u for u in api_users if not u.startswith(wire)) == []
 
 
@@ -258,7 +257,7 @@ def test_the_kubernetes_adapter_is_a_leaf() -> None:
     assert len(kube) > 1
     outside_kube = {t for m in kube for t in m.imports if t != "nvdp.kube" and not t.startswith("nvdp.kube.")}
     # bounded reads, as every reader; the one backoff of every retry loop (a leaf itself)
-    assert outside_kube - FOUNDATIONS == {"nvdp.bounded", "nvdp.files", "nvdp.backoff"}
+    assert outside_kube - FOUNDATIONS == {"nvdp.base.bounded", "nvdp.base.files", "nvdp.base.backoff"}
 
 
 def test_every_module_says_its_job_and_stays_readable() -> None:

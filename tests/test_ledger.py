@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
+from nvdp.base.files import write_atomic
+from nvdp.deviceplugin.status import AllocateNotice
 from nvdp.errors import KubeletError, NvdpError, PodResourcesUnavailable
-from nvdp.files import write_atomic
-from nvdp.kubelet_standin import Kubelet
 from nvdp.ledger.checkpoint import CheckpointUids, parse_pod_uids, read_pod_uids, with_uids
 from nvdp.ledger.document import Served, allocations_document
 from nvdp.ledger.ledger import AFTER_ALLOCATE_S, AllocationLedger
@@ -26,8 +26,8 @@ from nvdp.ledger.locate import Located, locate
 from nvdp.ledger.podresources import PodResourcesClient, holdings_of, pod_resources_socket
 from nvdp.ledger.report import describe_allocations
 from nvdp.ledger.types import Holding, LedgerSnapshot
-from nvdp.plugin.status import AllocateNotice
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu, replicas
 from tests.readings import log_lines
 

@@ -19,7 +19,7 @@ from nvdp.errors import PodResourcesUnavailable
 from nvdp.ledger.ledger import PAGE_WAIT_S, AllocationLedger
 from nvdp.ledger.podresources import MAX_ANSWER_BYTES, PodResourcesClient, holdings_of
 from nvdp.ledger.types import Holding
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 GPU = "nvidia.com/gpu"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.readings import http_get, status_lines
 

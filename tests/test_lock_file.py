@@ -1,4 +1,4 @@
-"""The one lock file (`nvdp.lock_file`): what stands at the path is refused unless it is a regular file,
+"""The one lock file (`nvdp.base.lock_file`): what stands at the path is refused unless it is a regular file,
 two processes exclude each other, and a file replaced while a process waits is not taken for the lock.
 """
 
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.lock_file import LockFile, is_locked
+from nvdp.base.lock_file import LockFile, is_locked
 
 # Holds the lock at argv[1] (note: pid and host), says "held"; on stdin "swap" it puts a new file it
 # locks too in its place (noted "swapped") and lets the first go, on "release" removes it.
 HOLD_LOCK = """
 import os, socket, sys
 from pathlib import Path
-from nvdp.lock_file import LockFile
+from nvdp.base.lock_file import LockFile
 path = Path(sys.argv[1])
 lock = LockFile(path, note=f"pid={os.getpid()} host={socket.gethostname()}")
 assert lock.acquire() is None
@@ -92,7 +92,7 @@ def test_a_second_process_finds_the_lock_held_by_this_one(tmp_path: Path) -> Non
 PROBE = """
 import sys
 from pathlib import Path
-from nvdp.lock_file import LockFile
+from nvdp.base.lock_file import LockFile
 print(LockFile(Path(sys.argv[1])).acquire())
 """
 

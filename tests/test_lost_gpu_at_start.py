@@ -10,9 +10,9 @@ import pytest
 from nvdp.errors import ConfigError
 from nvdp.health import HealthMonitor
 from nvdp.health.types import HealthChange
-from nvdp.kubelet_standin import Kubelet
 from nvdp.nvml.sim import SimNvml, load_node_file, open_sim
-from nvdp.testing import Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 
 GPU = "nvidia.com/gpu"
 NODE = "gpus:\n  - {name: NVIDIA A100-SXM4-40GB, count: 4, lost: [false, true, false, false]}\n"
@@ -85,7 +85,7 @@ def test_plugin_serves_every_gpu_and_the_lost_one_unhealthy(
 
 
 def test_topology_scores_a_gpu_whose_links_fail_by_numa_only(tmp_path: Path) -> None:
-    from nvdp.allocation import Topology
+    from nvdp.deviceplugin.allocation import Topology
     from nvdp.nvml.types import PcieLevel
 
     nvml = open_sim(str(node_file(tmp_path)))

@@ -2,7 +2,7 @@
 
 The daemon runs in-process on a thread with metrics on 127.0.0.1:0. Every wait polls a condition with
 a deadline; nothing sleeps for a fixed time. Every scrape is parsed and checked by `parse_families`
-(our own reader of the text format 0.0.4); `nvdp.promtext` has exact-text tests of its own.
+(our own reader of the text format 0.0.4); `nvdp.base.promtext` has exact-text tests of its own.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from nvdp.base.logs import JsonFormatter, TextFormatter, log_event
+from nvdp.base.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
 from nvdp.config import PluginOptions, resolve
-from nvdp.daemon import Daemon
+from nvdp.deviceplugin.daemon import Daemon
 from nvdp.errors import ConfigError, NvdpError
 from nvdp.health import xid_reason
-from nvdp.kubelet_standin import Kubelet
-from nvdp.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.metrics import Metrics, Probes, parse_address
-from nvdp.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
-from nvdp.testing import REPO, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import REPO, wait_until
 from tests.builders import append_sim_event, resource
 from tests.fakes import BrokenNvml, FakeServer, FakeSupervisor
 from tests.readings import http_get
@@ -403,7 +403,7 @@ def test_reloads_are_counted_by_result(sock_dir: Path, events: Path, kubelet: Ku
         plugin.stop()
 
 
-# ---- the exposition (nvdp.promtext) -------------------------------------------------------------
+# ---- the exposition (nvdp.base.promtext) -------------------------------------------------------------
 
 EXPECTED_EXPOSITION = r"""# HELP t_requests_total Requests with "quotes", a \\ backslash\nand a newline.
 # TYPE t_requests_total counter
@@ -589,7 +589,7 @@ def test_endpoint_lifecycle() -> None:
 def test_metrics_off_binds_nothing_and_never_imports_the_metrics_module(sock_dir: Path) -> None:
     assert sim_daemon(sock_dir, metrics_address="").metrics is None
     code = (
-        "import sys, nvdp.cli, nvdp.daemon; "
+        "import sys, nvdp.cli, nvdp.deviceplugin.daemon; "
         "sys.exit('prometheus_client' in sys.modules or 'nvdp.metrics' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
@@ -675,7 +675,7 @@ def test_bad_clients_do_not_stop_the_endpoint(endpoint: Metrics) -> None:
 NO_SSL = """
 import socket, sys
 sys.modules["ssl"] = sys.modules["_hashlib"] = None  # imports now fail, as in the plugin process
-import nvdp.daemon, nvdp.metrics
+import nvdp.deviceplugin.daemon, nvdp.metrics
 metrics = nvdp.metrics.Metrics("127.0.0.1:0")
 metrics.start()
 with socket.create_connection(("127.0.0.1", metrics.port), timeout=5) as connection:

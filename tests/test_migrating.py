@@ -22,7 +22,7 @@ import pytest
 
 from nvdp.config.options import Option, read_options
 from nvdp.health.xid import DISABLE_ENV, ENABLE_ENV, XidPolicy
-from nvdp.testing import REPO
+from testkit import REPO
 from tests import test_deploy as deploy
 from tests.test_chart_nvidia_keys import CHANGES, merged, nested, outcome
 from tests.test_command_options import COMMANDS, parsers

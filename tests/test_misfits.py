@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
+from nvdp.gpus.misfit_report import MisfitReport
+from nvdp.gpus.misfits import Misfit
 from nvdp.metrics import Probes
-from nvdp.misfit_report import MisfitReport
-from nvdp.misfits import Misfit
-from nvdp.testing import free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.fakes import FakeEventSink
 from tests.readings import http_get
@@ -23,7 +23,7 @@ NO_NODES = Misfit("DeviceNodesMissing", "/dev/nvidia0", "no device nodes", withh
 
 
 def test_a_new_misfit_is_one_warning_and_one_event_until_it_goes(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.misfit_report")
+    caplog.set_level(logging.INFO, logger="nvdp.gpus.misfit_report")
     events = FakeEventSink()
     report = MisfitReport(events)
     report.update("resources", [UNMATCHED])

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
 from nvdp.mps.layout import MpsRoot
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import REPO, Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import LABEL, NODE, NODE_PATH, ConfigMapDir, console_script, manager_argv
 

@@ -16,7 +16,7 @@ from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim import SimEventError, SimNvml
 from nvdp.nvml.types import ComputeMode
-from nvdp.testing import Process, clean_env, wait_until
+from testkit import Process, clean_env, wait_until
 from tests import test_mps_daemon
 from tests.builders import append_sim_event, sim_gpus
 from tests.mps_standin import Standin

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nvdp.configmanager import process
 from nvdp.mps.layout import MpsRoot
-from nvdp.testing import REPO, Process, clean_env, wait_until
+from testkit import REPO, Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.mps_standin import Standin

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.backoff import delay_after
+from nvdp.base.backoff import delay_after
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.config import parse_text
-from nvdp.logs import FIELDS_ATTR
 from nvdp.mps.command import node_plans
 from nvdp.mps.controller import MpsController
 from nvdp.mps.layout import MpsRoot
@@ -27,7 +27,7 @@ from nvdp.mps.status import read_status, write_status
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
 from nvdp.nvml.types import ComputeMode
-from nvdp.testing import Process, clean_env, wait_until
+from testkit import Process, clean_env, wait_until
 from tests.builders import sim_gpus
 from tests.mps_standin import Standin
 
@@ -327,7 +327,7 @@ def test_nvidia_binary_name_is_a_console_script(capsys: pytest.CaptureFixture[st
     import tomllib
 
     from nvdp.cli import mps_control_daemon_main
-    from nvdp.testing import REPO
+    from testkit import REPO
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["mps-control-daemon"] == "nvdp.cli:mps_control_daemon_main"

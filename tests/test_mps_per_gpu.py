@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import ReplicatedResource, parse_text
-from nvdp.devices import AnnotatedID
-from nvdp.inventory import mps_misfits
-from nvdp.kubelet_standin import Kubelet
+from nvdp.gpus.devices import AnnotatedID
+from nvdp.gpus.inventory import mps_misfits
+from nvdp.gpus.resources import build_resources
 from nvdp.mps.command import node_plans
 from nvdp.mps.layout import MpsRoot
 from nvdp.mps.plan import container_limit_envs
 from nvdp.nvml import open_nvml
 from nvdp.nvml.sim.backend import SimNvml
-from nvdp.resources import build_resources
-from nvdp.testing import start_plugin
+from nvdp.sim.kubelet import Kubelet
+from testkit import start_plugin
 from tests.builders import sim_gpus, with_facts
 
 GPU = "nvidia.com/gpu"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
 from nvdp.config import parse
 from nvdp.health.condition import (
     CONDITION_TYPE,
@@ -33,7 +33,7 @@ from nvdp.health.types import HealthChange, HealthSettings
 from nvdp.health.xid import XidPolicy
 from nvdp.kube import KubeNodeStatus, new_api_client
 from nvdp.nvml.types import EventType, NvmlEvent, ProbeResult
-from nvdp.testing import REPO, wait_until
+from testkit import REPO, wait_until
 from tests.builders import full_gpu, mig_enabled_gpu
 from tests.fakes import FakeNodeHealthView
 from tests.kube_api_standin import KubeApiStandin
@@ -441,11 +441,11 @@ def test_the_api_transport_is_loaded_with_the_first_write(tmp_path: Path) -> Non
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         code = f"""
 import sys
-from nvdp.ssl_block import block_ssl
+from nvdp.base.ssl_block import block_ssl
 block_ssl()
 from nvdp.health.node_condition import node_condition_from_env
 from nvdp.health.types import HealthChange
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import full_gpu
 from tests.fakes import FakeNodeHealthView
 reporter = node_condition_from_env({{}}, node={NODE!r}, kubeconfig={str(kubeconfig)!r})

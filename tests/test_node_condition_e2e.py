@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.timers import as_env
 from nvdp.health.condition import TAINT_KEY
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin, wait_until
-from nvdp.timers import as_env
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_node_condition import NODE, NODE_PATH, READY, condition, our_taints, said, stored_node

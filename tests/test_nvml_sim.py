@@ -21,7 +21,7 @@ from nvdp.nvml.sim import SimEventError, SimNvml, layout, load_node_file, open_s
 from nvdp.nvml.sim.follower import FileFollower
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.types import GpuLayout, MigEngines, MigPlacement
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

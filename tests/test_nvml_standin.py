@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import REPO, Process, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import REPO, Process, start_plugin, wait_until
 
 SOURCE = Path(__file__).parent / "nvml_standin" / "libnvidia-ml.c"
 LIBRARY = "libnvidia-ml.so.1"

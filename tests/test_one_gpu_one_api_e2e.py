@@ -13,10 +13,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.kubelet_standin.node_status import NodeStatusMirror
-from nvdp.testing import Process, start_plugin, wait_until
-from nvdp.timers import as_env
+from nvdp.base.timers import as_env
+from nvdp.sim.kubelet import Kubelet
+from nvdp.sim.kubelet.node_status import NodeStatusMirror
+from testkit import Process, start_plugin, wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import (
     DRIVER,

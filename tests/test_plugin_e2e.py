@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, clean_env, plugin_argv, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, clean_env, plugin_argv, start_plugin, wait_until
 from tests.builders import sim_gpus
 
 GPU = "nvidia.com/gpu"

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from nvdp.devices import Device
-from nvdp.http_endpoint import is_loopback
-from nvdp.kubelet_standin import Kubelet
+from nvdp.base.http_endpoint import is_loopback
+from nvdp.gpus.devices import Device
+from nvdp.gpus.resources import Resource
 from nvdp.ledger.document import Served, allocations_document
 from nvdp.ledger.report import describe_allocations
 from nvdp.ledger.types import Holding, LedgerSnapshot
 from nvdp.metrics import AllocationPages, Metrics
-from nvdp.resources import Resource
-from nvdp.testing import REPO, Process, clean_env, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import REPO, Process, clean_env, free_port, start_plugin, wait_until
 from tests import test_deploy
 from tests.builders import full_gpu, replicas, resource
 from tests.test_config_options import errors, run

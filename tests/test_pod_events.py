@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.devices import Device
+from nvdp.gpus.devices import Device
 from nvdp.health import HealthChange, HealthRouter
 from nvdp.health.event_budget import EventBudget
 from nvdp.health.event_sender import Event

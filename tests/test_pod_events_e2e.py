@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import AdmittedPod, Kubelet
-from nvdp.testing import Process, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import AdmittedPod, Kubelet
+from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import http_get

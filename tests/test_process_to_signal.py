@@ -23,7 +23,7 @@ import pytest
 from nvdp.cli import build_parser
 from nvdp.configmanager import process
 from nvdp.configmanager.process import NVDP_SUBCOMMANDS
-from nvdp.testing import REPO, wait_until
+from testkit import REPO, wait_until
 from tests.test_deploy import console_scripts
 
 FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")

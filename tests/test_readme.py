@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from nvdp.testing import REPO
+from testkit import REPO
 from tests import test_deploy as deploy
 from tests.test_deploy import CHART, RELEASE, Doc, Rendered, container_env
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from nvdp.base.promtext import Registry
 from nvdp.errors import NvdpError
 from nvdp.kubeletplugin.rescan import (
     GpuLayout,
@@ -20,7 +21,6 @@ from nvdp.kubeletplugin.rescan import (
     rescanner_for,
 )
 from nvdp.nvml.types import GpuInfo
-from nvdp.promtext import Registry
 from tests.builders import full_gpu, mig_enabled_gpu, with_facts
 from tests.readings import log_lines
 

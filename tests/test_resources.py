@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from nvdp.config import NamePattern, ReplicatedResource
-from nvdp.devices import mig_cap_paths, parse_mig_minors
 from nvdp.errors import ConfigError
-from nvdp.nvml.types import GpuInfo
-from nvdp.resources import (
+from nvdp.gpus.devices import mig_cap_paths, parse_mig_minors
+from nvdp.gpus.resources import (
     build_resources,
 )
+from nvdp.nvml.types import GpuInfo
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
 

@@ -15,16 +15,16 @@ import pytest
 
 from nvdp.api import pb, pb_grpc
 from nvdp.config import add_plugin_flags, resolve
-from nvdp.daemon import GrpcServers
-from nvdp.daemon_settings import daemon_settings
+from nvdp.deviceplugin.daemon import GrpcServers
+from nvdp.deviceplugin.daemon_settings import daemon_settings
+from nvdp.deviceplugin.host_facts import RealHostFacts
+from nvdp.deviceplugin.probe import rpc_problem
+from nvdp.deviceplugin.server import DevicePluginServer
+from nvdp.deviceplugin.supervisor import DaemonSettings, Supervisor
 from nvdp.errors import RegistrationError
 from nvdp.metrics import Probes
 from nvdp.nvml import open_nvml
-from nvdp.plugin.host_facts import RealHostFacts
-from nvdp.plugin.probe import rpc_problem
-from nvdp.plugin.server import DevicePluginServer
-from nvdp.plugin.supervisor import DaemonSettings, Supervisor
-from nvdp.testing import wait_until
+from testkit import wait_until
 
 
 def plugin_settings_of(argv: list[str], environ: dict[str, str]) -> DaemonSettings:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, start_plugin
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin
 from tests.builders import append_sim_event, sim_gpus
 
 GPU = "nvidia.com/gpu"

@@ -1,4 +1,4 @@
-"""`nvdp.signals` in a real process (tests/signal_target.py): a SIGHUP storm coalesces into a few
+"""`nvdp.base.signals` in a real process (tests/signal_target.py): a SIGHUP storm coalesces into a few
 reloads and the process keeps running; the first SIGTERM stops it, logged once; a second SIGTERM,
 or a stop that does not finish within the deadline, abandons (cleanup) and exits 1 at once; a
 signal that comes before the command is attached is kept for it; `close()` restores what was there."""
@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from nvdp.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S, SignalHandling
-from nvdp.testing import Process, clean_env, wait_until
+from nvdp.base.signals import ABANDON_BUDGET_S, STOP_DEADLINE_S, SignalHandling
+from testkit import Process, clean_env, wait_until
 from tests.signal_storm import storm
 
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
+from nvdp.base.signals import ABANDON_BUDGET_S
+from nvdp.base.timers import as_env
+from nvdp.deviceplugin.supervisor import DaemonSettings
 from nvdp.kubeletplugin.dir_lock import LOCK_NAME
 from nvdp.mps.layout import MpsRoot
 from nvdp.nvml import open_nvml
-from nvdp.plugin.supervisor import DaemonSettings
-from nvdp.signals import ABANDON_BUDGET_S
-from nvdp.testing import Process, start_plugin, wait_until, write_time_slicing_config
-from nvdp.timers import as_env
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, start_plugin, wait_until, write_time_slicing_config
 from tests import test_supervisor
 from tests.builders import append_sim_event, sim_gpus
 from tests.mps_standin import Standin
@@ -109,7 +109,7 @@ def plugin_stuck_in_nvml(
     kubelet: Kubelet, processes: list[Process], sock_dir: Path, timers: Mapping[str, str] | None = None
 ) -> Process:
     """A plugin whose reload is blocked in NVML: its GPU enumeration hangs (`gpu-hung`). `timers`:
-    its `nvdp.timers` (production's by default)."""
+    its `nvdp.base.timers` (production's by default)."""
     events = sock_dir / "events"
     events.touch()
     plugin = start_plugin(kubelet.plugin_dir, env={"NVDP_SIM_EVENTS": str(events), **(timers or {})})

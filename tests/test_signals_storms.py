@@ -3,7 +3,7 @@ plugin, gfd, config-manager and mps-control-daemon stay alive and keep doing the
 coalesce into a few reloads, and SIGTERM then stops each within a few seconds, exit 0, with its
 sockets, lock, labels or markers cleaned up.
 
-Before nvdp.signals the handlers logged and took locks in the signal handler: storms like these
+Before nvdp.base.signals the handlers logged and took locks in the signal handler: storms like these
 crashed commands (RecursionError through nested handlers) or wedged them (SIGTERM ignored)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_standin import Kubelet
+from nvdp.base.signals import RELOAD_INTERVAL_S
 from nvdp.mps.layout import MpsRoot
-from nvdp.signals import RELOAD_INTERVAL_S
-from nvdp.testing import Process, clean_env, free_port, start_plugin, wait_until
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, clean_env, free_port, start_plugin, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.mps_standin import Standin

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.testing import REPO, wait_until
+from testkit import REPO, wait_until
 from tests.builders import append_sim_event, sim_gpus
 
 

@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from nvdp.api import pb
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, ProcStats, start_plugin, wait_until, write_time_slicing_config
+from nvdp.sim.kubelet import Kubelet
+from testkit import Process, ProcStats, start_plugin, wait_until, write_time_slicing_config
 
 pytestmark = pytest.mark.soak
 

@@ -18,12 +18,12 @@ import grpc
 import pytest
 
 from nvdp.api.dra import PLUGIN_TYPE, registration
-from nvdp.kubelet_standin.plugin_watcher import PluginWatcher
+from nvdp.deviceplugin.responses import ResponseOptions
+from nvdp.deviceplugin.server import DevicePluginServer
+from nvdp.gpus.resources import build_resources
 from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.nvml.sim import open_sim
-from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import DevicePluginServer
-from nvdp.resources import build_resources
+from nvdp.sim.kubelet.plugin_watcher import PluginWatcher
 
 IN_ATTRIB = 0x4
 IN_NONBLOCK = 0o4000

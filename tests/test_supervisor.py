@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 
 from nvdp.config import ReplicatedResource
+from nvdp.deviceplugin.responses import ResponseOptions
+from nvdp.deviceplugin.server import PreferredAllocator
+from nvdp.deviceplugin.supervisor import DaemonSettings, InitError, Supervisor
 from nvdp.errors import ConfigError
+from nvdp.gpus.inventory import ResourceRules
+from nvdp.gpus.resources import Resource
 from nvdp.health.types import HealthSettings
-from nvdp.inventory import ResourceRules
 from nvdp.kubeletplugin.rescan import LayoutRescanner
 from nvdp.nvml import open_nvml
-from nvdp.plugin.responses import ResponseOptions
-from nvdp.plugin.server import PreferredAllocator
-from nvdp.plugin.supervisor import DaemonSettings, InitError, Supervisor
-from nvdp.resources import Resource
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.fakes import CONTROL_DEVICES as CONTROLS
 from tests.fakes import BrokenNvml, FakeFacts, FakeHealth, FakeKubelet, FakeServer
 

@@ -1,4 +1,4 @@
-"""The timers tests shorten (`nvdp.timers`): production's defaults, the hidden NVDP_TEST_TIMERS env
+"""The timers tests shorten (`nvdp.base.timers`): production's defaults, the hidden NVDP_TEST_TIMERS env
 var read by every `nvdp` process, and its bad values refused with one line."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from nvdp.base.timers import ENV, Timers, as_env, parse
 from nvdp.errors import ConfigError
-from nvdp.testing import clean_env
-from nvdp.timers import ENV, Timers, as_env, parse
+from testkit import clean_env
 
 
 def test_the_defaults_are_productions() -> None:

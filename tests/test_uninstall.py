@@ -24,16 +24,16 @@ from typing import Any
 import pytest
 
 from nvdp import kube
+from nvdp.base.timers import as_env
 from nvdp.configmanager.command import remove_record
 from nvdp.configmanager.settings import APPLIED_ANNOTATION
 from nvdp.errors import KubeError
 from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
 from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
 from nvdp.health.node_condition import withdraw
-from nvdp.kubelet_standin import Kubelet
-from nvdp.testing import Process, clean_env, start_plugin, wait_until
-from nvdp.timers import as_env
+from nvdp.sim.kubelet import Kubelet
 from nvdp.uninstall import Release, release_from_env, remove_handoff_record
+from testkit import Process, clean_env, start_plugin, wait_until
 from tests import test_chart_all_on, test_chart_rbac, test_config_manager, test_deploy
 from tests.builders import append_sim_event, sim_gpus
 from tests.dra_support import dra_cluster, make_claim, schedule, slices_of

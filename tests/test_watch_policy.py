@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvdp import kube
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
 from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch
 from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.dra.cluster import KubeResourceApi
@@ -25,7 +25,7 @@ from nvdp.dra.devices import node_devices
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.kube.configmaps import ConfigMapData, configmaps_path
 from nvdp.kube.reflector import Reflector, WatchTimers
-from nvdp.testing import wait_until
+from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import http_get

@@ -17,7 +17,7 @@ from typing import Any
 from nvdp.cdi.names import CdiSettings
 from nvdp.cdi.node_files import DevNode, NodeFiles
 from nvdp.config.model import EXPLICIT_DRIVER_LIBRARIES_FLAG, IPC_DISCOVERER_OFF_FLAG, NO_ADDITIONAL_GIDS_FLAG
-from nvdp.devices import CONTROL_DEVICES
+from nvdp.gpus.devices import CONTROL_DEVICES
 
 Spec = dict[str, Any]
 

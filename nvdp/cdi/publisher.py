@@ -2,11 +2,11 @@
 devices may be advertised. It runs before servers start and on every apply.
 
 - A device is advertised only when every CDI name its Allocate can carry is in a spec on disk;
-  what keeps one out is a misfit (`nvdp.misfits`) and the rest is served.
+  what keeps one out is a misfit (`nvdp.gpus.misfits`) and the rest is served.
 - A device left out of the spec (`CdiDeviceNotInSpec`) is left out of its resources; an unwritable
   spec (`CdiSpecNotWritten`) or a directory another plugin holds (`CdiSpecDirInUse`) withholds the
   resources that need it, retried with capped backoff (`retry_in`).
-- Before writing, it takes `<spec dir>/.<vendor>.lock` (`nvdp.lock_file`) noting `pid=... host=...`;
+- Before writing, it takes `<spec dir>/.<vendor>.lock` (`nvdp.base.lock_file`) noting `pid=... host=...`;
   it is removed on stop (waking a waiting plugin's watch) and taken again if removed under us.
 - The spec directory is in the supervisor's watch (`changed`): a spec removed or changed is written
   again (content compared, so own writes do not loop). Specs stay on stop; the lock is released.
@@ -22,21 +22,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvdp.backoff import delay_after
+from nvdp.base.backoff import delay_after
+from nvdp.base.dir_watch import IN_CLOSE_WRITE, Watcher
+from nvdp.base.lock_file import LockFile
+from nvdp.base.logs import log_event
 from nvdp.cdi import writer
 from nvdp.cdi.names import GPU_CLASS, IMEX_CLASS, MODE_CLASSES, CdiSettings, qualified_name, spec_file_name
 from nvdp.cdi.node_files import NodeFiles
 from nvdp.cdi.roots import visible_roots
 from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import build_specs, node_devices, render
-from nvdp.devices import MIG_MINORS_FILE, parse_mig_minors
-from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
-from nvdp.lock_file import LockFile
-from nvdp.logs import log_event
-from nvdp.misfits import Misfit
+from nvdp.gpus.devices import MIG_MINORS_FILE, parse_mig_minors
+from nvdp.gpus.misfits import Misfit
+from nvdp.gpus.resources import Resource
+from nvdp.gpus.unusable import Unusable, leave_out
 from nvdp.nvml.types import GpuInfo
-from nvdp.resources import Resource
-from nvdp.unusable import Unusable, leave_out
 
 log = logging.getLogger(__name__)
 

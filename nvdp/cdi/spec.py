@@ -27,7 +27,7 @@ from nvdp.cdi.names import (
     valid_device_name,
 )
 from nvdp.cdi.node_files import NodeFiles
-from nvdp.devices import gpu_device, mig_device
+from nvdp.gpus.devices import gpu_device, mig_device
 from nvdp.nvml.types import GpuInfo
 
 # Device nodes of the additional classes, as prefixes under /dev.

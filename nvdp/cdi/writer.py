@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nvdp.dirs import make_dirs
+from nvdp.base.dirs import make_dirs
+from nvdp.base.files import read_bounded, write_atomic
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded, write_atomic
 
 Fingerprint = tuple[int, int, int, int, int]  # device, inode, size, mtime, ctime
 

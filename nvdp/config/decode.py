@@ -1,5 +1,5 @@
 """A config file's text decoded into plain data, within bounds: at most 1 MiB, integers of at most 40
-digits, no duplicate keys (JSON or YAML), nesting and YAML aliases bounded (`nvdp.bounded`). A refusal
+digits, no duplicate keys (JSON or YAML), nesting and YAML aliases bounded (`nvdp.base.bounded`). A refusal
 is said in one line (`syntax_problem`), cut short: a parser's message may quote the file."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections import Counter
 from functools import cache
 from typing import Any
 
-from nvdp.bounded import loads_json, loads_yaml
+from nvdp.base.bounded import loads_json, loads_yaml
+from nvdp.base.files import MAX_FILE_BYTES
+from nvdp.base.units import describe_size
 from nvdp.config.values import show
-from nvdp.files import MAX_FILE_BYTES
-from nvdp.units import describe_size
 
 MAX_TEXT_BYTES = MAX_FILE_BYTES  # a ConfigMap holds at most 1 MiB
 _MAX_PROBLEM_CHARS = 120  # a parser's message can quote the input: cut it short
@@ -22,7 +22,7 @@ _MAX_DIGITS = 40  # any integer a config needs fits; longer ones are refused bef
 @cache
 def _yaml_loader() -> Any:
     """The YAML loader, made on the first YAML text (a plugin without a config file never imports
-    yaml): the pure-Python SafeLoader (the C one crashes on absurdly nested input; `nvdp.bounded`
+    yaml): the pure-Python SafeLoader (the C one crashes on absurdly nested input; `nvdp.base.bounded`
     refuses it first), refusing duplicate keys and absurdly long integers."""
     import yaml
 

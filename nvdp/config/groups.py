@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nvdp.base.files import read_bounded
+from nvdp.base.logs import LOG_FORMATS, LOG_LEVELS
 from nvdp.config import values as v
 from nvdp.config.model import (
     CDI_FEATURE_FLAGS,
@@ -29,8 +31,6 @@ from nvdp.config.runtime import (
     rescan_interval,
 )
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded
-from nvdp.logs import LOG_FORMATS, LOG_LEVELS
 
 
 def _alts(choices: tuple[str, ...]) -> str:

@@ -7,7 +7,7 @@
   `nvdp config check`) makes it an error. Refused unlike NVIDIA: duplicate keys, time-slicing + MPS.
 - Keys match in any case where NVIDIA's does (Go's encoding/json) and in nvdp's sections, recorded
   in `recased_keys`; `_EXACT_CASE` sections take exact keys; two spellings are refused.
-- Only a regular file of at most 1 MiB is read (`nvdp.files.read_bounded`); a mapping with no
+- Only a regular file of at most 1 MiB is read (`nvdp.base.files.read_bounded`); a mapping with no
   config key at top level is refused quoting none of it; quoted values are cut short (`values.show`).
 """
 
@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nvdp.base.files import read_bounded
+from nvdp.base.logs import log_event
 from nvdp.config.decode import MAX_TEXT_BYTES, decode, syntax_problem
 from nvdp.config.model import (
     MPS,
@@ -35,8 +37,6 @@ from nvdp.config.model import (
 )
 from nvdp.config.values import InvalidValue, describe_keys, show
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded
-from nvdp.logs import log_event
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

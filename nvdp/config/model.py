@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from nvdp.base.units import format_go_duration
 from nvdp.config import values as v
-from nvdp.units import format_go_duration
 
 VERSION = "v1"
 RESOURCE_NAME_PREFIX = "nvidia.com"
@@ -284,7 +284,7 @@ class ReplicatedResource:
     `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
     strings. `rename` is already `<name>.shared` when the section has `renameByDefault`. Several
     entries may have one name when their devices are disjoint (per-GPU replica counts). The entry is
-    the one record of a sharing rule (`nvdp.resources` applies it as is): its section's strategy and
+    the one record of a sharing rule (`nvdp.gpus.resources` applies it as is): its section's strategy and
     `failRequestsGreaterThanOne` are set on it at load.
     """
 

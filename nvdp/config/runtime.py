@@ -9,9 +9,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from nvdp.base.units import format_go_duration
 from nvdp.config import values as v
 from nvdp.config.model import RESOURCE_NAME_PREFIX, Config
-from nvdp.units import format_go_duration
 
 DEFAULT_METRICS_ADDRESS = ":2112"
 DEFAULT_DEVICE_RESCAN_INTERVAL = 10.0

@@ -3,7 +3,7 @@
 Each converter takes a decoded YAML/JSON value and returns the typed value or raises `InvalidValue`
 with a one-line message that does not name the field (the caller prefixes the field path, or the
 `--flag / ENV` label). Text parsers (`parse_bool`, `split_list`) turn a flag or env string into the
-value a converter accepts. Durations are Go's (`nvdp.units`).
+value a converter accepts. Durations are Go's (`nvdp.base.units`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from nvdp import units
+from nvdp.base import units
 
 INT64_MAX = 2**63 - 1
 
@@ -162,7 +162,7 @@ def list_of(
 
 
 def parse_go_duration(text: str) -> float:
-    """Go's time.ParseDuration ("1h30m", "300ms", "0"), in seconds (`nvdp.units`), within Go's range."""
+    """Go's time.ParseDuration ("1h30m", "300ms", "0"), in seconds (`nvdp.base.units`), within Go's range."""
     try:
         seconds = units.parse_go_duration(text)
     except ValueError:

@@ -119,7 +119,7 @@ def _gpus(spec: str) -> list[GpuInfo]:
 
 
 def _resources(path: str, config: Config, gpus: list[GpuInfo]) -> list[str]:
-    from nvdp.inventory import ResourceRules, dra_gpus, dra_sharing
+    from nvdp.gpus.inventory import ResourceRules, dra_gpus, dra_sharing
 
     rules = ResourceRules.of(config)
     dra, missing = dra_gpus(rules.dra_devices, gpus)

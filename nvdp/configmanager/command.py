@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from nvdp import kube
+from nvdp.base.logs import log_event
 from nvdp.configmanager.manager import ConfigManager
 from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch, ObjectWatch
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
@@ -20,7 +21,6 @@ from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.errors import KubeError
 from nvdp.kube.configmaps import ConfigMapData, read_configmap
 from nvdp.kube.reflector import WatchTimers
-from nvdp.logs import log_event
 from nvdp.uninstall import Release
 
 log = logging.getLogger(__name__)

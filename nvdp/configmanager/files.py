@@ -5,7 +5,7 @@
 - With the ConfigMap read from the API, it links to a copy written beside it,
   `.<dst name>.entries/<entry>@<digest>` (relative); a copy is never changed once written.
 - A swap is rename(2) of a fresh link: the plugin never sees a missing or half-written file.
-- Entries and the destination are read as the plugin reads its config (`nvdp.files.read_bounded`):
+- Entries and the destination are read as the plugin reads its config (`nvdp.base.files.read_bounded`):
   a regular file of at most 1 MiB, or /dev/null.
 """
 
@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvdp.base.dirs import make_dirs
+from nvdp.base.files import read_bounded, write_atomic
 from nvdp.config import parse_text
 from nvdp.config.rules import file_problems
-from nvdp.dirs import make_dirs
 from nvdp.errors import CandidateError as CandidateError  # defined in nvdp.errors
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded, write_atomic
 
 DEV_NULL = "/dev/null"
 

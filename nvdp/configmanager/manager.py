@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.dir_watch import IN_CLOSE_WRITE, DirWatcher
+from nvdp.base.logs import log_event
 from nvdp.configmanager import files, process
 from nvdp.configmanager.selection import EMPTY, select
 from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
 from nvdp.configmanager.sources import ConfigMapSources, Entries
-from nvdp.dir_watch import IN_CLOSE_WRITE, DirWatcher
 from nvdp.errors import CandidateError, NvdpError, SelectionError
 from nvdp.kube import Involved
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

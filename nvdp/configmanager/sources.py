@@ -21,13 +21,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from nvdp.base.files import MAX_FILE_BYTES
+from nvdp.base.logs import log_event
+from nvdp.base.units import describe_size
 from nvdp.configmanager import files
 from nvdp.configmanager.selection import list_entries
 from nvdp.errors import CandidateError, SelectionError
-from nvdp.files import MAX_FILE_BYTES
 from nvdp.kube.configmaps import ConfigMapData
-from nvdp.logs import log_event
-from nvdp.units import describe_size
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ could not be put in place (it is retried with backoff), or while the Node watch 
 watch, with --configmap-name) has been failing or silent for longer than the alarm time (the config
 is then not following the label, or ConfigMap edits wait for the mount): the readiness signal beside
 the ERROR log line. The metrics are a handful of gauges and counters read from a snapshot
-at scrape time, written out by the plugin's exposition writer (`nvdp.promtext`).
+at scrape time, written out by the plugin's exposition writer (`nvdp.base.promtext`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvdp import promtext
-from nvdp.http_endpoint import ServedPages
-from nvdp.promtext import MetricFamily, MetricType
+from nvdp.base import promtext
+from nvdp.base.http_endpoint import ServedPages
+from nvdp.base.promtext import MetricFamily, MetricType
 
 
 @dataclass(frozen=True)

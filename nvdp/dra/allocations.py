@@ -20,14 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nvdp.base.files import write_atomic
+from nvdp.base.logs import log_event
 from nvdp.dra.checkpoint import PreparedClaim
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.health import DeviceHealth
 from nvdp.dra.names import DRIVER_NAME, MIG_TYPE
 from nvdp.dra.node_state import rfc3339
-from nvdp.files import write_atomic
 from nvdp.ledger.dra_file import ALLOCATIONS_FILE as ALLOCATIONS_FILE  # where the file goes
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nvdp.base.units import MIB, parse_quantity
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice, quantity
 from nvdp.dra.names import GPU_TYPE
-from nvdp.misfits import Misfit
+from nvdp.gpus.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
-from nvdp.units import MIB, parse_quantity
 
 MEMORY = "memory"
 COMPUTE = "compute"

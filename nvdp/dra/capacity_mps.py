@@ -15,6 +15,8 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from nvdp.base.logs import log_event
+from nvdp.base.units import parse_quantity
 from nvdp.config.model import Dra
 from nvdp.dra.capacity import (
     COMPUTE,
@@ -30,11 +32,9 @@ from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice, quantity
 from nvdp.dra.mps import ClientLimits, DraMps, client_edits
 from nvdp.errors import MpsError
-from nvdp.inventory import dra_sharing
-from nvdp.logs import log_event
-from nvdp.misfit_report import MisfitReport
+from nvdp.gpus.inventory import dra_sharing
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.nvml.types import GpuInfo
-from nvdp.units import parse_quantity
 
 log = logging.getLogger(__name__)
 

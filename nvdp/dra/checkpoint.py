@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nvdp.bounded import loads_json
+from nvdp.base.bounded import loads_json
+from nvdp.base.files import read_bounded, write_atomic
+from nvdp.base.logs import log_event
 from nvdp.dra.names import CHECKPOINT_FILE
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded, write_atomic
-from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from nvdp.base.files import read_bounded, write_atomic
+from nvdp.base.logs import log_event
 from nvdp.cdi.roots import visible_roots
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.devices import DraDevice
@@ -30,8 +32,6 @@ from nvdp.dra.options import DraSettings
 from nvdp.dra.sharing import TIME_SLICING, ConfigProblem, OpaqueConfig, resolve
 from nvdp.dra.timeslice import NvidiaSmi, SimulatedTimeSlices, TimeSlicer
 from nvdp.errors import NvdpError
-from nvdp.files import read_bounded, write_atomic
-from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
 
 log = logging.getLogger(__name__)

@@ -20,19 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nvdp.bounded import loads_json
+from nvdp.base.bounded import loads_json
+from nvdp.base.dirs import make_dirs
+from nvdp.base.files import read_bounded, write_atomic
 from nvdp.cdi.names import CdiSettings, qualified_name
 from nvdp.cdi.node_files import DevNode, DriverFiles, NodeFiles
 from nvdp.cdi.roots import visible_roots
 from nvdp.cdi.scan import scan_dev, scan_driver
 from nvdp.cdi.spec import CdiDevice, build_specs, render
-from nvdp.dirs import make_dirs
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device, claim_spec_file
 from nvdp.dra.options import DraSettings
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded, write_atomic
 
 _SPEC_FILE = re.compile(
     re.escape(claim_spec_file("X").removesuffix(".json")).replace("X", "(?P<uid>[A-Za-z0-9-]+)")

@@ -2,7 +2,7 @@
 resource.k8s.io it serves, found once (`served_resource_version`) and again after a failure.
 
 `ResourceApi` is the seam: the publisher and the claim preparer take one; `KubeResourceApi` is the
-real one (nvdp.kube's requests), `nvdp.dra_standin.api` an in-memory one for `nvdp simulate --api dra`.
+real one (nvdp.kube's requests), `nvdp.sim.dra.api` an in-memory one for `nvdp simulate --api dra`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nvdp.base.logs import log_event
 from nvdp.errors import KubeError, KubeStatusError
 from nvdp.kube.client import get_json, strings
 from nvdp.kube.nodes import node_uid
 from nvdp.kube.resourceclaims import KubeResourceClaims
 from nvdp.kube.resourceslices import RESOURCE_VERSIONS, KubeResourceSlices, served_resource_version
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

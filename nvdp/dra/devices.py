@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvdp.devices import gpu_device, mig_device
 from nvdp.dra.names import GPU_TYPE, MIG_TYPE, former_mig_device_name, gpu_device_name, mig_device_name
-from nvdp.misfits import Misfit
+from nvdp.gpus.devices import gpu_device, mig_device
+from nvdp.gpus.misfits import Misfit
 from nvdp.nvml.naming import sysfs_bus_id
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo, MigPlacement
 

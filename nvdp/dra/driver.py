@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from nvdp.base.logs import log_event, setup_logging
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.claim_parts import ClaimParts
 from nvdp.dra.cluster import KubeResourceApi, ResourceApi
@@ -30,11 +31,10 @@ from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.server import dra_registration
 from nvdp.dra.status import DraCounters, DraStatus
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.handoff import DRA, Handoff
 from nvdp.kubeletplugin.rescan import LayoutRescanner, layout_change_counter
 from nvdp.kubeletplugin.serve_loop import ServeLoop
-from nvdp.logs import log_event, setup_logging
-from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
 

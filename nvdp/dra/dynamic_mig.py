@@ -20,15 +20,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from nvdp.base.logs import log_event
 from nvdp.config.model import Dra
 from nvdp.dra.checkpoint import MadeMig
 from nvdp.dra.claims import ClaimError
 from nvdp.dra.devices import DraDevice, DriverFacts, _common, _mig
 from nvdp.dra.mig_partitions import partitions
 from nvdp.errors import NvmlError
-from nvdp.inventory import dra_sharing
-from nvdp.logs import log_event
-from nvdp.misfits import Misfit
+from nvdp.gpus.inventory import dra_sharing
+from nvdp.gpus.misfits import Misfit
 from nvdp.nvml.types import GpuInfo, GpuLayout, MigControl, MigDeviceInfo, MigProfileInfo
 
 log = logging.getLogger(__name__)

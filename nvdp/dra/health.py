@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 
 from nvdp.api.dra import Wire
-from nvdp.devices import DeviceSet
+from nvdp.base.logs import log_event
 from nvdp.dra.names import DRIVER_NAME
-from nvdp.logs import log_event
+from nvdp.gpus.devices import DeviceSet
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nvdp.base.logs import log_event
 from nvdp.dra.allocations import AllocationsFile, dra_devices
 from nvdp.dra.checkpoint import PreparedClaim
 from nvdp.dra.claims import ClaimRef
@@ -26,7 +27,6 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.node_state import NodeState
 from nvdp.errors import KubeError
 from nvdp.ledger.types import Holding
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.dir_watch import DirWatcher
+from nvdp.base.files import read_bounded
+from nvdp.base.logs import log_event
 from nvdp.config.model import DraDevices
-from nvdp.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
-from nvdp.dir_watch import DirWatcher
 from nvdp.dra.capacity_mps import CapacityDaemons
 from nvdp.dra.checkpoint import Checkpoint
 from nvdp.dra.claim_parts import ClaimParts
@@ -38,17 +39,16 @@ from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.dra.server import RequestObserver, add_plugin_services
 from nvdp.errors import NvdpError, NvmlError, UnreadableFile
-from nvdp.files import read_bounded
+from nvdp.gpus.devices import MIG_MINORS_FILE, Device, DeviceSet, gpu_device, mig_device, parse_mig_minors
+from nvdp.gpus.inventory import dra_gpus
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.handoff import Handoff
 from nvdp.health.node import NodeHealth
 from nvdp.health.settings import health_settings
-from nvdp.inventory import dra_gpus
 from nvdp.kubeletplugin.loop_watch import LoopWatch
 from nvdp.kubeletplugin.registration import RegistrationService
 from nvdp.kubeletplugin.serve_loop import ServeLoop, sooner
 from nvdp.kubeletplugin.socket_server import UnixSocketServer
-from nvdp.logs import log_event
-from nvdp.misfit_report import MisfitReport
 from nvdp.nvml.types import GpuInfo, Nvml
 
 log = logging.getLogger(__name__)

@@ -47,13 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from nvdp.base.dirs import make_dirs
+from nvdp.base.logs import log_event
+from nvdp.base.units import MIB
 from nvdp.cdi.edits import IPC_MOUNT_OPTIONS
-from nvdp.dirs import make_dirs
 from nvdp.dra.mps_record import HOLDERS_FILE, daemon_name, read_record, write_record
 from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.options import DraSettings
 from nvdp.errors import MpsError, NvdpError
-from nvdp.logs import log_event
 from nvdp.mps.controller import MpsController, _Daemon
 from nvdp.mps.layout import (
     CONTAINER_SHM,
@@ -66,7 +67,6 @@ from nvdp.mps.layout import (
 from nvdp.mps.plan import DaemonPlan, GpuShare
 from nvdp.mps.status import read_status, remove_status
 from nvdp.nvml.types import ComputeMode, ComputeModes
-from nvdp.units import MIB
 
 log = logging.getLogger(__name__)
 

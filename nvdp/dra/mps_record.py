@@ -15,7 +15,7 @@ import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from nvdp.files import read_bounded, write_atomic
+from nvdp.base.files import read_bounded, write_atomic
 
 HOLDERS_FILE = "holders.json"
 RECORD_MAX_BYTES = 256 << 10

@@ -17,10 +17,10 @@ import re
 import time
 from collections.abc import Mapping
 
+from nvdp.base.logs import log_event
 from nvdp.dra.cluster import NodeCounts, ResourceApi
 from nvdp.errors import KubeError
-from nvdp.logs import log_event
-from nvdp.misfits import Misfit
+from nvdp.gpus.misfits import Misfit
 
 log = logging.getLogger(__name__)
 

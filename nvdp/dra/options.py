@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvdp.base.units import format_go_duration
 from nvdp.config import PLUGIN_OPTIONS, PluginOptions, RuntimeOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.groups import KUBECONFIG, NODE_NAME
@@ -23,7 +24,6 @@ from nvdp.config.options import Option, add_options, flag, read_options, with_va
 from nvdp.config.rules import dra_problems
 from nvdp.dra.names import DRIVER_NAME, PLUGIN_SOCKET, REGISTRATION_SOCKET
 from nvdp.errors import ConfigError
-from nvdp.units import format_go_duration
 
 DEFAULT_CDI_ROOT = "/etc/cdi"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"

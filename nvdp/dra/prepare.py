@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nvdp.base.logs import log_event
 from nvdp.cdi.names import qualified_name
 from nvdp.dra.checkpoint import Checkpoint, MadeMig, PreparedClaim, PreparedDevice
 from nvdp.dra.claim_parts import NO_CLAIMS, ClaimHooks
@@ -32,7 +33,6 @@ from nvdp.dra.names import CLAIM_CDI_KIND, claim_cdi_device
 from nvdp.dra.sharing import OpaqueConfig, opaque_configs
 from nvdp.dra.slices import Taint
 from nvdp.errors import KubeError
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

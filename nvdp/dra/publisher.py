@@ -19,7 +19,8 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.logs import log_event
 from nvdp.dra.capacity import unshared
 from nvdp.dra.cluster import ResourceApi, SliceApi
 from nvdp.dra.devices import DraDevice
@@ -27,7 +28,6 @@ from nvdp.dra.names import DRIVER_NAME
 from nvdp.dra.slices import Slice, Taint, generation_of, pool_slices, same_content, slice_name
 from nvdp.errors import KubeError
 from nvdp.kube.reflector import DEFAULT_TIMERS, Reflector, WatchTimers
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

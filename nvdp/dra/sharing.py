@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nvdp.base.units import MIB, parse_quantity
 from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.dra.names import DRIVER_NAME
-from nvdp.units import MIB, parse_quantity
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"

@@ -1,5 +1,5 @@
 """The DRA kubelet plugin's HTTP endpoint (`--metrics-address`, the device plugin's flag and default):
-/metrics, /healthz and /readyz on `nvdp.http_endpoint` in nvdp's exposition (`nvdp.promtext`).
+/metrics, /healthz and /readyz on `nvdp.base.http_endpoint` in nvdp's exposition (`nvdp.base.promtext`).
 
 - /metrics: the device plugin's families (`MetricFamilies`, here resource `gpu.nvidia.com` and
   methods Node(Un)PrepareResources), its health and misfit families, and the DRA plugin's own:
@@ -18,19 +18,19 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from nvdp.base.http_endpoint import ServedPages
+from nvdp.base.promtext import Counter, MetricFamily
 from nvdp.dra.names import DRIVER_NAME, GPU_TYPE, MIG_TYPE
 from nvdp.dra.node_state import NodeState
 from nvdp.dra.prepare import ClaimPreparer
 from nvdp.dra.publisher import SlicePublisher
 from nvdp.errors import NvdpError
-from nvdp.http_endpoint import ServedPages
 from nvdp.kubeletplugin.loop_watch import LoopWatch
 from nvdp.kubeletplugin.registration import RegistrationService
 from nvdp.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.metrics.families import MetricFamilies, health_monitor_families, misfit_families
 from nvdp.metrics.readiness import monitor_problem
 from nvdp.metrics.sources import HealthView, MisfitView
-from nvdp.promtext import Counter, MetricFamily
 
 METHODS = ("NodePrepareResources", "NodeUnprepareResources")
 T = TypeVar("T")

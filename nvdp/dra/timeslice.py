@@ -16,11 +16,11 @@ import threading
 from collections.abc import Mapping
 from typing import Protocol
 
+from nvdp.base.logs import log_event
 from nvdp.cdi.roots import inside
 from nvdp.cdi.scan import BINARY_DIRS
 from nvdp.dra.sharing import INTERVALS as LEVELS
 from nvdp.errors import NvdpError
-from nvdp.logs import log_event
 from nvdp.nvml.library import LIBRARY_DIRS
 
 log = logging.getLogger(__name__)

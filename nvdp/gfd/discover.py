@@ -1,6 +1,6 @@
 """One labelling pass: NVML facts and the plugin's resources to labels (a thin shell over `labels`).
 
-- Resources come from the plugin's builder on the same config (`nvdp.inventory`), so the labels
+- Resources come from the plugin's builder on the same config (`nvdp.gpus.inventory`), so the labels
   describe exactly what the plugin advertises.
 - What of the config this node does not fit is left out of the labels, as of the resources, and
   returned as a misfit for the caller to report; the rest of the node is labelled.
@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from nvdp.base.files import read_bounded
+from nvdp.base.logs import log_event
 from nvdp.config import Config
 from nvdp.errors import NvdpError, NvmlError, UnreadableFile
-from nvdp.files import read_bounded
 from nvdp.gfd.clique import CLIQUE_LABEL, clique_labels
 from nvdp.gfd.labels import (
     GPU_RESOURCE,
@@ -33,10 +34,9 @@ from nvdp.gfd.labels import (
     sanitise,
     single_strategy_problem,
 )
-from nvdp.inventory import ResourceRules
-from nvdp.logs import log_event
+from nvdp.gpus.inventory import ResourceRules
+from nvdp.gpus.resources import NodeResources
 from nvdp.nvml.types import GpuFabric, GpuInfo, Nvml
-from nvdp.resources import NodeResources
 
 log = logging.getLogger(__name__)
 

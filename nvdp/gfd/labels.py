@@ -1,5 +1,5 @@
 """GPU feature labels (pure): NVIDIA's gpu-feature-discovery label set, from the very `Resource` list
-the plugin advertises (`nvdp.resources.build_resources`), so the two cannot disagree.
+the plugin advertises (`nvdp.gpus.resources.build_resources`), so the two cannot disagree.
 
 - `<resource>.count`: distinct GPUs / MIG devices; `.replicas`: the sharing replicas, else 1 (with
   per-GPU counts, the largest); `.sharing-strategy`: `time-slicing`, `mps` or `none`.
@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from nvdp.misfits import Misfit
+from nvdp.base.units import MIB
+from nvdp.gpus.misfits import Misfit
+from nvdp.gpus.resources import DEFAULT_PREFIX, Resource
 from nvdp.nvml.types import GpuInfo, MigDeviceInfo
-from nvdp.resources import DEFAULT_PREFIX, Resource
-from nvdp.units import MIB
 
 Labels = dict[str, str]
 
@@ -59,7 +59,7 @@ class GpuRenames:
 @dataclass(frozen=True)
 class LabelResult:
     """A pass's labels; `warnings` about the labels themselves, `misfits` what of the config does not
-    fit this node (the plugin's, `nvdp.resources.NodeResources.misfits`)."""
+    fit this node (the plugin's, `nvdp.gpus.resources.NodeResources.misfits`)."""
 
     labels: Labels
     warnings: tuple[str, ...] = ()

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.files import read_bounded, write_atomic
+from nvdp.base.logs import log_event
 from nvdp.errors import NvdpError, UnreadableFile
-from nvdp.files import read_bounded, write_atomic
 from nvdp.gfd.labels import TIMESTAMP_LABEL, format_labels
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
   (`request_stop`) end the loop and remove the feature file.
 - `--oneshot` labels once and returns; `--sleep-interval infinite` labels once and sleeps; both
   keep the labels at exit, as NVIDIA's gfd does (`keeps_labels_at_exit`).
-- A misfit is one WARNING and one Node event when it first appears (`nvdp.misfit_report`).
+- A misfit is one WARNING and one Node event when it first appears (`nvdp.gpus.misfit_report`).
 - A failed publish keeps the last labels: one ERROR when it starts failing, a retry each pass (at
   least every minute), one INFO when it works again; only `--oneshot` exits 1.
 - `--device-discovery-strategy vfio` is accepted, said in one line, and NVML's view labelled.
@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nvdp.base.logs import log_event
 from nvdp.errors import NvdpError
 from nvdp.gfd.discover import discover, pci_mode
 from nvdp.gfd.labels import TIMESTAMP_LABEL, Labels
 from nvdp.gfd.options import GfdSettings
 from nvdp.gfd.output import FileOutput, NodeFeatureOutput, Output
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
-from nvdp.logs import log_event
-from nvdp.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import Nvml
 
@@ -45,7 +45,7 @@ VFIO_NOTICE = (
 
 
 class Waker:
-    """Sleep until a timeout or a `wake()` from another thread (nvdp.signals' dispatcher): flags
+    """Sleep until a timeout or a `wake()` from another thread (nvdp.base.signals' dispatcher): flags
     and a byte written to a pipe that the sleeper waits on with select(); no lock is taken."""
 
     def __init__(self) -> None:
@@ -105,7 +105,7 @@ class Gfd:
         self._warned: frozenset[str] = frozenset()  # the last pass's warnings, logged once
         self.publish_error: str | None = None  # why the last labels were not published, if they were not
 
-    # ---- requests from other threads (nvdp.signals' dispatcher, tests): flags and a pipe write ----
+    # ---- requests from other threads (nvdp.base.signals' dispatcher, tests): flags and a pipe write ----
     def request_stop(self) -> None:
         self._waker.stopping = True
         self._waker.wake()

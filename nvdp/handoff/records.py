@@ -24,11 +24,15 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from nvdp.bounded import loads_json
-from nvdp.dir_watch import IN_CLOSE_WRITE, Watcher
-from nvdp.dirs import DIR_MODE, make_dirs
+from nvdp.base.bounded import loads_json
+from nvdp.base.dir_watch import IN_CLOSE_WRITE, Watcher
+from nvdp.base.dirs import DIR_MODE, make_dirs
+from nvdp.base.files import read_bounded, write_atomic
+from nvdp.base.lock_file import LockFile, is_locked
+from nvdp.base.logs import log_event
+from nvdp.base.timers import TIMERS as T
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded, write_atomic
+from nvdp.gpus.misfits import Misfit
 from nvdp.handoff.proofs import Proven, Prover, device_plugin_holds
 from nvdp.handoff.rule import (
     API_WORDS,
@@ -40,15 +44,11 @@ from nvdp.handoff.rule import (
     settle,
     unit_count,
 )
-from nvdp.lock_file import LockFile, is_locked
-from nvdp.logs import log_event
-from nvdp.misfits import Misfit
 from nvdp.nvml.types import GpuInfo
-from nvdp.timers import TIMERS as T
 
 log = logging.getLogger(__name__)
 
-# Settings of nvdp.timers, production's 5 s (randomised by half), 30 s, 30 s: see above and `Timers`.
+# Settings of nvdp.base.timers, production's 5 s (randomised by half), 30 s, 30 s: see above and `Timers`.
 RETRY_S, SWITCH_GRACE_S, LOST_GRACE_S = T.handoff_retry, T.handoff_switch_grace, T.handoff_lost_grace
 LOCK_TRIES = 50  # the other side's liveness check holds the lock for microseconds
 LOCK_TRY_WAIT_S = 0.02

@@ -14,8 +14,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 
-from nvdp.logs import log_event
-from nvdp.units import format_go_duration
+from nvdp.base.logs import log_event
+from nvdp.base.units import format_go_duration
 
 log = logging.getLogger(__name__)
 

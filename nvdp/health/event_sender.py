@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nvdp import kube
+from nvdp.base.logs import log_event
 from nvdp.kube import Involved
-from nvdp.logs import log_event
 
 
 class EventClient(Protocol):

@@ -19,7 +19,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.logs import log_event
+from nvdp.base.units import format_go_duration
 from nvdp.errors import GpuLostError, NvmlError, NvmlNotSupported
 from nvdp.health.state import (
     GPU_LOST_REASON,
@@ -32,9 +34,7 @@ from nvdp.health.state import (
 )
 from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
 from nvdp.health.xid import XidPolicy
-from nvdp.logs import log_event
 from nvdp.nvml.types import EventSet, EventType, GpuInfo, Nvml, NvmlEvent
-from nvdp.units import format_go_duration
 
 log = logging.getLogger(__name__)
 

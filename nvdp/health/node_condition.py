@@ -5,8 +5,9 @@
   writes it when that differs from its last write.
 - Idempotent: one GET, then a patch of the condition only when the Node differs (lastTransitionTime
   kept while the status stays), of the taints only when nvdp's differ.
-- Rate-limited: the next write waits `pacing` (1 s, `nvdp.timers`; doubling to 30 s while changing;
-  1 s after a quiet minute). Failures (API down, 403, 409) retry on `nvdp.backoff`, one WARNING per new error.
+- Rate-limited: the next write waits `pacing` (1 s, `nvdp.base.timers`; doubling to 30 s while changing;
+  1 s after a quiet minute). Failures (API down, 403, 409) retry on `nvdp.base.backoff`, one WARNING per new
+  error.
 - A healthy node (clearing an earlier condition) is confirmed only after `settle` seconds, so probes
   speak first and `kubernetes` is not loaded during registration; a fault is written at once.
 """
@@ -21,7 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from nvdp import kube
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.logs import log_event
+from nvdp.base.timers import TIMERS
 from nvdp.health.condition import (
     CONDITION_TYPE,
     TAINT_KEY,
@@ -32,9 +35,7 @@ from nvdp.health.condition import (
 )
 from nvdp.health.types import HealthChange, HealthSettings, MonitorStatus
 from nvdp.kube.client import one_line
-from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
-from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp import kube
-from nvdp.devices import Device
+from nvdp.base.units import format_go_duration
+from nvdp.gpus.devices import Device
 from nvdp.health.event_budget import EventBudget
 from nvdp.health.event_sender import Event, EventClient, EventSender, writer_from_env
 from nvdp.health.types import HealthChange
 from nvdp.kube import Involved
-from nvdp.units import format_go_duration
 
 if TYPE_CHECKING:
     from nvdp.ledger.types import Holding

@@ -17,11 +17,11 @@ import threading
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nvdp.devices import Device
+from nvdp.base.logs import format_fields, log_event
+from nvdp.base.units import format_go_duration
+from nvdp.gpus.devices import Device
 from nvdp.health.event_budget import EventBudget
 from nvdp.health.types import HealthChange, HealthTarget
-from nvdp.logs import format_fields, log_event
-from nvdp.units import format_go_duration
 
 if TYPE_CHECKING:
     from nvdp.ledger.types import Holding

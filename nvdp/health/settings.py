@@ -1,5 +1,5 @@
 """The config's `health` section as the health monitor's plain values: the one mapping the device
-plugin (`nvdp.daemon_settings`) and the DRA plugin (`nvdp.dra.loop`) both use."""
+plugin (`nvdp.deviceplugin.daemon_settings`) and the DRA plugin (`nvdp.dra.loop`) both use."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from nvdp.base.logs import log_event
 from nvdp.health.types import HealthChange
 from nvdp.health.xid import XidPolicy
-from nvdp.logs import log_event
 from nvdp.nvml.types import EventType, GpuInfo, MigDeviceInfo, NvmlEvent, ProbeResult
 
 log = logging.getLogger(__name__)

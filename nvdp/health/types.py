@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nvdp.devices import DeviceSet
+from nvdp.gpus.devices import DeviceSet
 
 DEFAULT_DEGRADED_GRACE_PERIOD = 300.0
 

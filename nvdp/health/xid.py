@@ -18,8 +18,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nvdp.base.logs import log_event
 from nvdp.health.types import HealthSettings
-from nvdp.logs import log_event
 from nvdp.nvml.types import EventType, NvmlEvent
 
 log = logging.getLogger(__name__)

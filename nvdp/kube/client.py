@@ -2,7 +2,7 @@
 
 - The client (tens of MB) is imported lazily, only when a feature that talks to the API server is
   on; importing this module costs nothing.
-- A process that blocked `ssl` (`nvdp.ssl_block.block_ssl`) lifts the block before building one.
+- A process that blocked `ssl` (`nvdp.base.ssl_block.block_ssl`) lifts the block before building one.
 - One constructor, `new_api_client` (a host for tests, a kubeconfig, or the in-cluster service
   account), serves every user. The in-cluster account and plain kubeconfigs (a token or a client
   certificate) get nvdp's own transport over urllib3 (`nvdp.kube.transport`): importing any part
@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from nvdp.bounded import BoundExceeded, loads_json, loads_yaml
+from nvdp.base.bounded import BoundExceeded, loads_json, loads_yaml
+from nvdp.base.files import read_bounded
+from nvdp.base.units import MIB
 from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent, UnreadableFile
-from nvdp.files import read_bounded
 from nvdp.kube.transport import LightClient, light_client, lines
-from nvdp.units import MIB
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.timers import TIMERS
 from nvdp.errors import KubeError, KubeGone, KubeWatchSilent
 from nvdp.kube.client import BadLine
-from nvdp.timers import TIMERS
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class WatchTimers:
     timeout_s: int = 45  # each watch asks the server to end it after a draw from [t, 2t)
     silence_s: float = 60.0  # a watch asking `timeout_s` silent this long is dropped (plus the draw's excess)
     # the waits before a re-list, a re-watch after one that ended at once, and a retry after a failure:
-    backoff_initial_s: float = TIMERS.watch_backoff  # from this (0.8 s: nvdp.timers),
+    backoff_initial_s: float = TIMERS.watch_backoff  # from this (0.8 s: nvdp.base.timers),
     backoff_max_s: float = 30.0  # doubling to this, stretched by [1, 2)
     backoff_reset_s: float = 120.0  # re-list waits start over after this long without one
     short_watch_s: float = 1.0  # a watch ending sooner, with no event, ended "at once"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from nvdp.bounded import loads_json
+from nvdp.base.bounded import loads_json
 from nvdp.errors import KubeError, KubeStatusError
 from nvdp.kube.client import MAX_ANSWER_BYTES, get_json, one_line, request, watch
 

@@ -47,7 +47,7 @@ class LightClient:
     _read_at: float = field(default=-1e9, repr=False)
 
     def __post_init__(self) -> None:
-        import urllib3  # lifts a process's ssl block (nvdp.ssl_block)
+        import urllib3  # lifts a process's ssl block (nvdp.base.ssl_block)
 
         self.pool = urllib3.PoolManager(
             num_pools=4,
@@ -124,8 +124,8 @@ def _in_cluster(environ: Mapping[str, str], account_dir: str, retries: int) -> L
 
 
 def _from_kubeconfig(path: str, retries: int) -> LightClient | None:
-    from nvdp.bounded import loads_yaml
-    from nvdp.files import read_bounded
+    from nvdp.base.bounded import loads_yaml
+    from nvdp.base.files import read_bounded
 
     config = loads_yaml(read_bounded(path))
     context = _named(config, "contexts", config["current-context"])

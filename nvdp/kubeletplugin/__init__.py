@@ -1,4 +1,4 @@
-"""The kubelet-plugin shell, written once for the device plugin (`nvdp.plugin`) and the DRA plugin
+"""The kubelet-plugin shell, written once for the device plugin (`nvdp.deviceplugin`) and the DRA plugin
 (`nvdp.dra`), as k8s.io/dynamic-resource-allocation/kubeletplugin is for Go drivers:
 
 - `socket_server`: one gRPC server on one or more unix sockets (stale socket removed, a foreign one refused,

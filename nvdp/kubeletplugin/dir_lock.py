@@ -1,7 +1,7 @@
 """A plugin's directory, claimed: created if missing, and locked for the process's life (the device
 plugin's kubelet directory; the DRA plugin's plugin directory, with its own lock name).
 
-- The lock is `DIR/nvidia-device-plugin.lock` (`nvdp.lock_file`) with the pid: two instances would
+- The lock is `DIR/nvidia-device-plugin.lock` (`nvdp.base.lock_file`) with the pid: two instances would
   delete each other's sockets as stale. A second says who holds it and waits, or exits 1 with
   fail-on-init-error.
 - An unusable directory (read-only, no directory, no permission) is one line, retried with backoff.
@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nvdp.backoff import Backoff
-from nvdp.dirs import make_dirs
+from nvdp.base.backoff import Backoff
+from nvdp.base.dirs import make_dirs
+from nvdp.base.lock_file import REPLACED, LockFile
+from nvdp.base.logs import log_event
 from nvdp.errors import DirLockHeld as DirLockHeld  # defined in nvdp.errors
-from nvdp.lock_file import REPLACED, LockFile
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

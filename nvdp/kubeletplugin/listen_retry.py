@@ -14,9 +14,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from nvdp.backoff import Backoff
+from nvdp.base.backoff import Backoff
+from nvdp.base.logs import log_event
 from nvdp.errors import NvdpError
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

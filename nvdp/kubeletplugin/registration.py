@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 
 from nvdp.api import API_VERSION, pb, pb_grpc
-from nvdp.backoff import Backoff
-from nvdp.dir_watch import FileId, file_id
+from nvdp.base.backoff import Backoff
+from nvdp.base.dir_watch import FileId, file_id
+from nvdp.base.logs import log_event
 from nvdp.errors import RegistrationError
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from nvdp.base.logs import log_event
+from nvdp.base.promtext import Counter as PromCounter
+from nvdp.base.promtext import Registry
 from nvdp.errors import NvdpError
-from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo, GpuLayout
-from nvdp.promtext import Counter as PromCounter
-from nvdp.promtext import Registry
 
 log = logging.getLogger(__name__)
 

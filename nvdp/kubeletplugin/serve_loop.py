@@ -1,4 +1,4 @@
-"""The skeleton of a kubelet plugin's main loop, the device plugin's (`nvdp.plugin.supervisor`) and
+"""The skeleton of a kubelet plugin's main loop, the device plugin's (`nvdp.deviceplugin.supervisor`) and
 the DRA plugin's (`nvdp.dra.loop`):
 
 - it sleeps in one directory watch (`attach`ed once the directory is there) and wakes for what
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from nvdp.dir_watch import Watcher
+from nvdp.base.dir_watch import Watcher
 from nvdp.kubeletplugin.listen_retry import ListenRetry
 from nvdp.kubeletplugin.loop_watch import LoopWatch
 

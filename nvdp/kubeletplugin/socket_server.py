@@ -26,10 +26,10 @@ from pathlib import Path
 
 import grpc
 
-from nvdp.dir_watch import FileId, file_id
-from nvdp.dirs import make_dirs
+from nvdp.base.dir_watch import FileId, file_id
+from nvdp.base.dirs import make_dirs
+from nvdp.base.logs import log_event
 from nvdp.errors import NvdpError
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

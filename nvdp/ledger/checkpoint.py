@@ -16,9 +16,9 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from nvdp.bounded import loads_json
+from nvdp.base.bounded import loads_json
+from nvdp.base.files import read_bounded
 from nvdp.errors import NvdpError
-from nvdp.files import read_bounded
 from nvdp.ledger.types import Holding
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nvdp.devices import Device
+from nvdp.gpus.devices import Device
 from nvdp.ledger.locate import locate
 from nvdp.ledger.types import Holding, LedgerSnapshot
 from nvdp.nvml.types import GpuInfo

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nvdp.base.files import read_bounded
+from nvdp.base.logs import log_event
 from nvdp.errors import UnreadableFile
-from nvdp.files import read_bounded
-from nvdp.logs import log_event
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
+from nvdp.base.logs import log_event
+from nvdp.base.units import format_go_duration
 from nvdp.errors import NvdpError, PodResourcesUnavailable
 from nvdp.ledger.checkpoint import CHECKPOINT_FILE, CheckpointUids, with_uids
 from nvdp.ledger.locate import locate
 from nvdp.ledger.podresources import PodResourcesClient, pod_resources_socket
 from nvdp.ledger.types import Holding, LedgerSnapshot
-from nvdp.logs import log_event
 from nvdp.nvml.types import GpuInfo
-from nvdp.units import format_go_duration
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nvdp.devices import AnnotatedID, Device
+from nvdp.gpus.devices import AnnotatedID, Device
 from nvdp.nvml.types import GpuInfo
 
 

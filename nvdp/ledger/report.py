@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nvdp.base.units import format_go_duration
 from nvdp.ledger.document import WITHHELD
-from nvdp.units import format_go_duration
 
 _HEADER = f"  {'DEVICE':<47} {'INDEX':<6} {'HEALTH':<10} HELD BY\n"
 

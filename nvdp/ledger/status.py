@@ -14,11 +14,11 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from nvdp.bounded import loads_json
+from nvdp.base.bounded import loads_json
+from nvdp.base.http_endpoint import parse_address
 from nvdp.config.options import flag
 from nvdp.config.runtime import DEFAULT_METRICS_ADDRESS, listen_address
 from nvdp.errors import NvdpError
-from nvdp.http_endpoint import parse_address
 
 READ_TIMEOUT_S = 10.0
 MAX_PAGE_BYTES = 16 * 1024 * 1024

@@ -6,13 +6,13 @@
 - `allocations`: /allocations and nvdp_device_allocated, from the allocation ledger.
 - `nvml_errors`: failed NVML calls; `sources`: the protocols through which all of them read the
   daemon; `service`: `Metrics`, the parts put together.
-- The exposition is `nvdp.promtext`; the HTTP server is `nvdp.http_endpoint` (shared with the
+- The exposition is `nvdp.base.promtext`; the HTTP server is `nvdp.base.http_endpoint` (shared with the
   config-manager, which must not import grpc through this package).
 - Nothing here imports prometheus_client, ssl, http.client or email (megabytes of RSS) or the
-  concrete plugin server; `nvdp.daemon` imports this package only when metrics are on.
+  concrete plugin server; `nvdp.deviceplugin.daemon` imports this package only when metrics are on.
 """
 
-from nvdp.http_endpoint import Endpoint, HttpEndpoint, Pages, parse_address
+from nvdp.base.http_endpoint import Endpoint, HttpEndpoint, Pages, parse_address
 from nvdp.metrics.allocations import AllocationPages
 from nvdp.metrics.families import MetricFamilies
 from nvdp.metrics.readiness import SOCKET_GRACE_S, Probes

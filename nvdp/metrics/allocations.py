@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nvdp.base.http_endpoint import is_loopback
+from nvdp.base.promtext import MetricFamily
 from nvdp.health.types import HealthChange
-from nvdp.http_endpoint import is_loopback
 from nvdp.ledger.document import Served, allocations_document
 from nvdp.ledger.dra_file import dra_resource, read_dra_allocations
 from nvdp.metrics.sources import HealthView, LedgerView, RegistrationState
 from nvdp.nvml.types import GpuInfo
-from nvdp.promtext import MetricFamily
 
 ALLOCATIONS_MAX_AGE_S = 1.0
 METRICS_MAX_AGE_S = 5.0

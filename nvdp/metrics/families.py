@@ -13,10 +13,10 @@ from collections.abc import Mapping
 import grpc
 
 from nvdp import __version__
+from nvdp.base.promtext import Counter, CounterChild, Gauge, Histogram, HistogramChild, MetricFamily, Registry
 from nvdp.metrics.nvml_errors import CountingNvml
 from nvdp.metrics.sources import HealthView, MisfitView, RegistrationState
 from nvdp.nvml.types import Nvml
-from nvdp.promtext import Counter, CounterChild, Gauge, Histogram, HistogramChild, MetricFamily, Registry
 
 # Allocate answers in well under a millisecond; a slow GetPreferredAllocation on a big node in tens.
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0)

@@ -3,7 +3,7 @@ node's health at probe time; nothing here keeps a copy of either.
 
 Ready means: every resource is registered with the running kubelet, every plugin server answers an
 RPC over its socket (`rpc_probe`, checked at most every RPC_PROBE_CACHE_S per socket), no resource the
-config asks for is left without devices by a node fact (`nvdp.misfits`: missing device nodes, an MPS
+config asks for is left without devices by a node fact (`nvdp.gpus.misfits`: missing device nodes, an MPS
 daemon not up, ...), and the health monitor runs and has not been degraded beyond
 `health.degradedGracePeriod`."""
 

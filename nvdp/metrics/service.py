@@ -1,15 +1,15 @@
 """The daemon's metrics, put together: the metric families, the state read at scrape time, the
-probes and the allocation ledger's page, served by the HTTP endpoint. `nvdp.daemon` builds the
+probes and the allocation ledger's page, served by the HTTP endpoint. `nvdp.deviceplugin.daemon` builds the
 families first (they count NVML calls and are the supervisor's StatusObserver), then one `Metrics`
 once the supervisor, health and the ledger exist."""
 
 from __future__ import annotations
 
-from nvdp.http_endpoint import EndpointFactory, ServedPages
+from nvdp.base.http_endpoint import EndpointFactory, ServedPages
+from nvdp.base.promtext import render
 from nvdp.metrics.allocations import JSON_CONTENT_TYPE, AllocationPages
 from nvdp.metrics.families import MetricFamilies, StateCollector
 from nvdp.metrics.readiness import Probes
-from nvdp.promtext import render
 
 
 class Metrics(ServedPages):

@@ -2,8 +2,8 @@
 
 The supervisor keeps the registration state and the plugin servers; the node's health keeps device
 health and the monitor's status. Metrics read them at scrape or probe time through these protocols and
-keep no copy (`nvdp.plugin.supervisor.Supervisor`, `nvdp.plugin.server.DevicePluginServer`,
-`nvdp.health.node.NodeHealth`, `nvdp.misfit_report.MisfitReport` and the allocation ledger,
+keep no copy (`nvdp.deviceplugin.supervisor.Supervisor`, `nvdp.deviceplugin.server.DevicePluginServer`,
+`nvdp.health.node.NodeHealth`, `nvdp.gpus.misfit_report.MisfitReport` and the allocation ledger,
 `nvdp.ledger.ledger.AllocationLedger`, provide them).
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.gpus.misfits import Misfit
+from nvdp.gpus.resources import Resource
 from nvdp.health.types import HealthChange, MonitorStatus
 from nvdp.ledger.types import LedgerSnapshot
-from nvdp.misfits import Misfit
-from nvdp.resources import Resource
 
 
 class PluginServerView(Protocol):
@@ -72,7 +72,7 @@ class HealthView(Protocol):
 
 
 class MisfitView(Protocol):
-    """The node facts that keep part of the config from applying (`nvdp.misfit_report.MisfitReport`)."""
+    """The node facts that keep part of the config from applying (`nvdp.gpus.misfit_report.MisfitReport`)."""
 
     def current(self) -> list[Misfit]: ...
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from nvdp.api import pb
 from nvdp.config.model import MPS
-from nvdp.devices import Device
-from nvdp.resources import Resource
+from nvdp.gpus.devices import Device
+from nvdp.gpus.resources import Resource
 
 from .layout import CONTAINER_SHM, PIPE_ENV, MpsRoot
 from .plan import container_limit_envs

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from nvdp.base.dirs import make_dirs
+from nvdp.base.logs import log_event, setup_logging
 from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, resolve_command
 from nvdp.config import values as v
 from nvdp.config.model import MPS
 from nvdp.config.options import add_options, flag, flags_only_for
 from nvdp.config.rules import plugin_problems
-from nvdp.dirs import make_dirs
 from nvdp.errors import NvdpError
-from nvdp.inventory import ResourceRules
-from nvdp.logs import log_event, setup_logging
-from nvdp.misfit_report import MisfitReport
+from nvdp.gpus.inventory import ResourceRules
+from nvdp.gpus.misfit_report import MisfitReport
 from nvdp.nvml import open_nvml
 from nvdp.nvml.types import ComputeModes, Nvml
 

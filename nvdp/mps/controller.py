@@ -7,8 +7,8 @@
   (`nvdp.mps.status`). The daemon's log files are followed into this process's log.
 - `request_reload()` converges on new plans by diff (start, stop or re-limit).
 - `request_stop()` ends within seconds: an in-flight command is killed, the markers go, compute
-  modes return to DEFAULT, every daemon gets `quit` (bounded by `nvdp.timers`' mpsQuitTimeout).
-- Both requests come from another thread (nvdp.signals' dispatcher) and never block.
+  modes return to DEFAULT, every daemon gets `quit` (bounded by `nvdp.base.timers`' mpsQuitTimeout).
+- Both requests come from another thread (nvdp.base.signals' dispatcher) and never block.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from nvdp.backoff import delay_after
-from nvdp.dirs import make_dirs
+from nvdp.base.backoff import delay_after
+from nvdp.base.dirs import make_dirs
+from nvdp.base.logs import log_event
+from nvdp.base.timers import TIMERS
 from nvdp.errors import MpsError, NvdpError
-from nvdp.logs import log_event
 from nvdp.nvml.types import ComputeMode, ComputeModes
-from nvdp.timers import TIMERS
 
 from .control import MpsControl
 from .layout import CONTROL_BINARY, MpsRoot
@@ -92,7 +92,7 @@ class MpsController:
         self._stopping = threading.Event()  # also cancels the control command in flight
         self._reload = False
 
-    # ---- requests (nvdp.signals' dispatcher, other threads) ------------------------------------
+    # ---- requests (nvdp.base.signals' dispatcher, other threads) ------------------------------------
     def request_stop(self) -> None:
         self._stopping.set()
         self._wake.set()

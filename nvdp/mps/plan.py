@@ -1,5 +1,5 @@
 """MPS rules over plain data (pure): the daemons a node needs, their limits and per-container limits
-(what MPS refuses: of a config, `nvdp.config.rules`; of a node, `nvdp.inventory`).
+(what MPS refuses: of a config, `nvdp.config.rules`; of a node, `nvdp.gpus.inventory`).
 
 - Defaults, as NVIDIA's control daemon: pinned memory per GPU is its memory / replicas (MiB,
   `<n>M`); active threads are 100 / replicas percent.
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nvdp.base.units import MIB
 from nvdp.config.model import MPS
-from nvdp.devices import Device
-from nvdp.resources import Resource
-from nvdp.units import MIB
+from nvdp.gpus.devices import Device
+from nvdp.gpus.resources import Resource
 
 from .layout import PINNED_MEM_LIMIT_ENV, THREAD_PERCENTAGE_ENV
 

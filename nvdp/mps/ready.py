@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from nvdp.base.dir_watch import Watcher
 from nvdp.config.model import MPS
-from nvdp.dir_watch import Watcher
-from nvdp.misfits import Misfit
-from nvdp.resources import NodeResources, Resource
+from nvdp.gpus.misfits import Misfit
+from nvdp.gpus.resources import NodeResources, Resource
 
 from .layout import MpsRoot
 from .status import read_status

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvdp.base.dirs import make_dirs
 from nvdp.config import Config
 from nvdp.config.model import MPS
-from nvdp.dirs import make_dirs
 from nvdp.errors import NvdpError
 
 from .layout import MpsRoot

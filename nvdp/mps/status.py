@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from nvdp.files import write_atomic
+from nvdp.base.files import write_atomic
 
 MAX_BYTES = 512
 MAX_CHARS = 300

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from nvdp.units import MIB
+from nvdp.base.units import MIB
 
 # GPU instance profiles whose MIG devices carry a name suffix (go-nvlib's spelling).
 PROFILE_SUFFIXES = (

@@ -9,10 +9,10 @@ import ctypes
 import logging
 from typing import TYPE_CHECKING, Any
 
+from nvdp.base.units import MIB
 from nvdp.errors import NvmlError
 from nvdp.nvml.naming import PROFILE_SUFFIXES, mig_profile_name
 from nvdp.nvml.types import MigDeviceInfo, MigEngines, MigPlacement, MigProfileInfo
-from nvdp.units import MIB
 
 if TYPE_CHECKING:
     from nvdp.nvml.real import RealNvml

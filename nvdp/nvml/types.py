@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nvdp.units import MIB
+from nvdp.base.units import MIB
 
 
 class PcieLevel(enum.IntEnum):

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from nvdp.base.units import MIB
 from nvdp.errors import nvml_error
 from nvdp.nvml.sim.event_set import SimEventSet
 from nvdp.nvml.sim.events import (
@@ -41,7 +42,6 @@ from nvdp.nvml.types import (
     NvmlEvent,
     ProbeResult,
 )
-from nvdp.units import MIB
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from nvdp.bounded import BoundExceeded, loads_json
+from nvdp.base.bounded import BoundExceeded, loads_json
 from nvdp.nvml.types import EventType
 
 ECC_EVENTS = {"single-bit-ecc": EventType.SINGLE_BIT_ECC, "double-bit-ecc": EventType.DOUBLE_BIT_ECC}

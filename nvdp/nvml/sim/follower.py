@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from nvdp.files import OPEN_FLAGS, not_regular
+from nvdp.base.files import OPEN_FLAGS, not_regular
 
 logger = logging.getLogger(__name__)
 

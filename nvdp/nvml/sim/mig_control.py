@@ -16,11 +16,11 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from nvdp.base.units import MIB
 from nvdp.errors import nvml_error
 from nvdp.nvml.sim.mig import gpu_instance_profiles, parse_profile, sim_engines
 from nvdp.nvml.sim.node import SimGpu, derived_uuid
 from nvdp.nvml.types import MigDeviceInfo, MigPlacement, MigProfileInfo
-from nvdp.units import MIB
 
 if TYPE_CHECKING:
     from nvdp.nvml.sim.backend import SimNvml

@@ -14,10 +14,10 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
-from nvdp.bounded import BoundExceeded, loads_yaml
+from nvdp.base.bounded import BoundExceeded, loads_yaml
+from nvdp.base.files import read_bounded
 from nvdp.config.values import describe_keys
 from nvdp.errors import ConfigError, UnreadableFile
-from nvdp.files import read_bounded
 from nvdp.nvml.sim.fabric import parse_fabric
 from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
 from nvdp.nvml.sim.models import MODELS
