@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,26 @@ def test_two_sides_taking_one_gpu_at_once_both_back_off(tmp_path: Path) -> None:
         plugin.served(settled.serve)
         assert record(tmp_path, DEVICE_PLUGIN)["serving"] == []
         assert dra.settle(frozenset({B}), {}).serve == {B}  # the DRA driver's own look: B is free now
+    finally:
+        plugin.close()
+        dra.close()
+
+
+def test_a_directory_that_cannot_be_made_again_changes_nothing_served(tmp_path: Path) -> None:
+    """The DRA directory removed (a kubelet reinstall) and something else at its path: once the DRA
+    driver's record was seen, the device plugin neither takes the GPUs the config gives it nor drops
+    what it serves until the directory is usable again (it used to take every GPU of its config)."""
+    directory = tmp_path / "gpu.nvidia.com"
+    plugin, dra = Handoff(DEVICE_PLUGIN, directory), Handoff(DRA, directory)
+    try:
+        dra.served(dra.settle(frozenset({C}), {C: "claim ns/c1"}).serve)
+        plugin.served(plugin.settle(frozenset({A, C}), {}).serve)
+        assert plugin.settle(frozenset({A, C}), {}).serve == {A}  # C: the claim holds it through DRA
+        shutil.rmtree(directory)
+        directory.write_text("")  # a file where the directory was: it cannot be made again
+        assert plugin.settle(frozenset({A, B, C}), {}).serve == {A}
+        directory.unlink()
+        assert plugin.settle(frozenset({A, B, C}), {}).serve == {A}  # made again: DRA's record unknown
     finally:
         plugin.close()
         dra.close()

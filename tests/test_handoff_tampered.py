@@ -35,8 +35,10 @@ def truncate(path: Path) -> None:
 def symlink_to_a_forged_copy(path: Path) -> None:
     forged = path.parent / "forged.json"
     forged.write_text(json.dumps({"serving": [], "holds": {}}))
-    path.unlink()
-    path.symlink_to(forged)
+    link = path.parent / "forged-link.json"
+    link.unlink(missing_ok=True)
+    link.symlink_to(forged)
+    link.replace(path)  # at once: the owner may write its record again between an unlink and a link
 
 
 def grow(path: Path) -> None:

@@ -98,8 +98,13 @@ class Handoff:
                     self.directory.mkdir(mode=DIR_MODE)
             except FileNotFoundError:
                 return False
+            except FileExistsError:
+                pass  # the other side made it first
             except OSError as error:
                 self._say_lock(f"cannot make the directory: {error.strerror or error}")
+                return False
+            if not self.directory.is_dir():
+                self._say_lock("cannot make the directory: another file stands at its path")
                 return False
         if not self._joined:
             self._joined = True
@@ -261,7 +266,9 @@ class Handoff:
         if usable:
             self._restore_own_files()
         if not usable:
-            self._last = Settled(mine)
+            # No directory: no DRA driver here, all the config's GPUs are this API's; but once the other
+            # API's record was seen in this run, an unusable directory changes nothing that is served.
+            self._last = Settled(mine if self._other_last_seen is None else self._serving)
             self._retry_at = None
             return self._last
         self._other_seen = self._stat_other()
