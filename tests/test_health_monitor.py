@@ -395,7 +395,7 @@ def test_start_stop_idempotent_and_prompt(node: Node) -> None:
 
 @pytest.mark.parametrize("armed", [True, False], ids=["event set armed", "no event set"])
 def test_a_long_wait_on_the_event_set_ends_for_an_update_and_a_stop(node: Node, armed: bool) -> None:
-    """An idle monitor wakes once per wait (1 s by default): an update or a stop does not wait for it."""
+    """An idle monitor wakes once per wait (5 s by default): an update or a stop does not wait for it."""
     settings = HealthSettings(probe_interval=3600.0)
     environ = {} if armed else {"DP_DISABLE_HEALTHCHECKS": "xids"}
     monitor = node.monitor(wait_timeout=60.0, settings=settings, environ=environ)

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import fake_pynvml as fake
 import pytest
 from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
 from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
+from nvdp.health import HealthMonitor, HealthSettings
 from nvdp.nvml import EventType, PcieLevel
 from nvdp.nvml.library import LIBRARY_DIRS, library_candidates
 from nvdp.nvml.naming import mig_profile_name, pcie_root_of, sysfs_bus_id
 from nvdp.nvml.real import RealNvml
 from nvdp.nvml.types import MigEngines, MigPlacement
+from testkit import wait_until
 
 GIB = 1024**3
 BUS = ["00000000:07:00.0", "00000000:0F:00.0", "00000000:47:00.0", "00000000:87:00.0"]
@@ -482,3 +487,45 @@ def test_pcie_root_from_the_sysfs_link_else_none(tmp_path: Path) -> None:
 )
 def test_pcie_root_of_a_link(link: str, root: str | None) -> None:
     assert pcie_root_of(link, "00000000:07:00.0") == root
+
+
+# -- a stop during real NVML's event wait, which cannot be ended early ------------------------------
+
+
+class UninterruptibleWait(FakePynvml):
+    """nvmlEventSetWait_v2 as real NVML's: it returns at its timeout (or at `release`), nothing else."""
+
+    def __init__(self, gpus: list[FakeGpu]) -> None:
+        super().__init__(gpus)
+        self.waiting = threading.Event()
+        self.release = threading.Event()
+
+    def nvmlEventSetWait_v2(self, event_set: fake.FakeEventSet, timeout_ms: int) -> Any:
+        self.waiting.set()
+        self.release.wait(timeout_ms / 1000)
+        return super().nvmlEventSetWait_v2(event_set, timeout_ms)
+
+
+def test_a_stop_does_not_wait_for_nvmls_event_wait_and_nvml_stays_up_until_it_ends() -> None:
+    """The health thread waits 5 s per turn (one wake-up per wait on an idle node); a stop returns
+    without it, its event set is freed when the wait ends, and nvmlShutdown is left to the exit
+    while a wait is under way (NVML would be torn down under the waiting thread)."""
+    lib = UninterruptibleWait([gpu(0), gpu(1)])
+    nvml = opened(lib)
+    monitor = HealthMonitor(
+        nvml, nvml.gpus(), lambda changes: None, settings=HealthSettings(probe_interval=3600)
+    )
+    monitor.start()
+    assert lib.waiting.wait(10)
+    started = time.monotonic()
+    monitor.stop(timeout=0.2)
+    assert time.monotonic() - started < 2.0  # not the 5 s wait
+    assert not monitor.status().running
+    nvml.shutdown()
+    assert "nvmlShutdown" not in lib.calls
+    assert lib.event_sets[0].freed == 0
+    lib.release.set()  # the wait ends: the thread frees its set
+    wait_until(lambda: lib.event_sets[0].freed == 1, 10, "the event set freed by its thread")
+    monitor.start()  # a restart after such a stop runs one thread
+    monitor.stop(timeout=5)
+    assert [t for t in threading.enumerate() if t.name == "nvdp-health"] == []

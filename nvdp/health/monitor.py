@@ -1,8 +1,9 @@
 """The node's health monitor thread: one NVML event set for every GPU, an active probe, re-arming.
 
-The thread waits on the event set up to `wait_timeout` (1 s; an event returns the wait at once, and
-so do a stop and a new enumeration or settings, which interrupt it where NVML can: the simulated
-node; real NVML's wait ends at its timeout) and, every
+The thread waits on the event set up to `wait_timeout` (5 s, as NVIDIA's plugin: an idle node costs
+one wake-up per wait; an event returns the wait at once, and so do a stop and a new enumeration or
+settings, which interrupt it where NVML can: the simulated node; real NVML's wait ends at its
+timeout, so a stop does not wait for it) and, every
 `probe_interval`, makes one cheap query per GPU on the same long-lived NVML session. What NVML says
 goes to the health state machine (`nvdp.health.state`, which decides what is healthy); the changes
 it returns go to a listener (normally `HealthRouter`) in batches, from the monitor thread.
@@ -51,7 +52,7 @@ __all__ = [
 _MAX_BATCH = 64  # events drained from the set into one batch
 # The longest wait on the event set: what an idle node's monitor costs (a wake-up per wait) and, on
 # real NVML, how long a stop or an update can wait for the wait to end (NVIDIA's plugin waits 5 s).
-WAIT_TIMEOUT_S = 1.0
+WAIT_TIMEOUT_S = 5.0
 
 
 class HealthMonitor:
@@ -85,6 +86,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._wake = threading.Event()  # a stop or an update while no event set is armed
         self._thread: threading.Thread | None = None
+        self._left: threading.Thread | None = None  # stopped while in real NVML's wait
         self._event_set: EventSet | None = None
         self._next_probe = 0.0
         self._rearm_at = 0.0
@@ -160,21 +162,25 @@ class HealthMonitor:
             recovery_quiet_period=self._settings.recovery_quiet_period,
             **self._policy.describe(),
         )
+        if self._left is not None:  # a restart: the last thread ends its wait first
+            self._left.join()
+            self._left = None
         self._stop.clear()
         self._emit(self._state.enumeration_faults(self._clock()) + self._try_arm())
         self._thread = threading.Thread(target=self._run, name="nvdp-health", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop the thread and free the event set. Idempotent. Waits up to `timeout` plus the wait
-        on the event set (real NVML cannot end it early)."""
+        """Stop the thread and free the event set. Idempotent. Waits up to `timeout`: a thread still
+        in real NVML's wait (which cannot be ended early) frees its event set when the wait ends."""
         self._stop.set()
         self._interrupt()
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join(timeout + self._wait_ms / 1000)
+            thread.join(timeout)
             if thread.is_alive():
-                log_event(log, logging.WARNING, "health monitor did not stop in time", timeout=timeout)
+                log_event(log, logging.DEBUG, "health monitor left in its NVML event wait", timeout=timeout)
+                self._left = thread
                 return
         self._disarm()
 

@@ -72,6 +72,7 @@ class RealNvml:
         self._sysfs_root = sysfs_root
         self._load_library = load_library
         self._initialized = False
+        self.waits_in_flight = 0  # nvmlEventSetWait calls under way (their threads write it)
         self._error_names = {
             getattr(self._nv, name): name
             for name in dir(self._nv)
@@ -105,6 +106,9 @@ class RealNvml:
             return
         self._initialized = False
         self._reset_caches()
+        if self.waits_in_flight:  # a stopped health thread still in its wait: the exit frees NVML
+            logger.debug("NVML left to the process exit: an event wait is under way")
+            return
         try:
             self._call("nvmlShutdown")
         except NvmlError as e:

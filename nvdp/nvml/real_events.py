@@ -44,12 +44,15 @@ class RealEventSet:
 
     def wait(self, timeout_ms: int) -> NvmlEvent | None:
         name = "nvmlEventSetWait_v2" if hasattr(self._nvml._nv, "nvmlEventSetWait_v2") else "nvmlEventSetWait"
+        self._nvml.waits_in_flight += 1
         try:
             data = self._nvml._call(name, self._handle, max(timeout_ms, 0))
         except NvmlError as e:
             if e.code == "NVML_ERROR_TIMEOUT":
                 return None
             raise
+        finally:
+            self._nvml.waits_in_flight -= 1
         return NvmlEvent(
             gpu_uuid=self._nvml._uuid_of(data.device),
             event_type=EventType(int(data.eventType)),
