@@ -4,10 +4,10 @@ measured on: dgx-a100 for the plugin, dgx-a100-mig for the DRA plugin), and on t
 
 Rows: the peak RSS (VmHWM) of each after its start-up and load (the plugin: 200 Allocate calls), and
 its idle CPU over the idle window (rescan at its default: 10 s for the plugin, 0.5 s for the DRA
-plugin), with NVIDIA's numbers beside them. NVIDIA's were measured by issue 27 on another machine
-(Go is not in this environment), so they are references, not a same-run ratio: idle CPU 0.18 % of a
-core (device plugin) and 0.0 % (DRA plugin), peak RSS 32.6 MB and 58.5 MB. Budgets: idle CPU at most
-NVIDIA's + 0.05 % of a core; peak RSS 45 MB (plugin) and 60 MB (DRA plugin) on the mock library.
+plugin), beside the bare grpcio device plugin's (bench/floor.py: what a Python gRPC server costs
+idle before any plugin code) and NVIDIA's. NVIDIA's DRA numbers were measured by issue 27 on
+another machine: idle CPU 0.0 % of a core, peak RSS 58.5 MB. Budgets: idle CPU at most NVIDIA's
++ 0.05 % of a core; peak RSS 45 MB (plugin) and 60 MB (DRA plugin) on the mock library.
 
 The mock library's nvmlEventSetWait sleeps on a condition variable until an event is queued or its
 timeout (no commands file here: no periodic check), as real NVML sleeps in the driver: its rows
@@ -39,7 +39,9 @@ if __package__ in (None, ""):  # `python bench/footprint.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.budgets import DRA_IDLE_BUDGET_PCT, DRA_RSS_MOCK_BUDGET_MB, IDLE_BUDGET_PCT, PLUGIN_RSS_BUDGET_MB
+from bench.harness import start_floor
 from bench.rescan import mock_library
+from bench.session import FLOOR
 from bench.table import MIB, Row, megabytes
 from nvdp.api import pb
 from nvdp.sim.kubelet import Kubelet
@@ -89,6 +91,20 @@ def _plugin(work: Path, nvml: str, env: dict[str, str], nvidia: str | None = Non
 
 
 @contextlib.contextmanager
+def _floor(work: Path) -> Iterator[Process]:
+    """The bare grpcio device plugin (bench/floor.py), registered and listed, then idle: what a Python
+    gRPC server costs before any plugin code."""
+    with Kubelet(work) as kubelet:
+        process = start_floor(work / "floor.sock", kubelet.socket_path, FLOOR)
+        try:
+            kubelet.wait_for_registration(FLOOR, timeout=60)
+            kubelet.wait_for_updates(FLOOR, 1, timeout=30)
+            yield process
+        finally:
+            process.stop()
+
+
+@contextlib.contextmanager
 def _dra(work: Path, nvml: str, env: dict[str, str]) -> Iterator[Process]:
     with dra_cluster(work, "sim:dgx-a100-mig", env=env) as cluster:
         cluster.nvml = nvml
@@ -117,6 +133,7 @@ def measure(idle_seconds: float, work: Path, nvidia_plugin: str | None = None) -
             if nvidia_plugin and lib[0]:  # NVIDIA's on the same mock library, the same minutes
                 theirs = stack.enter_context(_plugin(_dir(work / "nvidia"), "", lib[0], nvidia_plugin))
                 started.append(("nvidia", label, theirs))
+        started.append(("floor", "no NVML", stack.enter_context(_floor(_dir(work / "floor")))))
         time.sleep(2.0)  # start-up work done
         before = {p.pid: ProcStats.read(p.pid) for _, _, p in started}
         cpu_before = {p.pid: _cpu_ns(p.pid) for _, _, p in started}
@@ -141,6 +158,15 @@ def _rows(
     """The idle CPU and peak RSS rows of one process; NVIDIA's measured beside it: a same-run ratio."""
     pct, wakeups, peak_mib = seen[what, label]
     peak_mb = peak_mib * MIB / 1e6
+    if what == "floor":
+        return [
+            Row(
+                "bare grpcio device plugin (bench/floor.py): idle CPU",
+                "floor",
+                n,
+                value=f"{pct:.3f}% core, {wakeups:.0f} wake-ups/s (gRPC's own threads: no plugin code)",
+            )
+        ]
     if what == "nvidia":
         return [
             Row(
