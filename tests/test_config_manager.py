@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,11 +247,15 @@ def test_sighup_is_sent_only_when_the_file_changes(setup: Setup) -> None:
     setup.label("b")
     wait_until(lambda: counter.read_text() == "hh", 10, "second signal")
     setup.label("b2")  # unknown: no signal
+    wait_until(lambda: "label=b2" in manager.log(), 10, "b2 refused")
     setup.api.patch_labels(NODE_PATH, {"unrelated": "x"})  # other labels: no signal
     manager.send(signal.SIGHUP)  # reconcile now: nothing changed, no signal
-    time.sleep(0.6)
-    assert counter.read_text() == "hh"
+    setup.label("a")  # one more signal, sent after any the three above could have caused
+    wait_until(lambda: "entry=a" in manager.log().rsplit("label=b2", 1)[-1], 10, "a applied again")
     assert manager.stop() == 0
+    # The manager's log is complete: three signals, so none for the three changes in between.
+    assert manager.log().count(" signalled ") == 3
+    wait_until(lambda: counter.read_text() == "hhh", 10, "the third signal handled")
 
 
 @pytest.mark.soak
