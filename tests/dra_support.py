@@ -3,8 +3,10 @@ plugin process), and the kubelet's Node status writes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+from nvdp.dra.publisher import SlicePublisher
 from testkit.dra import (
     DEVICE_CLASSES,
     DRA_ALL_CONFIG,
@@ -39,6 +41,7 @@ __all__ = [
     "schedule",
     "serve_dra",
     "slices_of",
+    "stop_publisher",
 ]
 
 
@@ -58,3 +61,13 @@ def node_status_writer(
         api.merge_patch(path, {"status": status})
 
     return write
+
+
+def stop_publisher(publisher: SlicePublisher, api: KubeApiStandin, timeout: float = 5.0) -> None:
+    """Stop `publisher` and join its threads, ending the stand-in's watches until its watcher returned
+    (one begun after an end would wait for the server's timeout): nothing of it outlives the test."""
+    publisher.stop()
+    deadline = time.monotonic() + timeout
+    while not publisher.join(0.05) and time.monotonic() < deadline:
+        api.end_watches()
+    assert publisher.join(0), "the slice publisher's threads did not end"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,6 +126,17 @@ def _reloads(plugin: Process) -> int:
     return plugin.log().count("SIGHUP received")
 
 
+def _signalled(manager: Process) -> int:
+    return manager.log().count(" signalled ")
+
+
+def _wait_signalled(manager: Process, plugin: Process, count: int) -> None:
+    """Wait for the manager's `count`th signal and the plugin's reload on it. Both lines may come after
+    the plugin already serves the new config (each is logged once its signal or reload was sent on),
+    so a count taken when the devices change can be short; `count` is the total from the start."""
+    wait_until(lambda: _signalled(manager) >= count and _reloads(plugin) >= count, 10, f"signal {count}")
+
+
 @pytest.mark.soak
 def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     setup.label("a")
@@ -143,7 +153,8 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     # Label changed to b: the plugin serves 4 replicas within seconds, same process.
     setup.label("b")
     setup.wait_devices(32)
-    assert plugin.alive() and _reloads(plugin) == 1
+    _wait_signalled(manager, plugin, 1)
+    assert plugin.alive()
 
     # Unknown value: one line and one Event; both keep running on the old config.
     setup.label("nope")
@@ -151,14 +162,7 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     (event,) = _events(setup, "DevicePluginConfigRefused")
     assert event["type"] == "Warning"
     assert event["involvedObject"]["name"] == NODE and "'nope'" in event["message"]
-    time.sleep(0.5)  # several poll intervals: the same problem is not reported again
-    refused = [line for line in manager.log().splitlines() if "config not applied" in line]
-    assert len(refused) == 1, refused
-    assert (
-        "node=node-a" in refused[0]
-        and "label=nope" in refused[0]
-        and "no config entry named 'nope'" in refused[0]
-    )
+    wait_until(lambda: "config not applied" in manager.log(), 10, "refusal logged")
     assert manager.alive() and plugin.alive() and len(setup.kubelet.devices(GPU)) == 32
     assert len(_events(setup, "DevicePluginConfigRefused")) == 1
     assert os.readlink(setup.dst) == str(setup.src.root / "b")
@@ -166,6 +170,7 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     # Label removed: the `named` fallback picks the entry called default (no sharing).
     setup.label(None)
     setup.wait_devices(8)
+    _wait_signalled(manager, plugin, 2)
 
     # API errors, then recovery: the watch retries and resumes.
     setup.api.fail(500, 2, watch=True)
@@ -173,6 +178,7 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     wait_until(lambda: manager.log().count("node watch failed") >= 2, 15, "watch failures logged")
     setup.label("a")
     setup.wait_devices(16)
+    _wait_signalled(manager, plugin, 3)
     assert "node watch recovered" in manager.log()
 
     # History compacted: the resumed watch gets 410 Gone and lists again.
@@ -180,29 +186,36 @@ def test_label_switches_the_plugin_config_live(setup: Setup) -> None:
     setup.api.end_watches()
     setup.label("b")
     setup.wait_devices(32)
+    _wait_signalled(manager, plugin, 4)
     assert "410 Gone" in manager.log()
 
-    # The ConfigMap entry edited in place (the kubelet swaps ..data): re-applied and signalled once.
-    before = _reloads(plugin)
+    # The ConfigMap entry edited in place (the kubelet swaps ..data): re-applied and signalled.
     setup.src.update({"a": ts(2), "b": ts(3), "default": "version: v1\n"})
     setup.wait_devices(24)
-    time.sleep(0.5)
-    assert _reloads(plugin) == before + 1
+    _wait_signalled(manager, plugin, 5)
     assert plugin.alive() and manager.alive()
 
     # An edit that the plugin would refuse is not applied (and not signalled).
     setup.label("a")
     setup.wait_devices(16)
-    before = _reloads(plugin)
+    _wait_signalled(manager, plugin, 6)
     setup.src.update({"a": ts(2), "b": "sharing: {timeSlicing: {resources: [{name: gpu, replicas: x}]}}\n"})
     setup.label("b")
     wait_until(lambda: "replicas: must be an integer" in manager.log(), 10, "invalid entry reported")
-    assert os.readlink(setup.dst) == str(setup.src.root / "a") and _reloads(plugin) == before
+    assert os.readlink(setup.dst) == str(setup.src.root / "a")
 
     # Memory while watching (bench/config_manager.py measures it on its own): under 80 MB.
     assert ProcStats.read(manager.pid).peak_rss_mib * 1024 * 1024 < 80e6
     assert manager.stop() == 0
     assert plugin.stop() == 0
+    # Both logs are complete now, so the counts are exact, with no wait for a line that never comes:
+    # one signal and one reload per applied change (six), none for a refusal; the refused label
+    # reported once.
+    assert _signalled(manager) == _reloads(plugin) == 6, (manager.log(), plugin.log())
+    refused = [line for line in manager.log().splitlines() if "config not applied" in line]
+    assert len(refused) == 2, refused  # 'nope', then the invalid entry b
+    assert "node=node-a" in refused[0] and "label=nope" in refused[0]
+    assert "no config entry named 'nope'" in refused[0]
 
 
 @pytest.mark.soak
@@ -234,11 +247,15 @@ def test_sighup_is_sent_only_when_the_file_changes(setup: Setup) -> None:
     setup.label("b")
     wait_until(lambda: counter.read_text() == "hh", 10, "second signal")
     setup.label("b2")  # unknown: no signal
+    wait_until(lambda: "label=b2" in manager.log(), 10, "b2 refused")
     setup.api.patch_labels(NODE_PATH, {"unrelated": "x"})  # other labels: no signal
     manager.send(signal.SIGHUP)  # reconcile now: nothing changed, no signal
-    time.sleep(0.6)
-    assert counter.read_text() == "hh"
+    setup.label("a")  # one more signal, sent after any the three above could have caused
+    wait_until(lambda: "entry=a" in manager.log().rsplit("label=b2", 1)[-1], 10, "a applied again")
     assert manager.stop() == 0
+    # The manager's log is complete: three signals, so none for the three changes in between.
+    assert manager.log().count(" signalled ") == 3
+    wait_until(lambda: counter.read_text() == "hhh", 10, "the third signal handled")
 
 
 @pytest.mark.soak

@@ -21,6 +21,7 @@ from nvdp.kube import new_api_client
 from nvdp.kube.reflector import WatchTimers
 from testkit import wait_until
 from tests.builders import sim_gpus
+from tests.dra_support import stop_publisher
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import log_lines
 from tests.test_dra_slices import FACTS
@@ -72,7 +73,7 @@ def test_publishes_the_golden_slice_and_shows_health_as_taints(
         assert devices_of(api)[1]["taints"] == [XID["gpu-1"].entry()]
         assert [d.get("taints") for d in devices_of(api)[::2]] == [None, None]
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     assert sum("Unhealthy devices" in line for line in log_lines(caplog)) == 1
     assert "Unhealthy devices shown as device taints in the ResourceSlice" in "\n".join(log_lines(caplog))
 
@@ -92,7 +93,7 @@ def test_a_server_without_device_taints_gets_unhealthy_devices_withdrawn(
         pub.update(devices, {})  # recovered
         wait_until(lambda: len(devices_of(api)) == 4, 2, "gpu-1 back")
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     assert pub.taints is False
     assert (
         "Unhealthy devices withdrawn from the ResourceSlice why="
@@ -120,7 +121,7 @@ def test_a_deleted_or_edited_slice_is_published_again(api: KubeApiStandin) -> No
         api.delete(path)  # seen after the two above: they were judged first
         wait_until(lambda: path in api.objects and pub.writes >= 4, 2, "the slice re-created")
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     assert pub.writes == 4  # the touch and another node's slice wrote nothing
 
 
@@ -130,7 +131,7 @@ def test_a_restart_that_finds_its_slices_right_writes_nothing(api: KubeApiStandi
     first.update(devices, {})
     first.start()
     assert first.published.wait(2.0)
-    first.stop()
+    stop_publisher(first, api)
     again = publisher(api)
     again.update(devices, {})
     again.start()
@@ -140,7 +141,7 @@ def test_a_restart_that_finds_its_slices_right_writes_nothing(api: KubeApiStandi
         again.update(devices, XID)
         wait_until(lambda: stored(api)["spec"]["pool"]["generation"] == 2, 2, "generation 2")  # type: ignore[index]
     finally:
-        again.stop()
+        stop_publisher(again, api)
 
 
 def test_failures_are_retried_and_v1beta1_is_spoken_where_served(
@@ -154,7 +155,7 @@ def test_failures_are_retried_and_v1beta1_is_spoken_where_served(
     try:
         assert pub.published.wait(3.0)
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     device = stored(api, "v1beta1")["spec"]["devices"][0]  # type: ignore[index]
     assert set(device) == {"name", "basic"}
     assert any(line.startswith("cannot publish ResourceSlices; will retry") for line in log_lines(caplog))
@@ -173,7 +174,7 @@ def test_a_cluster_without_dra_is_said_and_retried(
         api.put(GROUP, discovery("v1"))
         assert pub.published.wait(3.0)
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     assert any("is DRA enabled in this cluster?" in line for line in log_lines(caplog))
 
 
@@ -193,7 +194,7 @@ def test_slices_are_owned_by_their_node_once_it_can_be_read(
         owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-uid", "controller": True}
         wait_until(lambda: stored(api)["metadata"].get("ownerReferences") == [owner], 2, "the owner")
     finally:
-        pub.stop()
+        stop_publisher(pub, api)
     (line,) = [x for x in log_lines(caplog) if "without their Node as owner" in x]
     assert "HTTP 403" in line
 
@@ -212,4 +213,4 @@ def test_an_update_that_wants_what_is_wanted_already_asks_the_api_nothing(api: K
         assert pub.update(devices, XID)  # a real change is published
         wait_until(lambda: "taints" in devices_of(api)[1], 2, "gpu-1 tainted")
     finally:
-        pub.stop()
+        stop_publisher(pub, api)

@@ -173,6 +173,19 @@ def test_a_stopped_process_frees_what_it_advertised_but_not_what_its_pods_hold(t
         dra.close()
 
 
+def test_a_side_that_stops_writes_what_it_holds_then(tmp_path: Path) -> None:
+    """The DRA plugin's stop writes its holds as they are once no request can come in: a claim
+    unprepared since its last settle is not left named (an uninstall would keep the record for it)."""
+    dra = Handoff(DRA, tmp_path)
+    try:
+        dra.served(dra.settle(frozenset({A}), {A: "claim ns/c"}).serve)
+        assert record(tmp_path, DRA)["holds"] == {A: "claim ns/c"}
+        dra.hold({})
+        assert record(tmp_path, DRA) == {"serving": [A], "holds": {}}
+    finally:
+        dra.close()
+
+
 def test_two_sides_taking_one_gpu_at_once_both_back_off(tmp_path: Path) -> None:
     """A stale config on one side: both want B and neither serves it. Each names B, then looks at the
     other's record again: the two looks cross, so both see the other's claim and both back off (and

@@ -63,15 +63,19 @@ class StubPlugin:
         self._server.stop(2).wait()
         self._executor.shutdown(wait=True)
 
-    def _wake(self) -> None:
+    def _ended(self) -> None:
+        """A ListAndWatch ended (gRPC's callback): cancelled by the kubelet unless we stop. Set here,
+        not in the generator: after a send that completes on a cancelled stream gRPC never resumes it."""
         with self._cond:
+            if not self._stopping:
+                self.stream_cancelled.set()
             self._cond.notify_all()
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
         return self.options
 
     def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
-        context.add_callback(self._wake)
+        context.add_callback(self._ended)
         sent = -1
 
         def woken() -> bool:
@@ -80,10 +84,7 @@ class StubPlugin:
         while True:
             with self._cond:
                 self._cond.wait_for(woken)
-                if not context.is_active():
-                    self.stream_cancelled.set()
-                    return
-                if self._stopping:
+                if self._stopping or not context.is_active():
                     return
                 sent, devices = self._version, dict(self._devices)
             yield pb.ListAndWatchResponse(

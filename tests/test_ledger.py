@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -203,58 +203,61 @@ def test_the_text_of_a_document_from_elsewhere_is_no_traceback(document: dict[st
 
 
 class Reads:
-    """A PodResources reader that counts its reads and answers `holdings` (or fails with `problem`)."""
+    """A PodResources reader that records when (on `clock`) it reads and answers `holdings` (or fails
+    with `problem`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.times: list[float] = []
         self.holdings: list[Holding] = []
         self.problem: str | None = None
         self.read = threading.Event()
 
     def __call__(self, prefix: str) -> list[Holding]:
-        self.times.append(time.monotonic())
+        self.times.append(self.clock())
         self.read.set()
         if self.problem is not None:
             raise PodResourcesUnavailable(self.problem)
         return list(self.holdings)
 
 
-AFTER = tuple(
-    0.6 * due for due in AFTER_ALLOCATE_S
-)  # the reads after an Allocate, sooner: 0.12 s, 0.6 s, 1.8 s
+AFTER = tuple(d / 10 for d in AFTER_ALLOCATE_S)  # the reads after an Allocate, sooner: 0.02 s, 0.1 s, 0.3 s
 
 
 def test_the_ledger_reads_after_allocates_and_health_changes_not_on_a_timer(tmp_path: Path) -> None:
+    """The ledger's clock is the test's: it stands still until moved to the next read's time, so each
+    read is counted against what made it due, whatever the machine's load."""
     socket = tmp_path / "pod-resources" / "kubelet.sock"
     socket.parent.mkdir()
     socket.touch()  # present: the ledger reads once at start
-    reads = Reads()
-    ledger = AllocationLedger(socket, reader=reads, resync=3600, after_allocate=AFTER)
+    now = [0.0]
+    reads = Reads(clock=lambda: now[0])
+    ledger = AllocationLedger(socket, reader=reads, resync=3600, after_allocate=AFTER, clock=lambda: now[0])
     ledger.start()
     try:
         wait_until(lambda: len(reads.times) == 1, timeout=5, what="the read at start")
-        time.sleep(0.5)  # nothing happens: nothing is read
-        assert len(reads.times) == 1
         reads.holdings = [Holding(GPU, "GPU-0", "ml", "a", "main")]
-        asked = time.monotonic()
-        for _ in range(5):  # a burst of Allocates shares its reads
+        for _ in range(5):  # a burst of Allocates shares its reads: one at each time after it
             ledger.allocated()
-        wait_until(lambda: len(reads.times) == 1 + len(AFTER), timeout=10, what="the reads after")
-        # Each read comes no earlier than its time after the burst, and each before the next one's time
-        # (so not all at once at the end); how late a read is depends on the machine's load, not asserted.
-        after = [t - asked for t in reads.times[1:]]
-        assert all(a >= due for a, due in zip(after, AFTER, strict=True)), after
-        assert all(a < due for a, due in zip(after, AFTER[1:], strict=False)), after
+        for count, due in enumerate(AFTER, start=2):
+            assert len(reads.times) == count - 1  # none before its time
+            now[0] = due
+            wait_until(lambda wanted=count: len(reads.times) == wanted, 10, f"the read at {due}s")
+        assert reads.times == [0.0, *AFTER]
         assert ledger.held(GPU, ["GPU-0", "GPU-1"]) == reads.holdings
-        ledger.changed()
+        now[0] = 1.0
+        ledger.changed()  # a health change: one read, at once
         wait_until(lambda: len(reads.times) == 5, timeout=5, what="the read after a health change")
-        count = len(reads.times)
         ledger.fresh(60.0)  # read 0 s ago: from memory
-        assert len(reads.times) == count
-        ledger.fresh(0.0)
-        assert len(reads.times) == count + 1
+        assert len(reads.times) == 5
+        now[0] = 2.0
+        ledger.fresh(1.0)  # read 1 s ago: from memory
+        assert len(reads.times) == 5
+        ledger.fresh(0.5)
+        assert len(reads.times) == 6
     finally:
         ledger.stop()
+    assert reads.times == [0.0, *AFTER, 1.0, 2.0]  # and none on a timer
 
 
 def test_a_kubelet_that_stops_answering_keeps_the_last_record(

@@ -9,7 +9,6 @@ read their DaemonSet, and the hook a Role to delete those DaemonSets alone."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import fcntl
 import json
@@ -317,14 +316,8 @@ def test_the_dra_plugin_removes_its_record_and_checkpoint_unless_a_claim_is_prep
         if not prepared:
             assert cluster.kubelet.end_pod("pod-1", "gpu.nvidia.com", [claim]) == [claim.uid]
         directory = cluster.node.checkpoint.parent
-
-        def holds() -> dict[str, str] | None:
-            with contextlib.suppress(OSError, ValueError):
-                return dict(json.loads((directory / "served-by-dra.json").read_text())["holds"])
-            return None
-
-        # the record as of now: a claim unprepared a moment ago may still be named in it
-        wait_until(lambda: holds() is not None and bool(holds()) == prepared, 10, "the record")
+        # Stopped at once: the plugin's loop may not have settled the (un)prepare yet; its stop writes
+        # the record's holds as they are before it decides what an uninstall leaves.
         put_release(cluster.api, daemonset)
         assert process.stop(timeout=20) == 0
         left = sorted(p.name for p in directory.iterdir() if not p.name.endswith(".sock"))

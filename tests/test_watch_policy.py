@@ -23,10 +23,12 @@ from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
 from nvdp.dra.cluster import KubeResourceApi
 from nvdp.dra.devices import node_devices
 from nvdp.dra.publisher import SlicePublisher
+from nvdp.errors import KubeError, KubeGone
 from nvdp.kube.configmaps import ConfigMapData, configmaps_path
 from nvdp.kube.reflector import Reflector, WatchTimers
 from testkit import wait_until
 from tests.builders import sim_gpus
+from tests.dra_support import stop_publisher
 from tests.kube_api_standin import KubeApiStandin
 from tests.readings import http_get
 from tests.test_dra_slices import FACTS
@@ -117,12 +119,11 @@ def running(
         publisher.start()
         assert publisher.published.wait(5)
 
-        def stop_publisher() -> None:
-            publisher.stop()
-            api.end_watches()
+        def stopped_publisher() -> None:
+            stop_publisher(publisher, api)
 
-        stops.append(stop_publisher)
-        return RunningWatch(publisher.reflector, SLICES, api, stop_publisher, publisher)
+        stops.append(stopped_publisher)
+        return RunningWatch(publisher.reflector, SLICES, api, stopped_publisher, publisher)
 
     yield start
     for stop in stops:
@@ -381,3 +382,45 @@ def test_a_node_watch_skips_another_node(api: KubeApiStandin) -> None:
     finally:
         api.stop_watch(stop, thread)
     assert labels == [{"x": "a"}, {"x": "a2"}]
+
+
+class EndsOnceStopped:
+    """A collection whose watch sets `stop` and then ends as a stand-in going away ends it: at once,
+    with no event (`error` None), or with the request failing (`error`)."""
+
+    def __init__(self, stop: threading.Event, error: Exception | None) -> None:
+        self.stop, self.error = stop, error
+
+    def list(self) -> tuple[list[object], str]:
+        return [], "1"
+
+    def watch(self, since: str, *, timeout_seconds: int, silence: float) -> Iterator[object]:
+        self.stop.set()
+        if self.error is not None:
+            raise self.error
+        yield from ()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, KubeError("connection refused"), KubeGone(410, "too old", "Gone")],
+    ids=["ended-at-once", "refused", "gone"],
+)
+def test_a_watch_the_stop_ends_is_no_failure(
+    caplog: pytest.LogCaptureFixture, error: Exception | None
+) -> None:
+    """The owner stopped it and closed its streams: the watch returns, and says nothing of it."""
+    stop = threading.Event()
+    reflector = Reflector(
+        EndsOnceStopped(stop, error),  # type: ignore[arg-type]
+        kind="resourceslice",
+        subject="node-a/gpu.nvidia.com",
+        consequence="",
+        ours=lambda obj: True,
+        on_list=lambda items: None,
+        on_event=lambda kind, obj: None,
+    )
+    caplog.set_level(logging.INFO)
+    reflector.run(stop)
+    assert reflector.failing_since is None
+    assert [r.getMessage() for r in caplog.records if "watch" in r.getMessage()] == []

@@ -125,6 +125,7 @@ class DraLoop:
         self._minors: dict[str, int] | None = None
         self._serving: frozenset[str] = frozenset()  # the GPUs the hand-over lets DRA serve
         self._offered: frozenset[str] = frozenset()  # of them, those offered (the Node's count)
+        self._gpu_of: dict[str, str] = {}  # device name (and former name) -> GPU uuid, as last settled
         # One grpc.Server for both sockets (the DRA one first: the kubelet dials it once registered).
         self._server = UnixSocketServer(
             settings.plugin_socket,
@@ -324,10 +325,8 @@ class DraLoop:
         placements = p.dynamic_mig.partitioned(self.settings.config.dra, gpus, self._facts, self._minors)
         static = [g for g in gpus if g.uuid not in placements.gpus]
         everything = node_devices(static, self._facts, self._minors) + placements.devices
-        gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
-        holds: dict[str, str] = {}
-        for name, holder in ((n, h) for n, h in self.preparer.holders().items() if n in gpu_of):
-            holds.setdefault(gpu_of[name], holder)
+        self._gpu_of = {n: d.gpu_uuid for d in everything for n in (d.name, d.former_name) if n}
+        holds = self._holds()
         everything = p.capacity.settle(self.settings.config.dra, gpus, everything, holds, p.misfits)
         self._serving = p.handoff.settle(owned, holds, gpus).serve
         self._offered = p.node_count.offer(self._serving, self._offered, p.handoff.other.advertised())
@@ -342,6 +341,15 @@ class DraLoop:
         p.misfits.update("handoff", (*missing, *p.handoff.misfits(labels), *p.node_count.misfits(labels)))
         p.misfits.update("devices", device_misfits([g for g in static if g.uuid in self._offered]))
         p.misfits.update("dynamic-mig", placements.misfits)
+
+    def _holds(self) -> dict[str, str]:
+        """GPU uuid -> the claim holding one of its devices (of the devices of the last settle)."""
+        assert self.preparer is not None
+        holds: dict[str, str] = {}
+        for name, holder in self.preparer.holders().items():
+            if name in self._gpu_of:
+                holds.setdefault(self._gpu_of[name], holder)
+        return holds
 
     def _push_health(self) -> None:
         p = self.parts
@@ -361,6 +369,8 @@ class DraLoop:
     def _shutdown(self) -> None:
         p = self.parts
         self._server.stop()  # the registration socket goes first: the kubelet deregisters the plugin
+        if self.preparer is not None:  # no claim is (un)prepared now: the record says what is held
+            p.handoff.hold(self._holds())
         p.capacity.stop()
         p.claims.close()  # its MPS daemons quit (NVML still up), its Events sent
         p.streams.stop()

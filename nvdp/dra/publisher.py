@@ -108,13 +108,21 @@ class SlicePublisher:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stop both threads; the watcher is left to end with its request (the process is ending)."""
+        """Stop both threads; the watcher is left to end with its request (the process is ending;
+        `join` waits for it)."""
         self._stop.set()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._threads and self._threads[0] is not threading.current_thread():
             self._threads[0].join(timeout=5.0)
+
+    def join(self, timeout: float) -> bool:
+        """After `stop()`: wait at most `timeout` s for both threads (the watcher ends with its request:
+        the server's timeout, or a stream the server closes); whether both ended."""
+        for thread in self._threads:
+            thread.join(timeout)
+        return not any(thread.is_alive() for thread in self._threads)
 
     def devices_by_type(self) -> dict[str, int]:
         """How many devices the slices say (as last written or found right), by their `type`."""

@@ -302,6 +302,13 @@ class Handoff:
         if self.directory.is_dir():
             self._write(serving)
 
+    def hold(self, holds: Mapping[str, str]) -> None:
+        """What this API's claims or pods hold now, written at once (at stop, once no request can come
+        in: the record a stopped process leaves names what it holds then, not at its last settle)."""
+        self._holds = dict(holds)
+        if self._joined and self.directory.is_dir():
+            self._write(self._serving)
+
     def own_record(self) -> tuple[Record, Path, Path]:
         """This API's record as on disk, its path and its lock's (`nvdp.uninstall` removes them)."""
         return self._read(self.api), self._path(self.api, "json"), self._path(self.api, "lock")

@@ -136,7 +136,8 @@ class Reflector:
         return f"{self.kind} watch failing for {failing:.0f}s: {self.last_error}"
 
     def run(self, stop: threading.Event) -> None:
-        """List+watch until `stop` is set (checked between requests and between events)."""
+        """List+watch until `stop` is set (checked between requests and between events); a request
+        that ends once it is set is no failure (not said)."""
         version: str | None = None
         while not stop.is_set():
             since: float | None = None  # when the failure began, where known before now
@@ -144,6 +145,8 @@ class Reflector:
                 if version is None:
                     version = self._list()
                 version, ran = self._watch(version, stop)
+                if stop.is_set():  # ended by the stop (its streams closed): no failure
+                    return
                 if ran:  # it worked: resumed from where it ended, at once
                     self._recovered()
                     continue
@@ -154,6 +157,8 @@ class Reflector:
                 stop.wait(wait)
                 continue
             except KubeGone:
+                if stop.is_set():
+                    return
                 wait = self._waits.next()
                 self._log.info(
                     "%s watch expired (410 Gone); listing again %s=%s in=%.1fs",
@@ -171,6 +176,8 @@ class Reflector:
                 message, version = str(error), None
             except (KeyError, TypeError, ValueError, AttributeError) as error:  # a list without what one has
                 message = f"unexpected answer: {type(error).__name__} {error}"
+            if stop.is_set():  # a request the stop cut short (its server gone): no failure
+                return
             delay = self._waits.next()
             self._failed(message, since, delay)
             stop.wait(delay)

@@ -43,7 +43,8 @@ Reader = Callable[[str], list[Holding]]  # resource prefix -> holdings (PodResou
 
 class AllocationLedger:
     """The kubelet's record of the node's device holdings. Thread-safe; `start` reads in a thread of
-    its own until the idempotent `stop`. `reader` replaces the PodResources client (tests)."""
+    its own until the idempotent `stop`. `reader` replaces the PodResources client and `clock` the
+    monotonic clock that reads are due by (tests)."""
 
     def __init__(
         self,
@@ -53,7 +54,9 @@ class AllocationLedger:
         resync: float = RESYNC_S,
         reader: Reader | None = None,
         after_allocate: tuple[float, ...] = AFTER_ALLOCATE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self.socket_path = socket_path
         self._client = PodResourcesClient(socket_path)
         self._reader = reader or self._client.list
@@ -64,11 +67,11 @@ class AllocationLedger:
         self._read_done = threading.Condition(self._lock)
         self._reading = threading.Lock()  # one read at a time
         self._snapshot = LedgerSnapshot(str(socket_path))
-        self._due: list[float] = []  # time.monotonic() of the reads asked for
-        self._attempted: float | None = None  # time.monotonic() of the last read
-        self._reading_since: float | None = None  # time.monotonic() of the read under way
-        self._completed: float | None = None  # time.monotonic() the last finished read began
-        self._next_resync = 0.0  # time.monotonic() of the next read on the slow timer
+        self._due: list[float] = []  # clock times of the reads asked for
+        self._attempted: float | None = None  # clock time of the last read
+        self._reading_since: float | None = None  # clock time of the read under way
+        self._completed: float | None = None  # clock time the last finished read began
+        self._next_resync = 0.0  # clock time of the next read on the slow timer
         self._answering: bool | None = None  # the last read worked (None: none yet)
         self._uid_problem: str | None = None  # the checkpoint's problem, as last said
         self._wake = threading.Event()
@@ -85,7 +88,7 @@ class AllocationLedger:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._next_resync = time.monotonic() + self._resync
+        self._next_resync = self._clock() + self._resync
         if os.path.exists(self.socket_path):
             self._ask(0.0)
         else:
@@ -109,7 +112,7 @@ class AllocationLedger:
     # ---- what may have changed the record (any thread; never blocks) ---------------------------
     def allocated(self) -> None:
         """The plugin answered an Allocate: read once the kubelet has recorded it."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             first = now + self._after_allocate[0]
             self._due = [t for t in self._due if t <= first] + [now + d for d in self._after_allocate]
@@ -121,7 +124,7 @@ class AllocationLedger:
 
     def _ask(self, delay: float) -> None:
         with self._lock:
-            self._due.append(time.monotonic() + delay)
+            self._due.append(self._clock() + delay)
         self._wake.set()
 
     # ---- questions ----------------------------------------------------------------------------
@@ -157,7 +160,7 @@ class AllocationLedger:
         """The record read at most `max_age` seconds ago: read now when the last read is older."""
         with self._reading:
             last = self._attempted
-            if last is None or time.monotonic() - last > max_age:
+            if last is None or self._clock() - last > max_age:
                 self._read_locked()
         return self.snapshot()
 
@@ -167,7 +170,7 @@ class AllocationLedger:
         is under way (the last read is served). Reads inline before `start`."""
         if self._thread is None:
             return self.fresh(max_age)
-        asked = time.monotonic()
+        asked = self._clock()
         with self._lock:
             done = self._completed
             if self._reading_since is None and (done is None or asked - done > max_age):
@@ -179,7 +182,7 @@ class AllocationLedger:
     # ---- reading ------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self._clock()
             with self._lock:
                 due = now >= self._next_resync or any(t <= now for t in self._due)
                 self._due = [t for t in self._due if t > now]
@@ -188,14 +191,14 @@ class AllocationLedger:
                     self.fresh(0.0)
                 except Exception:  # a bug: said with its traceback; the ledger goes on
                     log.exception("allocation ledger read failed")
-            now = time.monotonic()
+            now = self._clock()
             with self._lock:
                 wait = min([self._next_resync - now, *(t - now for t in self._due)])
             self._wake.wait(max(wait, 0.0))
             self._wake.clear()
 
     def _read_locked(self) -> None:
-        started = self._attempted = time.monotonic()
+        started = self._attempted = self._clock()
         with self._lock:
             self._next_resync = started + self._resync
             self._reading_since = started
