@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
-from nvdp.deviceplugin.allocation import Allocator, Topology, pair_score
-from nvdp.deviceplugin.allocation.gpus import choose_gpus
-from nvdp.gpus.devices import Device
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuLink, MigDeviceInfo, PcieLevel
+from nvdp.node.gpus.devices import Device
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import GpuLink, MigDeviceInfo, PcieLevel
+from nvdp.plugins.deviceplugin.allocation import Allocator, Topology, pair_score
+from nvdp.plugins.deviceplugin.allocation.gpus import choose_gpus
 from testkit.synthetic import gpu_devices, hierarchical_node
 
 PROFILES = ("pcie-4", "dgx-a100", "dgx-h100")

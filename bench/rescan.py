@@ -1,4 +1,4 @@
-"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.kubeletplugin.rescan).
+"""The device rescan's CPU cost (`--device-rescan-interval`, nvdp.plugins.kubeletplugin.rescan).
 
 Run alone: `python -m bench.rescan` prints the table.
 
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvdp.kubeletplugin.rescan import LayoutRescanner
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.kubeletplugin.rescan import LayoutRescanner
 
 TICKS = 2000
 RUNS = 5
@@ -108,7 +108,7 @@ def counted(fn):
 for name in dir(pynvml):
     if name.startswith("nvml") and callable(getattr(pynvml, name)):
         setattr(pynvml, name, counted(getattr(pynvml, name)))
-from nvdp.nvml.real import RealNvml
+from nvdp.node.nvml.real import RealNvml
 nvml = RealNvml(pynvml=pynvml, sysfs_root="/nonexistent")
 nvml.init()
 nvml.gpus()  # the first one fills the backend's caches (bus ids, profile ids)

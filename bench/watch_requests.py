@@ -14,10 +14,10 @@ import time
 
 import nvdp
 from nvdp import kube
-from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch
-from nvdp.dra.cluster import KubeResourceApi
-from nvdp.dra.devices import DriverFacts, node_devices
-from nvdp.dra.publisher import SlicePublisher
+from nvdp.plugins.dra.cluster import KubeResourceApi
+from nvdp.plugins.dra.devices import DriverFacts, node_devices
+from nvdp.plugins.dra.publisher import SlicePublisher
+from nvdp.side.configmanager.object_watch import ConfigMapWatch, NodeWatch
 from testkit import sim_gpus
 from testkit.dra import GROUP, serve_dra
 from testkit.kube_api_standin import KubeApiStandin

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from nvdp import __version__
+from nvdp.base.errors import ConfigError
 from nvdp.base.timers import check as check_timers
 from nvdp.commands import (
     run_config_check,
@@ -28,7 +29,6 @@ from nvdp.commands import (
     run_simulate,
     run_status,
 )
-from nvdp.errors import ConfigError
 
 log = logging.getLogger("nvdp")
 
@@ -145,13 +145,13 @@ COMMANDS = tuple(
 
 
 def _add_dra_arguments(parser: argparse.ArgumentParser) -> None:
-    from nvdp.dra.options import add_dra_flags
+    from nvdp.plugins.dra.options import add_dra_flags
 
     add_dra_flags(parser)
 
 
 def _add_mps_arguments(parser: argparse.ArgumentParser) -> None:
-    from nvdp.mps.command import add_arguments
+    from nvdp.node.mps.command import add_arguments
 
     add_arguments(parser)
 
@@ -197,7 +197,7 @@ def plugin_main(argv: Sequence[str] | None = None) -> int:
 
 def mps_control_daemon_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `mps-control-daemon`: NVIDIA's binary name for `nvdp mps-control-daemon`."""
-    from nvdp.mps.command import add_arguments
+    from nvdp.node.mps.command import add_arguments
 
     return _nvidia_named(
         "mps-control-daemon", "NVIDIA MPS control daemon (nvdp).", add_arguments, run_mps_control_daemon, argv
@@ -214,7 +214,7 @@ def gfd_main(argv: Sequence[str] | None = None) -> int:
 
 def config_manager_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `config-manager`: NVIDIA's binary name for `nvdp config-manager`, same flags."""
-    from nvdp.configmanager.settings import add_flags
+    from nvdp.side.configmanager.settings import add_flags
 
     return _nvidia_named(
         "config-manager",
@@ -263,7 +263,7 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_delete_daemonsets_arguments(parser: argparse.ArgumentParser) -> None:
     from nvdp.config.options import add_options
-    from nvdp.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
+    from nvdp.plugins.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
 
     parser.add_argument("names", nargs="+", metavar="DAEMONSET", help="the DaemonSets to delete")
     add_options(parser, DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags)
@@ -271,21 +271,21 @@ def _add_delete_daemonsets_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
     from nvdp.config.options import add_options
-    from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
+    from nvdp.plugins.ledger.status import STATUS_OPTIONS, StatusFlags
 
     add_options(parser, STATUS_OPTIONS, StatusFlags)
 
 
 def _add_gfd_arguments(parser: argparse.ArgumentParser) -> None:
-    from nvdp.gfd.options import add_gfd_flags
+    from nvdp.side.gfd.options import add_gfd_flags
 
     add_gfd_flags(parser)
 
 
 def _add_config_manager_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     from nvdp.config.options import add_options
-    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
-    from nvdp.configmanager.settings import add_flags
+    from nvdp.side.configmanager.check import CHECK_OPTIONS, CheckFlags
+    from nvdp.side.configmanager.settings import add_flags
 
     manager = sub.add_parser(
         "config-manager",

@@ -13,9 +13,9 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from nvdp.base.errors import ConfigError, DirLockHeld, NvdpError
 from nvdp.base.logs import log_event, setup_logging
 from nvdp.base.signals import SignalTarget, handle_signals
-from nvdp.errors import ConfigError, DirLockHeld, NvdpError
 
 log = logging.getLogger("nvdp")
 
@@ -41,7 +41,7 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     gc.disable()  # until the daemon is built (see _keep_start_up)
     try:
         from nvdp.config import resolve
-        from nvdp.deviceplugin.daemon import Daemon
+        from nvdp.plugins.deviceplugin.daemon import Daemon
 
         try:
             options = resolve(args, environ)
@@ -66,7 +66,7 @@ def run_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def run_mps_control_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from nvdp.mps.command import mount_shm, prepare
+    from nvdp.node.mps.command import mount_shm, prepare
 
     try:
         if args.mps_command == "mount-shm":
@@ -107,12 +107,12 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if getattr(args, "metrics_address", None) is None:
         args.metrics_address = ""  # a demo should not take a port unless asked
     if getattr(args, "mps_root", None) is None and not env.get("MPS_ROOT"):
-        args.mps_root = str(root / "mps")  # no MPS daemon runs here: see nvdp.mps.simulated
+        args.mps_root = str(root / "mps")  # no MPS daemon runs here: see nvdp.node.mps.simulated
     if getattr(args, "cdi_spec_dir", None) is None and not env.get("CDI_SPEC_DIR"):
         args.cdi_spec_dir = str(root / "cdi")  # a demo leaves the host's /var/run/cdi alone
     try:
         options = resolve(args, env)
-        from nvdp.mps.simulated import skip_daemon
+        from nvdp.node.mps.simulated import skip_daemon
 
         mps_note = skip_daemon(options.config)
     except NvdpError as error:
@@ -142,10 +142,11 @@ def run_simulate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def run_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """`nvdp status`: the node's allocations, from the plugin's /allocations (see nvdp/ledger/status.py)."""
+    """`nvdp status`: the node's allocations, from the plugin's /allocations (see
+    nvdp/plugins/ledger/status.py)."""
     from nvdp.config.options import read_options, with_values
-    from nvdp.ledger.report import describe_allocations
-    from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags, allocations_url, read_allocations
+    from nvdp.plugins.ledger.report import describe_allocations
+    from nvdp.plugins.ledger.status import STATUS_OPTIONS, StatusFlags, allocations_url, read_allocations
 
     given, problems = read_options(STATUS_OPTIONS, args, environ)
     if problems:
@@ -162,9 +163,9 @@ def run_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """`nvdp gfd`: NVIDIA's gpu-feature-discovery (see nvdp/gfd)."""
-    from nvdp.gfd.options import resolve_gfd
-    from nvdp.gfd.run import Gfd
+    """`nvdp gfd`: NVIDIA's gpu-feature-discovery (see nvdp/side/gfd)."""
+    from nvdp.side.gfd.options import resolve_gfd
+    from nvdp.side.gfd.run import Gfd
 
     try:
         settings = resolve_gfd(args, environ)
@@ -183,10 +184,10 @@ def run_gfd(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from nvdp.configmanager import command
-    from nvdp.configmanager.manager import ConfigManager
-    from nvdp.configmanager.settings import resolve
-    from nvdp.uninstall import release_from_env
+    from nvdp.plugins.uninstall import release_from_env
+    from nvdp.side.configmanager import command
+    from nvdp.side.configmanager.manager import ConfigManager
+    from nvdp.side.configmanager.settings import resolve
 
     try:
         settings = resolve(args, environ)
@@ -215,11 +216,11 @@ def run_config_manager(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def run_delete_daemonsets(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """`nvdp delete-daemonsets`: the chart's pre-delete hook (`nvdp.uninstall.delete_daemonsets`). 0
+    """`nvdp delete-daemonsets`: the chart's pre-delete hook (`nvdp.plugins.uninstall.delete_daemonsets`). 0
     unless its settings are bad or no API client can be built: a DaemonSet left is said, and the
     uninstall goes on."""
     from nvdp import kube
-    from nvdp.uninstall import delete_daemonsets, resolve_delete_daemonsets
+    from nvdp.plugins.uninstall import delete_daemonsets, resolve_delete_daemonsets
 
     try:
         flags = resolve_delete_daemonsets(args, environ)
@@ -236,7 +237,7 @@ def run_delete_daemonsets(args: argparse.Namespace, environ: Mapping[str, str]) 
 
 def run_config_check(args: argparse.Namespace) -> int:
     from nvdp.config.options import read_options, with_values
-    from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags, check
+    from nvdp.side.configmanager.check import CHECK_OPTIONS, CheckFlags, check
 
     given, problems = read_options(CHECK_OPTIONS, args, {})
     if problems:
@@ -251,13 +252,13 @@ def run_config_check(args: argparse.Namespace) -> int:
 
 
 def run_dra_kubelet_plugin(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/dra). One per node: the plugin
+    """`nvdp dra-kubelet-plugin`: the DRA kubelet plugin (see nvdp/plugins/dra). One per node: the plugin
     directory is claimed first (a second plugin there exits 1, naming the holder's pid), and held
-    while what an uninstall leaves is cleaned up (`nvdp.uninstall`)."""
-    from nvdp.dra.driver import from_command_line
-    from nvdp.dra.names import CHECKPOINT_FILE, PLUGIN_LOCK_FILE
-    from nvdp.kubeletplugin.dir_lock import DirClaim
-    from nvdp.uninstall import clean_up_dra_node, release_from_env
+    while what an uninstall leaves is cleaned up (`nvdp.plugins.uninstall`)."""
+    from nvdp.plugins.dra.driver import from_command_line
+    from nvdp.plugins.dra.names import CHECKPOINT_FILE, PLUGIN_LOCK_FILE
+    from nvdp.plugins.kubeletplugin.dir_lock import DirClaim
+    from nvdp.plugins.uninstall import clean_up_dra_node, release_from_env
 
     try:
         driver = from_command_line(args, environ)

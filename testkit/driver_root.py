@@ -9,8 +9,8 @@ import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from nvdp.gpus.devices import gpu_device, mig_cap_paths, mig_device
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.node.gpus.devices import gpu_device, mig_cap_paths, mig_device
+from nvdp.node.nvml.types import GpuInfo, MigDeviceInfo
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import GpuInfo
 
 
 def write_node_file(path: Path, gpus: int = 64) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from nvdp.deviceplugin.allocation.topology import Topology
-from nvdp.gpus.devices import Device
-from nvdp.nvml.types import GpuLink, PcieLevel
+from nvdp.node.gpus.devices import Device
+from nvdp.node.nvml.types import GpuLink, PcieLevel
+from nvdp.plugins.deviceplugin.allocation.topology import Topology
 
 
 def gpu_devices(uuids: list[str], numa_nodes: list[int | None]) -> list[Device]:

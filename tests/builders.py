@@ -9,9 +9,9 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
-from nvdp.gpus.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
-from nvdp.gpus.resources import Resource
-from nvdp.nvml.types import GpuInfo, MigDeviceInfo
+from nvdp.node.gpus.devices import AnnotatedID, Device, DeviceSet, gpu_device, mig_device
+from nvdp.node.gpus.resources import Resource
+from nvdp.node.nvml.types import GpuInfo, MigDeviceInfo
 from testkit.nodes import append_sim_event as append_sim_event
 from testkit.nodes import sim_gpus as sim_gpus
 
@@ -94,7 +94,7 @@ def with_facts(gpu: GpuInfo, **facts: object) -> GpuInfo:
 
 def device(gpu: GpuInfo, mig: MigDeviceInfo | None = None, *, replica: int | None = None) -> Device:
     """The device the plugin advertises for `gpu` (or for `mig`, made a MIG device of `gpu`), as
-    nvdp.gpus.devices builds it, or its replica `replica` (ID `<uuid>::<replica>`)."""
+    nvdp.node.gpus.devices builds it, or its replica `replica` (ID `<uuid>::<replica>`)."""
     if mig is None:
         built = gpu_device(gpu)
     else:

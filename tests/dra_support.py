@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from nvdp.dra.publisher import SlicePublisher
+from nvdp.plugins.dra.publisher import SlicePublisher
 from testkit.dra import (
     DEVICE_CLASSES,
     DRA_ALL_CONFIG,

@@ -1,6 +1,6 @@
 """A hand-written stand-in for the `pynvml` module, for the real backend's tests.
 
-It models a node as FakeGpu records and answers the pynvml functions nvdp.nvml.real calls, with
+It models a node as FakeGpu records and answers the pynvml functions nvdp.node.nvml.real calls, with
 pynvml's calling conventions (handles, structures with the same field names, NVMLError(value)).
 Set `FakeGpu.errors[function name] = NVML_ERROR_*` to make one call on one GPU fail.
 """

@@ -10,15 +10,15 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from nvdp.base.errors import RegistrationError, nvml_error
 from nvdp.base.http_endpoint import Pages
-from nvdp.deviceplugin.responses import ResponseOptions
-from nvdp.deviceplugin.server import PreferredAllocator
-from nvdp.errors import RegistrationError, nvml_error
-from nvdp.gpus.devices import Device, DeviceSet
-from nvdp.gpus.resources import Resource
-from nvdp.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
 from nvdp.kube import Involved
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.gpus.devices import Device, DeviceSet
+from nvdp.node.gpus.resources import Resource
+from nvdp.node.health.types import HealthChange, HealthSettings, HealthTarget, MonitorStatus
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.deviceplugin.responses import ResponseOptions
+from nvdp.plugins.deviceplugin.server import PreferredAllocator
 from tests.builders import resource
 
 CONTROL_DEVICES = ("/dev/nvidiactl",)  # what FakeFacts finds on the node

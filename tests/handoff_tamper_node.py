@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from nvdp.handoff import DEVICE_PLUGIN, DRA
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA
 from testkit import wait_until
 from tests.dra_support import DRIVER, make_claim, published, schedule
 from tests.test_handoff_tampered import empty, grow, nest, remove_file, symlink_to_a_forged_copy, truncate

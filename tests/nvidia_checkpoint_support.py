@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvdp.dra.nvidia_checkpoint import go_checksum
+from nvdp.plugins.dra.nvidia_checkpoint import go_checksum
 
 NODE = "node-a"
 

@@ -6,7 +6,10 @@ from itertools import combinations
 
 import pytest
 
-from nvdp.deviceplugin.allocation import (
+from nvdp.base.errors import RequestError
+from nvdp.node.gpus.devices import Device
+from nvdp.node.nvml.types import GpuLink, PcieLevel
+from nvdp.plugins.deviceplugin.allocation import (
     NVLINK_SCORE,
     PCIE_SCORE,
     AllocationPolicy,
@@ -14,9 +17,6 @@ from nvdp.deviceplugin.allocation import (
     Topology,
     pair_score,
 )
-from nvdp.errors import RequestError
-from nvdp.gpus.devices import Device
-from nvdp.nvml.types import GpuLink, PcieLevel
 from testkit.synthetic import gpu_devices
 from tests.builders import device, full_gpu, mig_device_info, replicas
 

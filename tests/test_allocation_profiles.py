@@ -7,8 +7,8 @@ from itertools import combinations
 
 import pytest
 
-from nvdp.deviceplugin.allocation import Allocator, Topology
-from nvdp.nvml import open_nvml
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.deviceplugin.allocation import Allocator, Topology
 from testkit.synthetic import gpu_devices
 
 

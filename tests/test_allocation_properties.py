@@ -8,9 +8,9 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvdp.deviceplugin.allocation import Allocator, Topology
-from nvdp.gpus.devices import Device
-from nvdp.nvml.types import GpuLink, PcieLevel
+from nvdp.node.gpus.devices import Device
+from nvdp.node.nvml.types import GpuLink, PcieLevel
+from nvdp.plugins.deviceplugin.allocation import Allocator, Topology
 from testkit.synthetic import gpu_devices
 from tests.builders import device, full_gpu
 

@@ -18,21 +18,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvdp.base.dir_watch import IN_CLOSE_WRITE
-from nvdp.cdi import CdiSettings
-from nvdp.cdi.node_files import DevNode, NodeFiles
-from nvdp.cdi.publisher import CdiPublisher, answer_names
-from nvdp.cdi.roots import visible_roots
-from nvdp.cdi.scan import scan_dev, scan_driver
-from nvdp.cdi.spec import build_specs, node_devices, render
+from nvdp.base.errors import ConfigError
 from nvdp.config import Config, ReplicatedResource, RuntimeOptions
-from nvdp.deviceplugin.daemon_settings import cdi_settings, imex_channels
-from nvdp.deviceplugin.responses import ResponseOptions, container_response
-from nvdp.errors import ConfigError
-from nvdp.gpus.devices import parse_mig_minors
-from nvdp.gpus.misfits import Misfit
-from nvdp.gpus.resources import build_resources
-from nvdp.gpus.unusable import Unusable, leave_out
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.cdi import CdiSettings
+from nvdp.node.cdi.node_files import DevNode, NodeFiles
+from nvdp.node.cdi.publisher import CdiPublisher, answer_names
+from nvdp.node.cdi.roots import visible_roots
+from nvdp.node.cdi.scan import scan_dev, scan_driver
+from nvdp.node.cdi.spec import build_specs, node_devices, render
+from nvdp.node.gpus.devices import parse_mig_minors
+from nvdp.node.gpus.misfits import Misfit
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.gpus.unusable import Unusable, leave_out
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.deviceplugin.daemon_settings import cdi_settings, imex_channels
+from nvdp.plugins.deviceplugin.responses import ResponseOptions, container_response
 from tests.builders import sim_gpus
 from tests.cdi_support import (
     DRIVER_VERSION,
@@ -213,7 +213,7 @@ def test_publish_writes_once_and_keeps_unchanged_files(
     cdi = settings_for(root, spec_dir)
     resources = build_resources(gpus).resources
     publisher = CdiPublisher()
-    with caplog.at_level(logging.INFO, logger="nvdp.cdi"):
+    with caplog.at_level(logging.INFO, logger="nvdp.node.cdi"):
         result = publisher.publish(cdi, gpus, resources, DRIVER_VERSION)
         spec = spec_dir / "k8s.device-plugin.nvidia.com-gpu.json"
         before = spec.stat()
@@ -412,7 +412,7 @@ def test_a_kept_spec_is_written_back_and_our_own_write_is_not_a_change(
     watcher = RecordingWatcher()
     assert not publisher.changed(watcher)
     os.utime(spec)  # touched, same content: left alone
-    with caplog.at_level(logging.WARNING, logger="nvdp.cdi"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.node.cdi"):
         assert not publisher.changed(watcher)
         assert caplog.records == []
         spec.write_bytes(ours + b" ")  # one byte more: not ours (the compare reads len + 1 bytes)

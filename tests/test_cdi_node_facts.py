@@ -20,10 +20,10 @@ import pytest
 
 from nvdp.base.dir_watch import DirWatcher
 from nvdp.config import Config, RuntimeOptions
-from nvdp.deviceplugin.daemon_settings import daemon_settings
-from nvdp.deviceplugin.supervisor import DaemonSettings, Supervisor
-from nvdp.gpus.misfit_report import MisfitReport
-from nvdp.nvml import open_nvml
+from nvdp.node.gpus.misfit_report import MisfitReport
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.deviceplugin.daemon_settings import daemon_settings
+from nvdp.plugins.deviceplugin.supervisor import DaemonSettings, Supervisor
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import sim_gpus

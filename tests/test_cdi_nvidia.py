@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 
-from nvdp.cdi import CdiSettings
-from nvdp.cdi.edits import HOOKS, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS
-from nvdp.cdi.node_files import DriverFiles, NodeFiles
-from nvdp.cdi.scan import scan_dev, scan_driver
-from nvdp.cdi.spec import build_specs, node_devices
+from nvdp.base.errors import ConfigError
 from nvdp.cli import main
 from nvdp.config import add_plugin_flags, resolve
 from nvdp.config.model import CDI_FEATURE_FLAGS
 from nvdp.config.rules import COHERENT_ANNOTATIONS_UNSUPPORTED
 from nvdp.config.runtime import CDI_HOOKS
-from nvdp.deviceplugin.daemon_settings import cdi_settings
-from nvdp.errors import ConfigError
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.cdi import CdiSettings
+from nvdp.node.cdi.edits import HOOKS, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS
+from nvdp.node.cdi.node_files import DriverFiles, NodeFiles
+from nvdp.node.cdi.scan import scan_dev, scan_driver
+from nvdp.node.cdi.spec import build_specs, node_devices
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.deviceplugin.daemon_settings import cdi_settings
 from testkit import REPO
 from tests.builders import sim_gpus
 from tests.cdi_support import DRIVER_VERSION, LIB_DIR, assert_valid, make_char_device, make_node

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.configmanager.check import check
+from nvdp.side.configmanager.check import check
 from tests import test_deploy as deploy
 from tests.test_deploy import CONTAINER, PROGRAM_ENV, Rendered, check_plugin_daemonset, check_schema
 
@@ -108,9 +108,9 @@ def test_each_feature_is_there_together(all_on: Rendered) -> None:
 
 
 def test_every_container_reads_only_env_its_program_knows(all_on: Rendered) -> None:
-    from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
-    from nvdp.gfd.options import GFD_OPTIONS
-    from nvdp.mps.command import HEALTH_ENV
+    from nvdp.node.mps.command import HEALTH_ENV
+    from nvdp.side.configmanager.settings import OPTIONS as MANAGER_OPTIONS
+    from nvdp.side.gfd.options import GFD_OPTIONS
 
     known = set(PROGRAM_ENV) | OUTSIDE_ENV | {HEALTH_ENV}
     known |= {env for option in (*MANAGER_OPTIONS, *GFD_OPTIONS) for env in option.envs}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.configmanager.settings import OPTIONS, add_flags, resolve
+from nvdp.side.configmanager.settings import OPTIONS, add_flags, resolve
 from tests import test_deploy
 from tests.test_deploy import (
     CONTAINER,
@@ -39,7 +39,7 @@ STATIC = (
     / "static"
     / "nvidia-device-plugin-config-manager.yml"
 )
-# The config-manager's options, and the sidecar's pod name and namespace (nvdp.uninstall, at stop).
+# The config-manager's options, and the sidecar's pod name and namespace (nvdp.plugins.uninstall, at stop).
 MANAGER_ENV = frozenset(env for option in OPTIONS for env in option.envs) | {"POD_NAME", "POD_NAMESPACE"}
 SIDECAR = "nvidia-device-plugin-sidecar"
 INIT = "nvidia-device-plugin-init"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from nvdp.config.model import DEFAULT_KUBELET_SOCKET
-from nvdp.dra.names import DRIVER_NAME
-from nvdp.dra.options import DRA_OPTIONS
-from nvdp.handoff import device_plugin_record_dir
+from nvdp.plugins.dra.names import DRIVER_NAME
+from nvdp.plugins.dra.options import DRA_OPTIONS
+from nvdp.plugins.handoff import device_plugin_record_dir
 from nvdp.sim.dra.scheduler import nvidia_device_classes
 from testkit import Process, clean_env, free_port, wait_until
 from tests import test_deploy as deploy

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nvdp.config import PLUGIN_OPTIONS
-from nvdp.gfd.options import GFD_OPTIONS
+from nvdp.side.gfd.options import GFD_OPTIONS
 from testkit import clean_env
 from tests.test_deploy import (
     CONTAINER,

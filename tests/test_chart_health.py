@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvdp.health.condition import TAINT_KEY
+from nvdp.node.health.condition import TAINT_KEY
 from tests import test_deploy
 from tests.test_chart_support import program_problems
 from tests.test_deploy import Doc, Rendered, load_docs, only

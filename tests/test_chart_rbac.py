@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from nvdp.configmanager.command import NodeAnnotationRecord
-from nvdp.configmanager.settings import APPLIED_ANNOTATION
-from nvdp.health.condition import (
+from nvdp.kube import KubeNodeStatus, new_api_client
+from nvdp.node.health.condition import (
     CONDITION_TYPE,
     FATAL_XID,
     HEALTHY,
@@ -25,7 +24,8 @@ from nvdp.health.condition import (
     condition_body,
     taints_with,
 )
-from nvdp.kube import KubeNodeStatus, new_api_client
+from nvdp.side.configmanager.command import NodeAnnotationRecord
+from nvdp.side.configmanager.settings import APPLIED_ANNOTATION
 from tests import test_deploy as deploy
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_chart_dra import named
@@ -452,7 +452,7 @@ def test_policy_admits_nvdp_taking_its_marks_off_its_own_node(
 
 def test_policy_admits_the_writes_nvdp_sends(render: Callable[..., Rendered]) -> None:
     """The Node writes as nvdp's code sends them (the health condition and taint of
-    nvdp.health.node_condition, the config-manager's annotation), applied by the API stand-in: each
+    nvdp.node.health.node_condition, the config-manager's annotation), applied by the API stand-in: each
     admitted on the pod's own Node."""
     spec = named(render({"rbac": {"ownNodePolicy": True}}), "ValidatingAdmissionPolicy")[POLICY]["spec"]
     path = f"/api/v1/nodes/{OWN}"

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import add_plugin_flags, parse_text, resolve
 from nvdp.config.rules import TEGRA_UNSUPPORTED
-from nvdp.errors import ConfigError
 from tests import test_deploy
 from tests.test_deploy import Doc
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.cli import (
     build_parser,
     config_manager_main,
@@ -21,17 +22,16 @@ from nvdp.cli import (
 )
 from nvdp.config import PLUGIN_OPTIONS, PluginOptions
 from nvdp.config.options import Option
-from nvdp.configmanager.check import CHECK_OPTIONS, CheckFlags
-from nvdp.configmanager.settings import OPTIONS as MANAGER_OPTIONS
-from nvdp.configmanager.settings import Settings as ManagerSettings
-from nvdp.dra.options import DRA_OPTIONS, DraSettings
-from nvdp.errors import ConfigError
-from nvdp.gfd.options import GFD_OPTIONS, GfdSettings, add_gfd_flags, resolve_gfd
-from nvdp.ledger.status import STATUS_OPTIONS, StatusFlags
-from nvdp.mps.command import MPS_OPTIONS, MpsOptions
-from nvdp.mps.command import add_arguments as add_mps_arguments
-from nvdp.mps.command import resolve as resolve_mps
-from nvdp.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
+from nvdp.node.mps.command import MPS_OPTIONS, MpsOptions
+from nvdp.node.mps.command import add_arguments as add_mps_arguments
+from nvdp.node.mps.command import resolve as resolve_mps
+from nvdp.plugins.dra.options import DRA_OPTIONS, DraSettings
+from nvdp.plugins.ledger.status import STATUS_OPTIONS, StatusFlags
+from nvdp.plugins.uninstall import DELETE_DAEMONSETS_OPTIONS, DeleteDaemonSetsFlags
+from nvdp.side.configmanager.check import CHECK_OPTIONS, CheckFlags
+from nvdp.side.configmanager.settings import OPTIONS as MANAGER_OPTIONS
+from nvdp.side.configmanager.settings import Settings as ManagerSettings
+from nvdp.side.gfd.options import GFD_OPTIONS, GfdSettings, add_gfd_flags, resolve_gfd
 
 # command -> (its options, its settings class)
 COMMANDS: dict[str, tuple[tuple[Option, ...], type]] = {

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.base.units import format_go_duration
 from nvdp.config import (
     Config,
@@ -20,7 +21,6 @@ from nvdp.config import (
     parse_go_duration,
     parse_text,
 )
-from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
 UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"

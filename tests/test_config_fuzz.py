@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvdp.base.bounded import MAX_DEPTH
+from nvdp.base.errors import ConfigError
 from nvdp.config import Config, PluginOptions, parse, parse_text
-from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
 

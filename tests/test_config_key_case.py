@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from nvdp.base.errors import ConfigError
 from nvdp.cli import main
 from nvdp.config import load_file, parse, parse_text
 from nvdp.config.notices import migration_notices
-from nvdp.errors import ConfigError
 from nvdp.sim.kubelet import Kubelet
 from testkit import start_plugin
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.base.logs import FIELDS_ATTR
-from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.settings import Settings, add_flags, resolve
-from nvdp.configmanager.status import Snapshot, not_ready
-from nvdp.errors import ConfigError
 from nvdp.kube.configmaps import ConfigMapData
+from nvdp.side.configmanager.manager import ConfigManager
+from nvdp.side.configmanager.settings import Settings, add_flags, resolve
+from nvdp.side.configmanager.status import Snapshot, not_ready
 from testkit import ProcStats, free_port, wait_until
 from tests import test_config_manager
 from tests.readings import http_get
@@ -213,7 +213,7 @@ def test_a_configmap_missing_from_the_api_leaves_the_mount_and_a_deleted_one_its
         )
     )
     manager.set_labels({LABEL: "a"})
-    with caplog.at_level(logging.INFO, logger="nvdp.configmanager.sources"):
+    with caplog.at_level(logging.INFO, logger="nvdp.side.configmanager.sources"):
         manager.sources.set_api(None, True)  # not created yet (the kubelet would not start the pod)
         assert manager.sources.ready and manager.reconcile().changed and dst.read_text() == ts(1)
         manager.sources.set_api(ConfigMapData("20", {"a": ts(2).encode(), "..data": b"", "b/c": b""}), False)

@@ -14,9 +14,9 @@ import pytest
 
 from nvdp import kube
 from nvdp.base.logs import FIELDS_ATTR
-from nvdp.configmanager.command import NodeAnnotationRecord
-from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.settings import APPLIED_ANNOTATION, Settings
+from nvdp.side.configmanager.command import NodeAnnotationRecord
+from nvdp.side.configmanager.manager import ConfigManager
+from nvdp.side.configmanager.settings import APPLIED_ANNOTATION, Settings
 from testkit import Process, clean_env, free_port, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
@@ -164,7 +164,7 @@ def test_the_record_is_retried_when_the_api_fails_and_never_fought_over(
     manager.set_labels({LABEL: "a"}, {})
     stop = threading.Event()
     thread = threading.Thread(target=manager.run, args=(stop,), daemon=True)
-    with caplog.at_level(logging.INFO, logger="nvdp.configmanager.manager"):
+    with caplog.at_level(logging.INFO, logger="nvdp.side.configmanager.manager"):
         thread.start()
         wait_until(lambda: node.recorded() == "a", 10, "the entry in place recorded")
         stop.set()

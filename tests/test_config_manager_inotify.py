@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.configmanager.manager import ConfigManager, Outcome
-from nvdp.configmanager.settings import Settings
+from nvdp.side.configmanager.manager import ConfigManager, Outcome
+from nvdp.side.configmanager.settings import Settings
 from testkit import Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin

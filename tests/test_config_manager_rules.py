@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError, SelectionError
 from nvdp.cli import main
 from nvdp.config import add_plugin_flags, load_file, parse_text, resolve
-from nvdp.configmanager import files, process
-from nvdp.configmanager.manager import ConfigManager
-from nvdp.configmanager.selection import list_entries, select
-from nvdp.configmanager.settings import Settings, add_flags
-from nvdp.configmanager.settings import resolve as resolve_settings
-from nvdp.errors import ConfigError, SelectionError
+from nvdp.side.configmanager import files, process
+from nvdp.side.configmanager.manager import ConfigManager
+from nvdp.side.configmanager.selection import list_entries, select
+from nvdp.side.configmanager.settings import Settings, add_flags
+from nvdp.side.configmanager.settings import resolve as resolve_settings
 from testkit import REPO, clean_env, wait_until
 from tests.fakes import FakeNodeEventClient
 
@@ -444,9 +444,9 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
     import urllib.request
 
     from nvdp import kube
-    from nvdp.configmanager import object_watch
-    from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
     from nvdp.kube.reflector import WatchTimers
+    from nvdp.side.configmanager import object_watch
+    from nvdp.side.configmanager.status import Snapshot, StatusServer, failing_for
     from tests.kube_api_standin import KubeApiStandin
 
     with KubeApiStandin() as api:
@@ -470,7 +470,7 @@ def test_watch_keeps_retrying_raises_the_alarm_and_recovers(
         ).start()
         stop = threading.Event()
         thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="nvdp.configmanager.object_watch"):
+        with caplog.at_level(logging.WARNING, logger="nvdp.side.configmanager.object_watch"):
             thread.start()
             api.wait_for(lambda: any(r.levelno == logging.ERROR for r in caplog.records), 10, "alarm line")
             with pytest.raises(urllib.error.HTTPError) as caught:

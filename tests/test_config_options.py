@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import PLUGIN_OPTIONS, Config, Flags, PluginOptions, add_plugin_flags, parse_text, resolve
-from nvdp.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "config"
 

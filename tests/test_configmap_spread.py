@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from nvdp.configmanager.settings import add_flags, resolve
-from nvdp.configmanager.spread import Spread
-from nvdp.errors import ConfigError
+from nvdp.base.errors import ConfigError
+from nvdp.side.configmanager.settings import add_flags, resolve
+from nvdp.side.configmanager.spread import Spread
 from testkit import wait_until
 
 DELAY_S = 0.3  # the test's bound (production: 10 s)

@@ -1,10 +1,10 @@
-"""The supervisor's reload decision (`nvdp.deviceplugin.converge.plan_servers`), table-tested."""
+"""The supervisor's reload decision (`nvdp.plugins.deviceplugin.converge.plan_servers`), table-tested."""
 
 from __future__ import annotations
 
 import pytest
 
-from nvdp.deviceplugin.converge import ServerPlan, plan_servers
+from nvdp.plugins.deviceplugin.converge import ServerPlan, plan_servers
 
 A, B, C = "nvidia.com/gpu", "nvidia.com/mig-1g.5gb", "nvidia.com/gpu.shared"
 

@@ -1,5 +1,5 @@
-"""Mapping the resolved config onto the daemon (nvdp.deviceplugin.daemon_settings, pure and total), and the
-settings nvdp
+"""Mapping the resolved config onto the daemon (nvdp.plugins.deviceplugin.daemon_settings, pure and total),
+and the settings nvdp
 refuses (nvdp.config.rules, through resolve: every problem at once)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import argparse
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import add_plugin_flags, parse_text, resolve
-from nvdp.deviceplugin.daemon_settings import daemon_settings
-from nvdp.errors import ConfigError
+from nvdp.plugins.deviceplugin.daemon_settings import daemon_settings
 
 
 def config_from(argv: list[str], text: str | None = None, tmp_path=None):  # type: ignore[no-untyped-def]
@@ -75,9 +75,9 @@ def test_refused_settings(argv: list[str], text: str | None, message: str) -> No
 
 
 def test_reload_with_the_same_gpus_does_not_rearm_the_health_monitor() -> None:
-    from nvdp.health import HealthSettings
-    from nvdp.health.node import NodeHealth
-    from nvdp.nvml import open_nvml
+    from nvdp.node.health import HealthSettings
+    from nvdp.node.health.node import NodeHealth
+    from nvdp.node.nvml import open_nvml
 
     nvml = open_nvml("sim:pcie-4")
     nvml.init()
@@ -114,7 +114,7 @@ def test_the_mapping_is_total_even_for_refused_configs() -> None:
 
 
 def test_health_section_and_imex_channels() -> None:
-    from nvdp.health import HealthSettings
+    from nvdp.node.health import HealthSettings
 
     text = (
         "version: v1\nimex:\n  channelIDs: [0]\nhealth:\n  ignoredXids: [13]\n  fatalXids: [79]\n"
@@ -133,7 +133,7 @@ def test_health_section_and_imex_channels() -> None:
 
 
 def test_no_sharing_and_default_health() -> None:
-    from nvdp.health import HealthSettings
+    from nvdp.node.health import HealthSettings
 
     settings = daemon_settings(config_from([]))
     assert settings.rules.sharing == ()

@@ -9,7 +9,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from nvdp.deviceplugin.daemon import Daemon
+from nvdp.plugins.deviceplugin.daemon import Daemon
 from tests.test_metrics import sim_daemon
 
 

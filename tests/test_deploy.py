@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from nvdp.config import PLUGIN_OPTIONS
-from nvdp.configmanager.selection import select
-from nvdp.ledger.podresources import pod_resources_socket
+from nvdp.plugins.ledger.podresources import pod_resources_socket
+from nvdp.side.configmanager.selection import select
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "nvidia-device-plugin"
@@ -37,7 +37,7 @@ CONTAINER = "nvidia-device-plugin-ctr"
 # Env vars the program reads as settings (flags' env vars), from the package itself.
 PROGRAM_ENV = frozenset(env for option in PLUGIN_OPTIONS for env in option.envs)
 # Env vars a manifest may set besides those: NODE_NAME is read by nvdp.kube for Node Events;
-# POD_NAME and POD_NAMESPACE by nvdp.uninstall at stop; the NVIDIA_* ones are read by the NVIDIA
+# POD_NAME and POD_NAMESPACE by nvdp.plugins.uninstall at stop; the NVIDIA_* ones are read by the NVIDIA
 # container toolkit when it sets up the container.
 OTHER_ENV = frozenset(
     {"NODE_NAME", "POD_NAME", "POD_NAMESPACE"}
@@ -142,7 +142,7 @@ def check_plugin_daemonset(daemonset: Doc) -> None:
     kubelet_dir = volume(daemonset, "kubelet-device-plugins-dir")
     assert kubelet_dir["hostPath"]["path"] == KUBELET_DIR
     assert mounts_of(daemonset)["kubelet-device-plugins-dir"]["mountPath"] == KUBELET_DIR
-    # Its PodResources API beside it (nvdp.ledger), read only; no pod fails to start without it.
+    # Its PodResources API beside it (nvdp.plugins.ledger), read only; no pod fails to start without it.
     pod_resources = volume(daemonset, "kubelet-pod-resources-dir")["hostPath"]
     assert pod_resources == {"path": POD_RESOURCES_DIR, "type": "DirectoryOrCreate"}
     assert mounts_of(daemonset)["kubelet-pod-resources-dir"] == {
@@ -225,7 +225,7 @@ def check_event_rules(role: Doc) -> None:
 
     assert allowed("", "events", "create")
     assert allowed("", "nodes", "get")
-    # pod events need no access to pods: holders and UIDs come from the kubelet (nvdp.ledger)
+    # pod events need no access to pods: holders and UIDs come from the kubelet (nvdp.plugins.ledger)
     assert not any("pods" in r["resources"] for r in role["rules"])
 
 

@@ -95,7 +95,7 @@ def test_mps_control_daemon_makes_its_directories_0755_under_umask_000(
 
 def test_config_manager_destination_directory_0755_under_umask_000(tmp_path: Path) -> None:
     code = (
-        "import os, sys; from nvdp.configmanager.files import link; "
+        "import os, sys; from nvdp.side.configmanager.files import link; "
         "os.umask(0); link(sys.argv[1], sys.argv[2])"
     )
     dst = tmp_path / "available" / "config" / "config.yaml"

@@ -1,17 +1,17 @@
-"""The DRA plugin's allocations entries (`nvdp.dra.allocations`, pure) and how the device plugin's
+"""The DRA plugin's allocations entries (`nvdp.plugins.dra.allocations`, pure) and how the device plugin's
 page and `nvdp status` show them: a MIG device's partition as its share, a held device the slices no
 longer list, an Unhealthy one's reason, a claim whose pods are not read yet, pods withheld; the pods
 a claim is reserved for."""
 
 from __future__ import annotations
 
-from nvdp.dra.allocations import dra_devices
-from nvdp.dra.checkpoint import PreparedClaim, PreparedDevice
-from nvdp.dra.devices import node_devices
-from nvdp.dra.health import DeviceHealth
-from nvdp.dra.holders import reserved_pods
-from nvdp.ledger.dra_file import dra_resource
-from nvdp.ledger.report import describe_allocations
+from nvdp.plugins.dra.allocations import dra_devices
+from nvdp.plugins.dra.checkpoint import PreparedClaim, PreparedDevice
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.health import DeviceHealth
+from nvdp.plugins.dra.holders import reserved_pods
+from nvdp.plugins.ledger.dra_file import dra_resource
+from nvdp.plugins.ledger.report import describe_allocations
 from tests.builders import sim_gpus
 from tests.test_dra_slices import FACTS
 

@@ -19,7 +19,10 @@ import pytest
 import yaml
 
 from nvdp.config.load import parse_text
-from nvdp.dra.capacity import (
+from nvdp.kube.resourceslices import from_served, to_served
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.nvml.types import ComputeMode
+from nvdp.plugins.dra.capacity import (
     Share,
     capacity_misfits,
     kept_shared,
@@ -27,14 +30,11 @@ from nvdp.dra.capacity import (
     share_of,
     shared_by_capacity,
 )
-from nvdp.dra.capacity_mps import CapacityDaemons
-from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
-from nvdp.dra.devices import DriverFacts, node_devices
-from nvdp.dra.mps import DraMps
-from nvdp.dra.slices import pool_slices
-from nvdp.kube.resourceslices import from_served, to_served
-from nvdp.mps.layout import MpsRoot
-from nvdp.nvml.types import ComputeMode
+from nvdp.plugins.dra.capacity_mps import CapacityDaemons
+from nvdp.plugins.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
+from nvdp.plugins.dra.devices import DriverFacts, node_devices
+from nvdp.plugins.dra.mps import DraMps
+from nvdp.plugins.dra.slices import pool_slices
 from nvdp.sim.dra.scheduler import AllocationError, allocate, consumed_capacity, nvidia_device_classes
 from tests.builders import sim_gpus
 from tests.kube_api_standin import KubeApiStandin

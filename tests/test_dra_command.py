@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.cli import main
-from nvdp.dra.options import add_dra_flags, resolve_dra
-from nvdp.errors import ConfigError
+from nvdp.plugins.dra.options import add_dra_flags, resolve_dra
 from testkit import clean_env, wait_until
 from tests.dra_support import dra_cluster, slices_of
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from nvdp.configmanager import process
+from nvdp.side.configmanager import process
 from testkit import REPO, Process, clean_env, wait_until
 from tests.dra_support import dra_cluster, published
 from tests.test_config_manager import LABEL, NODE_PATH, ConfigMapDir, console_script, manager_argv

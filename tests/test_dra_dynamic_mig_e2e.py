@@ -18,10 +18,10 @@ import pytest
 
 from nvdp.config import RuntimeOptions
 from nvdp.config.model import Config, Dra
-from nvdp.dra.driver import DraDriver
-from nvdp.dra.names import DRIVER_NAME
-from nvdp.dra.options import DraSettings
-from nvdp.nvml.sim import open_sim
+from nvdp.node.nvml.sim import open_sim
+from nvdp.plugins.dra.driver import DraDriver
+from nvdp.plugins.dra.names import DRIVER_NAME
+from nvdp.plugins.dra.options import DraSettings
 from nvdp.sim.dra.api import MemoryResourceApi
 from nvdp.sim.dra.scheduler import allocate, nvidia_device_classes, taken_devices
 from nvdp.sim.kubelet.dra import Claim, DraManager

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra.names import REGISTRATION_SOCKET
+from nvdp.plugins.dra.names import REGISTRATION_SOCKET
 from nvdp.sim.kubelet.dra import Claim
 from nvdp.sim.kubelet.plugin_watcher import PluginWatcher
 from testkit import wait_until

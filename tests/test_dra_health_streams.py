@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 
 from nvdp.api.dra import RESOURCE_HEALTH
-from nvdp.dra.health import MAX_STREAMS
+from nvdp.plugins.dra.health import MAX_STREAMS
 from testkit import wait_until
 from tests.dra_support import dra_cluster
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.logs import TextFormatter
-from nvdp.dra.checkpoint import Checkpoint, PreparedDevice
-from nvdp.dra.nvidia_checkpoint import adopt, current_boot_id, parse
+from nvdp.plugins.dra.checkpoint import Checkpoint, PreparedDevice
+from nvdp.plugins.dra.nvidia_checkpoint import adopt, current_boot_id, parse
 from nvdp.sim.kubelet import Kubelet
 from nvdp.sim.kubelet.dra import Claim
 from testkit import start_plugin, wait_until

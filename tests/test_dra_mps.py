@@ -1,4 +1,4 @@
-"""The DRA plugin's MPS daemons (`nvdp.dra.mps`, for claims' configs and capacity shares alike)
+"""The DRA plugin's MPS daemons (`nvdp.plugins.dra.mps`, for claims' configs and capacity shares alike)
 against the `nvidia-cuda-mps-control` stand-in and the simulated node: one daemon per GPU set, started
 at the first holder and stopped after the last, its GPUs EXCLUSIVE_PROCESS meanwhile, no control
 command for a holder while it is ready, found again by a restarted plugin, started again by its
@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.claim_sharing import ClaimSharing
-from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
-from nvdp.dra.devices import node_devices
-from nvdp.dra.mps import HOLDERS_FILE, ClientLimits, DraMps, MpsDaemon, client_edits, daemon_name
-from nvdp.dra.sharing import DeviceSharing, OpaqueConfig
-from nvdp.dra.timeslice import SimulatedTimeSlices
-from nvdp.errors import MpsError
-from nvdp.mps.layout import MpsRoot
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim import SimNvml
-from nvdp.nvml.types import ComputeMode
+from nvdp.base.errors import MpsError
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim import SimNvml
+from nvdp.node.nvml.types import ComputeMode
+from nvdp.plugins.dra.claim_sharing import ClaimSharing
+from nvdp.plugins.dra.claims import Allocated, ClaimError, ClaimRef
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.mps import HOLDERS_FILE, ClientLimits, DraMps, MpsDaemon, client_edits, daemon_name
+from nvdp.plugins.dra.sharing import DeviceSharing, OpaqueConfig
+from nvdp.plugins.dra.timeslice import SimulatedTimeSlices
 from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.mps_standin import Standin

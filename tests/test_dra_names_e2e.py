@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra.names import claim_spec_file
+from nvdp.plugins.dra.names import claim_spec_file
 from nvdp.sim.kubelet.dra import Claim
 from testkit import wait_until
 from tests.builders import sim_gpus

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from nvdp.dra.names import PLUGIN_LOCK_FILE
+from nvdp.plugins.dra.names import PLUGIN_LOCK_FILE
 from testkit import Process, start_dra_plugin, wait_until
 from tests.dra_support import DRIVER, DraCluster, dra_cluster, make_claim, schedule, slices_of
 

@@ -1,6 +1,6 @@
 """Partitionable devices, pure parts: a dynamic-MIG GPU's counter set and placement devices
-(nvdp.dra.mig_partitions), the slices that carry counter sets (nvdp.dra.slices), and the stand-in
-scheduler's counting of them (nvdp.sim.dra.counters)."""
+(nvdp.plugins.dra.mig_partitions), the slices that carry counter sets (nvdp.plugins.dra.slices), and the
+stand-in scheduler's counting of them (nvdp.sim.dra.counters)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.devices import DriverFacts
-from nvdp.dra.mig_partitions import partitions
-from nvdp.dra.slices import pool_slices
-from nvdp.nvml.sim import open_sim
-from nvdp.nvml.sim.mig_control import profiles_of
-from nvdp.nvml.types import GpuInfo, MigPlacement
+from nvdp.node.nvml.sim import open_sim
+from nvdp.node.nvml.sim.mig_control import profiles_of
+from nvdp.node.nvml.types import GpuInfo, MigPlacement
+from nvdp.plugins.dra.devices import DriverFacts
+from nvdp.plugins.dra.mig_partitions import partitions
+from nvdp.plugins.dra.slices import pool_slices
 from nvdp.sim.dra.counters import Counters, quantity
 from nvdp.sim.dra.scheduler import AllocationError, allocate, nvidia_device_classes
 

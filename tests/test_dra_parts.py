@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.node_files import DriverFiles
-from nvdp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from nvdp.dra.claim_specs import ClaimSpecs
-from nvdp.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
-from nvdp.dra.devices import node_devices
-from nvdp.dra.node_state import NodeState
-from nvdp.dra.slices import Taint, pool_slices
+from nvdp.node.cdi.names import CdiSettings
+from nvdp.node.cdi.node_files import DriverFiles
+from nvdp.plugins.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from nvdp.plugins.dra.claim_specs import ClaimSpecs
+from nvdp.plugins.dra.claims import Allocated, ClaimError, ClaimRef, allocated_devices
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.node_state import NodeState
+from nvdp.plugins.dra.slices import Taint, pool_slices
 from nvdp.sim.dra.scheduler import AllocationError, allocate, selector_matches, taken_devices
 from tests.builders import sim_gpus
 from tests.dra_support import DEVICE_CLASSES
@@ -126,7 +126,7 @@ def test_what_of_a_claim_is_this_drivers_on_this_node() -> None:
     with pytest.raises(ClaimError, match=r"^ResourceClaim ns/c is not allocated$"):
         allocated_devices({"metadata": {"uid": "u1"}}, ref, "node-a")
     other = {"opaque": {"driver": "nic.example.com", "parameters": {}}, "requests": ["c"]}
-    obj["status"]["allocation"]["devices"]["config"] = [other]  # configs: nvdp.dra.sharing's
+    obj["status"]["allocation"]["devices"]["config"] = [other]  # configs: nvdp.plugins.dra.sharing's
     assert allocated_devices(obj, ref, "node-a") == [Allocated("a", "gpu-0")]
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.backoff import Backoff
-from nvdp.dra.cluster import KubeResourceApi
-from nvdp.dra.devices import node_devices
-from nvdp.dra.publisher import SlicePublisher
-from nvdp.dra.slices import Taint
 from nvdp.kube import new_api_client
 from nvdp.kube.reflector import WatchTimers
+from nvdp.plugins.dra.cluster import KubeResourceApi
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.publisher import SlicePublisher
+from nvdp.plugins.dra.slices import Taint
 from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import stop_publisher

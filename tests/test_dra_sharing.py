@@ -1,5 +1,5 @@
-"""NVIDIA's opaque device configs for gpu.nvidia.com read (`nvdp.dra.sharing`): the configs as NVIDIA's
-strict decoder and validation take them (every bad one its exact line), NVIDIA's precedence (the
+"""NVIDIA's opaque device configs for gpu.nvidia.com read (`nvdp.plugins.dra.sharing`): the configs as
+NVIDIA's strict decoder and validation take them (every bad one its exact line), NVIDIA's precedence (the
 class's, then the claim's; a config naming the request over one naming none; of the device's kind),
 the per-device memory keys; and the stand-in scheduler copying the configs as the real one does."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from nvdp.base.units import parse_quantity
-from nvdp.dra.claims import Allocated, ClaimError, ClaimRef
-from nvdp.dra.sharing import (
+from nvdp.plugins.dra.claims import Allocated, ClaimError, ClaimRef
+from nvdp.plugins.dra.sharing import (
     ConfigProblem,
     DeviceSharing,
     MpsSettings,
@@ -24,7 +24,7 @@ from nvdp.dra.sharing import (
     parse,
     resolve,
 )
-from nvdp.dra.timeslice import NvidiaSmi, TimeSliceError
+from nvdp.plugins.dra.timeslice import NvidiaSmi, TimeSliceError
 from nvdp.sim.dra.scheduler import allocation_config
 
 REF = ClaimRef("ns", "c", "u1")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.cli import main
 from nvdp.config import parse_text
 from nvdp.config.model import DRA_ALL, DRA_NONE
 from nvdp.config.rules import dra_problems
-from nvdp.dra.options import add_dra_flags, resolve_dra
-from nvdp.errors import ConfigError
-from nvdp.gpus.inventory import DraSharing, dra_sharing
+from nvdp.node.gpus.inventory import DraSharing, dra_sharing
+from nvdp.plugins.dra.options import add_dra_flags, resolve_dra
 from tests.builders import sim_gpus
 
 ONE_WAY = "a GPU is shared by capacity or partitioned by MIG, not both"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra.devices import (
+from nvdp.node.nvml.types import MigDeviceInfo, MigPlacement
+from nvdp.plugins.dra.devices import (
     DriverFacts,
     architecture,
     brand,
@@ -24,9 +25,8 @@ from nvdp.dra.devices import (
     quantity,
     semver,
 )
-from nvdp.dra.names import claim_spec_file, mig_device_name
-from nvdp.dra.slices import MAX_DEVICES_PER_SLICE, Taint, pool_slices, same_content
-from nvdp.nvml.types import MigDeviceInfo, MigPlacement
+from nvdp.plugins.dra.names import claim_spec_file, mig_device_name
+from nvdp.plugins.dra.slices import MAX_DEVICES_PER_SLICE, Taint, pool_slices, same_content
 from tests.builders import full_gpu, mig_enabled_gpu, sim_gpus
 
 GOLDEN = Path(__file__).parent / "data" / "dra"

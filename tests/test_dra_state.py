@@ -17,17 +17,17 @@ from typing import Any
 import grpc
 import pytest
 
-from nvdp.cdi.names import CdiSettings
-from nvdp.cdi.node_files import DriverFiles
-from nvdp.dra.checkpoint import MAX_CHECKPOINT_BYTES, Checkpoint, PreparedClaim, PreparedDevice
-from nvdp.dra.claim_specs import ClaimSpecs
-from nvdp.dra.claims import ClaimRef
-from nvdp.dra.cluster import KubeResourceApi
-from nvdp.dra.devices import node_devices
-from nvdp.dra.node_state import NodeState
-from nvdp.dra.prepare import ClaimPreparer
 from nvdp.kube import new_api_client
 from nvdp.kube.resourceclaims import KubeResourceClaims
+from nvdp.node.cdi.names import CdiSettings
+from nvdp.node.cdi.node_files import DriverFiles
+from nvdp.plugins.dra.checkpoint import MAX_CHECKPOINT_BYTES, Checkpoint, PreparedClaim, PreparedDevice
+from nvdp.plugins.dra.claim_specs import ClaimSpecs
+from nvdp.plugins.dra.claims import ClaimRef
+from nvdp.plugins.dra.cluster import KubeResourceApi
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.node_state import NodeState
+from nvdp.plugins.dra.prepare import ClaimPreparer
 from nvdp.sim.kubelet.dra import Claim
 from testkit import wait_until
 from tests.builders import sim_gpus

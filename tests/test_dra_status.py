@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import Config, RuntimeOptions
-from nvdp.dra.driver import DraDriver
-from nvdp.dra.options import DraSettings
-from nvdp.kubeletplugin import loop_watch
-from nvdp.kubeletplugin.loop_watch import LoopWatch
+from nvdp.plugins.dra.driver import DraDriver
+from nvdp.plugins.dra.options import DraSettings
+from nvdp.plugins.kubeletplugin import loop_watch
+from nvdp.plugins.kubeletplugin.loop_watch import LoopWatch
 from nvdp.sim.dra.api import MemoryResourceApi
 from nvdp.sim.kubelet.dra import Claim
 from testkit import free_port, wait_until

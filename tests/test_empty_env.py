@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import PluginOptions
 from nvdp.config import resolve as resolve_plugin
 from nvdp.config.options import Option, read_options, with_values
-from nvdp.configmanager.settings import resolve as resolve_manager
-from nvdp.dra.options import resolve_dra
-from nvdp.errors import ConfigError
-from nvdp.gfd.options import resolve_gfd
-from nvdp.health.node_events import node_events_from_env
-from nvdp.health.xid import XidPolicy
 from nvdp.kube.client import in_cluster
-from nvdp.ledger.status import StatusFlags
-from nvdp.mps.command import resolve as resolve_mps
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim.backend import SimNvml
-from nvdp.uninstall import resolve_delete_daemonsets
+from nvdp.node.health.node_events import node_events_from_env
+from nvdp.node.health.xid import XidPolicy
+from nvdp.node.mps.command import resolve as resolve_mps
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim.backend import SimNvml
+from nvdp.plugins.dra.options import resolve_dra
+from nvdp.plugins.ledger.status import StatusFlags
+from nvdp.plugins.uninstall import resolve_delete_daemonsets
+from nvdp.side.configmanager.settings import resolve as resolve_manager
+from nvdp.side.gfd.options import resolve_gfd
 from testkit import Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_command_options import COMMANDS, NO_ENV, parsers

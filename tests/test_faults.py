@@ -25,8 +25,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import PLUGIN_OPTIONS, Config, PluginOptions, add_plugin_flags, load_file, resolve
-from nvdp.errors import ConfigError
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, clean_env, plugin_argv, start_plugin, wait_until, write_time_slicing_config
 

@@ -30,7 +30,7 @@ def test_plugin_imports_leave_ssl_and_kubernetes_out() -> None:
         import sys
         from nvdp.base.ssl_block import block_ssl
         block_ssl()
-        import grpc, nvdp.deviceplugin.daemon, nvdp.cli, nvdp.nvml.sim, http.server
+        import grpc, nvdp.plugins.deviceplugin.daemon, nvdp.cli, nvdp.node.nvml.sim, http.server
         print("ssl" if sys.modules.get("ssl") is not None else "-", "kubernetes" in sys.modules)
         """
     )
@@ -64,12 +64,12 @@ ON_DEMAND = (
     "importlib.abc",
     "ctypes.util",
     "nvdp.kube",
-    "nvdp.health.event_sender",
-    "nvdp.health.node_events",
-    "nvdp.health.pod_events",
-    "nvdp.health.node_condition",
-    "nvdp.mps",
-    "nvdp.cdi.scan",
+    "nvdp.node.health.event_sender",
+    "nvdp.node.health.node_events",
+    "nvdp.node.health.pod_events",
+    "nvdp.node.health.node_condition",
+    "nvdp.node.mps",
+    "nvdp.node.cdi.scan",
 )
 
 
@@ -83,7 +83,7 @@ def test_plugin_start_loads_no_module_of_a_feature_it_does_not_use(tmp_path: Pat
         block_ssl()
         from nvdp.cli import build_parser
         from nvdp.config import resolve
-        from nvdp.deviceplugin.daemon import Daemon
+        from nvdp.plugins.deviceplugin.daemon import Daemon
         parser, _ = build_parser("plugin")
         args = parser.parse_args(
             ["plugin", "--nvml", "sim:dgx-a100", "--kubelet-socket", "{tmp_path}/kubelet.sock"]

@@ -37,7 +37,7 @@ def test_the_device_plugin_loads_neither_the_dra_wire_nor_decimal(sock_dir: Path
         for line in plugin.log().splitlines()
         if line.startswith("import time:")
     }
-    assert "nvdp.kubeletplugin.registration" in imported
+    assert "nvdp.plugins.kubeletplugin.registration" in imported
     assert sorted(m for m in imported if m.startswith("nvdp.api.dra") or m == "decimal") == []
 
 
@@ -46,7 +46,7 @@ def test_plugin_modules_leave_difflib_out() -> None:
     out = run_python(
         """
         import sys
-        import nvdp.cli, nvdp.deviceplugin.daemon
+        import nvdp.cli, nvdp.plugins.deviceplugin.daemon
         from nvdp.config import parse_text
         parse_text("version: v1\\nflags: {migStrategy: none}\\n")
         print("difflib" in sys.modules)

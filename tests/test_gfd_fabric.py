@@ -14,13 +14,13 @@ import fake_pynvml as fake
 import pytest
 from fake_pynvml import FakeGpu, FakePynvml
 
-from nvdp.errors import ConfigError, GpuLostError, NvmlError, nvml_error
-from nvdp.gfd.clique import CLIQUE_LABEL, clique_labels
-from nvdp.gfd.discover import discover
-from nvdp.nvml import open_nvml
-from nvdp.nvml.real import RealNvml
-from nvdp.nvml.sim import SimNvml, load_node_file
-from nvdp.nvml.types import FabricState, GpuFabric
+from nvdp.base.errors import ConfigError, GpuLostError, NvmlError, nvml_error
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.real import RealNvml
+from nvdp.node.nvml.sim import SimNvml, load_node_file
+from nvdp.node.nvml.types import FabricState, GpuFabric
+from nvdp.side.gfd.clique import CLIQUE_LABEL, clique_labels
+from nvdp.side.gfd.discover import discover
 from testkit import REPO
 from tests.test_gfd_process import gfd_argv, gfd_env
 
@@ -186,7 +186,7 @@ class FabricFailingNvml(SimNvml):
 def test_an_unreadable_fabric_costs_only_the_clique_label() -> None:
     """NVIDIA's gfd fails the whole pass; nvdp labels the rest of the node and says why in one line."""
     from nvdp.config import Config
-    from nvdp.nvml.sim import load_profile
+    from nvdp.node.nvml.sim import load_profile
 
     nvml = FabricFailingNvml(load_profile("gb200-nvl"))
     nvml.init()

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config.model import DEFAULT_CONTAINER_DRIVER_ROOT
-from nvdp.errors import ConfigError
-from nvdp.gfd import run as gfd_run
-from nvdp.gfd.options import GfdSettings, add_gfd_flags, resolve_gfd
-from nvdp.gfd.output import NodeFeatureOutput
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import Nvml
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import Nvml
+from nvdp.side.gfd import run as gfd_run
+from nvdp.side.gfd.options import GfdSettings, add_gfd_flags, resolve_gfd
+from nvdp.side.gfd.output import NodeFeatureOutput
 from tests.kube_api_nodefeature import KubeApi
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_gfd_needs_no_mps_root(tmp_path: Path) -> None:
 
 def test_gfd_node_events_need_a_node_name_and_an_api_server(tmp_path: Path) -> None:
     """Through a kubeconfig here (in-cluster credentials: tests/test_health_node_events.py)."""
-    from nvdp.health.node_events import NodeEventRecorder
+    from nvdp.node.health.node_events import NodeEventRecorder
 
     kubeconfig = str(tmp_path / "kubeconfig")
     assert gfd_run.default_events(parse(environ={"KUBECONFIG": kubeconfig}), {}) is None  # no node name

@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import PluginOptions, resolve
-from nvdp.deviceplugin.daemon import Daemon
-from nvdp.gfd.discover import discover, pci_mode
-from nvdp.gfd.labels import (
+from nvdp.node.gpus.devices import AnnotatedID
+from nvdp.node.mps.simulated import skip_daemon
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.deviceplugin.daemon import Daemon
+from nvdp.side.gfd.discover import discover, pci_mode
+from nvdp.side.gfd.labels import (
     GPU_RESOURCE,
     NodeFacts,
     format_labels,
@@ -27,10 +31,6 @@ from nvdp.gfd.labels import (
     single_strategy_problem,
     version_labels,
 )
-from nvdp.gpus.devices import AnnotatedID
-from nvdp.mps.simulated import skip_daemon
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo
 from nvdp.sim.kubelet import Kubelet
 from testkit import short_temp_dir
 from tests.builders import full_gpu, mig_enabled_gpu
@@ -455,7 +455,7 @@ def test_mode_label_uses_the_reader() -> None:
         numa_node=None,
         mig_capable=False,
     )
-    from nvdp.gpus.resources import build_resources
+    from nvdp.node.gpus.resources import build_resources
 
     facts = NodeFacts((gpu,), "550.54.15", "12.4", modes={"GPU-0": "graphics"})
     labels = node_labels(
@@ -475,6 +475,6 @@ def test_mode_label_uses_the_reader() -> None:
     ],
 )
 def test_machine_type_is_a_valid_label_value(machine: str, label: str) -> None:
-    from nvdp.gfd.labels import sanitise_machine
+    from nvdp.side.gfd.labels import sanitise_machine
 
     assert sanitise_machine(machine) == label

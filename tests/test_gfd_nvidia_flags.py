@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.cli import gfd_main
 from nvdp.config import PluginOptions, resolve
-from nvdp.errors import ConfigError
-from nvdp.gfd import run as gfd_run
-from nvdp.gfd.options import GFD_OPTIONS, GfdSettings
-from nvdp.gfd.output import FileOutput, NodeFeatureOutput
+from nvdp.side.gfd import run as gfd_run
+from nvdp.side.gfd.options import GFD_OPTIONS, GfdSettings
+from nvdp.side.gfd.output import FileOutput, NodeFeatureOutput
 from testkit import REPO, Process, wait_until
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_gfd_flags import parse
@@ -90,7 +90,7 @@ NVIDIA_GFD_FLAGS = [
 ]  # fmt: skip
 # nvdp's defaults that are not NVIDIA's (docs/gfd.md, "Differences from NVIDIA's gfd"):
 OTHER_DEFAULTS = {
-    # true where the API server serves NodeFeature objects (nvdp.gfd.run.node_feature_api), else the file
+    # true where the API server serves NodeFeature objects (nvdp.side.gfd.run.node_feature_api), else the file
     "--use-node-feature-api": None,
     # KUBERNETES_NAMESPACE, NAMESPACE, then POD_NAMESPACE, then the service account's namespace
     "--namespace": "",

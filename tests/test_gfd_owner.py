@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from nvdp.gfd.output import NodeFeatureOutput
 from nvdp.kube import new_api_client
+from nvdp.side.gfd.output import NodeFeatureOutput
 from testkit import REPO
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_gfd_process import gfd_argv, gfd_env

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.gfd.output import write_atomically
+from nvdp.side.gfd.output import write_atomically
 from testkit import REPO, Process, clean_env, wait_until
 from tests.kube_api_nodefeature import KubeApi
 

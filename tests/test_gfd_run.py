@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import ConfigError, NvdpError
-from nvdp.gfd.options import DEFAULT_OUTPUT_FILE, GfdSettings
-from nvdp.gfd.output import NodeFeatureOutput
-from nvdp.gfd.run import Gfd
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import Nvml
+from nvdp.base.errors import ConfigError, NvdpError
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import Nvml
+from nvdp.side.gfd.options import DEFAULT_OUTPUT_FILE, GfdSettings
+from nvdp.side.gfd.output import NodeFeatureOutput
+from nvdp.side.gfd.run import Gfd
 from testkit import wait_until
 from tests.fakes import FakeNodeEventClient
 from tests.kube_api_nodefeature import KubeApi
@@ -220,7 +220,7 @@ def test_node_feature_retries_with_backoff_then_gives_up_with_one_line() -> None
 
 
 def test_feature_file_rewritten_only_when_labels_change(tmp_path: Path) -> None:
-    from nvdp.gfd.output import FileOutput
+    from nvdp.side.gfd.output import FileOutput
 
     path = tmp_path / "gfd"
     output = FileOutput(str(path))
@@ -262,7 +262,7 @@ CASE1_CONFIG = Path(__file__).parent / "data" / "gfd" / "configs" / "ts-unmatche
 
 
 def test_misfits_are_reported_once_across_passes_with_a_node_event(caplog: pytest.LogCaptureFixture) -> None:
-    from nvdp.health.node_events import NodeEventRecorder
+    from nvdp.node.health.node_events import NodeEventRecorder
 
     caplog.set_level(logging.INFO)
     client = FakeNodeEventClient()

@@ -1,4 +1,4 @@
-"""One GPU, one API (`nvdp.handoff`): the config's `dra.devices`, the rule that settles what each API
+"""One GPU, one API (`nvdp.plugins.handoff`): the config's `dra.devices`, the rule that settles what each API
 serves, and the record protocol between two processes' sides (two `Handoff`s on one directory: flock
 locks belong to open files, so two in one process behave as two processes)."""
 
@@ -15,9 +15,9 @@ import pytest
 from nvdp.base.logs import FIELDS_ATTR
 from nvdp.config import parse_text
 from nvdp.config.model import DRA_ALL, DRA_NONE
-from nvdp.gpus.inventory import dra_gpus
-from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff, Record, settle
-from nvdp.handoff import records as handoff
+from nvdp.node.gpus.inventory import dra_gpus
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, Handoff, Record, settle
+from nvdp.plugins.handoff import records as handoff
 from tests.builders import sim_gpus
 
 GPUS = sim_gpus("pcie-4")

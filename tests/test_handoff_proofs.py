@@ -17,9 +17,9 @@ import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
 from nvdp.base.logs import FIELDS_ATTR
-from nvdp.dra.checkpoint import dra_holds
-from nvdp.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff
-from nvdp.handoff import records as handoff
+from nvdp.plugins.dra.checkpoint import dra_holds
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff
+from nvdp.plugins.handoff import records as handoff
 from tests.builders import sim_gpus
 
 GPUS = sim_gpus("pcie-4")

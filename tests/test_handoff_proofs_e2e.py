@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.timers import as_env
-from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
-from nvdp.handoff import records as handoff
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, Handoff
+from nvdp.plugins.handoff import records as handoff
 from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.handoff_tamper_node import CrossedNode, crossed_node, remove_the_directory

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.handoff import DEVICE_PLUGIN, DRA, MAX_RECORD_BYTES, UNKNOWN_HOLDER, Handoff, Record, settle
-from nvdp.handoff import records as handoff
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, MAX_RECORD_BYTES, UNKNOWN_HOLDER, Handoff, Record, settle
+from nvdp.plugins.handoff import records as handoff
 from tests.builders import sim_gpus
 
 A, B = (g.uuid for g in sim_gpus("pcie-4")[:2])

@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvdp.base.bounded import MAX_DEPTH, BoundExceeded, json_depth, loads_json, loads_yaml
+from nvdp.base.errors import ConfigError, KubeError, NvdpError, UnreadableFile
 from nvdp.config import parse_text
-from nvdp.dra.checkpoint import Checkpoint
-from nvdp.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint
-from nvdp.errors import ConfigError, KubeError, NvdpError, UnreadableFile
-from nvdp.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff, Record
 from nvdp.kube import client as kube_client
-from nvdp.ledger.checkpoint import read_pod_uids
-from nvdp.ledger.status import read_allocations
-from nvdp.nvml.sim import SimEventError, load_node_file, open_sim
+from nvdp.node.nvml.sim import SimEventError, load_node_file, open_sim
+from nvdp.plugins.dra.checkpoint import Checkpoint
+from nvdp.plugins.dra.nvidia_checkpoint import adopt as adopt_nvidia_checkpoint
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, UNKNOWN_HOLDER, Handoff, Record
+from nvdp.plugins.ledger.checkpoint import read_pod_uids
+from nvdp.plugins.ledger.status import read_allocations
 from tests.odd_files import make_sparse
 from tests.readings import log_lines
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.base.errors import CandidateError, ConfigError, UnreadableFile
 from nvdp.base.files import read_bounded
-from nvdp.cdi.writer import write_spec
 from nvdp.cli import main
 from nvdp.config import load_file, parse_text
 from nvdp.config.values import show
-from nvdp.configmanager import files as cm_files
-from nvdp.errors import CandidateError, ConfigError, UnreadableFile
-from nvdp.gfd.discover import read_machine_type
-from nvdp.nvml.sim import load_node_file
-from nvdp.nvml.sim.follower import FileFollower
+from nvdp.node.cdi.writer import write_spec
+from nvdp.node.nvml.sim import load_node_file
+from nvdp.node.nvml.sim.follower import FileFollower
+from nvdp.side.configmanager import files as cm_files
+from nvdp.side.gfd.discover import read_machine_type
 from tests.odd_files import ODD_KINDS, SHADOW_LINES, leaked, make_fifo, make_sparse, odd_path, write_shadow
 from tests.readings import log_lines
 
@@ -243,7 +243,7 @@ def test_machine_type_file_that_is_no_product_name_is_unknown(
     else:
         assert isinstance(content, bytes)
         path.write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="nvdp.gfd"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.side.gfd"):
         assert returns_within(lambda: read_machine_type(str(path))) == "unknown"
     (line,) = log_lines(caplog)
     assert f"file={path}" in line and line.endswith(reason) and leaked(line) == []
@@ -262,7 +262,7 @@ def test_machine_type_file_with_a_product_name(
 ) -> None:
     path = tmp_path / "product_name"
     path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="nvdp.gfd"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.side.gfd"):
         assert read_machine_type(str(path)) == machine
     assert caplog.records == []
 
@@ -303,7 +303,7 @@ def test_events_file_replaced_by_a_fifo_is_one_warning_and_never_blocks(
     follower.stop()  # drive poll() by hand
     pipe = make_fifo(tmp_path / "pipe")
     os.replace(pipe, path)
-    with caplog.at_level(logging.WARNING, logger="nvdp.nvml.sim"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.node.nvml.sim"):
         for _ in range(3):
             returns_within(follower.poll)
     assert [r.getMessage() for r in caplog.records] == [

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from nvdp.base.backoff import Backoff
-from nvdp.errors import NvmlError
-from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
-from nvdp.metrics import Probes
-from nvdp.nvml.sim import open_sim
+from nvdp.base.errors import NvmlError
+from nvdp.node.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings, MonitorStatus
+from nvdp.node.nvml.sim import open_sim
+from nvdp.plugins.metrics import Probes
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until
 from tests.builders import device, full_gpu
@@ -31,7 +31,7 @@ def lines() -> Iterator[list[str]]:
         def emit(self, record: logging.LogRecord) -> None:
             got.append(record.getMessage())
 
-    logger = logging.getLogger("nvdp.health.router")
+    logger = logging.getLogger("nvdp.node.health.router")
     handler = Keep(logging.DEBUG)
     logger.addHandler(handler)
     old = logger.level
@@ -160,7 +160,7 @@ def test_readyz_fails_with_the_reason_once_failing() -> None:
 
 def test_degraded_grace_period_config_key() -> None:
     from nvdp.config import parse
-    from nvdp.health.settings import health_settings
+    from nvdp.node.health.settings import health_settings
 
     assert health_settings(parse({})).degraded_grace_period == 300.0
     assert health_settings(parse({"health": {"degradedGracePeriod": "90s"}})).degraded_grace_period == 90.0

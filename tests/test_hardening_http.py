@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from nvdp.base import http_endpoint
-from nvdp.configmanager.status import Snapshot, StatusServer
-from nvdp.metrics import HttpEndpoint, Metrics
+from nvdp.plugins.metrics import HttpEndpoint, Metrics
+from nvdp.side.configmanager.status import Snapshot, StatusServer
 from testkit import wait_until
 
 DEADLINE_S = 3.0  # docs/hardening.md: a request (its line and headers) must arrive within 3 s

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.dir_watch import file_id
-from nvdp.deviceplugin.supervisor import Supervisor
-from nvdp.deviceplugin.types import DaemonSettings
-from nvdp.errors import DirLockHeld
-from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
+from nvdp.base.errors import DirLockHeld
+from nvdp.plugins.deviceplugin.supervisor import Supervisor
+from nvdp.plugins.deviceplugin.types import DaemonSettings
+from nvdp.plugins.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until
 from tests.test_supervisor import Rig

@@ -10,8 +10,8 @@ from nvdp.api import UNHEALTHY, pb
 from nvdp.config import ReplicatedResource
 from nvdp.config.model import resource_name
 from nvdp.config.rules import MAX_REPLICAS_PER_DEVICE
-from nvdp.gpus.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
-from nvdp.gpus.resources import build_resources, default_mig_patterns
+from nvdp.node.gpus.list_size import MAX_LIST_AND_WATCH_BYTES, list_and_watch_bytes
+from nvdp.node.gpus.resources import build_resources, default_mig_patterns
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin
 from tests.builders import mig_enabled_gpu, sim_gpus, with_facts

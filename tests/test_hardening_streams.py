@@ -18,13 +18,13 @@ import pytest
 
 from nvdp.api import pb, pb_grpc
 from nvdp.base.logs import TextFormatter
-from nvdp.deviceplugin.daemon import GRPC_WORKERS
-from nvdp.deviceplugin.probe import PROBE_TIMEOUT_S, rpc_problem
-from nvdp.deviceplugin.responses import ResponseOptions
-from nvdp.deviceplugin.server import MAX_LIST_AND_WATCH_STREAMS, DevicePluginServer
-from nvdp.gpus.resources import build_resources
-from nvdp.metrics import Probes
-from nvdp.nvml.sim import open_sim
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.nvml.sim import open_sim
+from nvdp.plugins.deviceplugin.daemon import GRPC_WORKERS
+from nvdp.plugins.deviceplugin.probe import PROBE_TIMEOUT_S, rpc_problem
+from nvdp.plugins.deviceplugin.responses import ResponseOptions
+from nvdp.plugins.deviceplugin.server import MAX_LIST_AND_WATCH_STREAMS, DevicePluginServer
+from nvdp.plugins.metrics import Probes
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, free_port, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus

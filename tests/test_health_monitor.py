@@ -14,9 +14,9 @@ import pytest
 
 from nvdp.base.backoff import Backoff
 from nvdp.base.logs import TextFormatter
-from nvdp.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
-from nvdp.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
-from nvdp.nvml import GpuInfo, Nvml, open_nvml
+from nvdp.node.health import HealthChange, HealthMonitor, HealthRouter, HealthSettings
+from nvdp.node.health.monitor import GPU_LOST_REASON, ROW_REMAP_FAILURE_REASON
+from nvdp.node.nvml import GpuInfo, Nvml, open_nvml
 from testkit import wait_until
 from tests.builders import append_sim_event, replicas
 from tests.fakes import FakeTarget
@@ -328,7 +328,7 @@ def test_row_remap_failure_is_fatal(node: Node, running: HealthMonitor) -> None:
 
 
 def test_wait_error_keeps_states_and_rearms(node: Node, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.health.monitor")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.monitor")
     monitor = node.monitor(backoff=Backoff(0.5, 0.5))  # degraded for 0.5 s: long enough to see
     monitor.start()
     try:
@@ -429,7 +429,7 @@ def test_update_gpus_keeps_known_states(node: Node, running: HealthMonitor) -> N
 
 
 def test_end_to_end_log_line(node: Node, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.health.router")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.router")
     target = FakeTarget("nvidia.com/gpu", [d for g in node.gpus for d in replicas(g, 2)])
     router = HealthRouter([target])
     monitor = node.monitor(listener=router)
@@ -442,7 +442,9 @@ def test_end_to_end_log_line(node: Node, caplog: pytest.LogCaptureFixture) -> No
     finally:
         monitor.stop()
     lines = [
-        TextFormatter().format(r).split(" ", 1)[1] for r in caplog.records if r.name == "nvdp.health.router"
+        TextFormatter().format(r).split(" ", 1)[1]
+        for r in caplog.records
+        if r.name == "nvdp.node.health.router"
     ]
     assert lines == [
         f"WARNING device unhealthy resource=nvidia.com/gpu device={gpu3.uuid} index=3 xid=79 "

@@ -1,5 +1,5 @@
-"""Node events through nvdp.kube (wired by nvdp.deviceplugin.daemon) against a local stub API server; API
-trouble
+"""Node events through nvdp.kube (wired by nvdp.plugins.deviceplugin.daemon) against a local stub API server;
+API trouble
 never blocks health."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from nvdp.health import HealthChange, HealthRouter
-from nvdp.health.node_events import NodeEventRecorder, node_events_from_env
 from nvdp.kube import KubeEvents
+from nvdp.node.health import HealthChange, HealthRouter
+from nvdp.node.health.node_events import NodeEventRecorder, node_events_from_env
 from tests.builders import full_gpu, replicas
 from tests.fakes import FakeTarget
 
@@ -117,7 +117,7 @@ def test_api_failure_does_not_stop_health(
     events = recorder_for(url)
     target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU), 2))
     router = HealthRouter([target], node_events=events)
-    caplog.set_level(logging.WARNING, logger="nvdp.health.node_events")
+    caplog.set_level(logging.WARNING, logger="nvdp.node.health.node_events")
     router.handle([HealthChange(GPU, False, "GPU has fallen off the bus", 79, True, 1.0)])
     router.handle([HealthChange(GPU, True, "recovered", None, False, 2.0)])
     assert target.calls == [([f"{GPU}::0", f"{GPU}::1"], False), ([f"{GPU}::0", f"{GPU}::1"], True)]
@@ -133,7 +133,7 @@ def test_slow_api_never_blocks_and_full_queue_drops(api: StubApi, caplog: pytest
     events = recorder_for(api.url, max_queue=1)
     target = FakeTarget("nvidia.com/gpu", replicas(full_gpu(3, uuid=GPU), 2))
     router = HealthRouter([target], node_events=events)
-    caplog.set_level(logging.WARNING, logger="nvdp.health.node_events")
+    caplog.set_level(logging.WARNING, logger="nvdp.node.health.node_events")
     started = time.monotonic()
     for n in range(6):
         router.handle([HealthChange(GPU, n % 2 == 1, "x", None, False, float(n))])
@@ -158,7 +158,7 @@ def test_from_env(tmp_path: Path) -> None:
 
 def test_kubernetes_is_not_imported_by_default() -> None:
     code = (
-        "import sys, nvdp.health, nvdp.health.monitor, nvdp.health.router, nvdp.kube;"
+        "import sys, nvdp.node.health, nvdp.node.health.monitor, nvdp.node.health.router, nvdp.kube;"
         "sys.exit(1 if 'kubernetes' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
@@ -171,7 +171,7 @@ def test_the_plugin_imports_the_api_transport_only_when_an_event_is_sent(tmp_pat
 import sys
 from nvdp.base.ssl_block import block_ssl
 block_ssl()
-from nvdp.health.node_events import node_events_from_env
+from nvdp.node.health.node_events import node_events_from_env
 env = {{"NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "127.0.0.1"}}
 events = node_events_from_env(env, token_file={str(token)!r})
 before = "urllib3" in sys.modules

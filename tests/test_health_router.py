@@ -11,7 +11,7 @@ import pytest
 
 from nvdp.base.logs import JsonFormatter, TextFormatter
 from nvdp.base.units import format_go_duration
-from nvdp.health import HealthChange, HealthRouter
+from nvdp.node.health import HealthChange, HealthRouter
 from tests.builders import device, full_gpu, mig_device_info, replicas
 from tests.fakes import FakeTarget
 
@@ -29,7 +29,7 @@ def records() -> Iterator[list[logging.LogRecord]]:
         def emit(self, record: logging.LogRecord) -> None:
             got.append(record)
 
-    logger = logging.getLogger("nvdp.health.router")
+    logger = logging.getLogger("nvdp.node.health.router")
     handler = Keep(logging.DEBUG)
     logger.addHandler(handler)
     old = logger.level
@@ -108,7 +108,7 @@ def test_log_lines_text_and_json(records: list[logging.LogRecord]) -> None:
     as_json = [json.loads(JsonFormatter().format(r)) for r in records]
     assert {k: v for k, v in as_json[0].items() if k != "time"} == {
         "level": "warning",
-        "logger": "nvdp.health.router",
+        "logger": "nvdp.node.health.router",
         "msg": "device unhealthy",
         "resource": "nvidia.com/gpu",
         "device": GPU0,
@@ -134,7 +134,7 @@ def test_text_formatter_through_a_stream() -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(TextFormatter())
-    logger = logging.getLogger("nvdp.health.router")
+    logger = logging.getLogger("nvdp.node.health.router")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:

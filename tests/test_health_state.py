@@ -1,4 +1,4 @@
-"""The health state machine (nvdp.health.state) without threads or NVML: inputs and a clock value in,
+"""The health state machine (nvdp.node.health.state) without threads or NVML: inputs and a clock value in,
 health changes out. The monitor's loop is tested in test_health_monitor.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from nvdp.health import HealthSettings, XidPolicy
-from nvdp.health.state import (
+from nvdp.node.health import HealthSettings, XidPolicy
+from nvdp.node.health.state import (
     GPU_LOST_REASON,
     RECOVERED_REASON,
     ROW_REMAP_FAILURE_REASON,
@@ -18,7 +18,7 @@ from nvdp.health.state import (
     ProbeFailed,
     ProbeOutcome,
 )
-from nvdp.nvml.types import EventType, NvmlEvent, ProbeResult
+from nvdp.node.nvml.types import EventType, NvmlEvent, ProbeResult
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
 QUIET = 300.0
@@ -209,7 +209,7 @@ def test_units_gone_in_between_start_afresh() -> None:
 
 
 def test_probe_failures_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.health.state")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.state")
     state = HealthState(GPUS, XidPolicy.from_env({}), QUIET)
     for outcome in (ProbeFailed("NVML_ERROR_UNKNOWN"), ProbeFailed("NVML_ERROR_UNKNOWN"), OK, OK):
         state.probed(G1, outcome, 0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvdp.health import DEFAULT_FATAL_XIDS, HealthSettings, XidPolicy
-from nvdp.health.xid import xid_reason
-from nvdp.nvml.types import EventType, NvmlEvent
+from nvdp.node.health import DEFAULT_FATAL_XIDS, HealthSettings, XidPolicy
+from nvdp.node.health.xid import xid_reason
+from nvdp.node.nvml.types import EventType, NvmlEvent
 
 GPU = "GPU-00000000-0000-0000-0000-000000000000"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import KubeError
-from nvdp.gfd.output import NodeFeatureOutput
+from nvdp.base.errors import KubeError
 from nvdp.kube import Involved, KubeEvents, new_api_client
+from nvdp.side.gfd.output import NodeFeatureOutput
 
 NO_CONFIG = "no such file"  # said before the client is asked (its words: "Invalid kube-config file")
 

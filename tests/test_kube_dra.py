@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.errors import KubeError, KubeStatusError
+from nvdp.base.errors import KubeError, KubeStatusError
 from nvdp.kube import new_api_client
 from nvdp.kube.resourceclaims import KubeResourceClaims
 from nvdp.kube.resourceslices import KubeResourceSlices, served_resource_version

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from nvdp import kube
-from nvdp.configmanager import object_watch
-from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
-from nvdp.errors import KubeError
+from nvdp.base.errors import KubeError
 from nvdp.kube.reflector import DEFAULT_TIMERS, WatchTimers, relist_backoff
+from nvdp.side.configmanager import object_watch
+from nvdp.side.configmanager.status import Snapshot, StatusServer, failing_for
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin
 from tests.test_config_manager import LABEL, NODE, NODE_PATH

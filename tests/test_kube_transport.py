@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.errors import KubeError
+from nvdp.base.errors import KubeError
 from nvdp.kube import get_json, new_api_client, transport
 from nvdp.kube.transport import LightClient, light_client
 from tests.test_footprint import run_python

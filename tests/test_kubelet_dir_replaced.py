@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubeletplugin.dir_lock import LOCK_NAME
+from nvdp.plugins.kubeletplugin.dir_lock import LOCK_NAME
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, free_port, short_temp_dir, start_plugin, wait_until
 from tests.readings import http_get

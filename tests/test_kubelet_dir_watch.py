@@ -20,16 +20,16 @@ import pytest
 
 from nvdp.api import pb, pb_grpc
 from nvdp.base.dir_watch import DirWatcher
-from nvdp.deviceplugin.responses import ResponseOptions
-from nvdp.deviceplugin.server import DevicePluginServer
-from nvdp.deviceplugin.supervisor import DaemonSettings
-from nvdp.errors import DirLockHeld, NvdpError
-from nvdp.gpus.inventory import ResourceRules
-from nvdp.gpus.resources import build_resources
-from nvdp.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
-from nvdp.kubeletplugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim import open_sim
+from nvdp.base.errors import DirLockHeld, NvdpError
+from nvdp.node.gpus.inventory import ResourceRules
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim import open_sim
+from nvdp.plugins.deviceplugin.responses import ResponseOptions
+from nvdp.plugins.deviceplugin.server import DevicePluginServer
+from nvdp.plugins.deviceplugin.supervisor import DaemonSettings
+from nvdp.plugins.kubeletplugin.dir_lock import LOCK_NAME, DirClaim
+from nvdp.plugins.kubeletplugin.listen_retry import RETRY_MAX_S, RETRY_MIN_S
 from testkit import wait_until
 from tests.fakes import FakeServer
 from tests.readings import log_lines
@@ -165,7 +165,7 @@ def test_claim_is_taken_again_in_a_new_directory(tmp_path: Path, caplog: pytest.
     assert claim.acquire(threading.Event())
     assert claim.refresh() is None and claim.problem is None
     shutil.rmtree(directory)
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.dir_lock"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.dir_lock"):
         assert refresh_when_due() == 0.05 and claim.problem is None  # not at once: rm -rf may be running
         delays = [refresh_when_due() for _ in range(3)]
         assert delays == [0.1, 0.2, 0.4]  # backoff while the directory is gone
@@ -236,7 +236,7 @@ def test_supervisor_retries_a_server_that_cannot_listen(
 ) -> None:
     FailingServer.plan = {GPU: 5}
     rig = Rig(tmp_path, DaemonSettings(kubelet_socket=tmp_path / "kubelet.sock"), server_type=FailingServer)
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.listen_retry"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.listen_retry"):
         rig.start()
         try:
             assert rig.supervisor.ready.wait(10), "registered once it listens"

@@ -1,5 +1,5 @@
-"""The supervisor's registrations (nvdp.deviceplugin.kubelet_link) through their seams: a fake registrar,
-fake servers and a recording observer; no sockets, no threads."""
+"""The supervisor's registrations (nvdp.plugins.deviceplugin.kubelet_link) through their seams: a fake
+registrar, fake servers and a recording observer; no sockets, no threads."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.dir_watch import FileId
-from nvdp.deviceplugin.kubelet_link import (
+from nvdp.base.errors import RegistrationError
+from nvdp.plugins.deviceplugin.kubelet_link import (
     RETRY_MAX_S,
     RETRY_MIN_S,
     STREAM_LOST_DELAY_S,
     STREAM_STABLE_S,
     KubeletLink,
 )
-from nvdp.errors import RegistrationError
 from tests.builders import resource
 from tests.fakes import FakeServer
 

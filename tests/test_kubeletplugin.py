@@ -1,5 +1,5 @@
-"""The kubelet-plugin shell both plugins stand on (`nvdp.kubeletplugin`), on real unix sockets: a stale
-socket is replaced, a foreign one refused and never removed, the socket is 0600 from bind without a
+"""The kubelet-plugin shell both plugins stand on (`nvdp.plugins.kubeletplugin`), on real unix sockets: a
+stale socket is replaced, a foreign one refused and never removed, the socket is 0600 from bind without a
 chmod, a bind that fails says why, one server serves several sockets (all of them or none), a removed
 socket is served again, a server that cannot listen holds back the ones after it, and wakes asked
 before the loop sleeps are not lost."""
@@ -19,10 +19,10 @@ import pytest
 
 from nvdp.api.dra import registration
 from nvdp.base.dir_watch import DirWatcher, file_id
-from nvdp.errors import NvdpError
-from nvdp.kubeletplugin.registration import RegistrationService
-from nvdp.kubeletplugin.serve_loop import ServeLoop
-from nvdp.kubeletplugin.socket_server import UnixSocketServer
+from nvdp.base.errors import NvdpError
+from nvdp.plugins.kubeletplugin.registration import RegistrationService
+from nvdp.plugins.kubeletplugin.serve_loop import ServeLoop
+from nvdp.plugins.kubeletplugin.socket_server import UnixSocketServer
 from tests.readings import log_lines
 from tests.test_socket_identity import attribute_changes, executor
 
@@ -56,7 +56,7 @@ def test_a_stale_socket_is_replaced_and_said(
     path = tmp_path / "plugin.sock"
     bound(path, listening=False).close()  # a killed run's file: nothing listens on it
     server = registration_server(path, executor)
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.socket_server"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.socket_server"):
         server.start()
     try:
         assert log_lines(caplog) == [f"removed stale socket path={path}"]

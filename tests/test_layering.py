@@ -23,60 +23,62 @@ GENERATED = (
     *(f"nvdp.api.dra.{p}" for p in ("v1", "v1beta1", "health_v1alpha1", "health_v1", "registration_v1")),
 )
 MAX_LINES = 420  # "about 400"; generated code excepted
+# Packages that group packages by kind: the layer is the package under them (nvdp.node.nvml).
+GROUPS = ("nvdp.node", "nvdp.plugins", "nvdp.side")
 
 # The pure core: plain data in, plain data out. Its imports must stay inside this set (plus the
 # foundations below); an I/O shell in their closure is an upward arrow.
 PURE = {
-    "nvdp.deviceplugin.allocation",
-    "nvdp.deviceplugin.allocation.allocator",
-    "nvdp.deviceplugin.allocation.gpus",
-    "nvdp.deviceplugin.allocation.shared",
-    "nvdp.deviceplugin.allocation.topology",
-    "nvdp.cdi.edits",
-    "nvdp.cdi.names",
-    "nvdp.cdi.node_files",
-    "nvdp.cdi.spec",
+    "nvdp.plugins.deviceplugin.allocation",
+    "nvdp.plugins.deviceplugin.allocation.allocator",
+    "nvdp.plugins.deviceplugin.allocation.gpus",
+    "nvdp.plugins.deviceplugin.allocation.shared",
+    "nvdp.plugins.deviceplugin.allocation.topology",
+    "nvdp.node.cdi.edits",
+    "nvdp.node.cdi.names",
+    "nvdp.node.cdi.node_files",
+    "nvdp.node.cdi.spec",
     "nvdp.config.model",
     "nvdp.config.notices",
     "nvdp.config.runtime",
     "nvdp.config.values",
-    "nvdp.gpus.devices",
-    "nvdp.dra.capacity",
-    "nvdp.dra.claims",
-    "nvdp.dra.devices",
-    "nvdp.dra.names",
-    "nvdp.dra.slices",
+    "nvdp.node.gpus.devices",
+    "nvdp.plugins.dra.capacity",
+    "nvdp.plugins.dra.claims",
+    "nvdp.plugins.dra.devices",
+    "nvdp.plugins.dra.names",
+    "nvdp.plugins.dra.slices",
     "nvdp.sim.dra.counters",
     "nvdp.sim.dra.scheduler",
-    "nvdp.gfd.clique",
-    "nvdp.gfd.labels",
-    "nvdp.health.condition",
-    "nvdp.health.settings",
-    "nvdp.health.state",
-    "nvdp.health.types",
-    "nvdp.health.xid",
-    "nvdp.gpus.inventory",
+    "nvdp.side.gfd.clique",
+    "nvdp.side.gfd.labels",
+    "nvdp.node.health.condition",
+    "nvdp.node.health.settings",
+    "nvdp.node.health.state",
+    "nvdp.node.health.types",
+    "nvdp.node.health.xid",
+    "nvdp.node.gpus.inventory",
     "nvdp.sim.kubelet.validation",
-    "nvdp.gpus.list_size",
-    "nvdp.gpus.misfits",
-    "nvdp.mps.allocate",
-    "nvdp.mps.layout",
-    "nvdp.mps.plan",
-    "nvdp.nvml.naming",
-    "nvdp.nvml.sim.mig",
-    "nvdp.nvml.sim.models",
-    "nvdp.nvml.sim.node",
-    "nvdp.nvml.types",
-    "nvdp.deviceplugin.responses",
-    "nvdp.gpus.resources",
-    "nvdp.gpus.unusable",
+    "nvdp.node.gpus.list_size",
+    "nvdp.node.gpus.misfits",
+    "nvdp.node.mps.allocate",
+    "nvdp.node.mps.layout",
+    "nvdp.node.mps.plan",
+    "nvdp.node.nvml.naming",
+    "nvdp.node.nvml.sim.mig",
+    "nvdp.node.nvml.sim.models",
+    "nvdp.node.nvml.sim.node",
+    "nvdp.node.nvml.types",
+    "nvdp.plugins.deviceplugin.responses",
+    "nvdp.node.gpus.resources",
+    "nvdp.node.gpus.unusable",
 }
 FOUNDATIONS = {
     "nvdp",
-    "nvdp.errors",
+    "nvdp.base.errors",
     "nvdp.base.logs",
     "nvdp.base.units",
-    "nvdp.base.timers",  # the timers tests shorten: a leaf on nvdp.errors and nvdp.base.units
+    "nvdp.base.timers",  # the timers tests shorten: a leaf on nvdp.base.errors and nvdp.base.units
     "nvdp.api",
     *(f"{package}.api_pb2" for package in GENERATED),
     *GENERATED,
@@ -176,9 +178,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(module: str) -> str:
-    """The layer a module belongs to: its package under nvdp (`nvdp.deviceplugin`), or itself for a module
-    directly under nvdp (`nvdp.cli`)."""
-    return ".".join(module.split(".")[:2])
+    """The layer a module belongs to: its package under nvdp (`nvdp.config`) or under a group of
+    packages (`nvdp.plugins.dra`), or itself for a module directly under either (`nvdp.cli`)."""
+    parts = module.split(".")
+    return ".".join(parts[: 3 if ".".join(parts[:2]) in GROUPS else 2])
 
 
 def test_no_import_cycles() -> None:
@@ -214,7 +217,7 @@ def test_the_pure_core_reaches_no_io_shell() -> None:
     ("dependency", "allowed"),
     [
         ("kubernetes", {"nvdp.kube.client"}),
-        ("pynvml", {"nvdp.nvml.real"}),
+        ("pynvml", {"nvdp.node.nvml.real"}),
         ("google", {f"{package}.api_pb2" for package in GENERATED}),
     ],
     ids=["kubernetes", "pynvml", "protobuf"],
@@ -238,17 +241,17 @@ def test_the_generated_code_is_reached_through_nvdp_api_only() -> None:
         and not m.name.startswith("nvdp.api")
     }
     wire = (
-        "nvdp.deviceplugin.",
-        "nvdp.kubeletplugin.",
+        "nvdp.plugins.deviceplugin.",
+        "nvdp.plugins.kubeletplugin.",
         "nvdp.sim.kubelet.",
-        "nvdp.mps.allocate",
+        "nvdp.node.mps.allocate",
         "nvdp.sim.simulate",
-        "nvdp.dra.",
-        "nvdp.ledger.podresources",
+        "nvdp.plugins.dra.",
+        "nvdp.plugins.ledger.podresources",
     )
     # the PodResources API belongs to the allocation ledger's client and the kubelet stand-in
     podresources_users = {m.name for m in modules().values() if "nvdp.api.podresources" in m.imports}
-    assert podresources_users == {"nvdp.ledger.podresources", "nvdp.sim.kubelet.pod_resources"}
+    assert podresources_users == {"nvdp.plugins.ledger.podresources", "nvdp.sim.kubelet.pod_resources"}
     assert sorted(u for u in api_users if not u.startswith(wire)) == []
 
 
@@ -282,3 +285,18 @@ def test_one_name_per_class() -> None:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module.name)
     assert {name: places for name, places in where.items() if len(places) > 1} == {}
+
+
+def test_a_group_package_names_its_members_and_imports_nothing() -> None:
+    """nvdp/node/, nvdp/plugins/ and nvdp/side/ group packages by kind: each __init__.py is a
+    docstring naming every member, and no code."""
+    for group in GROUPS:
+        module = modules()[group]
+        members = sorted(
+            p.stem if p.suffix == ".py" else p.name
+            for p in module.path.parent.iterdir()
+            if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()
+        )
+        assert [type(node) for node in module.tree.body] == [ast.Expr], group
+        doc = ast.get_docstring(module.tree) or ""
+        assert [m for m in members if f"`{m}`" not in doc] == [], group

@@ -82,7 +82,7 @@ def readme_layout_map() -> str:
 
 def test_the_readme_layout_map_names_every_package() -> None:
     """The README's map names every package under nvdp/ (the generated stubs under nvdp/api/ aside)
-    and every module directly under nvdp/, each by its path (`nvdp/deviceplugin/`, `nvdp/cli.py`),
+    and every module directly under nvdp/, each by its path (`nvdp/plugins/deviceplugin/`, `nvdp/cli.py`),
     and names no path that is gone."""
     named = {token.rstrip(".,;:") for token in re.findall(r"(?<![\w/])nvdp/[\w/.]*", readme_layout_map())}
     packages = {

@@ -16,16 +16,16 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
+from nvdp.base.errors import KubeletError, NvdpError, PodResourcesUnavailable
 from nvdp.base.files import write_atomic
-from nvdp.deviceplugin.status import AllocateNotice
-from nvdp.errors import KubeletError, NvdpError, PodResourcesUnavailable
-from nvdp.ledger.checkpoint import CheckpointUids, parse_pod_uids, read_pod_uids, with_uids
-from nvdp.ledger.document import Served, allocations_document
-from nvdp.ledger.ledger import AFTER_ALLOCATE_S, AllocationLedger
-from nvdp.ledger.locate import Located, locate
-from nvdp.ledger.podresources import PodResourcesClient, holdings_of, pod_resources_socket
-from nvdp.ledger.report import describe_allocations
-from nvdp.ledger.types import Holding, LedgerSnapshot
+from nvdp.plugins.deviceplugin.status import AllocateNotice
+from nvdp.plugins.ledger.checkpoint import CheckpointUids, parse_pod_uids, read_pod_uids, with_uids
+from nvdp.plugins.ledger.document import Served, allocations_document
+from nvdp.plugins.ledger.ledger import AFTER_ALLOCATE_S, AllocationLedger
+from nvdp.plugins.ledger.locate import Located, locate
+from nvdp.plugins.ledger.podresources import PodResourcesClient, holdings_of, pod_resources_socket
+from nvdp.plugins.ledger.report import describe_allocations
+from nvdp.plugins.ledger.types import Holding, LedgerSnapshot
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu, replicas
@@ -266,7 +266,7 @@ def test_a_kubelet_that_stops_answering_keeps_the_last_record(
     reads = Reads()
     reads.holdings = [Holding(GPU, "GPU-0", "ml", "a", "main")]
     ledger = AllocationLedger(tmp_path / "kubelet.sock", reader=reads)
-    caplog.set_level(logging.INFO, logger="nvdp.ledger")
+    caplog.set_level(logging.INFO, logger="nvdp.plugins.ledger")
     first = ledger.fresh(0.0)
     reads.problem = "PodResources List on x failed: UNAVAILABLE: gone"
     for _ in range(3):

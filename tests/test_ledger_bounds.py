@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from nvdp.api.podresources import podresources_grpc, podresources_pb
-from nvdp.errors import PodResourcesUnavailable
-from nvdp.ledger.ledger import PAGE_WAIT_S, AllocationLedger
-from nvdp.ledger.podresources import MAX_ANSWER_BYTES, PodResourcesClient, holdings_of
-from nvdp.ledger.types import Holding
+from nvdp.base.errors import PodResourcesUnavailable
+from nvdp.plugins.ledger.ledger import PAGE_WAIT_S, AllocationLedger
+from nvdp.plugins.ledger.podresources import MAX_ANSWER_BYTES, PodResourcesClient, holdings_of
+from nvdp.plugins.ledger.types import Holding
 from testkit import wait_until
 
 GPU = "nvidia.com/gpu"

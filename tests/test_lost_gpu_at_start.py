@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import ConfigError
-from nvdp.health import HealthMonitor
-from nvdp.health.types import HealthChange
-from nvdp.nvml.sim import SimNvml, load_node_file, open_sim
+from nvdp.base.errors import ConfigError
+from nvdp.node.health import HealthMonitor
+from nvdp.node.health.types import HealthChange
+from nvdp.node.nvml.sim import SimNvml, load_node_file, open_sim
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until
 
@@ -85,8 +85,8 @@ def test_plugin_serves_every_gpu_and_the_lost_one_unhealthy(
 
 
 def test_topology_scores_a_gpu_whose_links_fail_by_numa_only(tmp_path: Path) -> None:
-    from nvdp.deviceplugin.allocation import Topology
-    from nvdp.nvml.types import PcieLevel
+    from nvdp.node.nvml.types import PcieLevel
+    from nvdp.plugins.deviceplugin.allocation import Topology
 
     nvml = open_sim(str(node_file(tmp_path)))
     nvml.init()

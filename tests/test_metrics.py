@@ -27,13 +27,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from nvdp.base.errors import ConfigError, NvdpError
 from nvdp.base.logs import JsonFormatter, TextFormatter, log_event
 from nvdp.base.promtext import CONTENT_TYPE, Counter, Gauge, Histogram, MetricFamily, Registry, render
 from nvdp.config import PluginOptions, resolve
-from nvdp.deviceplugin.daemon import Daemon
-from nvdp.errors import ConfigError, NvdpError
-from nvdp.health import xid_reason
-from nvdp.metrics import Metrics, Probes, parse_address
+from nvdp.node.health import xid_reason
+from nvdp.plugins.deviceplugin.daemon import Daemon
+from nvdp.plugins.metrics import Metrics, Probes, parse_address
 from nvdp.sim.kubelet import Kubelet
 from testkit import REPO, wait_until
 from tests.builders import append_sim_event, resource
@@ -303,7 +303,7 @@ def test_healthz_fails_when_a_registered_socket_stays_missing(monkeypatch: pytes
     assert metrics.liveness_problem() is None
     server.wiped = True  # its socket file is gone
     assert metrics.liveness_problem() is None  # within the grace period: being restarted
-    monkeypatch.setattr("nvdp.metrics.readiness.SOCKET_GRACE_S", 0.0)
+    monkeypatch.setattr("nvdp.plugins.metrics.readiness.SOCKET_GRACE_S", 0.0)
     assert metrics.liveness_problem() == "plugin socket missing for over 0s: /dp/nvidia-gpu.sock"
     supervisor.registered[GPU] = False  # the kubelet went away: the supervisor restarts the server
     metrics.families.kubelet_lost()  # when it is back
@@ -589,8 +589,8 @@ def test_endpoint_lifecycle() -> None:
 def test_metrics_off_binds_nothing_and_never_imports_the_metrics_module(sock_dir: Path) -> None:
     assert sim_daemon(sock_dir, metrics_address="").metrics is None
     code = (
-        "import sys, nvdp.cli, nvdp.deviceplugin.daemon; "
-        "sys.exit('prometheus_client' in sys.modules or 'nvdp.metrics' in sys.modules)"
+        "import sys, nvdp.cli, nvdp.plugins.deviceplugin.daemon; "
+        "sys.exit('prometheus_client' in sys.modules or 'nvdp.plugins.metrics' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
 
@@ -675,8 +675,8 @@ def test_bad_clients_do_not_stop_the_endpoint(endpoint: Metrics) -> None:
 NO_SSL = """
 import socket, sys
 sys.modules["ssl"] = sys.modules["_hashlib"] = None  # imports now fail, as in the plugin process
-import nvdp.deviceplugin.daemon, nvdp.metrics
-metrics = nvdp.metrics.Metrics("127.0.0.1:0")
+import nvdp.plugins.deviceplugin.daemon, nvdp.plugins.metrics
+metrics = nvdp.plugins.metrics.Metrics("127.0.0.1:0")
 metrics.start()
 with socket.create_connection(("127.0.0.1", metrics.port), timeout=5) as connection:
     connection.sendall(b"GET /metrics HTTP/1.1\\r\\n\\r\\n")
@@ -715,7 +715,11 @@ def test_allocate_logs_only_refusals(
     plugin.wait_metric(
         "nvdp_grpc_requests_total", 1, resource=GPU, method="Allocate", code="INVALID_ARGUMENT"
     )
-    ours = [r for r in caplog.records if r.name.startswith("nvdp.") and not r.name.startswith("nvdp.kubelet")]
+    ours = [
+        r
+        for r in caplog.records
+        if r.name.startswith("nvdp.") and not r.name.startswith("nvdp.plugins.kubeletplugin")
+    ]
     lines = [TextFormatter().format(r).split(" ", 1)[1] for r in ours]
     assert lines == [
         f'WARNING request refused resource={GPU} method=Allocate error="{GPU}: unknown device IDs: GPU-nope"'

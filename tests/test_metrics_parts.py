@@ -1,5 +1,6 @@
-"""The parts of nvdp.metrics through their seams, with hand-written fakes: readiness over a registration
-state, the metrics over an endpoint, the HTTP endpoint over pages. The real daemon is in test_metrics.py."""
+"""The parts of nvdp.plugins.metrics through their seams, with hand-written fakes: readiness over a
+registration state, the metrics over an endpoint, the HTTP endpoint over pages. The real daemon is in
+test_metrics.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from nvdp.errors import NvmlError
-from nvdp.metrics import HttpEndpoint, MetricFamilies, Metrics, Pages, Probes
-from nvdp.nvml import open_nvml
+from nvdp.base.errors import NvmlError
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.metrics import HttpEndpoint, MetricFamilies, Metrics, Pages, Probes
 from tests.fakes import BrokenNvml, FakeHealth, FakeHttpEndpoint, FakeSupervisor
 
 A, B = "nvidia.com/a", "nvidia.com/b"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from nvdp.config.options import Option, read_options
-from nvdp.health.xid import DISABLE_ENV, ENABLE_ENV, XidPolicy
+from nvdp.node.health.xid import DISABLE_ENV, ENABLE_ENV, XidPolicy
 from testkit import REPO
 from tests import test_deploy as deploy
 from tests.test_chart_nvidia_keys import CHANGES, merged, nested, outcome

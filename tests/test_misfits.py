@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.gpus.misfit_report import MisfitReport
-from nvdp.gpus.misfits import Misfit
-from nvdp.metrics import Probes
+from nvdp.node.gpus.misfit_report import MisfitReport
+from nvdp.node.gpus.misfits import Misfit
+from nvdp.plugins.metrics import Probes
 from nvdp.sim.kubelet import Kubelet
 from testkit import free_port, start_plugin, wait_until
 from tests.builders import sim_gpus
@@ -23,7 +23,7 @@ NO_NODES = Misfit("DeviceNodesMissing", "/dev/nvidia0", "no device nodes", withh
 
 
 def test_a_new_misfit_is_one_warning_and_one_event_until_it_goes(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.gpus.misfit_report")
+    caplog.set_level(logging.INFO, logger="nvdp.node.gpus.misfit_report")
     events = FakeEventSink()
     report = MisfitReport(events)
     report.update("resources", [UNMATCHED])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.mps.layout import MpsRoot
+from nvdp.node.mps.layout import MpsRoot
 from nvdp.sim.kubelet import Kubelet
 from testkit import REPO, Process, clean_env, wait_until
 from tests.kube_api_standin import KubeApiStandin

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.mps.layout import MpsRoot
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim import SimEventError, SimNvml
-from nvdp.nvml.types import ComputeMode
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim import SimEventError, SimNvml
+from nvdp.node.nvml.types import ComputeMode
 from testkit import Process, clean_env, wait_until
 from tests import test_mps_daemon
 from tests.builders import append_sim_event, sim_gpus

@@ -12,8 +12,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from nvdp.configmanager import process
-from nvdp.mps.layout import MpsRoot
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.side.configmanager import process
 from testkit import REPO, Process, clean_env, wait_until
 from tests import test_config_manager
 from tests.kube_api_standin import KubeApiStandin

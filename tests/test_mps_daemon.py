@@ -19,14 +19,14 @@ import pytest
 from nvdp.base.backoff import delay_after
 from nvdp.base.logs import FIELDS_ATTR
 from nvdp.config import parse_text
-from nvdp.mps.command import node_plans
-from nvdp.mps.controller import MpsController
-from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import DaemonPlan
-from nvdp.mps.status import read_status, write_status
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim.backend import SimNvml
-from nvdp.nvml.types import ComputeMode
+from nvdp.node.mps.command import node_plans
+from nvdp.node.mps.controller import MpsController
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.mps.plan import DaemonPlan
+from nvdp.node.mps.status import read_status, write_status
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim.backend import SimNvml
+from nvdp.node.nvml.types import ComputeMode
 from testkit import Process, clean_env, wait_until
 from tests.builders import sim_gpus
 from tests.mps_standin import Standin
@@ -107,7 +107,7 @@ def test_health_failure_removes_marker_and_restarts_with_capped_backoff(
     wait_until(
         lambda: "get_default_active_thread_percentage" in standin.commands(), timeout=10, what="health query"
     )
-    caplog.set_level(logging.INFO, logger="nvdp.mps.controller")
+    caplog.set_level(logging.INFO, logger="nvdp.node.mps.controller")
     standin.fail_start(3)
     starts_before = standin.commands().count("-d")
     standin.kill_daemon(root.pipe_dir(GPU))
@@ -227,7 +227,7 @@ def test_stop_quits_restores_default_compute_mode_and_removes_marker(running: Ru
 
 
 def test_daemon_log_is_followed(running: Running, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.mps.controller")
+    caplog.set_level(logging.INFO, logger="nvdp.node.mps.controller")
     with (running.root.log_dir(GPU) / "control.log").open("a") as f:
         f.write("[2026-11-23] NEW CLIENT 4242\n")
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from nvdp.config import ReplicatedResource, parse_text
-from nvdp.gpus.devices import AnnotatedID
-from nvdp.gpus.inventory import mps_misfits
-from nvdp.gpus.resources import build_resources
-from nvdp.mps.command import node_plans
-from nvdp.mps.layout import MpsRoot
-from nvdp.mps.plan import container_limit_envs
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim.backend import SimNvml
+from nvdp.node.gpus.devices import AnnotatedID
+from nvdp.node.gpus.inventory import mps_misfits
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.mps.command import node_plans
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.mps.plan import container_limit_envs
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim.backend import SimNvml
 from nvdp.sim.kubelet import Kubelet
 from testkit import start_plugin
 from tests.builders import sim_gpus, with_facts

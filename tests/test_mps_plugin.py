@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import ReplicatedResource, add_plugin_flags, resolve
-from nvdp.errors import ConfigError
-from nvdp.gpus.inventory import mps_misfits
-from nvdp.gpus.resources import build_resources
-from nvdp.mps.layout import MpsRoot
+from nvdp.node.gpus.inventory import mps_misfits
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.mps.layout import MpsRoot
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, clean_env, free_port, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus, with_facts
@@ -273,8 +273,8 @@ def test_simulate_shows_the_mps_resource_and_a_container_answer(tmp_path: Path) 
 
 def test_marker_directories_join_the_supervisors_inotify_watch(tmp_path: Path) -> None:
     from nvdp.base.dir_watch import DirWatcher
-    from nvdp.gpus.resources import build_resources
-    from nvdp.mps.ready import MpsReadiness
+    from nvdp.node.gpus.resources import build_resources
+    from nvdp.node.mps.ready import MpsReadiness
 
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()
@@ -307,7 +307,7 @@ def test_a_directory_made_while_the_supervisor_looks_still_wakes_it(tmp_path: Pa
     watch on the root: the marker made in it must still wake the supervisor (it used to sleep on
     until something else woke it, and the resource was never served)."""
     from nvdp.base.dir_watch import DirWatcher
-    from nvdp.mps.ready import MpsReadiness
+    from nvdp.node.mps.ready import MpsReadiness
 
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()

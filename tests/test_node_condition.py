@@ -17,7 +17,8 @@ import pytest
 
 from nvdp.base.backoff import Backoff
 from nvdp.config import parse
-from nvdp.health.condition import (
+from nvdp.kube import KubeNodeStatus, new_api_client
+from nvdp.node.health.condition import (
     CONDITION_TYPE,
     MAX_NAMED,
     TAINT_KEY,
@@ -26,13 +27,12 @@ from nvdp.health.condition import (
     gpu_health_condition,
     taints_with,
 )
-from nvdp.health.node_condition import NodeConditionReporter, node_condition_from_env
-from nvdp.health.settings import health_settings
-from nvdp.health.state import GPU_LOST_REASON, HealthState
-from nvdp.health.types import HealthChange, HealthSettings
-from nvdp.health.xid import XidPolicy
-from nvdp.kube import KubeNodeStatus, new_api_client
-from nvdp.nvml.types import EventType, NvmlEvent, ProbeResult
+from nvdp.node.health.node_condition import NodeConditionReporter, node_condition_from_env
+from nvdp.node.health.settings import health_settings
+from nvdp.node.health.state import GPU_LOST_REASON, HealthState
+from nvdp.node.health.types import HealthChange, HealthSettings
+from nvdp.node.health.xid import XidPolicy
+from nvdp.node.nvml.types import EventType, NvmlEvent, ProbeResult
 from testkit import REPO, wait_until
 from tests.builders import full_gpu, mig_enabled_gpu
 from tests.fakes import FakeNodeHealthView
@@ -329,7 +329,7 @@ def test_a_taint_left_when_the_setting_is_off_is_removed(
 def test_a_failed_write_is_retried_with_backoff_and_said_once(
     api: KubeApiStandin, reporters: list[NodeConditionReporter], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="nvdp.health.node_condition")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.node_condition")
     api.fail(500, 3, method="PATCH")
     view = FakeNodeHealthView(GPUS)
     view.current = {"GPU-0": lost("GPU-0")}
@@ -443,8 +443,8 @@ def test_the_api_transport_is_loaded_with_the_first_write(tmp_path: Path) -> Non
 import sys
 from nvdp.base.ssl_block import block_ssl
 block_ssl()
-from nvdp.health.node_condition import node_condition_from_env
-from nvdp.health.types import HealthChange
+from nvdp.node.health.node_condition import node_condition_from_env
+from nvdp.node.health.types import HealthChange
 from testkit import wait_until
 from tests.builders import full_gpu
 from tests.fakes import FakeNodeHealthView

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.timers import as_env
-from nvdp.health.condition import TAINT_KEY
+from nvdp.node.health.condition import TAINT_KEY
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until
 from tests.builders import append_sim_event, sim_gpus

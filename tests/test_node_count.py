@@ -1,4 +1,4 @@
-"""The scheduler never sees a GPU twice (`nvdp.dra.node_count`): the device plugin's record says how
+"""The scheduler never sees a GPU twice (`nvdp.plugins.dra.node_count`): the device plugin's record says how
 many devices each of its resources lists, and the DRA driver offers a GPU it takes from the device
 plugin only once the Node counts no more than that. (The process test is
 tests/test_one_gpu_one_api_e2e.py::test_the_scheduler_never_sees_a_gpu_in_both_apis.)"""
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra.cluster import NodeCounts
-from nvdp.dra.node_count import NodeCountGate, still_counted
-from nvdp.errors import KubeError
-from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff, Record
+from nvdp.base.errors import KubeError
+from nvdp.plugins.dra.cluster import NodeCounts
+from nvdp.plugins.dra.node_count import NodeCountGate, still_counted
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, Handoff, Record
 from tests.builders import sim_gpus
 
 A, B, C, D = (g.uuid for g in sim_gpus("pcie-4"))

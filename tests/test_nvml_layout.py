@@ -14,11 +14,11 @@ import fake_pynvml as fake
 import pytest
 from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
-from nvdp.errors import NvmlError
-from nvdp.kubeletplugin.rescan import layout_of
-from nvdp.nvml import open_nvml
-from nvdp.nvml.sim import open_sim
-from nvdp.nvml.types import GpuLayout
+from nvdp.base.errors import NvmlError
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.sim import open_sim
+from nvdp.node.nvml.types import GpuLayout
+from nvdp.plugins.kubeletplugin.rescan import layout_of
 from tests import test_nvml_standin
 from tests.test_nvml_real import opened
 
@@ -214,8 +214,8 @@ mig gpu=0 uuid=MIG-d gi=3 ci=0 gi_slices=2 ci_slices=2 memory_mb=19968 profile=1
 """
 STANDIN_SCRIPT = """
 import json, pynvml
-from nvdp.nvml.real import RealNvml
-from nvdp.kubeletplugin.rescan import layout_of
+from nvdp.node.nvml.real import RealNvml
+from nvdp.plugins.kubeletplugin.rescan import layout_of
 calls = []
 for name in dir(pynvml):
     fn = getattr(pynvml, name)
@@ -267,7 +267,7 @@ def test_standin_layout_names_equal_the_enumerations(standin: Path, tmp_path: Pa
 
 RECREATE_SCRIPT = """
 import json, os, sys
-from nvdp.nvml.real import RealNvml
+from nvdp.node.nvml.real import RealNvml
 nvml = RealNvml(sysfs_root="/nonexistent")
 nvml.init()
 before = nvml.mig_layout()["GPU-0"]

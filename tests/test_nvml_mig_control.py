@@ -1,5 +1,5 @@
 """MIG devices made and destroyed through the NVML facade's simulated backend, with NVML's profiles,
-placements and error codes (nvdp.nvml.sim.mig_control)."""
+placements and error codes (nvdp.node.nvml.sim.mig_control)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import NvmlError
-from nvdp.nvml.sim import SimNvml, load_node_file, open_sim
-from nvdp.nvml.types import MigPlacement
+from nvdp.base.errors import NvmlError
+from nvdp.node.nvml.sim import SimNvml, load_node_file, open_sim
+from nvdp.node.nvml.types import MigPlacement
 
 # (GPU slices, GPU instance profile id, memory slices, starts) as NVML's possible placements
 # (nvmlDeviceGetGpuInstancePossiblePlacements_v2) are on an A100 / H100: 8 memory, 7 compute slices

@@ -13,13 +13,13 @@ import fake_pynvml as fake
 import pytest
 from fake_pynvml import FakeGpu, FakeMig, FakePynvml
 
-from nvdp.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
-from nvdp.health import HealthMonitor, HealthSettings
-from nvdp.nvml import EventType, PcieLevel
-from nvdp.nvml.library import LIBRARY_DIRS, library_candidates
-from nvdp.nvml.naming import mig_profile_name, pcie_root_of, sysfs_bus_id
-from nvdp.nvml.real import RealNvml
-from nvdp.nvml.types import MigEngines, MigPlacement
+from nvdp.base.errors import GpuLostError, NvmlError, NvmlLibraryNotFound, NvmlNotSupported
+from nvdp.node.health import HealthMonitor, HealthSettings
+from nvdp.node.nvml import EventType, PcieLevel
+from nvdp.node.nvml.library import LIBRARY_DIRS, library_candidates
+from nvdp.node.nvml.naming import mig_profile_name, pcie_root_of, sysfs_bus_id
+from nvdp.node.nvml.real import RealNvml
+from nvdp.node.nvml.types import MigEngines, MigPlacement
 from testkit import wait_until
 
 GIB = 1024**3
@@ -40,7 +40,7 @@ def opened(lib: FakePynvml, tmp_path: Path | None = None) -> RealNvml:
 
 def test_importing_the_package_does_not_import_pynvml() -> None:
     code = (
-        "import sys, nvdp.nvml, nvdp.nvml.real; from nvdp.nvml import open_nvml;"
+        "import sys, nvdp.node.nvml, nvdp.node.nvml.real; from nvdp.node.nvml import open_nvml;"
         "open_nvml('sim:dgx-a100'); assert 'pynvml' not in sys.modules, 'pynvml imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

@@ -1,4 +1,4 @@
-"""The real backend's MIG making (nvdp.nvml.real_mig.RealMigControl) against the pynvml stand-in,
+"""The real backend's MIG making (nvdp.node.nvml.real_mig.RealMigControl) against the pynvml stand-in,
 given the MIG calls: the pynvml functions called as pynvml calls them (placement structures, arrays
 and count references), NVML's errors mapped by name, and what a made MIG device reads back as."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from nvdp.errors import NvmlError
-from nvdp.nvml.real import RealNvml
-from nvdp.nvml.types import MigPlacement
+from nvdp.base.errors import NvmlError
+from nvdp.node.nvml.real import RealNvml
+from nvdp.node.nvml.types import MigPlacement
 from tests.fake_pynvml import FakeGpu, FakeMig, FakePynvml, Handle, NVMLError
 
 A100 = {  # GPU instance profile constant -> (profile id, slices, memory MiB, placements' starts, size)

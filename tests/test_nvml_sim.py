@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.errors import ConfigError, GpuLostError, NvmlError, NvmlNotSupported
-from nvdp.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, open_nvml
-from nvdp.nvml.sim import SimEventError, SimNvml, layout, load_node_file, open_sim, profile_names
-from nvdp.nvml.sim.follower import FileFollower
-from nvdp.nvml.sim.mig import MigGeometry, MigLayoutError, place
-from nvdp.nvml.types import GpuLayout, MigEngines, MigPlacement
+from nvdp.base.errors import ConfigError, GpuLostError, NvmlError, NvmlNotSupported
+from nvdp.node.nvml import EventType, GpuInfo, NvmlEvent, PcieLevel, ProbeResult, open_nvml
+from nvdp.node.nvml.sim import SimEventError, SimNvml, layout, load_node_file, open_sim, profile_names
+from nvdp.node.nvml.sim.follower import FileFollower
+from nvdp.node.nvml.sim.mig import MigGeometry, MigLayoutError, place
+from nvdp.node.nvml.types import GpuLayout, MigEngines, MigPlacement
 from testkit import wait_until
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -755,7 +755,7 @@ def test_events_file_bad_lines_are_logged_and_skipped(
     g = node.gpus()[0].uuid
     events = node.create_event_set()
     events.register(g, XID)
-    caplog.set_level(logging.WARNING, logger="nvdp.nvml.sim")
+    caplog.set_level(logging.WARNING, logger="nvdp.node.nvml.sim")
     append(path, "garbage", {"uuid": "GPU-x", "xid": 1}, {"uuid": g, "event": "melt"}, "", "# comment")
     append(path, {"uuid": g, "xid": 62})
     assert events.wait(WAIT_MS) == NvmlEvent(g, XID, 62)
@@ -786,7 +786,7 @@ def test_events_file_overlong_line_is_dropped_with_bounded_memory(
     follower = FileFollower(str(path), lines.append, max_line=100)
     follower.start()
     follower.stop()  # drive poll() by hand
-    caplog.set_level(logging.WARNING, logger="nvdp.nvml.sim")
+    caplog.set_level(logging.WARNING, logger="nvdp.node.nvml.sim")
     with path.open("ab") as f:
         f.write(b"x" * 150)  # no newline yet: more than the limit
     follower.poll()
@@ -851,7 +851,7 @@ def test_events_file_that_can_never_be_read_is_said_once(
 ) -> None:
     (tmp_path / "dir").mkdir()
     follower = FileFollower(str(tmp_path / where), lambda line: None)
-    with caplog.at_level(logging.WARNING, logger="nvdp.nvml.sim.follower"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.node.nvml.sim.follower"):
         follower.start()
         follower.stop()
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [said]
@@ -861,7 +861,7 @@ def test_events_file_yet_to_be_created_is_no_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     follower = FileFollower(str(tmp_path / "events"), lambda line: None)
-    with caplog.at_level(logging.WARNING, logger="nvdp.nvml.sim.follower"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.node.nvml.sim.follower"):
         follower.start()
         follower.stop()
     assert caplog.records == []

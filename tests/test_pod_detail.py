@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from nvdp.base.http_endpoint import is_loopback
-from nvdp.gpus.devices import Device
-from nvdp.gpus.resources import Resource
-from nvdp.ledger.document import Served, allocations_document
-from nvdp.ledger.report import describe_allocations
-from nvdp.ledger.types import Holding, LedgerSnapshot
-from nvdp.metrics import AllocationPages, Metrics
+from nvdp.node.gpus.devices import Device
+from nvdp.node.gpus.resources import Resource
+from nvdp.plugins.ledger.document import Served, allocations_document
+from nvdp.plugins.ledger.report import describe_allocations
+from nvdp.plugins.ledger.types import Holding, LedgerSnapshot
+from nvdp.plugins.metrics import AllocationPages, Metrics
 from nvdp.sim.kubelet import Kubelet
 from testkit import REPO, Process, clean_env, free_port, start_plugin, wait_until
 from tests import test_deploy

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.gpus.devices import Device
-from nvdp.health import HealthChange, HealthRouter
-from nvdp.health.event_budget import EventBudget
-from nvdp.health.event_sender import Event
-from nvdp.health.pod_events import PodEventRecorder, pod_events, pod_events_from_env
 from nvdp.kube import Involved, KubeEvents
-from nvdp.ledger.types import Holding
+from nvdp.node.gpus.devices import Device
+from nvdp.node.health import HealthChange, HealthRouter
+from nvdp.node.health.event_budget import EventBudget
+from nvdp.node.health.event_sender import Event
+from nvdp.node.health.pod_events import PodEventRecorder, pod_events, pod_events_from_env
+from nvdp.plugins.ledger.types import Holding
 from tests.builders import device, full_gpu, mig_device_info, mig_enabled_gpu, replicas
 from tests.fakes import FakeEventSink, FakeTarget
 from tests.kube_api_standin import KubeApiStandin
@@ -68,7 +68,7 @@ def test_the_log_line_and_node_event_name_the_pods_holding_the_gpu(caplog: pytes
     )
     node, pods = FakeEventSink(), PodSink()
     router = HealthRouter([target], node_events=node, allocations=ledger, pod_events=pods)
-    caplog.set_level(logging.INFO, logger="nvdp.health.router")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.router")
     router.handle([FATAL])
     line = (
         f'device unhealthy resource={GPU} device={UUID} index=3 xid=79 reason="GPU has fallen off the bus" '
@@ -86,7 +86,7 @@ def test_no_holders_no_pods_field_and_no_pod_events(caplog: pytest.LogCaptureFix
     target = FakeTarget(GPU, [device(full_gpu(3, uuid=UUID))])
     pods = PodSink()
     router = HealthRouter([target], allocations=Ledger(), pod_events=pods)
-    caplog.set_level(logging.INFO, logger="nvdp.health.router")
+    caplog.set_level(logging.INFO, logger="nvdp.node.health.router")
     router.handle([FATAL])
     assert log_lines(caplog)[0].endswith("fatal=true")
     assert pods.recorded == []
@@ -215,7 +215,7 @@ def test_a_failing_api_server_is_one_warning_per_event_and_health_goes_on(
 ) -> None:
     api.fail(403, count=1)
     events = recorder(api)
-    caplog.set_level(logging.WARNING, logger="nvdp.health.pod_events")
+    caplog.set_level(logging.WARNING, logger="nvdp.node.health.pod_events")
     events.record(GPU, [device(full_gpu(3, uuid=UUID))], FATAL, None, [holding("a", UUID)])
     assert events.join(20)
     events.close()

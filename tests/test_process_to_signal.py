@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from nvdp.cli import build_parser
-from nvdp.configmanager import process
-from nvdp.configmanager.process import NVDP_SUBCOMMANDS
+from nvdp.side.configmanager import process
+from nvdp.side.configmanager.process import NVDP_SUBCOMMANDS
 from testkit import REPO, wait_until
 from tests.test_deploy import console_scripts
 

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from nvdp.api import pb, pb_grpc
-from nvdp.kubeletplugin.registration import register
+from nvdp.plugins.kubeletplugin.registration import register
 
 
 class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]

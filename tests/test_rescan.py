@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from nvdp.base.errors import NvdpError
 from nvdp.base.promtext import Registry
-from nvdp.errors import NvdpError
-from nvdp.kubeletplugin.rescan import (
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.kubeletplugin.rescan import (
     GpuLayout,
     LayoutRescanner,
     layout_change_counter,
@@ -20,7 +21,6 @@ from nvdp.kubeletplugin.rescan import (
     layout_of,
     rescanner_for,
 )
-from nvdp.nvml.types import GpuInfo
 from tests.builders import full_gpu, mig_enabled_gpu, with_facts
 from tests.readings import log_lines
 
@@ -84,7 +84,7 @@ def test_a_change_is_logged_per_gpu_counted_and_applied_once(caplog: pytest.LogC
     scan = rescanner(node, counted)
     assert scan.check() == [] and node.requests == 0
     node.now = [mig_enabled_gpu(0, "3g.20gb", "4g.20gb"), mig_enabled_gpu(1)]
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.rescan"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.rescan"):
         assert len(scan.check()) == 2
     assert node.requests == 1 and counted == ["mig", "mig"]
     assert log_lines(caplog) == [
@@ -107,7 +107,7 @@ def test_the_same_layout_created_again_is_a_change(caplog: pytest.LogCaptureFixt
     node.now = [
         replace(again, mig_devices=tuple(replace(m, uuid=m.uuid + "-new") for m in again.mig_devices))
     ]
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.rescan"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.rescan"):
         assert [c.kind for c in scan.check()] == ["mig"]
     assert node.requests == 1 and counted == ["mig"]
     assert log_lines(caplog) == [
@@ -135,7 +135,7 @@ def test_nothing_before_the_first_enumeration_and_failures_said_once(
     assert scan.check() == [] and node.requests == 0
     node.served = [full_gpu(0)]
     node.failure = NvdpError("nvmlDeviceGetCount: NVML_ERROR_UNKNOWN")
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.rescan"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.rescan"):
         scan.check()
         scan.check()
         node.failure = None
@@ -246,7 +246,7 @@ def test_a_gpu_whose_index_shifts_is_a_change_of_its_own(caplog: pytest.LogCaptu
     scan = rescanner(node, counted)
     moved = with_facts(mig_enabled_gpu(1, "7g.40gb"), index=0)
     node.now = [moved]  # GPU 0 unplugged: GPU 1 is index 0 now
-    with caplog.at_level(logging.INFO, logger="nvdp.kubeletplugin.rescan"):
+    with caplog.at_level(logging.INFO, logger="nvdp.plugins.kubeletplugin.rescan"):
         scan.check()
     assert counted == ["gpu-disappeared", "gpu-index"]
     assert log_lines(caplog) == [

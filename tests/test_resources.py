@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import NamePattern, ReplicatedResource
-from nvdp.errors import ConfigError
-from nvdp.gpus.devices import mig_cap_paths, parse_mig_minors
-from nvdp.gpus.resources import (
+from nvdp.node.gpus.devices import mig_cap_paths, parse_mig_minors
+from nvdp.node.gpus.resources import (
     build_resources,
 )
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.nvml.types import GpuInfo
 from tests.builders import full_gpu, mig_device_info, mig_enabled_gpu
 
 

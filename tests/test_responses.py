@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvdp.deviceplugin.host_facts import present_control_devices
-from nvdp.deviceplugin.responses import ResponseOptions, container_response
+from nvdp.plugins.deviceplugin.host_facts import present_control_devices
+from nvdp.plugins.deviceplugin.responses import ResponseOptions, container_response
 from tests.builders import device, full_gpu
 
 

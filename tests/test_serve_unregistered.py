@@ -14,16 +14,16 @@ import grpc
 import pytest
 
 from nvdp.api import pb, pb_grpc
+from nvdp.base.errors import RegistrationError
 from nvdp.config import add_plugin_flags, resolve
-from nvdp.deviceplugin.daemon import GrpcServers
-from nvdp.deviceplugin.daemon_settings import daemon_settings
-from nvdp.deviceplugin.host_facts import RealHostFacts
-from nvdp.deviceplugin.probe import rpc_problem
-from nvdp.deviceplugin.server import DevicePluginServer
-from nvdp.deviceplugin.supervisor import DaemonSettings, Supervisor
-from nvdp.errors import RegistrationError
-from nvdp.metrics import Probes
-from nvdp.nvml import open_nvml
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.deviceplugin.daemon import GrpcServers
+from nvdp.plugins.deviceplugin.daemon_settings import daemon_settings
+from nvdp.plugins.deviceplugin.host_facts import RealHostFacts
+from nvdp.plugins.deviceplugin.probe import rpc_problem
+from nvdp.plugins.deviceplugin.server import DevicePluginServer
+from nvdp.plugins.deviceplugin.supervisor import DaemonSettings, Supervisor
+from nvdp.plugins.metrics import Probes
 from testkit import wait_until
 
 

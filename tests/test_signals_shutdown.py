@@ -16,10 +16,10 @@ import pytest
 
 from nvdp.base.signals import ABANDON_BUDGET_S
 from nvdp.base.timers import as_env
-from nvdp.deviceplugin.supervisor import DaemonSettings
-from nvdp.kubeletplugin.dir_lock import LOCK_NAME
-from nvdp.mps.layout import MpsRoot
-from nvdp.nvml import open_nvml
+from nvdp.node.mps.layout import MpsRoot
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.deviceplugin.supervisor import DaemonSettings
+from nvdp.plugins.kubeletplugin.dir_lock import LOCK_NAME
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, start_plugin, wait_until, write_time_slicing_config
 from tests import test_supervisor

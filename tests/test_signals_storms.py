@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.base.signals import RELOAD_INTERVAL_S
-from nvdp.mps.layout import MpsRoot
+from nvdp.node.mps.layout import MpsRoot
 from nvdp.sim.kubelet import Kubelet
 from testkit import Process, clean_env, free_port, start_plugin, wait_until
 from tests import test_config_manager

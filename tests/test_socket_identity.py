@@ -18,11 +18,11 @@ import grpc
 import pytest
 
 from nvdp.api.dra import PLUGIN_TYPE, registration
-from nvdp.deviceplugin.responses import ResponseOptions
-from nvdp.deviceplugin.server import DevicePluginServer
-from nvdp.gpus.resources import build_resources
-from nvdp.kubeletplugin.socket_server import UnixSocketServer
-from nvdp.nvml.sim import open_sim
+from nvdp.node.gpus.resources import build_resources
+from nvdp.node.nvml.sim import open_sim
+from nvdp.plugins.deviceplugin.responses import ResponseOptions
+from nvdp.plugins.deviceplugin.server import DevicePluginServer
+from nvdp.plugins.kubeletplugin.socket_server import UnixSocketServer
 from nvdp.sim.kubelet.plugin_watcher import PluginWatcher
 
 IN_ATTRIB = 0x4

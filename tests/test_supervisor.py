@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.config import ReplicatedResource
-from nvdp.deviceplugin.responses import ResponseOptions
-from nvdp.deviceplugin.server import PreferredAllocator
-from nvdp.deviceplugin.supervisor import DaemonSettings, InitError, Supervisor
-from nvdp.errors import ConfigError
-from nvdp.gpus.inventory import ResourceRules
-from nvdp.gpus.resources import Resource
-from nvdp.health.types import HealthSettings
-from nvdp.kubeletplugin.rescan import LayoutRescanner
-from nvdp.nvml import open_nvml
+from nvdp.node.gpus.inventory import ResourceRules
+from nvdp.node.gpus.resources import Resource
+from nvdp.node.health.types import HealthSettings
+from nvdp.node.nvml import open_nvml
+from nvdp.plugins.deviceplugin.responses import ResponseOptions
+from nvdp.plugins.deviceplugin.server import PreferredAllocator
+from nvdp.plugins.deviceplugin.supervisor import DaemonSettings, InitError, Supervisor
+from nvdp.plugins.kubeletplugin.rescan import LayoutRescanner
 from testkit import wait_until
 from tests.fakes import CONTROL_DEVICES as CONTROLS
 from tests.fakes import BrokenNvml, FakeFacts, FakeHealth, FakeKubelet, FakeServer

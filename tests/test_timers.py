@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from nvdp.base.errors import ConfigError
 from nvdp.base.timers import ENV, Timers, as_env, parse
-from nvdp.errors import ConfigError
 from testkit import clean_env
 
 

@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 
 from nvdp import kube
+from nvdp.base.errors import KubeError
 from nvdp.base.timers import as_env
-from nvdp.configmanager.command import remove_record
-from nvdp.configmanager.settings import APPLIED_ANNOTATION
-from nvdp.errors import KubeError
-from nvdp.handoff import DEVICE_PLUGIN, DRA, Handoff
-from nvdp.health.condition import CONDITION_TYPE, TAINT_KEY
-from nvdp.health.node_condition import withdraw
+from nvdp.node.health.condition import CONDITION_TYPE, TAINT_KEY
+from nvdp.node.health.node_condition import withdraw
+from nvdp.plugins.handoff import DEVICE_PLUGIN, DRA, Handoff
+from nvdp.plugins.uninstall import Release, release_from_env, remove_handoff_record
+from nvdp.side.configmanager.command import remove_record
+from nvdp.side.configmanager.settings import APPLIED_ANNOTATION
 from nvdp.sim.kubelet import Kubelet
-from nvdp.uninstall import Release, release_from_env, remove_handoff_record
 from testkit import Process, clean_env, start_plugin, wait_until
 from tests import test_chart_all_on, test_chart_rbac, test_config_manager, test_deploy
 from tests.builders import append_sim_event, sim_gpus
@@ -126,7 +126,7 @@ def test_any_doubt_counts_as_a_restart(
     with pytest.raises(KubeError) as raised:
         kube.owner_daemonset_removed(release.api_client, NAMESPACE, POD, timeout=3)
     assert str(raised.value).startswith(error)
-    with caplog.at_level(logging.WARNING, logger="nvdp.uninstall"):
+    with caplog.at_level(logging.WARNING, logger="nvdp.plugins.uninstall"):
         assert release.removed() is False
     assert [r.getMessage() for r in caplog.records] == [
         "cannot tell an uninstall from a restart; the node's records stay"

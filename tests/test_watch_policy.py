@@ -18,14 +18,14 @@ import pytest
 
 from nvdp import kube
 from nvdp.base.backoff import Backoff
-from nvdp.configmanager.object_watch import ConfigMapWatch, NodeWatch
-from nvdp.configmanager.status import Snapshot, StatusServer, failing_for
-from nvdp.dra.cluster import KubeResourceApi
-from nvdp.dra.devices import node_devices
-from nvdp.dra.publisher import SlicePublisher
-from nvdp.errors import KubeError, KubeGone
+from nvdp.base.errors import KubeError, KubeGone
 from nvdp.kube.configmaps import ConfigMapData, configmaps_path
 from nvdp.kube.reflector import Reflector, WatchTimers
+from nvdp.plugins.dra.cluster import KubeResourceApi
+from nvdp.plugins.dra.devices import node_devices
+from nvdp.plugins.dra.publisher import SlicePublisher
+from nvdp.side.configmanager.object_watch import ConfigMapWatch, NodeWatch
+from nvdp.side.configmanager.status import Snapshot, StatusServer, failing_for
 from testkit import wait_until
 from tests.builders import sim_gpus
 from tests.dra_support import stop_publisher
@@ -323,7 +323,7 @@ class Registered:
 
 @dataclass
 class DraParts:
-    """What the DRA plugin's /readyz reads (`nvdp.dra.status.DraSources`): registered, its sockets
+    """What the DRA plugin's /readyz reads (`nvdp.plugins.dra.status.DraSources`): registered, its sockets
     served, NVML still starting, and a real publisher."""
 
     publisher: SlicePublisher
@@ -338,7 +338,7 @@ def test_the_dra_readyz_names_a_dead_slice_watch_and_clears(
 ) -> None:
     """The DRA plugin's /readyz: the slice watch failing (500s) for its alarm time is a 503 naming the
     watch and the error; a list that succeeds clears it."""
-    from nvdp.dra.status import DraCounters, DraStatus
+    from nvdp.plugins.dra.status import DraCounters, DraStatus
 
     timers = WatchTimers(
         timeout_s=5, silence_s=10, alarm_after_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.2

@@ -3,4 +3,5 @@
 - Files and directories: `files`, `dirs`, `dir_watch`, `lock_file`; parsing bounded in size: `bounded`.
 - Processes: `logs`, `signals`, `backoff`, `ssl_block`, the timers tests shorten (`timers`).
 - Units: `units`; the HTTP endpoint and its Prometheus text: `http_endpoint`, `promtext`.
+- The one error tree, every NvdpError class: `errors`.
 """

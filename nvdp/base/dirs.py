@@ -3,12 +3,12 @@
 - Every directory nvdp creates goes through `make_dirs`, parents included: under umask 000 a
   stranger's file could land in one and be trusted (a CDI spec's hooks run as root).
 - A directory that already exists keeps its mode (it is not nvdp's to change).
-- Users: the kubelet's device-plugin directory, only at start (`nvdp.kubeletplugin.dir_lock`); the
-  CDI spec directory (`nvdp.cdi.writer`); the MPS root, shm mount point, pipe and log directories
-  (`nvdp.mps.controller`, `nvdp.mps.command`, `nvdp.mps.simulated`); config-manager's
-  `--config-file-dst` directory (`nvdp.configmanager.files`); the kubelet stand-in's plugin directory
+- Users: the kubelet's device-plugin directory, only at start (`nvdp.plugins.kubeletplugin.dir_lock`); the
+  CDI spec directory (`nvdp.node.cdi.writer`); the MPS root, shm mount point, pipe and log directories
+  (`nvdp.node.mps.controller`, `nvdp.node.mps.command`, `nvdp.node.mps.simulated`); config-manager's
+  `--config-file-dst` directory (`nvdp.side.configmanager.files`); the kubelet stand-in's plugin directory
   (`nvdp.sim.kubelet.registration`); the DRA plugin's socket directories and CDI root
-  (`nvdp.kubeletplugin.socket_server`, `nvdp.dra.claim_specs`).
+  (`nvdp.plugins.kubeletplugin.socket_server`, `nvdp.plugins.dra.claim_specs`).
 """
 
 from __future__ import annotations

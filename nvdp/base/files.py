@@ -17,8 +17,8 @@ import os
 import stat
 from pathlib import Path
 
+from nvdp.base.errors import UnreadableFile
 from nvdp.base.units import MIB, describe_size
-from nvdp.errors import UnreadableFile
 
 MAX_FILE_BYTES = MIB  # a ConfigMap holds at most 1 MiB; no file nvdp reads needs more
 

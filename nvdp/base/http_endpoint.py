@@ -1,5 +1,5 @@
 """The HTTP endpoint of nvdp's processes: /metrics, /healthz and /readyz on a listen address, a few
-lines on `socketserver` (the plugin's `--metrics-address` through `nvdp.metrics`, config-manager's).
+lines on `socketserver` (the plugin's `--metrics-address` through `nvdp.plugins.metrics`, config-manager's).
 
 - One request per connection, GET and HEAD only.
 - The request line and headers (at most 100 lines of 8 KiB, 64 KiB in all) must arrive within
@@ -9,7 +9,7 @@ lines on `socketserver` (the plugin's `--metrics-address` through `nvdp.metrics`
 - No http.server, http.client, ssl or email import: they cost megabytes of RSS.
 - Content comes from `Pages` (a command may add its own: the plugin's /allocations), told `peer`
   (`is_loopback`: on this host, as `nvdp status` is); `ServedPages` is a command's status pages with
-  their endpoint (`nvdp.metrics.Metrics`, `nvdp.configmanager.status.StatusServer`).
+  their endpoint (`nvdp.plugins.metrics.Metrics`, `nvdp.side.configmanager.status.StatusServer`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol, Self
 
+from nvdp.base.errors import NvdpError
 from nvdp.base.logs import log_event
 from nvdp.base.promtext import CONTENT_TYPE
 from nvdp.base.timers import TIMERS
-from nvdp.errors import NvdpError
 
 log = logging.getLogger(__name__)
 

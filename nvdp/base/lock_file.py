@@ -8,8 +8,8 @@
 - After the flock, the file must still be the one at the path (st_dev, st_ino): a holder that
   removed or replaced it meanwhile did not hand over the lock.
 - A wait for the lock is bounded (`tries`).
-- Users: the kubelet directory's claim (`nvdp.kubeletplugin.dir_lock`), the CDI spec directory's
-  (`nvdp.cdi.publisher`) and the GPU hand-over records' (`nvdp.handoff.records`).
+- Users: the kubelet directory's claim (`nvdp.plugins.kubeletplugin.dir_lock`), the CDI spec directory's
+  (`nvdp.node.cdi.publisher`) and the GPU hand-over records' (`nvdp.plugins.handoff.records`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from nvdp.base.errors import ConfigError
 from nvdp.base.units import MAX_GO_DURATION_S, parse_go_duration
-from nvdp.errors import ConfigError
 
 ENV = "NVDP_TEST_TIMERS"
 
@@ -28,13 +28,15 @@ class Timers:
 
     stop_deadline: float = 10.0  # first stop signal to forced exit (nvdp.base.signals)
     request_deadline: float = 3.0  # connection to end of headers (nvdp.base.http_endpoint)
-    handoff_retry: float = 5.0  # hand-over look-again period (nvdp.handoff.records)
+    handoff_retry: float = 5.0  # hand-over look-again period (nvdp.plugins.handoff.records)
     handoff_switch_grace: float = 30.0  # other side still advertising a free GPU: said after this
     handoff_lost_grace: float = 30.0  # record and lock gone: unknown for this long
-    node_condition_settle: float = 3.0  # a healthy node confirmed after this (nvdp.health.node_condition)
+    node_condition_settle: float = (
+        3.0  # a healthy node confirmed after this (nvdp.node.health.node_condition)
+    )
     node_condition_pacing: float = 1.0  # the first wait between two writes of the Node condition
     watch_backoff: float = 0.8  # a watch's first wait before a re-list or retry (nvdp.kube.reflector)
-    mps_quit_timeout: float = 3.0  # an MPS daemon's `quit` at stop; killed then (nvdp.mps.controller)
+    mps_quit_timeout: float = 3.0  # an MPS daemon's `quit` at stop; killed then (nvdp.node.mps.controller)
 
 
 def _camel(name: str) -> str:

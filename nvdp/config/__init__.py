@@ -9,7 +9,7 @@
 - `rules`: what the plugin accepts and this version supports; `values`: shared scalar checks.
 - Strict about form: bad types, values, ranges, conflicts are refused, one line each, all at once
   (`ConfigError`); nothing here reads the node. What does not fit a node is a misfit
-  (`nvdp.gpus.resources`, `nvdp.gpus.misfits`), never refused.
+  (`nvdp.node.gpus.resources`, `nvdp.node.gpus.misfits`), never refused.
 """
 
 from nvdp.config.groups import PLUGIN_OPTIONS

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nvdp.base.errors import UnreadableFile
 from nvdp.base.files import read_bounded
 from nvdp.base.logs import LOG_FORMATS, LOG_LEVELS
 from nvdp.config import values as v
@@ -30,7 +31,6 @@ from nvdp.config.runtime import (
     nvml_spec,
     rescan_interval,
 )
-from nvdp.errors import UnreadableFile
 
 
 def _alts(choices: tuple[str, ...]) -> str:

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nvdp.base.errors import ConfigError, UnreadableFile
 from nvdp.base.files import read_bounded
 from nvdp.base.logs import log_event
 from nvdp.config.decode import MAX_TEXT_BYTES, decode, syntax_problem
@@ -36,7 +37,6 @@ from nvdp.config.model import (
     Sharing,
 )
 from nvdp.config.values import InvalidValue, describe_keys, show
-from nvdp.errors import ConfigError, UnreadableFile
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

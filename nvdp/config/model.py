@@ -284,7 +284,7 @@ class ReplicatedResource:
     `devices` is "all", a count of devices, or GPU indices, MIG indices ("gpu:mig") and UUIDs as
     strings. `rename` is already `<name>.shared` when the section has `renameByDefault`. Several
     entries may have one name when their devices are disjoint (per-GPU replica counts). The entry is
-    the one record of a sharing rule (`nvdp.gpus.resources` applies it as is): its section's strategy and
+    the one record of a sharing rule (`nvdp.node.gpus.resources` applies it as is): its section's strategy and
     `failRequestsGreaterThanOne` are set on it at load.
     """
 
@@ -366,7 +366,7 @@ class Health:
 class Dra:
     """`dra` (nvdp's extension): the GPUs the DRA driver (`nvdp dra-kubelet-plugin`) serves on this
     node, with their MIG devices; the device plugin serves the others (one GPU, one API:
-    `nvdp.handoff`). Default none: every GPU is the device plugin's.
+    `nvdp.plugins.handoff`). Default none: every GPU is the device plugin's.
 
     Of the DRA driver's GPUs, `consumable_capacity` are shared by memory share (MPS-enforced) and
     `dynamic_mig` are partitioned into MIG devices made per claim; a GPU is in at most one of them

@@ -9,13 +9,13 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from nvdp.base.errors import ConfigError
 from nvdp.config.groups import PLUGIN_OPTIONS
 from nvdp.config.load import load_file
 from nvdp.config.model import Config
 from nvdp.config.options import Option, add_options, read_options, with_values
 from nvdp.config.rules import plugin_problems
 from nvdp.config.runtime import PluginOptions
-from nvdp.errors import ConfigError
 
 P = TypeVar("P", bound=PluginOptions)
 

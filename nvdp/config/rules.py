@@ -4,7 +4,7 @@ what this version supports.
 One list, checked once on the resolved config (`nvdp.config.options.resolve`), every problem one line
 naming the setting; the chart's guards (charts/nvidia-device-plugin/templates/validation.yml) refuse
 the same values with the same words. These are rules on the config's form; what a node *is* never
-makes a config wrong here (`nvdp.gpus.misfits`). Commands that only read part of the config check only
+makes a config wrong here (`nvdp.node.gpus.misfits`). Commands that only read part of the config check only
 that part's settings: `gfd_problems` asks for no MPS root, which gfd never uses.
 """
 
@@ -14,7 +14,7 @@ from nvdp.config.model import CDI_FEATURE_FLAGS, COHERENT_ANNOTATIONS_FLAG, DRA_
 
 # Replicas per shared device: far above any real time-slicing use, and low enough that a node's
 # ListAndWatch list stays small (the exact bound, from the IDs, is checked where resources are built:
-# nvdp.gpus.list_size.MAX_LIST_AND_WATCH_BYTES).
+# nvdp.node.gpus.list_size.MAX_LIST_AND_WATCH_BYTES).
 MAX_REPLICAS_PER_DEVICE = 1024
 MAX_MPS_CLIENTS = 48  # MPS clients per GPU from compute capability 7.5 (Turing) on
 
@@ -22,7 +22,7 @@ TEGRA_UNSUPPORTED = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: tegra is not supported by nvdp "
     "(accepted here: auto, nvml)"
 )
-# NVIDIA's plugin refuses vfio too (only its gfd takes it); nvdp's gfd takes it (nvdp.gfd.options).
+# NVIDIA's plugin refuses vfio too (only its gfd takes it); nvdp's gfd takes it (nvdp.side.gfd.options).
 VFIO_PLUGIN = (
     "--device-discovery-strategy / DEVICE_DISCOVERY_STRATEGY: vfio is for gpu-feature-discovery only; "
     "the device plugin accepts auto, nvml"
@@ -75,7 +75,7 @@ _ONE_WAY = "a GPU is shared by capacity or partitioned by MIG, not both"
 
 def dra_problems(config: Config) -> list[str]:
     """A GPU that `dra.consumableCapacity` and `dra.dynamicMig` both name (as written: an index and
-    the same GPU's UUID only meet on the node, `nvdp.gpus.inventory.dra_sharing`)."""
+    the same GPU's UUID only meet on the node, `nvdp.node.gpus.inventory.dra_sharing`)."""
     capacity, dynamic = config.dra.consumable_capacity, config.dra.dynamic_mig
     if DRA_NONE in (capacity, dynamic):
         return []
@@ -93,7 +93,7 @@ def dra_problems(config: Config) -> list[str]:
 
 
 def mps_problems(config: Config) -> list[str]:
-    """MPS refusals that the config alone shows (what a node's GPUs refuse: `nvdp.gpus.inventory`)."""
+    """MPS refusals that the config alone shows (what a node's GPUs refuse: `nvdp.node.gpus.inventory`)."""
     mps = config.sharing.mps
     if mps is None:
         return []

@@ -20,7 +20,7 @@ CDI_KINDS = ("k8s.device-plugin.nvidia.com/gpu", "nvidia.com/gpu")  # NVIDIA's p
 # Who sees which pod holds which device on the metrics endpoint (--pod-detail): clients on the
 # loopback only, or every client.
 POD_DETAILS = ("local", "all")
-# NVIDIA's CDI hook names (--cdi-disable-hooks): those nvdp's specs run (nvdp.cdi.edits.HOOKS),
+# NVIDIA's CDI hook names (--cdi-disable-hooks): those nvdp's specs run (nvdp.node.cdi.edits.HOOKS),
 # NVIDIA's deprecated `chmod` (which neither NVIDIA's spec nor nvdp's writes), and `all`.
 CDI_HOOKS = (
     "create-symlinks",

@@ -4,8 +4,8 @@ pods a GPU fault hits), `nodes` (the Node's labels and annotations), `node_statu
 conditions and taints), `nodefeature` (NFD's NodeFeature objects), `pods` (this process's pod:
 owner references) and `daemonsets` (whether that pod's DaemonSet goes) are requests built on it;
 `reflector` is the one list+watch loop of every watch. The package is a leaf: it imports nothing of
-nvdp but `nvdp.errors` and the leaves `nvdp.base.backoff`, `nvdp.base.bounded`, `nvdp.base.files`. Its callers
-reach it through small protocols of their own (e.g. `nvdp.health.event_sender.EventClient`)."""
+nvdp but `nvdp.base.errors` and the leaves `nvdp.base.backoff`, `nvdp.base.bounded`, `nvdp.base.files`. Its
+callers reach it through small protocols of their own (e.g. `nvdp.node.health.event_sender.EventClient`)."""
 
 from nvdp.kube.client import SERVICE_ACCOUNT_TOKEN, get_json, in_cluster, new_api_client, watch
 from nvdp.kube.daemonsets import daemonset_exists, delete_daemonset, owner_daemonset_removed

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvdp.base.bounded import BoundExceeded, loads_json, loads_yaml
+from nvdp.base.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent, UnreadableFile
 from nvdp.base.files import read_bounded
 from nvdp.base.units import MIB
-from nvdp.errors import KubeError, KubeGone, KubeStatusError, KubeWatchSilent, UnreadableFile
 from nvdp.kube.transport import LightClient, light_client, lines
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvdp.errors import KubeError, KubeStatusError
+from nvdp.base.errors import KubeError, KubeStatusError
 from nvdp.kube.client import get_json, one_line, request
 
 FOREGROUND = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nvdp.errors import KubeError
+from nvdp.base.errors import KubeError
 from nvdp.kube.client import new_api_client, one_line, request
 
 NODE_EVENTS_NAMESPACE = "default"  # where a cluster-scoped object's events go

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nvdp.errors import KubeError
+from nvdp.base.errors import KubeError
 from nvdp.kube.client import get_json, one_line, request
 
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"

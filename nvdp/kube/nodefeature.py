@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nvdp.errors import KubeError, KubeStatusError
+from nvdp.base.errors import KubeError, KubeStatusError
 from nvdp.kube.client import get_json, one_line, request
 
 NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvdp.errors import KubeError, KubeStatusError
+from nvdp.base.errors import KubeError, KubeStatusError
 from nvdp.kube.client import get_json, one_line, request, strings
 
 

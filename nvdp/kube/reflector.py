@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nvdp.base.backoff import Backoff
+from nvdp.base.errors import KubeError, KubeGone, KubeWatchSilent
 from nvdp.base.timers import TIMERS
-from nvdp.errors import KubeError, KubeGone, KubeWatchSilent
 from nvdp.kube.client import BadLine
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from nvdp.base.bounded import loads_json
-from nvdp.errors import KubeError, KubeStatusError
+from nvdp.base.errors import KubeError, KubeStatusError
 from nvdp.kube.client import MAX_ANSWER_BYTES, get_json, one_line, request, watch
 
 RESOURCE_GROUP = "resource.k8s.io"

@@ -4,5 +4,5 @@
 - `dra/`: the scheduler's allocation of claims and an in-memory resource.k8s.io.
 - `simulate`, `simulate_dra`, `simulate_shares`: the `nvdp simulate` command.
 
-The simulated GPUs are an NVML backend, `nvdp.nvml.sim`. No production command imports this package.
+The simulated GPUs are an NVML backend, `nvdp.node.nvml.sim`. No production command imports this package.
 """

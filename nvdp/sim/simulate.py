@@ -17,13 +17,13 @@ from typing import TextIO
 import grpc
 
 from nvdp.api import HEALTHY, pb
+from nvdp.base.errors import KubeletError, NvdpError
 from nvdp.config import PluginOptions
-from nvdp.deviceplugin.daemon import Daemon
-from nvdp.errors import KubeletError, NvdpError
-from nvdp.gfd.discover import describe_labels
-from nvdp.ledger.report import describe_allocations
-from nvdp.metrics.allocations import AllocationPages
-from nvdp.nvml.types import GpuInfo
+from nvdp.node.nvml.types import GpuInfo
+from nvdp.plugins.deviceplugin.daemon import Daemon
+from nvdp.plugins.ledger.report import describe_allocations
+from nvdp.plugins.metrics.allocations import AllocationPages
+from nvdp.side.gfd.discover import describe_labels
 from nvdp.sim.kubelet import Kubelet
 
 START_TIMEOUT_S = 20.0

@@ -21,16 +21,16 @@ from types import TracebackType
 from typing import Any, Literal, TextIO
 
 from nvdp.base.bounded import loads_json
+from nvdp.base.errors import NvdpError
 from nvdp.base.files import read_bounded
 from nvdp.config import PluginOptions
 from nvdp.config.model import DRA_ALL, DRA_NONE
-from nvdp.dra.driver import DraDriver
-from nvdp.dra.names import DRIVER_NAME, claim_spec_file
-from nvdp.dra.options import DraSettings
-from nvdp.errors import NvdpError
-from nvdp.gpus.devices import CONTROL_DEVICES, gpu_device, mig_cap_paths, mig_device
-from nvdp.nvml import open_nvml
-from nvdp.nvml.types import GpuInfo, GpuLayout, MigDeviceInfo
+from nvdp.node.gpus.devices import CONTROL_DEVICES, gpu_device, mig_cap_paths, mig_device
+from nvdp.node.nvml import open_nvml
+from nvdp.node.nvml.types import GpuInfo, GpuLayout, MigDeviceInfo
+from nvdp.plugins.dra.driver import DraDriver
+from nvdp.plugins.dra.names import DRIVER_NAME, claim_spec_file
+from nvdp.plugins.dra.options import DraSettings
 from nvdp.sim.dra.api import MemoryResourceApi
 from nvdp.sim.dra.scheduler import allocate, consumed_capacity, nvidia_device_classes, taken_devices
 from nvdp.sim.kubelet.dra import Claim, DraManager

@@ -1,7 +1,7 @@
 """`nvdp simulate --api dra` on a node with `dra.consumableCapacity`: one GPU shared by three claims,
 each allocated by the stand-in scheduler (`consumedCapacity`, `shareID`) and prepared as an MPS client
 limited to its share, a fourth that does not fit, then all unprepared. A simulated node runs no MPS
-control daemon (`nvdp.dra.mps`: its ready marker is written instead)."""
+control daemon (`nvdp.plugins.dra.mps`: its ready marker is written instead)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from nvdp.base.bounded import loads_json
 from nvdp.base.files import read_bounded
-from nvdp.dra.names import DRIVER_NAME, claim_spec_file
+from nvdp.plugins.dra.names import DRIVER_NAME, claim_spec_file
 from nvdp.sim.dra.scheduler import AllocationError
 from nvdp.sim.kubelet.dra import Claim, DraManager
 

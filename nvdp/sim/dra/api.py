@@ -1,6 +1,6 @@
 """resource.k8s.io in memory, for `nvdp simulate --api dra`: ResourceSlices (listed, created, dry-run,
 replaced with resourceVersion checks, deleted, watched by node and driver), ResourceClaims and
-DeviceClasses, behind the DRA driver's seam (`nvdp.dra.cluster.ResourceApi`). One resourceVersion
+DeviceClasses, behind the DRA driver's seam (`nvdp.plugins.dra.cluster.ResourceApi`). One resourceVersion
 counter for everything, as etcd has; errors are the API's statuses (404, 409) as KubeStatusError.
 The tests run the driver against the real client and the HTTP API stand-in instead."""
 
@@ -12,8 +12,8 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from nvdp.dra.cluster import NodeCounts
-from nvdp.errors import KubeStatusError
+from nvdp.base.errors import KubeStatusError
+from nvdp.plugins.dra.cluster import NodeCounts
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
@@ -28,7 +28,7 @@ class MemoryResourceApi:
         self._events: list[tuple[int, str, Obj]] = []  # (version, type, ResourceSlice)
         self._version = 0
 
-    # ---- nvdp.dra.cluster.ResourceApi ----
+    # ---- nvdp.plugins.dra.cluster.ResourceApi ----
     def slices(self) -> MemoryResourceApi:
         return self
 
@@ -63,7 +63,7 @@ class MemoryResourceApi:
         with self._cond:
             return [copy.deepcopy(o) for (k, _, _), o in sorted(self._objects.items()) if k == kind]
 
-    # ---- nvdp.dra.cluster.SliceApi ----
+    # ---- nvdp.plugins.dra.cluster.SliceApi ----
     def list(self, node: str, driver: str) -> tuple[list[Obj], str]:
         with self._cond:
             return [s for s in self.objects("ResourceSlice") if _selected(s, node, driver)], str(

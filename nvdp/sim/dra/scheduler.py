@@ -27,9 +27,9 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nvdp.base.errors import NvdpError
 from nvdp.base.units import parse_quantity
-from nvdp.dra.devices import quantity
-from nvdp.errors import NvdpError
+from nvdp.plugins.dra.devices import quantity
 from nvdp.sim.dra.counters import Counters
 
 Obj = Mapping[str, Any]

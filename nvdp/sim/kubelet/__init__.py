@@ -9,7 +9,7 @@ test suite, `nvdp simulate` and the benchmarks.
 - For DRA: `plugin_watcher` (the plugins_registry watcher) and `dra` (the DRA manager).
 """
 
-from nvdp.errors import KubeletError, PluginNotConnected
+from nvdp.base.errors import KubeletError, PluginNotConnected
 from nvdp.sim.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint, StreamEnd
 from nvdp.sim.kubelet.manager import Kubelet
 from nvdp.sim.kubelet.pod_resources import AdmittedPod, Assignment

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from nvdp.api import HEALTHY, pb
-from nvdp.errors import KubeletError
+from nvdp.base.errors import KubeletError
 from nvdp.sim.kubelet.pod_resources import AdmittedPod, AdmittedPods, Assignment
 from nvdp.sim.kubelet.state import DeviceState
 

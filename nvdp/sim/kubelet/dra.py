@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from nvdp.api.dra import DRA_PLUGIN, RESOURCE_HEALTH
-from nvdp.errors import KubeletError
+from nvdp.base.errors import KubeletError
 from nvdp.sim.kubelet.plugin_watcher import DraRegistration, PluginWatcher
 
 log = logging.getLogger(__name__)

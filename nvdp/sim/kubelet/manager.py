@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from nvdp.api import pb
-from nvdp.errors import KubeletError, PluginNotConnected
+from nvdp.base.errors import KubeletError, PluginNotConnected
 from nvdp.sim.kubelet.admission import ContainerRequests, admit
 from nvdp.sim.kubelet.endpoint import StreamEnd
 from nvdp.sim.kubelet.pod_resources import (

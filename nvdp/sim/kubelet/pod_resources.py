@@ -23,8 +23,8 @@ import grpc
 from nvdp.api import pb
 from nvdp.api.podresources import podresources_grpc, podresources_pb
 from nvdp.base.dirs import make_dirs
+from nvdp.base.errors import KubeletError
 from nvdp.base.files import write_atomic
-from nvdp.errors import KubeletError
 from nvdp.sim.kubelet.registration import CHECKPOINT_FILE
 from nvdp.sim.kubelet.state import DeviceState
 

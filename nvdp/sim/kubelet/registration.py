@@ -24,7 +24,7 @@ import grpc
 
 from nvdp.api import pb, pb_grpc
 from nvdp.base.dirs import make_dirs
-from nvdp.errors import KubeletError
+from nvdp.base.errors import KubeletError
 from nvdp.sim.kubelet.endpoint import ListAndWatchReceiver, PluginEndpoint
 from nvdp.sim.kubelet.validation import endpoint_problem, registration_problem
 
