@@ -8,6 +8,7 @@ no config's sharing on a GPU shared by capacity."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from nvdp.base.errors import MpsError
+from nvdp.base.logs import FIELDS_ATTR
 from nvdp.node.mps.layout import MpsRoot
 from nvdp.node.nvml import open_nvml
 from nvdp.node.nvml.sim import SimNvml
@@ -224,10 +226,39 @@ def test_stopped_with_the_plugin_and_resumed_at_its_start(tmp_path: Path, nvml: 
     with pytest.raises(MpsError, match="^MPS: the plugin is stopping$"):
         mps.ensure_daemon([GPUS[0]], holder="uid-b")
     again = dra_mps(tmp_path, nvml, standin.env())
-    again.resume()
+    again.resume({"uid-a"})
     wait_until(lambda: standin.running(daemon.pipe_dir), 10, "the daemon started again")
     wait_until(lambda: nvml.compute_modes[GPUS[0]] == ComputeMode.EXCLUSIVE_PROCESS, 10, "exclusive")
     assert again.holders() == {GPUS[0]: frozenset({"uid-a"})}
+    again.stop()
+
+
+def test_a_holder_no_claim_is_prepared_for_is_dropped_at_resume(
+    tmp_path: Path, nvml: SimNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holders record that outlived its claims (the checkpoint, read or rebuilt, does not list
+    them) starts no daemon and makes no GPU exclusive; a daemon other claims still hold resumes
+    for those alone."""
+    standin = Standin(tmp_path / "standin")
+    mps = dra_mps(tmp_path, nvml, standin.env())
+    gone = mps.ensure_daemon([GPUS[0]], holder="uid-gone")
+    kept = mps.ensure_daemon([GPUS[1]], holder="uid-kept")
+    mps.ensure_daemon([GPUS[1]], holder="uid-gone-too")
+    mps.stop()
+    again = dra_mps(tmp_path, nvml, standin.env())
+    with caplog.at_level(logging.WARNING):
+        again.resume({"uid-kept", "uid-other"})
+    wait_until(lambda: standin.running(kept.pipe_dir), 10, "the held daemon started again")
+    assert again.holders() == {GPUS[1]: frozenset({"uid-kept"})}
+    assert not standin.running(gone.pipe_dir)
+    assert nvml.compute_modes[GPUS[0]] == ComputeMode.DEFAULT
+    assert json.loads((daemon_dir(tmp_path, GPUS[0]) / "holders.json").read_text())["holders"] == []
+    said = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "MPS holders record names claims not prepared here; dropped"
+    ]
+    assert sorted(getattr(r, FIELDS_ATTR)["claims"] for r in said) == ["uid-gone", "uid-gone-too"]
     again.stop()
 
 

@@ -165,3 +165,23 @@ def test_an_mps_claims_daemon_quits_with_the_plugin_and_comes_back(tmp_path: Pat
         assert cluster.log().count(f"starting MPS daemon daemon={GPUS[0]}") == 2
         assert cluster.kubelet.node_unprepare(DRIVER, [mps]).claims[mps.uid].error == ""
         assert not standin.running(pipe)
+
+
+def test_a_holders_record_of_claims_gone_from_the_node_starts_no_daemon(tmp_path: Path) -> None:
+    """A reinstall over MPS records that outlived their claims (the host's /run kept them, the new
+    checkpoint lists none): no daemon, no GPU made exclusive, the record emptied, one WARNING."""
+    standin = Standin(tmp_path / "standin")
+    env = standin.env({"PATH": os.environ["PATH"], "MPS_ROOT": str(tmp_path / "mps-root")})
+    daemon = tmp_path / "mps-root" / DRIVER / GPUS[0]
+    (daemon / "pipe").mkdir(parents=True)
+    record = daemon / "holders.json"
+    record.write_text(json.dumps({"gpus": [GPUS[0]], "holders": ["uid-gone"], "kept": False}))
+    with dra_cluster(tmp_path, env=env) as cluster:
+        cluster.start()
+        cluster.registered()
+        wait_until(lambda: "names claims not prepared here" in cluster.log(), 10, "the WARNING")
+        assert f"daemon={GPUS[0]} claims=uid-gone" in cluster.log()
+        assert json.loads(record.read_text())["holders"] == []
+        assert not standin.running(daemon / "pipe")
+        assert "starting MPS daemon" not in cluster.log()
+        assert f"simulated compute mode set gpu={GPUS[0]}" not in cluster.log()

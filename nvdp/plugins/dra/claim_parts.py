@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -86,6 +86,7 @@ class ClaimParts:
     health: NodeHealth
     node_events: NodeEventRecorder | None
     pod_events: PodEventRecorder | None
+    prepared: Callable[[], Collection[str] | None]  # the prepared claims' UIDs; None before the preparer
     resumed: bool = False
 
     @classmethod
@@ -96,6 +97,10 @@ class ClaimParts:
         def prepared() -> dict[str, PreparedClaim]:
             preparer = driver.preparer
             return dict(preparer.prepared) if preparer is not None else {}
+
+        def prepared_uids() -> set[str] | None:
+            preparer = driver.preparer
+            return set(preparer.prepared) if preparer is not None else None
 
         file = settings.plugin_dir / ALLOCATIONS_FILE
         holders = ClaimHolders(driver.api, prepared, driver.state, sharing.shares, file)
@@ -114,7 +119,7 @@ class ClaimParts:
             allocations=holders,
             pod_events=pod_events,
         )
-        return cls(sharing, holders, health, node_events, pod_events)
+        return cls(sharing, holders, health, node_events, pod_events, prepared_uids)
 
     # ---- the preparer's calls -----------------------------------------------------------------------
     def touch(self, refs: Iterable[ClaimRef]) -> None:
@@ -145,9 +150,10 @@ class ClaimParts:
     def publish(self) -> None:
         """After each health push (NVML up): the allocations file written if it changed; the first
         time, the MPS daemons of the claims prepared before a restart started again."""
-        if not self.resumed:
+        prepared = self.prepared()
+        if not self.resumed and prepared is not None:
             self.resumed = True
-            self.sharing.mps.resume()
+            self.sharing.mps.resume(prepared)
         self.holders.publish()
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ Rules:
   the pipe directory is there, or that fails a check, says nothing of who uses the daemon: one
   WARNING, and that daemon is never stopped by a release (only with the plugin).
 - `stop()` (the plugin's stop) quits every daemon and keeps the records; `resume()` (the next start,
-  once NVML is up) starts those with holders again.
+  once NVML is up) starts those with holders again, holders that are no prepared claim dropped.
 - A simulated node without `nvidia-cuda-mps-control` (`nvdp simulate --api dra`) runs none: the
   ready marker is written instead, as `nvdp.node.mps.simulated` does for the device plugin.
 - Every failure is an MpsError, one line.
@@ -42,7 +42,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -245,10 +245,24 @@ class DraMps:
             for running in [r for r in self._running.values() if holder in r.holders]:
                 self._drop(running, holder)
 
-    def resume(self) -> None:
+    def resume(self, prepared: Collection[str]) -> None:
         """At the plugin's start: every daemon an earlier run left holders for is started again (its
-        claims' containers are running); one that fails to start is retried by its controller."""
+        claims' containers are running); one that fails to start is retried by its controller. A
+        holder that is not a `prepared` claim (the checkpoint's, or its rebuild's) is dropped first,
+        with one WARNING: no daemon, and no GPU made exclusive, for a claim gone from the node."""
         with self._lock:
+            for running in list(self._running.values()):
+                gone = sorted(running.holders - set(prepared))
+                if gone and running.thread is None:
+                    log_event(
+                        log,
+                        logging.WARNING,
+                        "MPS holders record names claims not prepared here; dropped",
+                        daemon=running.daemon.name,
+                        claims=",".join(gone),
+                    )
+                    running.holders.difference_update(gone)
+                    self._drop(running, None)
             for running in self._running.values():
                 if running.holders and running.thread is None:
                     if self._simulated:
