@@ -88,9 +88,14 @@ def start_dra_plugin(
     log_path: Path | None = None,
     metrics_address: str = "",
 ) -> Process:
-    """`nvdp dra-kubelet-plugin` for `node`, its stderr in `node.root/dra.log` (appended across runs)."""
+    """`nvdp dra-kubelet-plugin` for `node`, its stderr in `node.root/dra.log` (appended across runs).
+    Its MPS root is `node.root/mps` unless `env` names one: never the host's /run/nvidia/mps."""
     argv = node.argv(nvml, kubeconfig, extra, metrics_address)
-    return Process(argv, log_path or node.root / "dra.log", clean_env(env))
+    return Process(
+        argv,
+        log_path or node.root / "dra.log",
+        clean_env({"MPS_ROOT": str(node.root / "mps"), **(env or {})}),
+    )
 
 
 GROUP = "/apis/resource.k8s.io"

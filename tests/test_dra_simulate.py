@@ -97,4 +97,6 @@ def test_the_dra_demo_shows_a_gpu_shared_by_three_claims(tmp_path: Path) -> None
         "match with memory 30Gi to spare\n"
     ) in out
     assert "NodeUnprepareResources of the 3 shares -> their specs removed" in out
+    pipes = {ln.strip().partition("=")[2] for ln in out.splitlines() if "CUDA_MPS_PIPE_DIRECTORY=" in ln}
+    assert len(pipes) == 1 and pipes.pop().startswith("/tmp/nvdp-sim-")  # the run's: not /run/nvidia/mps
     assert "Traceback" not in result.stderr

@@ -51,6 +51,9 @@ class DraSimulation:
         work = Path(options.config.flags.plugin.kubelet_socket).parent
         self._made = [work / name for name in ("plugins_registry", "plugins", "driver")]
         flags = options.config.flags
+        if flags.mps_root is None:  # the run's own: never the host's /run/nvidia/mps, a real plugin's
+            flags = replace(flags, mps_root=str(work / "mps"))
+            self._made.append(work / "mps")
         simulated = options.runtime.nvml.startswith("sim:")
         if simulated and flags.nvidia_driver_root in (
             "",
