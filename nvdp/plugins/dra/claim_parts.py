@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -86,7 +86,7 @@ class ClaimParts:
     health: NodeHealth
     node_events: NodeEventRecorder | None
     pod_events: PodEventRecorder | None
-    prepared: Callable[[], Collection[str] | None]  # the prepared claims' UIDs; None before the preparer
+    prepared: Callable[[], Mapping[str, PreparedClaim] | None]  # by UID; None before the preparer
     resumed: bool = False
 
     @classmethod
@@ -94,16 +94,12 @@ class ClaimParts:
         node, kubeconfig = settings.node_name, settings.kubeconfig
         sharing = node_sharing(settings, driver.nvml, environ)
 
-        def prepared() -> dict[str, PreparedClaim]:
+        def prepared() -> dict[str, PreparedClaim] | None:
             preparer = driver.preparer
-            return dict(preparer.prepared) if preparer is not None else {}
-
-        def prepared_uids() -> set[str] | None:
-            preparer = driver.preparer
-            return set(preparer.prepared) if preparer is not None else None
+            return dict(preparer.prepared) if preparer is not None else None
 
         file = settings.plugin_dir / ALLOCATIONS_FILE
-        holders = ClaimHolders(driver.api, prepared, driver.state, sharing.shares, file)
+        holders = ClaimHolders(driver.api, lambda: prepared() or {}, driver.state, sharing.shares, file)
         node_events = node_events_from_env(environ, node=node, kubeconfig=kubeconfig)
         pod_events = pod_events_from_env(
             environ,
@@ -119,7 +115,7 @@ class ClaimParts:
             allocations=holders,
             pod_events=pod_events,
         )
-        return cls(sharing, holders, health, node_events, pod_events, prepared_uids)
+        return cls(sharing, holders, health, node_events, pod_events, prepared)
 
     # ---- the preparer's calls -----------------------------------------------------------------------
     def touch(self, refs: Iterable[ClaimRef]) -> None:

@@ -251,9 +251,9 @@ class DraMps:
         holder that is not a `prepared` claim (the checkpoint's, or its rebuild's) is dropped first,
         with one WARNING: no daemon, and no GPU made exclusive, for a claim gone from the node."""
         with self._lock:
-            for running in list(self._running.values()):
+            for running in [r for r in self._running.values() if r.thread is None]:
                 gone = sorted(running.holders - set(prepared))
-                if gone and running.thread is None:
+                if gone:
                     log_event(
                         log,
                         logging.WARNING,
@@ -262,13 +262,13 @@ class DraMps:
                         claims=",".join(gone),
                     )
                     running.holders.difference_update(gone)
-                    self._drop(running, None)
-            for running in self._running.values():
-                if running.holders and running.thread is None:
-                    if self._simulated:
-                        self._mark_simulated(running)
-                    else:
-                        self._start(running)
+                    self._drop(running, None)  # written; stopped when none is left
+                if not running.holders:
+                    continue
+                if self._simulated:
+                    self._mark_simulated(running)
+                else:
+                    self._start(running)
 
     def stop(self) -> None:
         """At the plugin's stop: every daemon quits, its GPUs back to DEFAULT; the records stay, for
