@@ -5,12 +5,16 @@ a claim is reserved for."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from nvdp.plugins.dra.allocations import dra_devices
 from nvdp.plugins.dra.checkpoint import PreparedClaim, PreparedDevice
 from nvdp.plugins.dra.devices import node_devices
 from nvdp.plugins.dra.health import DeviceHealth
 from nvdp.plugins.dra.holders import reserved_pods
-from nvdp.plugins.ledger.dra_file import dra_resource
+from nvdp.plugins.ledger.dra_file import ALLOCATIONS_FILE, dra_resource, read_dra_allocations
 from nvdp.plugins.ledger.report import describe_allocations
 from tests.builders import sim_gpus
 from tests.test_dra_slices import FACTS
@@ -57,3 +61,16 @@ def test_the_pods_a_claim_is_reserved_for() -> None:
     ]
     assert reserved_pods({"status": {"reservedFor": reserved}}) == (("a", "ua"), ("b", None))
     assert reserved_pods({"status": {"reservedFor": "x"}}) == () == reserved_pods(None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{not json", "[]", '{"driver": ' + "[" * 5000 + "]" * 5000 + "}"],
+    ids=["not-json", "not-an-object", "nested"],
+)
+def test_an_unreadable_allocations_file_is_none(tmp_path: Path, text: str) -> None:
+    """The device plugin reads the DRA plugin's file: one it cannot read (JSON nested deeper than
+    Python's recursion limit included) is no DRA allocations, never an exception."""
+    path = tmp_path / ALLOCATIONS_FILE
+    path.write_text(text)
+    assert read_dra_allocations(path) is None

@@ -23,7 +23,7 @@ from nvdp.node.mps.layout import MpsRoot
 from nvdp.node.nvml import open_nvml
 from nvdp.node.nvml.sim import SimNvml
 from nvdp.node.nvml.types import ComputeMode
-from nvdp.plugins.dra.claim_sharing import ClaimSharing
+from nvdp.plugins.dra.claim_sharing import TIMESLICES_FILE, ClaimSharing
 from nvdp.plugins.dra.claims import Allocated, ClaimError, ClaimRef
 from nvdp.plugins.dra.devices import node_devices
 from nvdp.plugins.dra.mps import HOLDERS_FILE, ClientLimits, DraMps, MpsDaemon, client_edits, daemon_name
@@ -148,9 +148,10 @@ def test_a_restarted_plugin_finds_its_daemons(tmp_path: Path, nvml: SimNvml) -> 
         json.dumps({"gpus": [], "holders": []}),
         json.dumps({"gpus": [GPUS[2]], "holders": ["../x"]}),
         json.dumps({"gpus": [GPUS[2]], "holders": ["a"] * 2000}),
+        '{"gpus": ' + "[" * 5000 + "]" * 5000 + "}",  # deeper than Python's recursion limit
         None,
     ],
-    ids=["not-json", "not-its-devices", "no-device", "odd-holder", "too-many", "missing"],
+    ids=["not-json", "not-its-devices", "no-device", "odd-holder", "too-many", "nested", "missing"],
 )
 def test_a_record_not_trusted_never_stops_the_daemon(
     tmp_path: Path, nvml: SimNvml, record: str | None, caplog: pytest.LogCaptureFixture
@@ -269,3 +270,16 @@ def test_a_simulated_node_marks_its_daemons_ready(tmp_path: Path, nvml: SimNvml)
     assert marker.exists() and nvml.compute_mode(GPUS[0]) == ComputeMode.DEFAULT
     mps.release("uid-a")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", '{"a": ' + "[" * 5000 + "]" * 5000 + "}"], ids=["not-json", "nested"]
+)
+def test_an_unreadable_time_slices_record_is_empty(
+    tmp_path: Path, nvml: SimNvml, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / TIMESLICES_FILE).write_text(text)
+    mps = dra_mps(tmp_path, nvml, {"PATH": str(tmp_path)})
+    with caplog.at_level(logging.WARNING):
+        ClaimSharing(tmp_path, nvml, mps, SimulatedTimeSlices())
+    assert [r.getMessage() for r in caplog.records] == ["unreadable time-sliced GPUs; ignored"]

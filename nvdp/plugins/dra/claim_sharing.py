@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from nvdp.base.bounded import loads_json
 from nvdp.base.errors import NvdpError
 from nvdp.base.files import read_bounded, write_atomic
 from nvdp.base.logs import log_event
@@ -136,7 +137,7 @@ class ClaimSharing:
         if not self._file.exists():
             return {}
         try:
-            found = json.loads(read_bounded(self._file, 1 << 20))
+            found = loads_json(read_bounded(self._file, 1 << 20), max_bytes=1 << 20)
         except (NvdpError, ValueError) as error:
             log_event(log, logging.WARNING, "unreadable time-sliced GPUs; ignored", error=str(error))
             return {}

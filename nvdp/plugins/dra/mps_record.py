@@ -15,6 +15,7 @@ import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from nvdp.base.bounded import loads_json
 from nvdp.base.files import read_bounded, write_atomic
 
 HOLDERS_FILE = "holders.json"
@@ -42,7 +43,7 @@ def read_record(path: Path, name: str) -> tuple[tuple[str, ...], set[str], bool]
     ValueError (or NvdpError: unreadable)."""
     if path.is_symlink():
         raise ValueError("a link")
-    record = json.loads(read_bounded(path, RECORD_MAX_BYTES))
+    record = loads_json(read_bounded(path, RECORD_MAX_BYTES), max_bytes=RECORD_MAX_BYTES)
     gpus, holders = record["gpus"], record["holders"]
     if not isinstance(gpus, list) or not isinstance(holders, list):
         raise ValueError("gpus and holders must be lists")

@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nvdp.base.bounded import loads_json
 from nvdp.base.errors import UnreadableFile
 from nvdp.base.files import read_bounded
 from nvdp.base.logs import log_event
@@ -30,7 +30,7 @@ def read_dra_allocations(path: Path) -> tuple[str, list[dict[str, Any]]] | None:
     if not path.exists():
         return None
     try:
-        document = json.loads(read_bounded(path, MAX_FILE_BYTES))
+        document = loads_json(read_bounded(path, MAX_FILE_BYTES), max_bytes=MAX_FILE_BYTES)
     except (UnreadableFile, ValueError) as error:
         log_event(log, logging.DEBUG, "DRA allocations unreadable", path=str(path), error=str(error))
         return None
