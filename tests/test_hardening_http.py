@@ -34,6 +34,8 @@ class Pages:
     def __init__(self) -> None:
         self.hold = threading.Event()
         self.hold.set()
+        self._lock = threading.Lock()
+        self.held = 0  # /readyz requests waiting on `hold` now
 
     def render_metrics(self, peer: str) -> bytes:
         return b"x 1\n"
@@ -42,7 +44,13 @@ class Pages:
         return None
 
     def readiness_problem(self) -> str | None:
-        self.hold.wait(10)
+        with self._lock:
+            self.held += 1
+        try:
+            self.hold.wait(10)
+        finally:
+            with self._lock:
+                self.held -= 1
         return None
 
     def extra_page(self, path: str, peer: str) -> tuple[str, bytes] | None:
@@ -162,11 +170,8 @@ def test_with_every_connection_answering_a_new_one_is_closed_at_once(endpoint: t
         thread.start()
     extra: socket.socket | None = None
     try:
-        wait_until(
-            lambda: sum(t.name == "nvdp-http" for t in threading.enumerate()) == CONNECTIONS,
-            timeout=5,
-            what="every connection answering",
-        )
+        # this endpoint's own count: another test's connection threads may still be ending
+        wait_until(lambda: pages.held == CONNECTIONS, timeout=5, what="every connection answering")
         extra = socket.create_connection(("127.0.0.1", port), timeout=5)
         assert extra.recv(65536) == b"", "closed without a reply"
     finally:
